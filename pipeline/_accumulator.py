@@ -1,0 +1,108 @@
+"""The accumulator: UniEvents in, the assistant UniMessage and the answer text out. Pure.
+
+It trusts the grammar (which ran upstream) and only collects: the `.done` items in order, the
+stop's usage and finish reason, and the answer text as its fragments arrive, so a reply that
+fails half way still has its partial text. `reset()` voids an attempt that is being retried.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from ._events import (
+    ContentItem,
+    EmbeddingDone,
+    FinishReason,
+    InlineDataDone,
+    InlineThinkingDone,
+    TextDelta,
+    TextDone,
+    ThinkingDone,
+    ToolCallDone,
+    UniEvent,
+    UniMessage,
+    UsageMetadata,
+)
+
+__all__ = ["Accumulator"]
+
+_DONE_TYPES = (
+    TextDone,
+    ThinkingDone,
+    ToolCallDone,
+    InlineDataDone,
+    InlineThinkingDone,
+    EmbeddingDone,
+)
+
+
+class Accumulator:
+    """Collects one reply from its UniEvents.
+
+    Attributes:
+        items: the `.done` items so far, in stream order.
+        usage: the stop event's usage, once it came.
+        finish_reason: the stop event's finish reason, once it came.
+        stopped: whether the stop event came.
+    """
+
+    __slots__ = ("_text", "finish_reason", "items", "stopped", "usage")
+
+    def __init__(self) -> None:
+        self.items: list[ContentItem] = []
+        self._text: list[str] = []
+        self.usage: UsageMetadata | None = None
+        self.finish_reason: FinishReason | None = None
+        self.stopped = False
+
+    def feed(self, event: UniEvent) -> None:
+        """Take one UniEvent."""
+        if event.event_type == "stop":
+            self.usage = event.usage_metadata
+            self.finish_reason = event.finish_reason
+            self.stopped = True
+            return
+        for item in event.content_items:
+            if type(item) is TextDelta:
+                self._text.append(item.text)
+            elif isinstance(item, _DONE_TYPES):
+                self.items.append(item)
+
+    def feed_many(self, events: list[UniEvent]) -> None:
+        """Take a batch of UniEvents, in order."""
+        for event in events:
+            self.feed(event)
+
+    def reset(self) -> None:
+        """Void everything: the attempt that produced it is being retried."""
+        self.items = []
+        self._text = []
+        self.usage = None
+        self.finish_reason = None
+        self.stopped = False
+
+    @property
+    def text(self) -> str:
+        """The answer text so far: every `text.delta` joined (thinking excluded)."""
+        if len(self._text) > 1:
+            self._text = ["".join(self._text)]
+        return self._text[0] if self._text else ""
+
+    @property
+    def chars(self) -> int:
+        """The answer's length in characters (code points)."""
+        return len(self.text)
+
+    @property
+    def sha256(self) -> str:
+        """The hex SHA-256 of the answer text's UTF-8 bytes."""
+        return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
+
+    def message(self) -> UniMessage:
+        """The assistant message: the `.done` items, the usage and the finish reason."""
+        return UniMessage(
+            role="assistant",
+            content_items=list(self.items),
+            usage_metadata=self.usage,
+            finish_reason=self.finish_reason,
+        )

@@ -1,0 +1,449 @@
+"""The grammar: lane events in, checked UniEvents out. Pure: no I/O, no trio, no clock but the
+injected one that stamps `created_at`.
+
+Theory of operation
+-------------------
+A dialect opens lanes, feeds them fragments and closes them; on the wire lanes may interleave
+(two Chat Completions tool calls alternating by `index`). MMSP's grammar forbids that: groups
+`K.delta+ K.done` never interleave. So the grammar keeps a queue of lanes in the order they
+opened. The lane at the head of the queue is *active*: its fragments go out at once. A fragment
+for any other open lane is held in that lane until every lane before it has closed; then its held
+fragments go out in arrival order, and if it has closed meanwhile, its `.done` follows at once.
+No fragment is ever attributed to the wrong item, and nothing is dropped or reordered within an
+item.
+
+What goes out for a fragment (MMSP's rules): a fragment whose growing field is empty is dropped,
+unless it carries a fidelity not yet seen in its lane, or it is the first fragment of a tool call
+(which carries the call's name and id); every later tool fragment has `name: ""` and
+`tool_call_id: ""`. A lane whose fragments all were dropped has no `.done`.
+
+A lane's `.done` is its first fragment with the growing field replaced by the join of all of
+them: text and thinking concatenated, bytes concatenated, tool arguments parsed once from the
+joined string (`""` parses to `{}`), plus the lane's one fidelity. A finish reason closes every
+lane still open; `MessageStop` ends the reply: the stop event goes out with the merged usage and
+the finish reason mapped onto `stop | length | tool_call | unknown`.
+
+A lane still open when the stream ends without `MessageStop`, or when the provider reports an
+error, gets no `.done`: a `.done` promises a complete item.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from ._events import (
+    EmbeddingDelta,
+    EmbeddingDone,
+    FinishReason,
+    InlineDataDelta,
+    InlineDataDone,
+    InlineThinkingDelta,
+    InlineThinkingDone,
+    TextDelta,
+    TextDone,
+    ThinkingDelta,
+    ThinkingDone,
+    ToolCallDelta,
+    ToolCallDone,
+    UniEvent,
+    UsageMetadata,
+    stop_event,
+)
+from ._lanes import (
+    LaneEvent,
+    LaneKind,
+    MessageDelta,
+    MessageStart,
+    MessageStop,
+    PartDelta,
+    PartStart,
+    PartStop,
+    Ping,
+    ProviderErrorEvent,
+    RawUsage,
+)
+from .errors import (
+    EmptyResponseError,
+    IncompleteStreamError,
+    StreamProtocolError,
+    ToolCallArgumentParseError,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+__all__ = ["Grammar", "map_finish_reason", "wall_clock_ms"]
+
+_FINISH: dict[str, FinishReason] = {
+    "stop": "stop",
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "completed": "stop",
+    "tool_use": "tool_call",
+    "tool_calls": "tool_call",
+    "tool_call": "tool_call",
+    "function_call": "tool_call",
+    "length": "length",
+    "max_tokens": "length",
+    "max_output_tokens": "length",
+}
+
+_THINKING_KINDS = frozenset({"thinking", "inline_thinking"})
+_decode_arguments = msgspec.json.Decoder().decode
+
+
+def map_finish_reason(raw: str) -> FinishReason:
+    """Map a provider's stop spelling onto MMSP's four reasons (case-insensitive).
+
+    `stop`/`end_turn`/`stop_sequence`/`STOP` are `stop`; `tool_use`/`tool_calls`/`function_call`
+    are `tool_call`; `length`/`max_tokens`/`MAX_TOKENS`/`max_output_tokens` are `length`; every
+    other reason, filtered and blocked replies included (`SAFETY`, `content_filter`, `refusal`),
+    is `unknown`, so a cut reply never looks like a normal one.
+    """
+    return _FINISH.get(raw.lower(), "unknown")
+
+
+def wall_clock_ms() -> int:
+    """Unix time in milliseconds: what `created_at` carries."""
+    return time.time_ns() // 1_000_000
+
+
+class _Lane:
+    """One open item: its header, its fragments so far, and what is held while it waits."""
+
+    __slots__ = (
+        "call_id",
+        "chunks",
+        "closed",
+        "fidelity",
+        "held",
+        "index",
+        "kind",
+        "mime_type",
+        "name",
+        "started",
+    )
+
+    def __init__(self, start: PartStart) -> None:
+        self.kind: LaneKind = start.kind
+        self.index = start.index
+        self.name = start.name
+        self.call_id = start.call_id
+        self.mime_type = start.mime_type
+        self.chunks: list[Any] = []
+        self.held: list[PartDelta] = []
+        self.fidelity: dict[str, Any] | None = None
+        self.started = False  # a fragment of it went out
+        self.closed = False
+
+
+class Grammar:
+    """Turns one attempt's lane events into MMSP UniEvents, enforcing the grammar.
+
+    `feed` takes one lane event and returns the UniEvents it releases (often one, sometimes none,
+    several when a held lane is released). `close` is called at end of input. Violations raise
+    `StreamProtocolError`; a stream that ends without its terminal event raises
+    `IncompleteStreamError`; a reply of thinking only raises `EmptyResponseError`; a closed tool
+    call whose arguments do not parse raises `ToolCallArgumentParseError` in place of its `.done`.
+    After any error the grammar is spent.
+    """
+
+    __slots__ = (
+        "_clock",
+        "_content_seen",
+        "_finish",
+        "_lanes",
+        "_queue",
+        "_stopped",
+        "_usage",
+        "message_id",
+        "model",
+        "provider",
+    )
+
+    def __init__(self, provider: str, *, clock: Callable[[], int] = wall_clock_ms) -> None:
+        self.provider = provider
+        self._clock = clock
+        self._lanes: dict[tuple[str, int], _Lane] = {}
+        self._queue: deque[_Lane] = deque()
+        self._usage: RawUsage | None = None
+        self._finish: str | None = None
+        self._stopped = False
+        self._content_seen = False
+        self.message_id = ""
+        self.model = ""
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the stop event has gone out."""
+        return self._stopped
+
+    def feed(self, event: LaneEvent) -> list[UniEvent]:
+        """Take one lane event; return the UniEvents it releases, in order."""
+        if self._stopped:
+            raise self._violation(f"{type(event).__name__} after the stop")
+        if type(event) is PartDelta:
+            lane = self._lanes.get((event.kind, event.index))
+            if lane is None:
+                raise self._no_lane(event)
+            if self._queue[0] is lane:
+                return self._emit(lane, event.value, event.fidelity)
+            lane.held.append(event)
+            return []
+        if type(event) is PartStart:
+            return self._start(event)
+        if type(event) is PartStop:
+            return self._stop_lane(event)
+        if type(event) is MessageDelta:
+            return self._message_delta(event)
+        if type(event) is MessageStop:
+            return self._message_stop()
+        if type(event) is ProviderErrorEvent:
+            raise event.error
+        if type(event) is MessageStart:
+            self.message_id = event.id or self.message_id
+            self.model = event.model or self.model
+            return []
+        if type(event) is Ping:
+            return []
+        raise self._violation(f"not a lane event: {type(event).__name__}")
+
+    def close(self) -> list[UniEvent]:
+        """End of input. Returns nothing after a stop; raises `IncompleteStreamError` otherwise."""
+        if self._stopped:
+            return []
+        missing = self._missing() or ("the terminal event",)
+        raise IncompleteStreamError(
+            self.provider, missing, self._mapped_finish(), self._usage_metadata()
+        )
+
+    # --- lanes ----------------------------------------------------------------------------------
+
+    def _start(self, event: PartStart) -> list[UniEvent]:
+        key = (event.kind, event.index)
+        if key in self._lanes:
+            raise self._violation(f"{event.kind} lane {event.index} opened twice")
+        if event.kind == "tool_call" and not (event.name and event.call_id):
+            raise self._violation(
+                f"tool call lane {event.index} must carry the name and the tool_call_id"
+            )
+        lane = _Lane(event)
+        self._lanes[key] = lane
+        self._queue.append(lane)
+        return []
+
+    def _stop_lane(self, event: PartStop) -> list[UniEvent]:
+        lane: _Lane | None = None
+        if event.index is None:
+            lane = next((q for q in self._queue if not q.closed), None)
+            if lane is None:
+                raise self._violation("PartStop with no open lane")
+        elif event.kind is not None:
+            lane = self._lanes.get((event.kind, event.index))
+        else:
+            lane = next((q for q in self._queue if not q.closed and q.index == event.index), None)
+        if lane is None:
+            raise self._violation(f"PartStop for lane {event.index}, which is not open")
+        return self._close(lane)
+
+    def _close(self, lane: _Lane) -> list[UniEvent]:
+        lane.closed = True
+        del self._lanes[(lane.kind, lane.index)]
+        if self._queue[0] is not lane:
+            return []  # it waits its turn; its `.done` goes out when it is released
+        out: list[UniEvent] = []
+        queue = self._queue
+        while queue and queue[0].closed:
+            out.extend(self._done(queue.popleft()))
+            if queue:  # release what the next lane held
+                head = queue[0]
+                held, head.held = head.held, []
+                for fragment in held:
+                    out.extend(self._emit(head, fragment.value, fragment.fidelity))
+        return out
+
+    def _close_all(self) -> list[UniEvent]:
+        out: list[UniEvent] = []
+        for lane in list(self._queue):
+            if not lane.closed:
+                out.extend(self._close(lane))
+        return out
+
+    def _emit(self, lane: _Lane, value: Any, fidelity: dict[str, Any] | None) -> list[UniEvent]:
+        if fidelity:
+            if lane.fidelity is None:
+                lane.fidelity = fidelity
+            elif lane.fidelity == fidelity:
+                fidelity = None  # a repeated fidelity goes out once
+            else:
+                raise self._violation(
+                    f"{lane.kind} lane {lane.index} carried two different fidelity payloads"
+                )
+        kind = lane.kind
+        if kind == "text":
+            if type(value) is not str:
+                raise self._wrong_value(lane, value)
+            if not value and not fidelity:
+                return []
+            item: Any = TextDelta(text=value, fidelity=fidelity)
+        elif kind == "thinking":
+            if type(value) is not str:
+                raise self._wrong_value(lane, value)
+            if not value and not fidelity:
+                return []
+            item = ThinkingDelta(thinking=value, fidelity=fidelity)
+        elif kind == "tool_call":
+            if not isinstance(value, str):
+                raise self._wrong_value(lane, value)
+            if lane.started:
+                if not value and not fidelity:
+                    return []
+                item = ToolCallDelta(name="", arguments=value, tool_call_id="", fidelity=fidelity)
+            else:
+                item = ToolCallDelta(
+                    name=lane.name, arguments=value, tool_call_id=lane.call_id, fidelity=fidelity
+                )
+        elif kind == "embedding":
+            if not isinstance(value, list):
+                raise self._wrong_value(lane, value)
+            item = EmbeddingDelta(embedding=value)
+        else:
+            if not isinstance(value, bytes):
+                raise self._wrong_value(lane, value)
+            if not value and not fidelity:
+                return []
+            cls = InlineDataDelta if kind == "inline_data" else InlineThinkingDelta
+            item = cls(data=value, mime_type=lane.mime_type, fidelity=fidelity)
+        lane.started = True
+        lane.chunks.append(value)
+        return [UniEvent(event_type="delta", content_items=[item], created_at=self._clock())]
+
+    def _done(self, lane: _Lane) -> list[UniEvent]:
+        if not lane.started:
+            return []
+        kind = lane.kind
+        fidelity = lane.fidelity
+        item: Any
+        if kind == "text":
+            item = TextDone(text="".join(lane.chunks), fidelity=fidelity)
+        elif kind == "thinking":
+            item = ThinkingDone(thinking="".join(lane.chunks), fidelity=fidelity)
+        elif kind == "tool_call":
+            item = ToolCallDone(
+                name=lane.name,
+                arguments=self._parse_arguments(lane),
+                tool_call_id=lane.call_id,
+                fidelity=fidelity,
+            )
+        elif kind == "embedding":
+            item = EmbeddingDone(embedding=[v for chunk in lane.chunks for v in chunk])
+        elif kind == "inline_data":
+            item = InlineDataDone(
+                data=b"".join(lane.chunks), mime_type=lane.mime_type, fidelity=fidelity
+            )
+        else:
+            item = InlineThinkingDone(
+                data=b"".join(lane.chunks), mime_type=lane.mime_type, fidelity=fidelity
+            )
+        if kind not in _THINKING_KINDS:
+            self._content_seen = True
+        return [UniEvent(event_type="delta", content_items=[item], created_at=self._clock())]
+
+    def _parse_arguments(self, lane: _Lane) -> dict[str, Any]:
+        raw = "".join(lane.chunks)
+        try:
+            parsed = _decode_arguments(raw or "{}")
+        except msgspec.DecodeError as exc:
+            raise ToolCallArgumentParseError(
+                self.provider, lane.name, lane.call_id, raw, str(exc)
+            ) from None
+        if not isinstance(parsed, dict):
+            raise ToolCallArgumentParseError(
+                self.provider, lane.name, lane.call_id, raw, "Expected a JSON object."
+            )
+        return parsed
+
+    # --- the message ----------------------------------------------------------------------------
+
+    def _message_delta(self, event: MessageDelta) -> list[UniEvent]:
+        if event.usage is not None:
+            self._usage = _merge_usage(self._usage, event.usage)
+        if event.finish_reason is not None:
+            self._finish = event.finish_reason
+            return self._close_all()
+        return []
+
+    def _message_stop(self) -> list[UniEvent]:
+        out = self._close_all()
+        missing = self._missing()
+        usage = self._usage_metadata()
+        finish = self._mapped_finish()
+        if missing:
+            raise IncompleteStreamError(self.provider, missing, finish, usage)
+        assert usage is not None
+        assert finish is not None
+        if not self._content_seen:
+            raise EmptyResponseError(self.provider, finish, usage)
+        self._stopped = True
+        out.append(stop_event(usage, finish, self._clock()))
+        return out
+
+    def _missing(self) -> tuple[str, ...]:
+        missing = []
+        if self._usage is None:
+            missing.append("usage_metadata")
+        if self._finish is None:
+            missing.append("finish_reason")
+        return tuple(missing)
+
+    def _mapped_finish(self) -> FinishReason | None:
+        return None if self._finish is None else map_finish_reason(self._finish)
+
+    def _usage_metadata(self) -> UsageMetadata | None:
+        u = self._usage
+        if u is None:
+            return None
+        return UsageMetadata(
+            cached_tokens=u.cached_tokens,
+            prompt_tokens=u.prompt_tokens,
+            thoughts_tokens=u.thoughts_tokens,
+            response_tokens=u.response_tokens,
+        )
+
+    # --- errors ---------------------------------------------------------------------------------
+
+    def _violation(self, message: str) -> StreamProtocolError:
+        return StreamProtocolError(self.provider, message)
+
+    def _no_lane(self, event: PartDelta) -> StreamProtocolError:
+        other = next((q for q in self._queue if q.index == event.index and not q.closed), None)
+        if other is not None:
+            return self._violation(
+                f"a {event.kind} fragment for lane {event.index}, which is a {other.kind} lane"
+            )
+        return self._violation(f"a {event.kind} fragment for lane {event.index}, which is not open")
+
+    def _wrong_value(self, lane: _Lane, value: Any) -> StreamProtocolError:
+        return self._violation(
+            f"a {type(value).__name__} fragment for {lane.kind} lane {lane.index}"
+        )
+
+
+def _merge_usage(old: RawUsage | None, new: RawUsage) -> RawUsage:
+    """Field by field; later non-null values win."""
+    if old is None:
+        return new
+    return RawUsage(
+        cached_tokens=new.cached_tokens if new.cached_tokens is not None else old.cached_tokens,
+        prompt_tokens=new.prompt_tokens if new.prompt_tokens is not None else old.prompt_tokens,
+        thoughts_tokens=(
+            new.thoughts_tokens if new.thoughts_tokens is not None else old.thoughts_tokens
+        ),
+        response_tokens=(
+            new.response_tokens if new.response_tokens is not None else old.response_tokens
+        ),
+    )

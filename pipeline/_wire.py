@@ -1,0 +1,163 @@
+"""The whole sans-I/O decode of one attempt: bytes -> frames -> lane events -> UniEvents.
+
+This is what the source and grammar actors do between them, in one pure object: the frame codec
+the dialect's framing calls for, the dialect's stream decoder, and the grammar. Tests, the
+benchmark, the replay transport and the single-task decode path all use it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from transports import NDJSONDecoder, SSEDecoder
+
+from ._grammar import Grammar, wall_clock_ms
+from .errors import FrameError, FrameTooLarge, MalformedFrameError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ._events import UniEvent
+    from ._lanes import LaneEvent
+    from .providers._base import Dialect
+
+__all__ = ["WireDecoder"]
+
+
+class WireDecoder:
+    """Decodes one attempt's response body into checked UniEvents.
+
+    With `stream=False` (or a dialect whose framing is `json`) the body is one JSON document,
+    decoded at `close()` by the dialect's `decode_response`.
+
+    Attributes:
+        grammar: the grammar checking this attempt.
+        lane_events: how many lane events the dialect produced (pings included): what deadlines
+            count as signs of life; SSE comments are not.
+        frames: how many frames were decoded.
+    """
+
+    __slots__ = (
+        "_body",
+        "_body_size",
+        "_dialect",
+        "_framer",
+        "_max_body",
+        "_stream",
+        "frames",
+        "grammar",
+        "lane_events",
+    )
+
+    def __init__(
+        self,
+        dialect: Dialect,
+        *,
+        max_frame: int = 64 * 1024,
+        clock: Callable[[], int] = wall_clock_ms,
+        provider: str | None = None,
+        stream: bool = True,
+    ) -> None:
+        self._dialect = dialect
+        self.grammar = Grammar(provider or dialect.name, clock=clock)
+        self._stream = dialect.stream_decoder()
+        self._framer: SSEDecoder | NDJSONDecoder | None
+        if not stream:
+            self._framer = None  # a non-streaming reply: one JSON body
+        elif dialect.framing == "sse":
+            self._framer = SSEDecoder(max_frame=max_frame)
+        elif dialect.framing == "ndjson":
+            self._framer = NDJSONDecoder(max_frame=max_frame)
+        else:
+            self._framer = None
+        self._body: list[bytes] = []
+        self._body_size = 0
+        self._max_body = max(max_frame, 64 * 1024 * 1024)
+        self.frames = 0
+        self.lane_events = 0
+
+    @property
+    def provider(self) -> str:
+        """The provider name errors carry."""
+        return self.grammar.provider
+
+    def feed(self, chunk: bytes, out: list[UniEvent] | None = None) -> list[UniEvent]:
+        """Take the next bytes of the body; append the UniEvents they complete to `out` (a new
+        list if None) and return it. If it raises, `out` still holds every event released before
+        the error, so a caller that passes its own list loses nothing."""
+        if out is None:
+            out = []
+        framer = self._framer
+        if framer is None:
+            self._body.append(chunk)
+            self._body_size += len(chunk)
+            if self._body_size > self._max_body:
+                raise FrameTooLarge(self._max_body, self._body_size, provider=self.provider)
+            return out
+        try:
+            frames: list[Any] = framer.feed(chunk)
+        except FrameError as exc:
+            exc.locate(provider=self.provider, frame_index=self.frames, offset=None)
+            raise
+        if frames:
+            self._frames(frames, out)
+        return out
+
+    def close(self, out: list[UniEvent] | None = None) -> list[UniEvent]:
+        """End of the body: append what the last frames and the end itself release to `out` and
+        return it; raises `IncompleteStreamError` (or another typed error) when the reply was
+        not complete, with `out` holding what came before."""
+        if out is None:
+            out = []
+        if self._framer is None:
+            body = b"".join(self._body)
+            self._body = []
+            self._lanes(self._decode_body(body), out)
+        else:
+            self._frames(self._framer.close(), out)
+        self._lanes(self._stream_close(), out)
+        out.extend(self.grammar.close())
+        return out
+
+    def _frames(self, frames: list[Any], out: list[UniEvent]) -> None:
+        stream = self._stream
+        grammar = self.grammar
+        for frame in frames:
+            try:
+                lanes = stream.feed(frame)
+            except FrameError as exc:
+                exc.locate(provider=self.provider, frame_index=self.frames, offset=None)
+                raise
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise MalformedFrameError(
+                    str(exc), str(frame), provider=self.provider, frame_index=self.frames
+                ) from None
+            self.frames += 1
+            self.lane_events += len(lanes)
+            for lane in lanes:
+                out += grammar.feed(lane)
+
+    def _lanes(self, lanes: list[LaneEvent], out: list[UniEvent]) -> None:
+        self.lane_events += len(lanes)
+        for lane in lanes:
+            out += self.grammar.feed(lane)
+
+    def _stream_close(self) -> list[LaneEvent]:
+        try:
+            return self._stream.close()
+        except FrameError as exc:
+            exc.locate(provider=self.provider, frame_index=self.frames, offset=None)
+            raise
+
+    def _decode_body(self, body: bytes) -> list[LaneEvent]:
+        try:
+            return self._dialect.decode_response(body)
+        except FrameError as exc:
+            exc.locate(provider=self.provider, frame_index=0, offset=None)
+            raise
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise MalformedFrameError(
+                str(exc), body, provider=self.provider, frame_index=0
+            ) from None

@@ -1,0 +1,329 @@
+"""Every error rillet raises, in one tree, each carrying its facts as attributes.
+
+```
+RilletError
+├── FrameError                 the bytes a provider sent cannot be framed or decoded (remote)
+│   ├── FrameTooLarge          one frame is over the configured cap
+│   ├── FrameEncodingError     a frame is not valid UTF-8 (NDJSON, JSON bodies)
+│   └── MalformedFrameError    a frame is not JSON, has the wrong shape, or an unknown type
+├── SSEEncodeError             we were asked to write an SSE field that would split a frame (local)
+├── StreamError                MMSP's stream errors: the provider's stream breaks the grammar
+│   ├── StreamProtocolError        a fragment for no open item, a second stop, two fidelities...
+│   ├── IncompleteStreamError      the stream ended without its finish reason and/or usage
+│   ├── EmptyResponseError         a completed reply with nothing but thinking in it
+│   └── ToolCallArgumentParseError a closed tool call whose arguments are not a JSON object
+└── ProviderError              an error the provider reported, in the stream or as a status
+    ├── RateLimitError             429, rate_limit_error, RESOURCE_EXHAUSTED
+    ├── OverloadedError            529, overloaded_error, UNAVAILABLE
+    ├── ServerError                500/502/504, api_error, server_error, INTERNAL
+    ├── InvalidRequestError        400, invalid_request_error, INVALID_ARGUMENT
+    └── AuthenticationError        401/403, authentication_error, permission_error
+```
+
+The names of the stream errors are MMSP's, so a consumer of either library catches the same
+class. No error message ever contains a credential: messages are built from facts the provider
+sent about the failure and from our own words.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "AuthenticationError",
+    "EmptyResponseError",
+    "FrameEncodingError",
+    "FrameError",
+    "FrameTooLarge",
+    "IncompleteStreamError",
+    "InvalidRequestError",
+    "MalformedFrameError",
+    "OverloadedError",
+    "ProviderError",
+    "RateLimitError",
+    "RilletError",
+    "SSEEncodeError",
+    "ServerError",
+    "StreamError",
+    "StreamProtocolError",
+    "ToolCallArgumentParseError",
+    "preview",
+]
+
+_PREVIEW_MAX = 160
+_PREVIEW_EDGE = 72
+
+
+def preview(raw: str | bytes) -> str:
+    """A bounded preview of untrusted text for an error message (at most about 160 characters).
+
+    Long text keeps its head and tail, so the place a frame went wrong is usually visible.
+    """
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    if len(text) <= _PREVIEW_MAX:
+        return text
+    return f"{text[:_PREVIEW_EDGE]}...[truncated]...{text[-_PREVIEW_EDGE:]}"
+
+
+class RilletError(Exception):
+    """The root of every error rillet raises on purpose."""
+
+
+# --- frames -------------------------------------------------------------------------------------
+
+
+class FrameError(RilletError):
+    """The provider's bytes could not be turned into frames; the attempt is transport-shaped.
+
+    Attributes:
+        provider: the dialect name, or "" where the decoder was used on its own.
+        offset: the byte offset in the stream where the offending frame started, when known.
+        frame_index: the 0-based position of the offending frame in the stream, when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str = "",
+        offset: int | None = None,
+        frame_index: int | None = None,
+    ) -> None:
+        self.provider = provider
+        self.offset = offset
+        self.frame_index = frame_index
+        self.reason = message
+        super().__init__(message)
+
+    def locate(self, *, provider: str, frame_index: int | None, offset: int | None) -> None:
+        """Fill in where the frame was, for a decoder that did not know (the message follows)."""
+        self.provider = self.provider or provider
+        if self.frame_index is None:
+            self.frame_index = frame_index
+        if self.offset is None:
+            self.offset = offset
+
+    def __str__(self) -> str:
+        where = []
+        if self.provider:
+            where.append(self.provider)
+        if self.frame_index is not None:
+            where.append(f"frame {self.frame_index}")
+        if self.offset is not None:
+            where.append(f"byte {self.offset}")
+        return f"{self.reason} ({', '.join(where)})" if where else self.reason
+
+
+class FrameTooLarge(FrameError):
+    """One frame grew past the decoder's cap before it ended.
+
+    Attributes:
+        limit: the cap in bytes.
+        size: how many bytes the frame had reached when it was refused.
+    """
+
+    def __init__(
+        self, limit: int, size: int, *, provider: str = "", offset: int | None = None
+    ) -> None:
+        self.limit = limit
+        self.size = size
+        super().__init__(
+            f"frame of at least {size} bytes exceeds the {limit}-byte cap",
+            provider=provider,
+            offset=offset,
+        )
+
+
+class FrameEncodingError(FrameError):
+    """A frame that must be UTF-8 (an NDJSON line, a JSON body) is not."""
+
+
+class MalformedFrameError(FrameError):
+    """A frame is not JSON, is JSON of the wrong shape, or names an event type we do not know.
+
+    Attributes:
+        frame_preview: a bounded preview of the offending frame.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        frame: str | bytes = "",
+        *,
+        provider: str = "",
+        offset: int | None = None,
+        frame_index: int | None = None,
+    ) -> None:
+        self.frame_preview = preview(frame)
+        super().__init__(message, provider=provider, offset=offset, frame_index=frame_index)
+
+
+class SSEEncodeError(RilletError, ValueError):
+    """An SSE field we were asked to write contains CR, LF or NUL and would split the frame.
+
+    Attributes:
+        field: the field name (`event` or `id`).
+    """
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+        super().__init__(f"SSE {field} must not contain CR, LF or NUL")
+
+
+# --- the grammar (MMSP's names) -----------------------------------------------------------------
+
+
+class StreamError(RilletError):
+    """The provider's stream broke the UniEvent grammar or ended without what it owed.
+
+    Attributes:
+        provider: the dialect whose stream it was.
+    """
+
+    def __init__(self, provider: str, message: str) -> None:
+        self.provider = provider
+        super().__init__(message)
+
+
+class StreamProtocolError(StreamError):
+    """The stream breaks the item contract: a fragment for no open item, a fragment of the wrong
+    kind for its item, a tool call without a name, two different fidelities in one item, or a
+    second stop. Permanent: retrying the same provider is not expected to help."""
+
+    def __init__(self, provider: str, message: str) -> None:
+        super().__init__(provider, f"{provider} broke the streaming protocol: {message}")
+
+
+class IncompleteStreamError(StreamError):
+    """The stream ended before its finish reason and/or its usage arrived; worth retrying.
+
+    Attributes:
+        missing: which of `usage_metadata` and `finish_reason` never came.
+        finish_reason: the finish reason that did arrive, if any.
+        usage_metadata: the usage that did arrive, if any (a `UsageMetadata`).
+    """
+
+    def __init__(
+        self,
+        provider: str,
+        missing: tuple[str, ...],
+        finish_reason: str | None = None,
+        usage_metadata: Any = None,
+    ) -> None:
+        self.missing = missing
+        self.finish_reason = finish_reason
+        self.usage_metadata = usage_metadata
+        super().__init__(provider, f"{provider}'s stream ended without {' and '.join(missing)}.")
+
+
+class EmptyResponseError(StreamError):
+    """A completed reply carried nothing but thinking; replaying it would be refused.
+
+    Attributes:
+        finish_reason: the reply's finish reason.
+        usage_metadata: what the reply still cost.
+    """
+
+    def __init__(
+        self, provider: str, finish_reason: str | None, usage_metadata: Any = None
+    ) -> None:
+        self.finish_reason = finish_reason
+        self.usage_metadata = usage_metadata
+        super().__init__(
+            provider,
+            f"{provider} returned no content other than thinking "
+            f"(finish_reason={finish_reason!r}).",
+        )
+
+
+class ToolCallArgumentParseError(StreamError):
+    """A closed tool call's joined arguments are malformed, cut short, or not a JSON object.
+
+    Attributes:
+        tool_name: the tool the model called.
+        tool_call_id: the call's id.
+        raw_arguments_length: the length of the joined argument text.
+        raw_arguments_preview: a bounded preview of it.
+    """
+
+    def __init__(
+        self, provider: str, tool_name: str, tool_call_id: str, raw_arguments: str, reason: str
+    ) -> None:
+        self.tool_name = tool_name
+        self.tool_call_id = tool_call_id
+        self.raw_arguments_length = len(raw_arguments)
+        self.raw_arguments_preview = preview(raw_arguments)
+        super().__init__(
+            provider,
+            f'Invalid streamed tool call arguments from {provider} for tool "{tool_name}" '
+            f'(tool_call_id="{tool_call_id}", length={self.raw_arguments_length}, '
+            f"preview={self.raw_arguments_preview!r}): {reason}",
+        )
+
+
+# --- what the provider reported -----------------------------------------------------------------
+
+
+class ProviderError(RilletError):
+    """An error the provider reported, as an HTTP status or inside an open stream.
+
+    Attributes:
+        provider: the dialect that received it.
+        status: the HTTP status (or the status code inside an in-stream error), if any.
+        error_type: the provider's own error type or code (`overloaded_error`, `UNAVAILABLE`...).
+        provider_message: the provider's message, bounded; never shown to end users by default.
+        retry_after: seconds the provider asked us to wait, if it said.
+        in_stream: whether it arrived inside a stream that had already begun.
+    """
+
+    def __init__(
+        self,
+        provider: str,
+        provider_message: str = "",
+        *,
+        status: int | None = None,
+        error_type: str | None = None,
+        retry_after: float | None = None,
+        in_stream: bool = False,
+    ) -> None:
+        self.provider = provider
+        self.status = status
+        self.error_type = error_type
+        self.provider_message = preview(provider_message)
+        self.retry_after = retry_after
+        self.in_stream = in_stream
+        facts = ", ".join(
+            part
+            for part in (
+                f"status {status}" if status is not None else "",
+                error_type or "",
+                "in stream" if in_stream else "",
+            )
+            if part
+        )
+        text = f"{provider} reported an error"
+        if facts:
+            text += f" ({facts})"
+        if self.provider_message:
+            text += f": {self.provider_message}"
+        super().__init__(text)
+
+
+class RateLimitError(ProviderError):
+    """The provider is rate limiting us (429, `rate_limit_error`, `RESOURCE_EXHAUSTED`)."""
+
+
+class OverloadedError(ProviderError):
+    """The provider is overloaded (529, `overloaded_error`, Gemini `UNAVAILABLE`)."""
+
+
+class ServerError(ProviderError):
+    """The provider failed on its side (500, 502, 504, `api_error`, `INTERNAL`)."""
+
+
+class InvalidRequestError(ProviderError):
+    """The provider refused the request as invalid (400, `invalid_request_error`)."""
+
+
+class AuthenticationError(ProviderError):
+    """The provider refused our credentials or permissions (401, 403)."""

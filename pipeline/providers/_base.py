@@ -1,0 +1,306 @@
+"""What every dialect is, and the pieces dialects share.
+
+A dialect is the sans-I/O knowledge of one provider's wire: how to build its request, how each
+frame it streams maps to lane events, how its non-streaming body maps to lane events (the same
+stream the provider would have sent, each item in one piece: the fallback rescue uses it), and
+how its error bodies map to our typed errors. No provider SDK: wire JSON is decoded once with
+msgspec into typed Structs whose unknown fields are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import attrs
+import msgspec
+
+from pipeline.errors import (
+    AuthenticationError,
+    InvalidRequestError,
+    MalformedFrameError,
+    OverloadedError,
+    ProviderError,
+    RateLimitError,
+    ServerError,
+)
+from transports import SSEEvent
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from pipeline._lanes import LaneEvent
+    from pipeline._request import TurnRequest
+
+__all__ = [
+    "Dialect",
+    "Framing",
+    "HttpRequest",
+    "Provider",
+    "Secret",
+    "StreamDecoder",
+    "ToolIds",
+    "dumps_arguments",
+    "error_from_body",
+    "provider_error",
+    "strict_decode",
+]
+
+Framing = Literal["sse", "ndjson", "json"]
+Frame = SSEEvent | str
+
+
+@attrs.frozen(repr=False)
+class Secret:
+    """A credential. Its repr and str are masked, so it never reaches a log or an error."""
+
+    _value: str
+
+    def reveal(self) -> str:
+        """The credential itself: only for the request header that needs it."""
+        return self._value
+
+    def masked(self) -> str:
+        """A hint of which key this is: its last four characters."""
+        return f"…{self._value[-4:]}" if len(self._value) >= 12 else "…"
+
+    def __repr__(self) -> str:
+        return f"Secret({self.masked()!r})"
+
+    __str__ = __repr__
+
+
+class HttpRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """One HTTP request, ready for any client: method, absolute URL, headers, JSON body bytes.
+
+    Its repr never shows header values, since one of them is usually a credential.
+    """
+
+    method: str = "POST"
+    url: str
+    headers: dict[str, str]
+    body: bytes
+
+    def __repr__(self) -> str:
+        return f"HttpRequest({self.method} {self.url}, headers={sorted(self.headers)})"
+
+    def json(self) -> Any:
+        """The body, parsed (for tests and logs)."""
+        return json.loads(self.body)
+
+
+class StreamDecoder(Protocol):
+    """One attempt's frame decoder: frames in, lane events out. Made fresh per attempt."""
+
+    def feed(self, frame: Any) -> list[LaneEvent]:
+        """Take one frame (an `SSEEvent`, or an NDJSON line's text); return its lane events."""
+        ...
+
+    def close(self) -> list[LaneEvent]:
+        """End of input: lane events owed at EOF (for example a stop for a stream whose end is
+        implied by its last chunk). A stream that ended early simply owes nothing."""
+        ...
+
+
+class Dialect(Protocol):
+    """The sans-I/O knowledge of one provider's wire."""
+
+    name: str
+    framing: Framing
+
+    def build_request(
+        self, request: TurnRequest, provider: Provider, *, stream: bool = True
+    ) -> HttpRequest:
+        """The HTTP request for this turn (streaming unless `stream` is False)."""
+        ...
+
+    def stream_decoder(self) -> StreamDecoder:
+        """A fresh decoder for one attempt's frames."""
+        ...
+
+    def decode_response(self, body: bytes) -> list[LaneEvent]:
+        """A non-streaming body as the lane events of the same reply, each item in one piece."""
+        ...
+
+    def error_from_response(
+        self, status: int, headers: Mapping[str, str], body: bytes
+    ) -> ProviderError:
+        """The typed error for an HTTP error status and its body."""
+        ...
+
+
+@attrs.frozen
+class Provider:
+    """A configured provider: a dialect, where it lives, the model, and the credential.
+
+    Attributes:
+        dialect: the wire it speaks.
+        base_url: the API root (`https://api.openai.com/v1`, `http://127.0.0.1:11434`...).
+        model: the model id sent in the request.
+        api_key: the credential, masked everywhere but the request header.
+        name: what to call it in messages (defaults to the dialect's name).
+        headers: extra request headers.
+        max_frame: the frame-size cap for its streams, in bytes.
+    """
+
+    dialect: Dialect
+    base_url: str
+    model: str
+    api_key: Secret | None = None
+    name: str = ""
+    headers: Mapping[str, str] = attrs.field(factory=dict)
+    max_frame: int = 64 * 1024
+
+    @property
+    def label(self) -> str:
+        """The name used in errors and logs."""
+        return self.name or self.dialect.name
+
+    def url(self, path: str) -> str:
+        """`base_url` joined with a path, with exactly one slash between them."""
+        return f"{self.base_url.rstrip('/')}/{path.lstrip('/')}"
+
+
+# --- shared helpers ------------------------------------------------------------------------------
+
+
+def dumps_arguments(arguments: Any) -> str:
+    """A whole tool call's arguments as MMSP writes them: `json.dumps` with Python's default
+    separators, keys in received order, non-ASCII kept as is."""
+    return json.dumps(arguments, ensure_ascii=False)
+
+
+class ToolIds:
+    """Ids for whole tool calls that come without one (Gemini, Ollama): the function's name for
+    its first call in a reply, then `name#2`, `name#3`... so every call has its own id."""
+
+    __slots__ = ("_seen",)
+
+    def __init__(self) -> None:
+        self._seen: dict[str, int] = {}
+
+    def next(self, name: str) -> str:
+        """The id for the next call of `name`."""
+        n = self._seen.get(name, 0) + 1
+        self._seen[name] = n
+        return name if n == 1 else f"{name}#{n}"
+
+
+def strip_call_suffix(tool_call_id: str) -> str:
+    """The function name behind an id made by `ToolIds` (`get_weather#2` -> `get_weather`)."""
+    head, sep, tail = tool_call_id.rpartition("#")
+    return head if sep and tail.isdigit() else tool_call_id
+
+
+def strict_decode(decoder: msgspec.json.Decoder[Any], data: str | bytes, provider: str) -> Any:
+    """Decode one frame; anything that is not JSON of the expected shape is a
+    `MalformedFrameError` naming the provider (the caller's framer adds the position)."""
+    try:
+        return decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise MalformedFrameError(
+            f"frame has the wrong shape: {exc}", data, provider=provider
+        ) from None
+    except msgspec.DecodeError as exc:
+        raise MalformedFrameError(f"frame is not JSON: {exc}", data, provider=provider) from None
+
+
+_ERROR_TYPES: dict[str, type[ProviderError]] = {
+    "rate_limit_error": RateLimitError,
+    "rate_limit_exceeded": RateLimitError,
+    "resource_exhausted": RateLimitError,
+    "overloaded_error": OverloadedError,
+    "unavailable": OverloadedError,
+    "api_error": ServerError,
+    "server_error": ServerError,
+    "internal": ServerError,
+    "internal_error": ServerError,
+    "invalid_request_error": InvalidRequestError,
+    "invalid_argument": InvalidRequestError,
+    "authentication_error": AuthenticationError,
+    "permission_error": AuthenticationError,
+    "unauthenticated": AuthenticationError,
+    "permission_denied": AuthenticationError,
+}
+
+_STATUSES: dict[int, type[ProviderError]] = {
+    400: InvalidRequestError,
+    401: AuthenticationError,
+    403: AuthenticationError,
+    429: RateLimitError,
+    500: ServerError,
+    502: ServerError,
+    503: OverloadedError,
+    504: ServerError,
+    529: OverloadedError,
+}
+
+
+def provider_error(
+    provider: str,
+    *,
+    status: int | None = None,
+    error_types: tuple[str | None, ...] = (),
+    message: str = "",
+    in_stream: bool = False,
+    retry_after: float | None = None,
+) -> ProviderError:
+    """The typed error for what a provider reported: the first of `error_types` we know (the
+    provider's error type, code or status word) decides, else the status, else `ProviderError`."""
+    cls: type[ProviderError] = ProviderError
+    for error_type in error_types:
+        if error_type and (found := _ERROR_TYPES.get(error_type.lower())) is not None:
+            cls = found
+            break
+    else:
+        if status is not None:
+            cls = _STATUSES.get(status, ProviderError)
+    known = next((t for t in error_types if t), None)
+    return cls(
+        provider,
+        message,
+        status=status,
+        error_type=known,
+        retry_after=retry_after,
+        in_stream=in_stream,
+    )
+
+
+def error_from_body(
+    provider: str, status: int | None, body: bytes | str | Any, *, in_stream: bool = False
+) -> ProviderError:
+    """The typed error for any of the error shapes providers send, as an HTTP body or in-stream:
+    OpenAI `{"error": {"message", "type", "code"}}`, Anthropic `{"type": "error", "error":
+    {"type", "message"}}`, Gemini `{"error": {"code", "message", "status"}}`, Ollama
+    `{"error": "..."}`, vLLM `{"object": "error", "message", "type"}`. `body` may be raw bytes or
+    already-parsed JSON; a body that is none of these still gives an error typed by status."""
+    data: Any = body
+    if isinstance(body, bytes | str):
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            data = None
+    error_types: tuple[str | None, ...] = ()
+    message = ""
+    code_status: int | None = None
+    if isinstance(data, dict):
+        err = data.get("error", data if data.get("object") == "error" else None)
+        if isinstance(err, str):
+            message = err
+        elif isinstance(err, dict):
+            message = str(err.get("message") or "")
+            code = err.get("code")
+            if isinstance(code, int) and not isinstance(code, bool):
+                code_status = code
+            error_types = tuple(
+                str(v) for v in (err.get("type"), err.get("status"), code) if isinstance(v, str)
+            )
+    elif isinstance(body, bytes | str) and status is not None:
+        message = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    return provider_error(
+        provider,
+        status=status if status is not None else code_status,
+        error_types=error_types,
+        message=message,
+        in_stream=in_stream,
+    )

@@ -1,0 +1,96 @@
+"""Newline-delimited JSON, sans-I/O: bytes in, one text line per JSON object out.
+
+Lines end at LF (a CR before it is dropped); blank lines are skipped. Every line must be UTF-8:
+a line that is not raises `FrameEncodingError` (unlike SSE, NDJSON has no replacement rule, and
+a corrupted JSON object must not pass as data). At end of input a final line without its LF is
+kept only if it parses as JSON; otherwise it is a truncated line and is discarded, so the dialect
+sees a stream that ended early. The decoder holds at most one line: a line longer than
+`max_frame` bytes raises `FrameTooLarge`.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from ._sse import DEFAULT_MAX_FRAME, _errors
+
+__all__ = ["NDJSONDecoder"]
+
+_parse = msgspec.json.decode
+
+
+class NDJSONDecoder:
+    """Bytes in, complete NDJSON lines (as text) out.
+
+    Attributes:
+        frames: how many lines were returned so far.
+        offset: how many bytes were fed so far.
+    """
+
+    __slots__ = ("_tail", "_tail_offset", "frames", "max_frame", "offset")
+
+    def __init__(self, *, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        if max_frame < 1:
+            raise ValueError("max_frame must be positive")
+        self.max_frame = max_frame
+        self._tail = b""
+        self._tail_offset = 0  # the stream offset of the first byte of `_tail`
+        self.frames = 0
+        self.offset = 0
+
+    def feed(self, chunk: bytes) -> list[str]:
+        """Take the next bytes; return the lines they complete, in order."""
+        self.offset += len(chunk)
+        if b"\n" not in chunk:
+            self._tail += chunk
+            if len(self._tail) > self.max_frame:
+                raise _errors().FrameTooLarge(
+                    self.max_frame, len(self._tail), offset=self._tail_offset
+                )
+            return []
+        lines = (self._tail + chunk).split(b"\n")
+        tail = lines.pop()
+        out: list[str] = []
+        at = self._tail_offset
+        for raw in lines:
+            out_line = self._line(raw, at)
+            at += len(raw) + 1
+            if out_line is not None:
+                out.append(out_line)
+        self._tail = tail
+        self._tail_offset = at
+        if len(tail) > self.max_frame:
+            raise _errors().FrameTooLarge(self.max_frame, len(tail), offset=at)
+        return out
+
+    def close(self) -> list[str]:
+        """End of input: the last unterminated line, if it is a whole JSON value."""
+        tail, self._tail = self._tail, b""
+        if not tail.strip():
+            return []
+        line = self._line(tail, self._tail_offset)
+        if line is None:
+            return []
+        try:
+            _parse(line)
+        except msgspec.DecodeError:
+            return []  # cut off mid-object: a truncation, not data
+        return [line]
+
+    def _line(self, raw: bytes, offset: int) -> str | None:
+        if len(raw) > self.max_frame:
+            raise _errors().FrameTooLarge(self.max_frame, len(raw), offset=offset)
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        if not raw.strip():
+            return None
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _errors().FrameEncodingError(
+                f"NDJSON line is not valid UTF-8 (byte {exc.start} of the line)",
+                offset=offset,
+                frame_index=self.frames,
+            ) from None
+        self.frames += 1
+        return line
