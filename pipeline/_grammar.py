@@ -182,8 +182,11 @@ class Grammar:
         """Whether the stop event has gone out."""
         return self._stopped
 
-    def feed(self, event: LaneEvent) -> list[UniEvent]:
-        """Take one lane event; return the UniEvents it releases, in order."""
+    def feed(self, event: LaneEvent, out: list[UniEvent] | None = None) -> list[UniEvent]:
+        """Take one lane event; append the UniEvents it releases to `out` (a new list if None),
+        in order, and return it."""
+        if out is None:
+            out = []
         if self._stopped:
             raise self._violation(f"{type(event).__name__} after the stop")
         if type(event) is PartDelta:
@@ -191,26 +194,27 @@ class Grammar:
             if lane is None:
                 raise self._no_lane(event)
             if self._queue[0] is lane:
-                return self._emit(lane, event.value, event.fidelity)
-            lane.held.append(event)
-            return []
-        if type(event) is PartStart:
-            return self._start(event)
-        if type(event) is PartStop:
-            return self._stop_lane(event)
-        if type(event) is MessageDelta:
-            return self._message_delta(event)
-        if type(event) is MessageStop:
-            return self._message_stop()
-        if type(event) is ProviderErrorEvent:
+                emitted = self._emit(lane, event.value, event.fidelity)
+                if emitted is not None:
+                    out.append(emitted)
+            else:
+                lane.held.append(event)
+        elif type(event) is PartStart:
+            self._start(event)
+        elif type(event) is PartStop:
+            out += self._stop_lane(event)
+        elif type(event) is MessageDelta:
+            out += self._message_delta(event)
+        elif type(event) is MessageStop:
+            out += self._message_stop()
+        elif type(event) is ProviderErrorEvent:
             raise event.error
-        if type(event) is MessageStart:
+        elif type(event) is MessageStart:
             self.message_id = event.id or self.message_id
             self.model = event.model or self.model
-            return []
-        if type(event) is Ping:
-            return []
-        raise self._violation(f"not a lane event: {type(event).__name__}")
+        elif type(event) is not Ping:
+            raise self._violation(f"not a lane event: {type(event).__name__}")
+        return out
 
     def close(self) -> list[UniEvent]:
         """End of input. Returns nothing after a stop; raises `IncompleteStreamError` otherwise."""
@@ -223,7 +227,7 @@ class Grammar:
 
     # --- lanes ----------------------------------------------------------------------------------
 
-    def _start(self, event: PartStart) -> list[UniEvent]:
+    def _start(self, event: PartStart) -> None:
         key = (event.kind, event.index)
         if key in self._lanes:
             raise self._violation(f"{event.kind} lane {event.index} opened twice")
@@ -234,7 +238,6 @@ class Grammar:
         lane = _Lane(event)
         self._lanes[key] = lane
         self._queue.append(lane)
-        return []
 
     def _stop_lane(self, event: PartStop) -> list[UniEvent]:
         lane: _Lane | None = None
@@ -258,12 +261,16 @@ class Grammar:
         out: list[UniEvent] = []
         queue = self._queue
         while queue and queue[0].closed:
-            out.extend(self._done(queue.popleft()))
+            done = self._done(queue.popleft())
+            if done is not None:
+                out.append(done)
             if queue:  # release what the next lane held
                 head = queue[0]
                 held, head.held = head.held, []
                 for fragment in held:
-                    out.extend(self._emit(head, fragment.value, fragment.fidelity))
+                    emitted = self._emit(head, fragment.value, fragment.fidelity)
+                    if emitted is not None:
+                        out.append(emitted)
         return out
 
     def _close_all(self) -> list[UniEvent]:
@@ -273,7 +280,7 @@ class Grammar:
                 out.extend(self._close(lane))
         return out
 
-    def _emit(self, lane: _Lane, value: Any, fidelity: dict[str, Any] | None) -> list[UniEvent]:
+    def _emit(self, lane: _Lane, value: Any, fidelity: dict[str, Any] | None) -> UniEvent | None:
         if fidelity:
             if lane.fidelity is None:
                 lane.fidelity = fidelity
@@ -288,20 +295,20 @@ class Grammar:
             if type(value) is not str:
                 raise self._wrong_value(lane, value)
             if not value and not fidelity:
-                return []
+                return None
             item: Any = TextDelta(text=value, fidelity=fidelity)
         elif kind == "thinking":
             if type(value) is not str:
                 raise self._wrong_value(lane, value)
             if not value and not fidelity:
-                return []
+                return None
             item = ThinkingDelta(thinking=value, fidelity=fidelity)
         elif kind == "tool_call":
             if not isinstance(value, str):
                 raise self._wrong_value(lane, value)
             if lane.started:
                 if not value and not fidelity:
-                    return []
+                    return None
                 item = ToolCallDelta(name="", arguments=value, tool_call_id="", fidelity=fidelity)
             else:
                 item = ToolCallDelta(
@@ -315,16 +322,16 @@ class Grammar:
             if not isinstance(value, bytes):
                 raise self._wrong_value(lane, value)
             if not value and not fidelity:
-                return []
+                return None
             cls = InlineDataDelta if kind == "inline_data" else InlineThinkingDelta
             item = cls(data=value, mime_type=lane.mime_type, fidelity=fidelity)
         lane.started = True
         lane.chunks.append(value)
-        return [UniEvent(event_type="delta", content_items=[item], created_at=self._clock())]
+        return UniEvent(event_type="delta", content_items=[item], created_at=self._clock())
 
-    def _done(self, lane: _Lane) -> list[UniEvent]:
+    def _done(self, lane: _Lane) -> UniEvent | None:
         if not lane.started:
-            return []
+            return None
         kind = lane.kind
         fidelity = lane.fidelity
         item: Any
@@ -351,7 +358,7 @@ class Grammar:
             )
         if kind not in _THINKING_KINDS:
             self._content_seen = True
-        return [UniEvent(event_type="delta", content_items=[item], created_at=self._clock())]
+        return UniEvent(event_type="delta", content_items=[item], created_at=self._clock())
 
     def _parse_arguments(self, lane: _Lane) -> dict[str, Any]:
         raw = "".join(lane.chunks)

@@ -122,11 +122,12 @@ class WireDecoder:
         return out
 
     def _frames(self, frames: list[Any], out: list[UniEvent]) -> None:
-        stream = self._stream
-        grammar = self.grammar
+        feed_frame = self._stream.feed
+        feed_lane = self.grammar.feed
+        lane_events = 0
         for frame in frames:
             try:
-                lanes = stream.feed(frame)
+                lanes = feed_frame(frame)
             except FrameError as exc:
                 exc.locate(provider=self.provider, frame_index=self.frames, offset=None)
                 raise
@@ -135,14 +136,15 @@ class WireDecoder:
                     str(exc), str(frame), provider=self.provider, frame_index=self.frames
                 ) from None
             self.frames += 1
-            self.lane_events += len(lanes)
+            lane_events += len(lanes)
             for lane in lanes:
-                out += grammar.feed(lane)
+                feed_lane(lane, out)
+        self.lane_events += lane_events
 
     def _lanes(self, lanes: list[LaneEvent], out: list[UniEvent]) -> None:
         self.lane_events += len(lanes)
         for lane in lanes:
-            out += self.grammar.feed(lane)
+            self.grammar.feed(lane, out)
 
     def _stream_close(self) -> list[LaneEvent]:
         try:

@@ -12,6 +12,9 @@ RilletError
 │   ├── IncompleteStreamError      the stream ended without its finish reason and/or usage
 │   ├── EmptyResponseError         a completed reply with nothing but thinking in it
 │   └── ToolCallArgumentParseError a closed tool call whose arguments are not a JSON object
+├── TransportError             the connection failed: connect, read, reset (remote)
+├── TurnTimeout                a deadline blew: initial-event, per-event, total, or the rescue's
+├── FallbackFailed             streaming was hopeless and the rescue failed too (carries both)
 └── ProviderError              an error the provider reported, in the stream or as a status
     ├── RateLimitError             429, rate_limit_error, RESOURCE_EXHAUSTED
     ├── OverloadedError            529, overloaded_error, UNAVAILABLE
@@ -32,6 +35,7 @@ from typing import Any
 __all__ = [
     "AuthenticationError",
     "EmptyResponseError",
+    "FallbackFailed",
     "FrameEncodingError",
     "FrameError",
     "FrameTooLarge",
@@ -47,6 +51,8 @@ __all__ = [
     "StreamError",
     "StreamProtocolError",
     "ToolCallArgumentParseError",
+    "TransportError",
+    "TurnTimeout",
     "preview",
 ]
 
@@ -258,6 +264,61 @@ class ToolCallArgumentParseError(StreamError):
             f'Invalid streamed tool call arguments from {provider} for tool "{tool_name}" '
             f'(tool_call_id="{tool_call_id}", length={self.raw_arguments_length}, '
             f"preview={self.raw_arguments_preview!r}): {reason}",
+        )
+
+
+# --- the turn ---------------------------------------------------------------------------------
+
+
+class TransportError(RilletError):
+    """The connection to the provider failed (connect error, read error, reset, protocol error).
+
+    Attributes:
+        provider: the provider's name.
+        kind: the underlying failure's class name (`ConnectError`, `ReadError`...).
+    """
+
+    def __init__(self, provider: str, kind: str) -> None:
+        self.provider = provider
+        self.kind = kind
+        super().__init__(f"{provider}: connection failed ({kind})")
+
+
+class TurnTimeout(RilletError):
+    """A deadline blew while waiting on the provider.
+
+    Attributes:
+        provider: the provider's name.
+        deadline: which one: `initial-event`, `per-event`, `total` or `rescue`.
+        seconds: its length.
+    """
+
+    def __init__(self, provider: str, deadline: str, seconds: float) -> None:
+        self.provider = provider
+        self.deadline = deadline
+        self.seconds = seconds
+        super().__init__(f"{provider}: no event within the {deadline} deadline ({seconds:g} s)")
+
+
+class FallbackFailed(RilletError):
+    """Streaming was hopeless and the non-streaming rescue failed too.
+
+    Attributes:
+        stream_outcome: the outcome streaming ended with (an `Outcome`).
+        stream_error: the error that ended streaming.
+        rescue_error: the error that ended the rescue.
+    """
+
+    def __init__(
+        self, stream_outcome: Any, stream_error: BaseException | None, rescue_error: BaseException
+    ) -> None:
+        self.stream_outcome = stream_outcome
+        self.stream_error = stream_error
+        self.rescue_error = rescue_error
+        super().__init__(
+            f"streaming ended {getattr(stream_outcome, 'name', stream_outcome)} "
+            f"({type(stream_error).__name__ if stream_error else 'no error'}); "
+            f"the rescue failed too ({type(rescue_error).__name__})"
         )
 
 

@@ -14,7 +14,6 @@ than `max_frame` characters raises `FrameTooLarge`.
 
 from __future__ import annotations
 
-import codecs
 import re
 from typing import TYPE_CHECKING
 
@@ -28,6 +27,7 @@ __all__ = ["DEFAULT_MAX_FRAME", "SSEDecoder", "SSEEvent", "encode_sse"]
 DEFAULT_MAX_FRAME = 64 * 1024
 _LINE_END = re.compile(r"\r\n|\r|\n")
 _FORBIDDEN = re.compile(r"[\r\n\x00]")
+_BOM = b"\xef\xbb\xbf"
 
 
 def _errors() -> ModuleType:
@@ -62,10 +62,9 @@ class SSEDecoder:
         "_data_size",
         "_event",
         "_id",
-        "_line",
         "_skip_lf",
         "_started",
-        "_utf8",
+        "_tail",
         "comments",
         "frames",
         "last_event_id",
@@ -78,11 +77,10 @@ class SSEDecoder:
         if max_frame < 1:
             raise ValueError("max_frame must be positive")
         self.max_frame = max_frame
-        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
-        self._line = ""  # the unfinished line
+        self._tail = b""  # the unfinished line
         self._skip_lf = False  # the last chunk ended in CR: a LF starting the next one is its pair
-        self._started = False  # the first character was seen (and a BOM stripped)
-        self._data: list[str] = []
+        self._started = False  # the stream's first bytes were seen (and a BOM stripped)
+        self._data: list[bytes] = []
         self._data_size = 0
         self._event = ""
         self._id = ""
@@ -94,41 +92,68 @@ class SSEDecoder:
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Take the next bytes; return the events they complete, in order."""
+        # Lines are split on bytes and each value is decoded on its own. That is the standard's
+        # stream-wide UTF-8 decode with replacement: CR and LF are ASCII, so no character spans
+        # a line end, and an invalid sequence cut by one is replaced the same either way.
         self.offset += len(chunk)
-        text = self._utf8.decode(chunk)
-        if not text:
-            return []
         if self._skip_lf:
+            if not chunk:
+                return []
             self._skip_lf = False
-            if text[0] == "\n":
-                text = text[1:]
-                if not text:
-                    return []
+            if chunk[0] == 0x0A:
+                chunk = chunk[1:]
         if not self._started:
+            chunk = self._tail + chunk
+            self._tail = b""
+            if len(chunk) < 3 and _BOM.startswith(chunk):
+                self._tail = chunk  # maybe the start of a BOM: wait for more
+                return []
             self._started = True
-            if text[0] == "\ufeff":
-                text = text[1:]
-                if not text:
-                    return []
-        self._skip_lf = text[-1] == "\r"
-        if self._line:
-            text = self._line + text
-        lines = _LINE_END.split(text)
-        self._line = lines.pop()
+            if chunk.startswith(_BOM):
+                chunk = chunk[3:]
+        if not chunk:
+            return []
+        if 0x0D in chunk:
+            self._skip_lf = chunk[-1] == 0x0D
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = (self._tail + chunk).split(b"\n") if self._tail else chunk.split(b"\n")
+        self._tail = lines.pop()
         out: list[SSEEvent] = []
+        data = self._data
+        cap = self.max_frame
         for line in lines:
-            if line:
-                self._field(line)
+            if line.startswith(b"data:"):
+                value = line[6:] if line[5:6] == b" " else line[5:]
+                data.append(value)
+                self._data_size += len(value) + 1
+                if self._data_size > cap:
+                    self._too_large(self._data_size)
+            elif not line:
+                self.last_event_id = self._id
+                if data:
+                    text = (data[0] if len(data) == 1 else b"\n".join(data)).decode(
+                        "utf-8", "replace"
+                    )
+                    out.append(SSEEvent(text, self._event or "message", self._id))
+                    self.frames += 1
+                    data.clear()
+                    self._data_size = 0
+                self._event = ""
+            elif line.startswith(b"event:"):
+                if len(line) > cap:
+                    self._too_large(len(line))
+                value = line[7:] if line[6:7] == b" " else line[6:]
+                self._event = value.decode("utf-8", "replace")
             else:
-                self._dispatch(out)
-        if len(self._line) + self._data_size > self.max_frame:
-            self._too_large(len(self._line) + self._data_size)
+                self._field(line.decode("utf-8", "replace"))
+        if len(self._tail) + self._data_size > cap:
+            self._too_large(len(self._tail) + self._data_size)
         return out
 
     def close(self) -> list[SSEEvent]:
         """End of input: an event not ended by a blank line is discarded, as the standard says."""
-        self._line = ""
-        self._data = []
+        self._tail = b""
+        self._data.clear()
         self._data_size = 0
         self._event = ""
         return []
@@ -146,7 +171,7 @@ class SSEDecoder:
             name = line[:colon]
             value = line[colon + 2 :] if line[colon + 1 : colon + 2] == " " else line[colon + 1 :]
         if name == "data":
-            self._data.append(value)
+            self._data.append(value.encode("utf-8"))
             self._data_size += len(value) + 1
             if self._data_size > self.max_frame:
                 self._too_large(self._data_size)
@@ -157,16 +182,6 @@ class SSEDecoder:
                 self._id = value
         elif name == "retry" and value.isascii() and value.isdigit():
             self.retry = int(value)
-
-    def _dispatch(self, out: list[SSEEvent]) -> None:
-        self.last_event_id = self._id
-        if self._data:
-            data = self._data[0] if len(self._data) == 1 else "\n".join(self._data)
-            out.append(SSEEvent(data, self._event or "message", self._id))
-            self.frames += 1
-            self._data = []
-            self._data_size = 0
-        self._event = ""
 
     def _too_large(self, size: int) -> None:
         raise _errors().FrameTooLarge(self.max_frame, size, offset=self.offset)

@@ -105,8 +105,15 @@ class StreamDecoder(Protocol):
 class Dialect(Protocol):
     """The sans-I/O knowledge of one provider's wire."""
 
-    name: str
-    framing: Framing
+    @property
+    def name(self) -> str:
+        """The dialect's name (`openai-chat`, `anthropic`...), used in errors and logs."""
+        ...
+
+    @property
+    def framing(self) -> Framing:
+        """How its streams are framed: `sse`, `ndjson`, or one `json` body."""
+        ...
 
     def build_request(
         self, request: TurnRequest, provider: Provider, *, stream: bool = True

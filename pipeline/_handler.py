@@ -1,0 +1,424 @@
+"""The stream handler: the turn's source actor and its safety net.
+
+Theory of operation
+-------------------
+One turn is a series of attempts. Before each, the handler takes a token from the rate limiter.
+An attempt sends the request with httpx and reads the body chunk by chunk; each chunk goes
+through the attempt's `WireDecoder` (framing, dialect, grammar: all pure), and the UniEvents it
+releases go downstream in one batch per chunk. Deadlines guard only the waits on the provider
+(never a send blocked by a slow consumer, which is backpressure, not silence): until the first
+lane event, `initial_event_timeout` from sending; then `per_event_timeout` from the last lane
+event (SSE comments do not count); never past the total deadline.
+
+An attempt that fails is classified (`Shape`) and handled by its ladder:
+
+- permanent (other 4xx, grammar breaches, invalid tool arguments): the turn fails at once;
+- rate-limit-shaped (429/503/529, `RateLimitError` in the stream): wait as the server says
+  (default 5 s); a wait over 60 s, or past the total deadline, or a spent budget ends the turn
+  RateLimited at once; never rescued;
+- transport-shaped (connect/read errors, 408, other 5xx, truncation, frame errors, in-stream
+  overloaded/server errors, stalls): back off and retry. A stall also counts a timeout;
+  streaming is hopeless at the first budget spent (transport retries, consecutive timeouts)
+  or when the total deadline blows, and then one non-streaming rescue request may bring the
+  reply home.
+
+`x-should-retry: false` keeps the class but stops retry and rescue; `true` sends a permanent
+status down the transport ladder.
+
+A retry voids the failed attempt. The attempt's fragments already went downstream, so the
+handler owes consumers an `AttemptReset`; it sends it right before the next attempt's first
+event (or the rescue's message), and only if a voided attempt had emitted anything. A run that
+finally fails therefore still shows its last partial text.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import attrs
+import httpx
+import msgspec
+import trio
+
+from ._events import UniEvent
+from ._policy import Outcome, Policy, Shape, backoff_delay, retry_after
+from ._ratelimit import RateLimiter
+from ._wire import WireDecoder
+from .errors import (
+    AuthenticationError,
+    EmptyResponseError,
+    FrameError,
+    InvalidRequestError,
+    ProviderError,
+    RateLimitError,
+    RilletError,
+    StreamProtocolError,
+    ToolCallArgumentParseError,
+    TransportError,
+    TurnTimeout,
+)
+
+if TYPE_CHECKING:
+    from ._request import TurnRequest
+    from .providers._base import HttpRequest, Provider
+
+__all__ = ["AttemptReset", "Handler", "Status"]
+
+
+class AttemptReset(msgspec.Struct, frozen=True, gc=False):
+    """Downstream marker: everything the previous attempt(s) emitted is void."""
+
+    attempt: int  # the attempt whose events follow
+
+
+class Status(msgspec.Struct, frozen=True, gc=False):
+    """Downstream marker: what the handler is doing (for the public stream's `status`)."""
+
+    phase: str  # requesting | waiting_rate_limit | backing_off | rescuing
+    attempt: int
+    delay: float = 0.0
+
+
+Item = UniEvent | AttemptReset | Status
+Batch = list[Item]
+
+_PERMANENT_ERRORS = (
+    StreamProtocolError,
+    ToolCallArgumentParseError,
+    EmptyResponseError,
+    InvalidRequestError,
+    AuthenticationError,
+)
+_RATE_STATUSES = frozenset({429, 503, 529})
+_STREAM_TYPES = {"sse": ("text/event-stream",), "ndjson": ("ndjson", "json", "text/plain")}
+
+
+@attrs.define(eq=False)
+class _Failure:
+    """How one attempt ended, when it did not complete."""
+
+    shape: Shape
+    error: BaseException
+    status: int | None = None
+    headers: Mapping[str, str] = attrs.field(factory=dict)
+    no_retry: bool = False  # x-should-retry: false
+
+
+@attrs.define(eq=False)
+class Handler:
+    """Runs one turn's attempts and sends its batches downstream; `run` returns the outcome.
+
+    The attributes are the turn's facts, readable after (or during) `run`.
+    """
+
+    request: TurnRequest
+    provider: Provider
+    client: httpx.AsyncClient
+    policy: Policy
+    limiter: RateLimiter
+    started: trio.Event = attrs.field(factory=trio.Event)  # set once the first request is sent
+    attempts: int = 0
+    requests: int = 0
+    events: int = 0  # UniEvents sent downstream
+    lane_events: int = 0
+    first_event_at: float | None = None
+    error: BaseException | None = None  # the last error
+    rescue_error: BaseException | None = None
+    retry_after: float | None = None  # the server-directed wait that ended a RateLimited turn
+    emitted_attempt: bool = False  # some attempt emitted events (partial data was seen)
+    _pending_reset: bool = False
+    _ever_event: bool = False  # a lane event ever arrived in this turn
+    _transport_used: int = 0
+    _rate_used: int = 0
+    _timeouts: int = 0  # consecutive
+    _start: float = 0.0
+    _total_deadline: float = math.inf
+
+    async def run(self, out: trio.MemorySendChannel[Batch]) -> Outcome:
+        """Attempt, retry, rescue; send every batch to `out`; return the one outcome. Cancelling
+        the caller cancels it (the outcome is then the caller's to record)."""
+        policy = self.policy
+        self._start = trio.current_time()
+        self._total_deadline = self._start + policy.total_timeout
+        while True:
+            waited = await self._take_token()
+            self.attempts += 1
+            if waited:
+                await out.send([Status("waiting_rate_limit", self.attempts, waited)])
+            failure = await self._attempt(out)
+            if failure is None:
+                return Outcome.COMPLETED
+            self.error = failure.error
+            hopeless = await self._next(failure, out)
+            if hopeless is None:
+                continue
+            if hopeless is Outcome.RATE_LIMITED or not self._may_rescue(failure, hopeless):
+                return hopeless
+            return await self._rescue(out, hopeless)
+
+    # --- one attempt ------------------------------------------------------------------------------
+
+    async def _take_token(self) -> float:
+        return await self.limiter.acquire(
+            self.provider.base_url, self.policy.requests_per_minute, self.policy.limiter_max_wait
+        )
+
+    async def _attempt(self, out: trio.MemorySendChannel[Batch]) -> _Failure | None:
+        policy = self.policy
+        http = self.provider.dialect.build_request(self.request, self.provider, stream=True)
+        decoder = WireDecoder(
+            self.provider.dialect, max_frame=policy.max_frame, provider=self.provider.label
+        )
+        sent_at = trio.current_time()
+        deadline = min(sent_at + policy.initial_event_timeout, self._total_deadline)
+        self.requests += 1
+        self.started.set()
+        emitted = 0
+        response: httpx.Response | None = None
+        try:
+            with trio.move_on_at(deadline):
+                response = await self.client.send(_httpx_request(self.client, http), stream=True)
+            if response is None:
+                return self._timed_out(emitted)
+            if response.status_code >= 300:
+                return await self._status_failure(response, deadline)
+            self._check_content_type(response)
+            chunks = response.aiter_bytes()
+            while True:
+                arrived = False
+                with trio.move_on_at(deadline):
+                    chunk = await anext(chunks, b"")  # b"": end of body (httpx yields no empties)
+                    arrived = True
+                if not arrived:
+                    return self._timed_out(emitted)
+                batch: list[UniEvent] = []
+                before = decoder.lane_events
+                error: RilletError | None = None
+                try:
+                    if chunk:
+                        decoder.feed(chunk, batch)
+                    else:
+                        decoder.close(batch)
+                except RilletError as exc:
+                    error = exc
+                if decoder.lane_events != before:
+                    now = trio.current_time()
+                    if self.first_event_at is None:
+                        self.first_event_at = now - self._start
+                    self._ever_event = True
+                    self._timeouts = 0
+                    self.lane_events += decoder.lane_events - before
+                    deadline = min(now + policy.per_event_timeout, self._total_deadline)
+                if batch:
+                    emitted += len(batch)
+                    await self._send(out, batch)
+                if error is not None:
+                    return self._failure_of(error, emitted)
+                if not chunk:
+                    return None
+        except httpx.TransportError as exc:
+            return self._note(_Failure(Shape.TRANSPORT, _transport_error(exc, self.provider.label)), emitted)
+        except RilletError as exc:
+            return self._failure_of(exc, emitted)
+        finally:
+            if response is not None:
+                with trio.CancelScope(shield=True), trio.move_on_after(5):
+                    await response.aclose()
+
+    async def _send(self, out: trio.MemorySendChannel[Batch], batch: list[UniEvent]) -> None:
+        items: Batch
+        if self._pending_reset:
+            self._pending_reset = False
+            items = [AttemptReset(self.attempts), *batch]
+        else:
+            items = list(batch)
+        self.events += len(batch)
+        self.emitted_attempt = True
+        await out.send(items)
+
+    def _check_content_type(self, response: httpx.Response) -> None:
+        framing = self.provider.dialect.framing
+        accepted = _STREAM_TYPES.get(framing)
+        if accepted is None:
+            return
+        ctype = response.headers.get("content-type", "").lower()
+        if ctype and not any(a in ctype for a in accepted):
+            raise _frame_error(
+                f"a streaming request was answered with Content-Type {ctype[:80]!r}",
+                self.provider.label,
+            )
+
+    async def _status_failure(self, response: httpx.Response, deadline: float) -> _Failure:
+        body = b""
+        with trio.move_on_at(deadline):
+            body = await _read_bounded(response, self.policy.max_body)
+        status = response.status_code
+        headers = {k.lower(): v for k, v in response.headers.items()}
+        error = self.provider.dialect.error_from_response(status, headers, body)
+        error.retry_after = retry_after(headers, self.policy.wall_clock())
+        should = headers.get("x-should-retry", "").strip().lower()
+        if status in _RATE_STATUSES:
+            shape = Shape.RATE_LIMIT
+        elif status == 408 or status >= 500:
+            shape = Shape.TRANSPORT
+        else:
+            shape = Shape.PERMANENT
+        if should == "true" and shape is Shape.PERMANENT:
+            shape = Shape.TRANSPORT
+        return _Failure(shape, error, status, headers, no_retry=should == "false")
+
+    def _timed_out(self, emitted: int) -> _Failure:
+        now = trio.current_time()
+        if now >= self._total_deadline:
+            error = TurnTimeout(self.provider.label, "total", self.policy.total_timeout)
+            return self._note(_Failure(Shape.TOTAL, error), emitted)
+        limit = self.policy.per_event_timeout if self._ever_event else self.policy.initial_event_timeout
+        kind = "per-event" if self._ever_event else "initial-event"
+        return self._note(_Failure(Shape.STALL, TurnTimeout(self.provider.label, kind, limit)), emitted)
+
+    def _failure_of(self, error: RilletError, emitted: int) -> _Failure:
+        if isinstance(error, RateLimitError):
+            shape = Shape.RATE_LIMIT
+        elif isinstance(error, _PERMANENT_ERRORS):
+            shape = Shape.PERMANENT
+        else:  # frame errors, truncation, in-stream overloaded/server/other provider errors
+            shape = Shape.TRANSPORT
+        return self._note(_Failure(shape, error), emitted)
+
+    def _note(self, failure: _Failure, emitted: int) -> _Failure:
+        if emitted:
+            self._pending_reset = True  # owed before the next attempt's first event
+        return failure
+
+    # --- the ladders ------------------------------------------------------------------------------
+
+    async def _next(self, failure: _Failure, out: trio.MemorySendChannel[Batch]) -> Outcome | None:
+        """None to retry (after any wait), or the outcome that ends streaming."""
+        policy = self.policy
+        if failure.shape is Shape.PERMANENT:
+            return self._failed()
+        if failure.shape is Shape.RATE_LIMIT:
+            wait = failure.error.retry_after if isinstance(failure.error, ProviderError) else None
+            wait = wait if wait is not None else policy.retry_after_default
+            now = trio.current_time()
+            self.retry_after = wait
+            if (
+                failure.no_retry
+                or self._rate_used >= policy.rate_limit_retries
+                or wait > policy.retry_after_max
+                or now + wait > self._total_deadline
+            ):
+                return Outcome.RATE_LIMITED
+            self._rate_used += 1
+            await out.send([Status("waiting_rate_limit", self.attempts + 1, wait)])
+            await trio.sleep(wait)
+            return None
+        if failure.no_retry:
+            return self._failed()
+        if failure.shape is Shape.TOTAL:
+            return Outcome.TOTAL_TIMEOUT
+        if failure.shape is Shape.STALL:
+            self._timeouts += 1
+            limit = policy.max_consecutive_timeouts if self._ever_event else policy.max_empty_timeouts
+            if self._timeouts >= limit:
+                return Outcome.EVENT_TIMEOUT
+        if self._transport_used >= policy.transport_retries:
+            return Outcome.EVENT_TIMEOUT if failure.shape is Shape.STALL else self._failed()
+        delay = backoff_delay(policy, self._transport_used)
+        self._transport_used += 1
+        await out.send([Status("backing_off", self.attempts + 1, delay)])
+        with trio.move_on_at(self._total_deadline):
+            await trio.sleep(delay)
+            return None
+        # the total deadline cut the backoff short
+        self.error = TurnTimeout(self.provider.label, "total", policy.total_timeout)
+        return Outcome.TOTAL_TIMEOUT
+
+    def _failed(self) -> Outcome:
+        return Outcome.FAILED if self._ever_event else Outcome.INIT_FAILED
+
+    def _may_rescue(self, failure: _Failure, outcome: Outcome) -> bool:
+        if not self.policy.fallback or failure.no_retry:
+            return False
+        if failure.shape is Shape.PERMANENT:
+            return False
+        return outcome is not Outcome.RATE_LIMITED
+
+    # --- the rescue -------------------------------------------------------------------------------
+
+    async def _rescue(self, out: trio.MemorySendChannel[Batch], stream_outcome: Outcome) -> Outcome:
+        """One non-streaming request; its reply goes downstream as ordinary groups and a stop."""
+        policy = self.policy
+        await self._take_token()
+        start = trio.current_time()
+        if start >= self._total_deadline:
+            deadline = start + policy.initial_event_timeout
+        else:
+            deadline = min(start + policy.initial_event_timeout, self._total_deadline)
+        await out.send([Status("rescuing", self.attempts + 1)])
+        self.attempts += 1
+        self.requests += 1
+        http = self.provider.dialect.build_request(self.request, self.provider, stream=False)
+        events: list[UniEvent] = []
+        try:
+            with trio.move_on_at(deadline) as scope:
+                response = await self.client.send(_httpx_request(self.client, http), stream=True)
+                try:
+                    body = await _read_bounded(response, policy.max_body)
+                finally:
+                    with trio.CancelScope(shield=True), trio.move_on_after(5):
+                        await response.aclose()
+                if response.status_code >= 300:
+                    headers = {k.lower(): v for k, v in response.headers.items()}
+                    raise self.provider.dialect.error_from_response(
+                        response.status_code, headers, body
+                    )
+                decoder = WireDecoder(
+                    self.provider.dialect,
+                    max_frame=policy.max_frame,
+                    provider=self.provider.label,
+                    stream=False,
+                )
+                decoder.feed(body, events)
+                decoder.close(events)
+            if scope.cancelled_caught:
+                kind = "rescue"
+                raise TurnTimeout(self.provider.label, kind, deadline - start)
+        except httpx.TransportError as exc:
+            self.rescue_error = _transport_error(exc, self.provider.label)
+            return stream_outcome
+        except RilletError as exc:
+            self.rescue_error = exc
+            return stream_outcome
+        if self.first_event_at is None:
+            self.first_event_at = trio.current_time() - self._start
+        await self._send(out, events)
+        return Outcome.FALLBACK_TO_NON_STREAMING
+
+
+def _httpx_request(client: httpx.AsyncClient, http: HttpRequest) -> httpx.Request:
+    return client.build_request(http.method, http.url, headers=http.headers, content=http.body)
+
+
+async def _read_bounded(response: httpx.Response, limit: int) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise _frame_error(f"response body over {limit} bytes", "")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _frame_error(message: str, provider: str) -> FrameError:
+    return FrameError(message, provider=provider)
+
+
+def _transport_error(exc: httpx.TransportError, provider: str) -> TransportError:
+    error = TransportError(provider, type(exc).__name__)
+    error.__cause__ = exc
+    return error
+

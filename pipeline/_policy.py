@@ -1,0 +1,151 @@
+"""The handler's policy and the pure arithmetic behind it: outcomes, failure shapes, backoff and
+server-directed waits. No I/O: the handler (`_handler.py`) applies these rules.
+
+Defaults are the design's: deadlines 120 s to the first event, 180 s between events, 300 s for
+the whole turn; at most 10 consecutive timeouts (2 while no event ever came); 3 transport
+retries backing off from 100 ms to 10 s with 10 % jitter; 5 rate-limit retries honouring
+`retry-after-ms` / `Retry-After` (default 5 s, at most 60 s); one non-streaming rescue. A turn
+without a policy gets these defaults: an unguarded stream is never the default.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+import time
+from collections.abc import Callable, Mapping
+from email.utils import parsedate_to_datetime
+
+import attrs
+
+__all__ = ["Outcome", "Policy", "Shape", "backoff_delay", "retry_after"]
+
+
+class Outcome(enum.IntEnum):
+    """How a turn ended: exactly one per turn, ordered by severity.
+
+    Completed < TotalTimeout < EventTimeout < RateLimited < Failed < InitFailed <
+    FallbackToNonStreaming < Cancelled. Failed is a permanent error after the first event;
+    InitFailed, an error ending a turn whose attempts never produced an event.
+    """
+
+    COMPLETED = 0
+    TOTAL_TIMEOUT = 1
+    EVENT_TIMEOUT = 2
+    RATE_LIMITED = 3
+    FAILED = 4
+    INIT_FAILED = 5
+    FALLBACK_TO_NON_STREAMING = 6
+    CANCELLED = 7
+
+    @property
+    def succeeded(self) -> bool:
+        """Whether the turn brought a reply home (streamed or rescued)."""
+        return self in (Outcome.COMPLETED, Outcome.FALLBACK_TO_NON_STREAMING)
+
+
+class Shape(enum.Enum):
+    """What kind of failure an attempt ended with: it decides the ladder that handles it."""
+
+    TRANSPORT = "transport"  # connect/read errors, 5xx, 408, truncation, frame errors
+    STALL = "stall"  # a deadline between events blew (transport-shaped, and counts a timeout)
+    TOTAL = "total"  # the turn's total deadline blew
+    RATE_LIMIT = "rate_limit"  # 429, 503, 529, RateLimitError
+    PERMANENT = "permanent"  # other 4xx, grammar breaches, invalid tool arguments
+
+
+def _check_channel(_: object, __: object, value: int) -> None:
+    if not 1 <= value <= 1024:
+        raise ValueError("channel_size must be between 1 and 1024")
+
+
+@attrs.frozen
+class Policy:
+    """Deadlines, retry ladders, rescue and throttle for a turn (seconds unless named).
+
+    Attributes:
+        initial_event_timeout: from sending a request to its first event.
+        per_event_timeout: between one event and the next (SSE comments do not count).
+        total_timeout: the whole turn's streaming; a rescue still gets one fresh
+            initial-event deadline when it starts at or after it.
+        max_consecutive_timeouts: stalls in a row before streaming is hopeless...
+        max_empty_timeouts: ...or this many while no attempt has produced an event.
+        transport_retries: retries for transport-shaped failures.
+        backoff_base, backoff_max, jitter: backoff `min(base * 2**n, max) * (1 - jitter * u)`.
+        rate_limit_retries: retries for rate-limit-shaped failures (a separate budget).
+        retry_after_default: the wait when the server names none (or an invalid one).
+        retry_after_max: a longer server-directed wait ends the turn RateLimited at once.
+        fallback: whether a hopeless stream gets one non-streaming rescue request.
+        requests_per_minute: the proactive token bucket per base URL (0 = off).
+        limiter_max_wait: the longest an attempt waits for a token before sending anyway.
+        channel_size: the capacity of each bounded channel between actors (1..1024).
+        max_frame: the frame-size cap for the provider's stream, in bytes.
+        max_body: the cap on a non-streaming (rescue) or error body, in bytes.
+        random: the jitter source, `u` in [0, 1) (inject a constant for deterministic tests).
+        wall_clock: Unix time, for `Retry-After` HTTP-dates (the trio clock stays separate).
+    """
+
+    initial_event_timeout: float = 120.0
+    per_event_timeout: float = 180.0
+    total_timeout: float = 300.0
+    max_consecutive_timeouts: int = 10
+    max_empty_timeouts: int = 2
+    transport_retries: int = 3
+    backoff_base: float = 0.1
+    backoff_max: float = 10.0
+    jitter: float = 0.1
+    rate_limit_retries: int = 5
+    retry_after_default: float = 5.0
+    retry_after_max: float = 60.0
+    fallback: bool = True
+    requests_per_minute: float = 0.0
+    limiter_max_wait: float = 30.0
+    channel_size: int = attrs.field(default=64, validator=_check_channel)
+    max_frame: int = 64 * 1024
+    max_body: int = 16 * 1024 * 1024
+    random: Callable[[], float] = attrs.field(default=random.random, eq=False, repr=False)
+    wall_clock: Callable[[], float] = attrs.field(default=time.time, eq=False, repr=False)
+
+
+def backoff_delay(policy: Policy, retry: int) -> float:
+    """The wait before transport retry number `retry` (0-based): exponential, capped, jittered
+    downwards by at most `jitter` of itself."""
+    delay: float = min(policy.backoff_base * 2.0**retry, policy.backoff_max)
+    return delay * (1.0 - policy.jitter * policy.random())
+
+
+def retry_after(headers: Mapping[str, str], wall_clock: float) -> float | None:
+    """The wait a server asked for, in seconds: `retry-after-ms` first, then `Retry-After` as
+    seconds or an HTTP-date. None when absent or unusable (zero, negative, not finite,
+    unparsable, or a date already past): the caller then uses its default."""
+    ms = headers.get("retry-after-ms")
+    if ms is not None:
+        value = _positive_float(ms)
+        if value is not None:
+            return value / 1000.0
+    raw = headers.get("retry-after")
+    if raw is None:
+        return None
+    seconds = _positive_float(raw)
+    if seconds is not None:
+        return seconds
+    try:
+        when = parsedate_to_datetime(raw.strip())
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    wait = when.timestamp() - wall_clock
+    return wait if wait > 0 else None
+
+
+def _positive_float(text: str) -> float | None:
+    text = text.strip()
+    if not text or len(text) > 64:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    if not math.isfinite(value) or value <= 0:
+        return None
+    return value

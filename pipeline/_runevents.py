@@ -1,0 +1,318 @@
+"""Run events: the public delivery stream, safe to send to a browser.
+
+Envelope `{type, run_id, seq, elapsed_ms}`; `seq` counts from 1 without gaps, `elapsed_ms` is
+monotonic. Types: `run.started`, `status`, `attempt.reset`, `answer.delta`, `reasoning.delta`
+(only when the host opts in), `tool.started` / `tool.completed` (names and ids; arguments only
+when the host opts in), `usage`, `answer.done {sha256, chars}`, and exactly one
+`run.done {status, code}` last. No exception prose, provider message or credential ever enters
+this stream: errors travel as safe codes.
+
+`RunEventBuilder` is pure: it turns the handler's items (UniEvents, resets, statuses) and the
+final outcome into run events, numbering them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any, Literal
+
+import msgspec
+
+from ._events import (
+    TextDelta,
+    ThinkingDelta,
+    ToolCallDelta,
+    ToolCallDone,
+    UniEvent,
+)
+from ._policy import Outcome
+from .errors import (
+    EmptyResponseError,
+    FallbackFailed,
+    StreamProtocolError,
+    ToolCallArgumentParseError,
+)
+
+__all__ = [
+    "AnswerDelta",
+    "AnswerDone",
+    "AttemptResetEvent",
+    "ReasoningDelta",
+    "RunDone",
+    "RunEvent",
+    "RunEventBuilder",
+    "RunStarted",
+    "StatusEvent",
+    "ToolCompleted",
+    "ToolStarted",
+    "UsageEvent",
+    "decode_run_event",
+    "safe_code",
+]
+
+
+class _Envelope(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type"):
+    run_id: str
+    seq: int
+    elapsed_ms: int
+
+
+class RunStarted(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="run.started"):
+    """The run began: which provider and model will answer."""
+
+    provider: str = ""
+    model: str = ""
+
+
+class StatusEvent(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="status"):
+    """What the run is doing: requesting, backing off, waiting on a rate limit, rescuing."""
+
+    phase: str
+    attempt: int
+    delay_ms: int | None = None
+
+
+class AttemptResetEvent(
+    _Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="attempt.reset"
+):
+    """Everything streamed since the last reset (or the start) is void: clear it."""
+
+    attempt: int
+
+
+class AnswerDelta(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="answer.delta"):
+    """A fragment of the answer text; append each exactly once."""
+
+    delta: str
+
+
+class ReasoningDelta(
+    _Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="reasoning.delta"
+):
+    """A fragment of the model's reasoning (only when the host opts in)."""
+
+    delta: str
+
+
+class ToolStarted(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="tool.started"):
+    """The model began a tool call."""
+
+    name: str
+    tool_call_id: str
+
+
+class ToolCompleted(
+    _Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="tool.completed"
+):
+    """A tool call is complete (its arguments only when the host opts in)."""
+
+    name: str
+    tool_call_id: str
+    arguments: dict[str, Any] | None = None
+
+
+class UsageEvent(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="usage"):
+    """Token counts (None: not reported)."""
+
+    cached_tokens: int | None = None
+    prompt_tokens: int | None = None
+    thoughts_tokens: int | None = None
+    response_tokens: int | None = None
+
+
+class AnswerDone(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="answer.done"):
+    """The answer is complete: its UTF-8 SHA-256 and character count, to check a rebuild."""
+
+    sha256: str
+    chars: int
+    finish_reason: str | None = None
+
+
+class RunDone(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="run.done"):
+    """The run is over; exactly one, always last. `code` is a safe code, never prose."""
+
+    status: Literal["completed", "error", "cancelled"]
+    code: str
+    attempts: int = 0
+    retry_after_ms: int | None = None
+
+
+RunEvent = (
+    RunStarted
+    | StatusEvent
+    | AttemptResetEvent
+    | AnswerDelta
+    | ReasoningDelta
+    | ToolStarted
+    | ToolCompleted
+    | UsageEvent
+    | AnswerDone
+    | RunDone
+)
+
+decode_run_event = msgspec.json.Decoder(RunEvent).decode
+"""Decode one run event from its JSON."""
+
+
+def safe_code(outcome: Outcome, error: BaseException | None) -> str:
+    """The code `run.done` carries for an outcome and its error: never prose."""
+    if outcome is Outcome.CANCELLED:
+        return "cancelled"
+    if outcome in (Outcome.TOTAL_TIMEOUT, Outcome.EVENT_TIMEOUT):
+        return "timeout"
+    if outcome is Outcome.RATE_LIMITED:
+        return "rate_limited"
+    if isinstance(error, FallbackFailed):
+        error = error.stream_error
+    if isinstance(error, EmptyResponseError):
+        return "empty_response"
+    if isinstance(error, ToolCallArgumentParseError):
+        return "tool_arguments_invalid"
+    if isinstance(error, StreamProtocolError):
+        return "protocol_error"
+    return "provider_error"
+
+
+class RunEventBuilder:
+    """Numbers and builds one run's events from the handler's items. Pure.
+
+    Attributes:
+        text: the answer text delivered so far (since the last reset).
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        clock: Callable[[], float],
+        *,
+        reasoning: bool = False,
+        tool_arguments: bool = False,
+    ) -> None:
+        self.run_id = run_id
+        self._clock = clock
+        self._t0 = clock()
+        self._seq = 0
+        self._reasoning = reasoning
+        self._tool_arguments = tool_arguments
+        self._text: list[str] = []
+        self.finish_reason: str | None = None
+        self.done = False
+
+    def _env(self) -> dict[str, Any]:
+        self._seq += 1
+        return {
+            "run_id": self.run_id,
+            "seq": self._seq,
+            "elapsed_ms": int((self._clock() - self._t0) * 1000),
+        }
+
+    @property
+    def text(self) -> str:
+        """The answer text delivered since the last reset."""
+        if len(self._text) > 1:
+            self._text = ["".join(self._text)]
+        return self._text[0] if self._text else ""
+
+    def started(self, provider: str, model: str) -> RunEvent:
+        """`run.started`."""
+        return RunStarted(**self._env(), provider=provider, model=model)
+
+    def status(self, phase: str, attempt: int, delay: float = 0.0) -> RunEvent:
+        """A `status` event."""
+        delay_ms = int(delay * 1000) if delay else None
+        return StatusEvent(**self._env(), phase=phase, attempt=attempt, delay_ms=delay_ms)
+
+    def reset(self, attempt: int) -> RunEvent:
+        """`attempt.reset`: the text so far is void."""
+        self._text = []
+        self.finish_reason = None
+        return AttemptResetEvent(**self._env(), attempt=attempt)
+
+    def uni(self, event: UniEvent) -> RunEvent | None:
+        """The run event a UniEvent shows as, if any."""
+        if event.event_type == "stop":
+            self.finish_reason = event.finish_reason
+            u = event.usage_metadata
+            if u is None:
+                return None
+            return UsageEvent(
+                **self._env(),
+                cached_tokens=u.cached_tokens,
+                prompt_tokens=u.prompt_tokens,
+                thoughts_tokens=u.thoughts_tokens,
+                response_tokens=u.response_tokens,
+            )
+        item = event.content_items[0]
+        kind = type(item)
+        if kind is TextDelta:
+            text = item.text  # type: ignore[union-attr]
+            if not text:
+                return None
+            self._text.append(text)
+            return AnswerDelta(**self._env(), delta=text)
+        if kind is ThinkingDelta:
+            thinking = item.thinking  # type: ignore[union-attr]
+            if not self._reasoning or not thinking:
+                return None
+            return ReasoningDelta(**self._env(), delta=thinking)
+        if kind is ToolCallDelta:
+            assert isinstance(item, ToolCallDelta)
+            if not item.name:
+                return None
+            return ToolStarted(**self._env(), name=item.name, tool_call_id=item.tool_call_id)
+        if kind is ToolCallDone:
+            assert isinstance(item, ToolCallDone)
+            arguments = item.arguments if self._tool_arguments else None
+            return ToolCompleted(
+                **self._env(), name=item.name, tool_call_id=item.tool_call_id, arguments=arguments
+            )
+        return None
+
+    def finish(
+        self,
+        outcome: Outcome,
+        error: BaseException | None,
+        *,
+        attempts: int,
+        retry_after: float | None = None,
+    ) -> list[RunEvent]:
+        """The closing events: `answer.done` when a complete answer arrived, then `run.done`.
+
+        A reply cut by the length limit ends `error` / `provider_length`, keeping its partial
+        text and without `answer.done`; so does one without visible text (`empty_response`).
+        """
+        out: list[RunEvent] = []
+        if outcome.succeeded:
+            text = self.text
+            if self.finish_reason == "length":
+                status, code = "error", "provider_length"
+            else:
+                status, code = "completed", "completed"
+                digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+                out.append(
+                    AnswerDone(
+                        **self._env(),
+                        sha256=digest,
+                        chars=len(text),
+                        finish_reason=self.finish_reason,
+                    )
+                )
+        elif outcome is Outcome.CANCELLED:
+            status, code = "cancelled", "cancelled"
+        else:
+            status, code = "error", safe_code(outcome, error)
+        retry_ms = None
+        if outcome is Outcome.RATE_LIMITED and retry_after is not None:
+            retry_ms = int(retry_after * 1000)
+        out.append(
+            RunDone(
+                **self._env(),
+                status=status,  # type: ignore[arg-type]
+                code=code,
+                attempts=attempts,
+                retry_after_ms=retry_ms,
+            )
+        )
+        self.done = True
+        return out

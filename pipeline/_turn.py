@@ -1,0 +1,386 @@
+"""The turn: a nursery of actors on bounded channels, and the handle an application holds.
+
+```
+handler (source actor) --batches--> accumulator actor --+--> sink actor (one per sink)
+  attempts, deadlines,              UniMessage, run       +--> the turn's two logs, read by
+  retries, rescue                   events, outcome            uni_events() / run_events()
+```
+
+Each arrow is a bounded `trio` memory channel (the policy's `channel_size`, default 64) carrying
+batches: an actor forwards everything it has in hand as one batch, so a hop costs one channel
+operation per batch, not per event. A slow sink blocks the actors upstream of it, all the way
+to the provider's socket (backpressure): nothing is dropped. The two logs are append-only and
+read by any number of consumers, each at its own pace, from the start.
+
+Cancelling the caller's scope cancels the turn: the HTTP response is closed, no task outlives
+the nursery, and the public stream still ends with its one `run.done{status: "cancelled"}`
+(the final events are delivered to the sinks under a short shielded grace period).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+import attrs
+import httpx
+import trio
+
+from ._accumulator import Accumulator
+from ._events import UniEvent, UniMessage
+from ._handler import AttemptReset, Batch, Handler, Status
+from ._policy import Outcome, Policy
+from ._ratelimit import RateLimiter, shared_limiter
+from ._request import TurnRequest
+from ._runevents import RunEvent, RunEventBuilder
+from .errors import FallbackFailed
+
+if TYPE_CHECKING:
+    from .providers._base import Provider
+
+__all__ = [
+    "CallbackSink",
+    "Sink",
+    "SinkBatch",
+    "Turn",
+    "TurnResult",
+    "open_turn",
+    "run_turn",
+]
+
+T = TypeVar("T")
+UniItem = UniEvent | AttemptReset
+_SINK_GRACE = 2.0  # seconds a cancelled turn still gives its sinks for the final events
+
+
+@attrs.frozen
+class SinkBatch:
+    """What a sink receives: the run events and the MMSP items of one batch, in order."""
+
+    run: Sequence[RunEvent]
+    uni: Sequence[UniItem]
+
+
+class Sink(Protocol):
+    """Where a turn's events go: a terminal, a JSONL file, a hub, the application's code.
+
+    `deliver` may block: that is backpressure, and the turn waits. `close` is called once, after
+    the last batch (which holds `run.done`), even when the turn is cancelled.
+    """
+
+    async def deliver(self, batch: SinkBatch) -> None:
+        """Take one batch."""
+        ...
+
+    async def close(self) -> None:
+        """The turn is over."""
+        ...
+
+
+@attrs.define(eq=False)
+class CallbackSink:
+    """A sink that calls the application's function with each run event (and, if given, each
+    MMSP item). The callbacks are synchronous: they run on the turn's task, so keep them quick."""
+
+    on_run_event: Callable[[RunEvent], object] | None = None
+    on_uni_event: Callable[[UniItem], object] | None = None
+
+    async def deliver(self, batch: SinkBatch) -> None:
+        """Call the callbacks, in order."""
+        if self.on_uni_event is not None:
+            for item in batch.uni:
+                self.on_uni_event(item)
+        if self.on_run_event is not None:
+            for event in batch.run:
+                self.on_run_event(event)
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+
+class _Log(Generic[T]):
+    """An append-only list that any number of readers follow from the start, live."""
+
+    __slots__ = ("_changed", "closed", "items")
+
+    def __init__(self) -> None:
+        self.items: list[T] = []
+        self.closed = False
+        self._changed = trio.Event()
+
+    def extend(self, items: Sequence[T]) -> None:
+        if items:
+            self.items.extend(items)
+            self._wake()
+
+    def close(self) -> None:
+        self.closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def follow(self, start: int = 0) -> AsyncIterator[T]:
+        i = start
+        while True:
+            items = self.items
+            if i < len(items):
+                chunk = items[i:]
+                i += len(chunk)
+                for item in chunk:
+                    yield item
+            elif self.closed:
+                return
+            else:
+                await self._changed.wait()
+
+
+@attrs.frozen
+class TurnResult:
+    """How a turn ended.
+
+    Attributes:
+        message: the assistant message (the `.done` items, usage, finish reason); for a turn
+            that failed, what the last attempt completed.
+        outcome: the one outcome.
+        text: the answer text as delivered (since the last reset).
+        attempts: requests made, the rescue included.
+        events: UniEvents delivered.
+        time_to_first_event: seconds from the start to the first lane event, if one came.
+        total_time: seconds from the start to the end.
+        error: the error that ended the turn (a `FallbackFailed` when the rescue failed too).
+        partial: whether any attempt delivered events.
+        retry_after: the server-directed wait that ended a RateLimited turn.
+    """
+
+    message: UniMessage
+    outcome: Outcome
+    text: str
+    attempts: int
+    events: int
+    time_to_first_event: float | None
+    total_time: float
+    error: BaseException | None = None
+    partial: bool = False
+    retry_after: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the reply came home (streamed or rescued)."""
+        return self.outcome.succeeded
+
+
+@attrs.define(eq=False)
+class Turn:
+    """A running turn: iterate its events (as many consumers as you like), await its result."""
+
+    run_id: str
+    request: TurnRequest
+    provider: Provider
+    _uni: _Log[UniItem] = attrs.field(factory=_Log)
+    _run: _Log[RunEvent] = attrs.field(factory=_Log)
+    _done: trio.Event = attrs.field(factory=trio.Event)
+    _result: TurnResult | None = None
+    _cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+
+    def uni_events(self) -> AsyncIterator[UniItem]:
+        """The MMSP stream: UniEvents, with an `AttemptReset` where a retry voided what came
+        before it (drop that attempt's fragments). Replays from the start, then follows live."""
+        return self._uni.follow()
+
+    def run_events(self, after: int = 0) -> AsyncIterator[RunEvent]:
+        """The public delivery stream, from `seq` `after + 1`, ending with `run.done`."""
+        return self._run.follow(after)
+
+    async def result(self) -> TurnResult:
+        """Wait for the turn to end; its result."""
+        await self._done.wait()
+        assert self._result is not None
+        return self._result
+
+    def cancel(self) -> None:
+        """Cancel the turn; it still ends with `run.done{status: "cancelled"}`."""
+        self._cancel_scope.cancel()
+
+    @property
+    def done(self) -> bool:
+        """Whether the turn has ended."""
+        return self._done.is_set()
+
+
+async def run_turn(
+    request: TurnRequest,
+    provider: Provider,
+    *,
+    sinks: Sequence[Sink] = (),
+    policy: Policy | None = None,
+    client: httpx.AsyncClient | None = None,
+    limiter: RateLimiter | None = None,
+    run_id: str | None = None,
+    reasoning: bool = False,
+    tool_arguments: bool = False,
+    task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
+) -> TurnResult:
+    """Run one turn to its end and return its result.
+
+    Use `turn = await nursery.start(run_turn, request, provider)` to get the `Turn` handle as
+    soon as its actors are running, then iterate `turn.uni_events()` / `turn.run_events()` or
+    await `turn.result()`. With no policy the default `Policy()` applies (deadlines, retries,
+    rescue). Without a client, the turn makes its own and closes it. `reasoning` and
+    `tool_arguments` opt the public stream into reasoning text and tool arguments.
+    """
+    policy = policy or Policy()
+    turn = Turn(run_id or secrets.token_hex(8), request, provider)
+    builder = RunEventBuilder(
+        turn.run_id, trio.current_time, reasoning=reasoning, tool_arguments=tool_arguments
+    )
+    accumulator = Accumulator()
+    own_client = client is None
+    http = client or httpx.AsyncClient(timeout=httpx.Timeout(None), follow_redirects=False)
+    handler = Handler(request, provider, http, policy, limiter or shared_limiter())
+    start = trio.current_time()
+    outcome = Outcome.CANCELLED
+    sink_sends: list[trio.MemorySendChannel[SinkBatch]] = []
+    opened = [builder.started(provider.label, provider.model)]
+    turn._run.extend(opened)
+    try:
+        with turn._cancel_scope:
+            async with trio.open_nursery() as nursery:
+                for sink in sinks:
+                    send, recv = trio.open_memory_channel[SinkBatch](policy.channel_size)
+                    sink_sends.append(send)
+                    nursery.start_soon(_sink_actor, sink, recv)
+                to_acc, from_handler = trio.open_memory_channel[Batch](policy.channel_size)
+                first = SinkBatch(opened, ())
+                for send in sink_sends:
+                    await send.send(first)
+                nursery.start_soon(
+                    _accumulator_actor, from_handler, accumulator, builder, turn, sink_sends
+                )
+                task_status.started(turn)
+                async with to_acc:
+                    outcome = await handler.run(to_acc)
+    finally:
+        error = handler.error
+        if handler.rescue_error is not None:
+            error = FallbackFailed(outcome, handler.error, handler.rescue_error)
+        if outcome.succeeded:
+            error = None
+        final = builder.finish(
+            outcome, error, attempts=handler.attempts, retry_after=handler.retry_after
+        )
+        turn._run.extend(final)
+        turn._run.close()
+        turn._uni.close()
+        turn._result = TurnResult(
+            message=accumulator.message(),
+            outcome=outcome,
+            text=builder.text,
+            attempts=handler.attempts,
+            events=handler.events,
+            time_to_first_event=handler.first_event_at,
+            total_time=trio.current_time() - start,
+            error=error,
+            partial=handler.emitted_attempt,
+            retry_after=handler.retry_after if outcome is Outcome.RATE_LIMITED else None,
+        )
+        turn._done.set()
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(_SINK_GRACE):
+                await _finish_sinks(sinks, final, cancelled=outcome is Outcome.CANCELLED)
+            if own_client:
+                with trio.move_on_after(_SINK_GRACE):
+                    await http.aclose()
+    return turn._result
+
+
+async def _finish_sinks(sinks: Sequence[Sink], final: list[RunEvent], *, cancelled: bool) -> None:
+    del cancelled
+    batch = SinkBatch(final, ())
+    for sink in sinks:
+        try:
+            await sink.deliver(batch)
+        finally:
+            await sink.close()
+
+
+@asynccontextmanager
+async def open_turn(
+    request: TurnRequest, provider: Provider, **options: Any
+) -> AsyncIterator[Turn]:
+    """Run a turn for the duration of the block; leaving the block cancels it if it is still
+    running. Takes `run_turn`'s keyword options."""
+    async with trio.open_nursery() as nursery:
+        turn: Turn = await nursery.start(_run_turn_with, request, provider, options)
+        try:
+            yield turn
+        finally:
+            if not turn.done:
+                turn.cancel()
+
+
+async def _run_turn_with(
+    request: TurnRequest,
+    provider: Provider,
+    options: dict[str, Any],
+    task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    await run_turn(request, provider, task_status=task_status, **options)
+
+
+async def _accumulator_actor(
+    receive: trio.MemoryReceiveChannel[Batch],
+    accumulator: Accumulator,
+    builder: RunEventBuilder,
+    turn: Turn,
+    sink_sends: list[trio.MemorySendChannel[SinkBatch]],
+) -> None:
+    """UniEvents in: the message, the run events and the logs; batches on to every sink."""
+    async with receive:
+        async for batch in receive:
+            # drain what is already waiting: one hop downstream per batch, not per event
+            while True:
+                try:
+                    batch += receive.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            runs: list[RunEvent] = []
+            unis: list[UniItem] = []
+            for item in batch:
+                if type(item) is UniEvent:
+                    accumulator.feed(item)
+                    unis.append(item)
+                    run = builder.uni(item)
+                    if run is not None:
+                        runs.append(run)
+                elif type(item) is AttemptReset:
+                    accumulator.reset()
+                    unis.append(item)
+                    runs.append(builder.reset(item.attempt))
+                elif type(item) is Status:
+                    runs.append(builder.status(item.phase, item.attempt, item.delay))
+            turn._uni.extend(unis)
+            turn._run.extend(runs)
+            if sink_sends:
+                out = SinkBatch(runs, unis)
+                for send in sink_sends:
+                    await send.send(out)
+    for send in sink_sends:
+        await send.aclose()
+
+
+async def _sink_actor(sink: Sink, receive: trio.MemoryReceiveChannel[SinkBatch]) -> None:
+    """Feeds one sink; its slowness is backpressure on the turn."""
+    async with receive:
+        async for batch in receive:
+            while True:
+                try:
+                    more = receive.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+                batch = SinkBatch([*batch.run, *more.run], [*batch.uni, *more.uni])
+            await sink.deliver(batch)
+

@@ -1,0 +1,346 @@
+"""Ollama's native chat API (`POST /api/chat`), streamed as NDJSON: one JSON object per line.
+
+Each line carries a piece of the assistant `message`: `thinking` is thinking (Ollama has no
+signature, so no fidelity), `content` is text, and consecutive pieces of one kind continue one
+group (a change of kind closes the open lane and opens a new one). Tool calls arrive whole: each
+is its own lane with one fragment, its `arguments` object written as `json.dumps` does; its id is
+the call's `id`, else the function's name (`name#2`... for later calls of the same function, see
+`ToolIds`). The last line has `done: true` with `done_reason` (`stop` after a tool call is
+`tool_call`; a server too old to send a reason finished normally, so it is `stop`) and the token
+counts: the prompt is `prompt_eval_count`, the response `eval_count`; Ollama reports neither
+cached nor thinking tokens apart. A `{"error": "..."}` line ends the stream with a
+`ProviderError`.
+
+Replaying a conversation: the system prompt is a `system` message; images go as base64 in
+`images` (only `data:` URLs: Ollama does not fetch URLs); each tool result is a `tool` message
+with `tool_name` (the name of the replayed call with that id, else `strip_call_suffix(id)`) and
+`tool_call_id`, sent before the rest of the user message it came in; an assistant message is
+replayed with its `content`, `thinking` and `tool_calls`. Ollama has no `tool_choice`: `none`
+sends no tools, a list of names sends only those tools, `required` cannot be expressed.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote_to_bytes
+
+import msgspec
+
+from pipeline._events import (
+    ImageUrlDone,
+    InlineDataDone,
+    TextDone,
+    ThinkingDone,
+    ToolCallDone,
+    ToolResultDone,
+    UniMessage,
+)
+from pipeline._lanes import (
+    LaneEvent,
+    LaneKind,
+    MessageDelta,
+    MessageStart,
+    MessageStop,
+    PartDelta,
+    PartStart,
+    PartStop,
+    ProviderErrorEvent,
+    RawUsage,
+)
+from pipeline.errors import FrameEncodingError, MalformedFrameError, ProviderError
+
+from ._base import (
+    Framing,
+    HttpRequest,
+    Provider,
+    ToolIds,
+    dumps_arguments,
+    error_from_body,
+    strict_decode,
+    strip_call_suffix,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from pipeline._request import TurnRequest
+
+__all__ = ["OllamaDialect"]
+
+NAME = "ollama"
+_THINK_LEVELS = frozenset({"low", "medium", "high"})
+
+
+# --- wire shapes ----------------------------------------------------------------------------------
+
+
+class _Function(msgspec.Struct, frozen=True):
+    name: str
+    arguments: Any = None
+
+
+class _ToolCall(msgspec.Struct, frozen=True):
+    function: _Function
+    id: str = ""
+
+
+class _Message(msgspec.Struct, frozen=True):
+    content: str = ""
+    thinking: str = ""
+    tool_calls: list[_ToolCall] | None = None
+
+
+class _Line(msgspec.Struct, frozen=True):
+    model: str = ""
+    message: _Message | None = None
+    done: bool = False
+    done_reason: str | None = None
+    prompt_eval_count: int | None = None
+    eval_count: int | None = None
+    error: Any = None
+
+
+_decode_line = msgspec.json.Decoder(_Line)
+
+
+class _StreamDecoder:
+    """One attempt's lines (also used once for a non-streaming body)."""
+
+    __slots__ = ("_called", "_count", "_ids", "_index", "_kind", "_started")
+
+    def __init__(self) -> None:
+        self._kind: LaneKind | None = None  # the open text or thinking lane, if any
+        self._index = 0  # its index
+        self._count = 0  # lanes opened so far: the next lane's index
+        self._ids = ToolIds()
+        self._called = False  # a tool call was seen
+        self._started = False  # MessageStart went out
+
+    def feed(self, frame: str) -> list[LaneEvent]:
+        return self.line(strict_decode(_decode_line, frame, NAME))
+
+    def close(self) -> list[LaneEvent]:
+        return []
+
+    def line(self, line: _Line) -> list[LaneEvent]:
+        """The lane events of one decoded line."""
+        out: list[LaneEvent] = []
+        if not self._started and line.model:
+            self._started = True
+            out.append(MessageStart(model=line.model))
+        message = line.message
+        if message is not None:
+            if message.thinking:
+                self._piece("thinking", message.thinking, out)
+            if message.content:
+                self._piece("text", message.content, out)
+            if message.tool_calls:
+                for call in message.tool_calls:
+                    self._call(call, out)
+        if line.error is not None:
+            error = error_from_body(NAME, None, {"error": line.error}, in_stream=True)
+            out.append(ProviderErrorEvent(error))
+        elif line.done:
+            reason = line.done_reason or "stop"
+            if self._called and reason == "stop":
+                reason = "tool_call"
+            usage = RawUsage(prompt_tokens=line.prompt_eval_count, response_tokens=line.eval_count)
+            out.append(MessageDelta(finish_reason=reason, usage=usage))
+            out.append(MessageStop())
+        return out
+
+    def _piece(self, kind: LaneKind, value: str, out: list[LaneEvent]) -> None:
+        if kind != self._kind:
+            if self._kind is not None:
+                out.append(PartStop(self._index, self._kind))
+            self._kind = kind
+            self._index = self._count
+            self._count += 1
+            out.append(PartStart(index=self._index, kind=kind))
+        out.append(PartDelta(self._index, kind, value))
+
+    def _call(self, call: _ToolCall, out: list[LaneEvent]) -> None:
+        if self._kind is not None:
+            out.append(PartStop(self._index, self._kind))
+            self._kind = None
+        self._called = True
+        function = call.function
+        index = self._count
+        self._count += 1
+        arguments = function.arguments
+        if not isinstance(arguments, str):
+            arguments = dumps_arguments(arguments if arguments is not None else {})
+        call_id = call.id or self._ids.next(function.name)
+        out.append(PartStart(index=index, kind="tool_call", name=function.name, call_id=call_id))
+        out.append(PartDelta(index, "tool_call", arguments))
+        out.append(PartStop(index, "tool_call"))
+
+
+# --- requests -------------------------------------------------------------------------------------
+
+
+def _image(url: str) -> str:
+    """An image for `images`: a `data:` URL's payload as base64 text."""
+    if not url.startswith("data:"):
+        raise ValueError(f"{NAME} takes images only as data: URLs, not {url[:40]!r}")
+    head, _, payload = url.partition(",")
+    if "base64" in head[5:].split(";")[1:]:
+        return payload
+    return base64.b64encode(unquote_to_bytes(payload)).decode("ascii")
+
+
+def _messages(request: TurnRequest) -> list[dict[str, Any]]:
+    names = {
+        item.tool_call_id: item.name
+        for message in request.messages
+        if message.role == "assistant"
+        for item in message.content_items
+        if type(item) is ToolCallDone
+    }
+    out: list[dict[str, Any]] = []
+    if request.system_prompt:
+        out.append({"role": "system", "content": request.system_prompt})
+    for message in request.messages:
+        if message.role == "assistant":
+            out.append(_assistant(message))
+        else:
+            out.extend(_user(message, names))
+    return out
+
+
+def _assistant(message: UniMessage) -> dict[str, Any]:
+    text: list[str] = []
+    thinking: list[str] = []
+    images: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for item in message.content_items:
+        if type(item) is TextDone:
+            text.append(item.text)
+        elif type(item) is ThinkingDone:
+            thinking.append(item.thinking)
+        elif type(item) is ToolCallDone:
+            calls.append(
+                {
+                    "id": item.tool_call_id,
+                    "function": {"name": item.name, "arguments": item.arguments},
+                }
+            )
+        elif type(item) is InlineDataDone:
+            images.append(base64.b64encode(item.data).decode("ascii"))
+    out: dict[str, Any] = {"role": "assistant", "content": "\n".join(text)}
+    if thinking:
+        out["thinking"] = "\n".join(thinking)
+    if images:
+        out["images"] = images
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+def _user(message: UniMessage, names: Mapping[str, str]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    text: list[str] = []
+    images: list[str] = []
+    for item in message.content_items:
+        if type(item) is TextDone:
+            text.append(item.text)
+        elif type(item) is ImageUrlDone:
+            images.append(_image(item.image_url))
+        elif type(item) is ToolResultDone:
+            call_id = item.tool_call_id
+            result: dict[str, Any] = {
+                "role": "tool",
+                "content": item.text,
+                "tool_name": names.get(call_id) or strip_call_suffix(call_id),
+                "tool_call_id": call_id,
+            }
+            if item.images:
+                result["images"] = [_image(url) for url in item.images]
+            out.append(result)
+    if text or images:
+        user: dict[str, Any] = {"role": "user", "content": "\n".join(text)}
+        if images:
+            user["images"] = images
+        out.append(user)
+    return out
+
+
+class OllamaDialect:
+    """Ollama's native `/api/chat`."""
+
+    name = NAME
+    framing: Framing = "ndjson"
+
+    def build_request(
+        self, request: TurnRequest, provider: Provider, *, stream: bool = True
+    ) -> HttpRequest:
+        """`POST {base}/api/chat`; a Bearer header only when a key is set (a proxy's)."""
+        body: dict[str, Any] = {
+            "model": provider.model,
+            "messages": _messages(request),
+            "stream": stream,
+        }
+        tools = request.tools
+        choice = request.tool_choice
+        if choice == "none":
+            tools = []
+        elif isinstance(choice, list) and choice:
+            tools = [t for t in tools if t.name in choice]
+        if tools:
+            body["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.parameters or {"type": "object", "properties": {}},
+                    },
+                }
+                for t in tools
+            ]
+        level = request.thinking_level
+        if level is not None:
+            body["think"] = level if level in _THINK_LEVELS else level != "none"
+        options: dict[str, Any] = {}
+        if request.max_tokens is not None:
+            options["num_predict"] = request.max_tokens
+        if request.temperature is not None:
+            options["temperature"] = request.temperature
+        if options:
+            body["options"] = options
+        body.update(request.extra_body.get(NAME, {}))
+        headers = {"content-type": "application/json", **provider.headers}
+        if provider.api_key is not None:
+            headers["authorization"] = f"Bearer {provider.api_key.reveal()}"
+        return HttpRequest(
+            url=provider.url("/api/chat"), headers=headers, body=msgspec.json.encode(body)
+        )
+
+    def stream_decoder(self) -> _StreamDecoder:
+        """A fresh decoder for one attempt's lines."""
+        return _StreamDecoder()
+
+    def decode_response(self, body: bytes) -> list[LaneEvent]:
+        """A non-streaming reply (one object of the final line's shape, the whole `message`) as
+        the stream the API would have sent."""
+        try:
+            line = strict_decode(_decode_line, body, NAME)
+        except MalformedFrameError:
+            try:
+                body.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise FrameEncodingError(
+                    f"response body is not valid UTF-8 (byte {exc.start})", provider=NAME
+                ) from None
+            raise
+        out = _StreamDecoder().line(line)
+        if not out or type(out[-1]) is not MessageStop:
+            out.append(MessageStop())
+        return out
+
+    def error_from_response(
+        self, status: int, headers: Mapping[str, str], body: bytes
+    ) -> ProviderError:
+        """`{"error": "..."}`, typed by the status alone (Ollama sends no error type)."""
+        return error_from_body(NAME, status, body)
