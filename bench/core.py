@@ -14,19 +14,23 @@ events/s to the limit's, measured in the same run.
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib
 import statistics
 import time
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from pipeline import Accumulator, WireDecoder
-from pipeline.providers import Dialect
 
 from .wire import GENERATORS, chunk, fragments
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from pipeline.providers import Dialect
 
 __all__ = ["CoreResult", "run_core"]
 
@@ -114,8 +118,8 @@ def run_core(
         limit_t, rillet_t = [], []
         for r in range(rounds):
             progress(f"{name}: round {r + 1}/{rounds}")
-            limit_t.append(_time(lambda: limit_loop(chunks, ndjson)))
-            rillet_t.append(_time(lambda: rillet_core(dialect, chunks)))
+            limit_t.append(_time(functools.partial(limit_loop, chunks, ndjson)))
+            rillet_t.append(_time(functools.partial(rillet_core, dialect, chunks)))
         lm, rm = statistics.median(limit_t), statistics.median(rillet_t)
         # events/s counts text fragments delivered, the unit both loops share
         results.append(

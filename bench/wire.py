@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = ["GENERATORS", "chunk", "fragments"]
 
@@ -82,7 +85,11 @@ def anthropic(parts: list[str]) -> bytes:
     out.append(
         ev(
             "content_block_start",
-            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            },
         )
     )
     out += [

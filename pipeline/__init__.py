@@ -34,6 +34,7 @@ from ._events import decode_uni_message as decode_uni_message
 from ._events import encode_json as encode_json
 from ._grammar import Grammar as Grammar
 from ._grammar import map_finish_reason as map_finish_reason
+from ._handler import AttemptReset as AttemptReset
 from ._lanes import LaneEvent as LaneEvent
 from ._lanes import LaneKind as LaneKind
 from ._lanes import MessageDelta as MessageDelta
@@ -45,14 +46,27 @@ from ._lanes import PartStop as PartStop
 from ._lanes import Ping as Ping
 from ._lanes import ProviderErrorEvent as ProviderErrorEvent
 from ._lanes import RawUsage as RawUsage
+from ._policy import Outcome as Outcome
+from ._policy import Policy as Policy
+from ._ratelimit import RateLimiter as RateLimiter
 from ._request import ThinkingLevel as ThinkingLevel
 from ._request import ToolChoice as ToolChoice
 from ._request import ToolSpec as ToolSpec
 from ._request import TurnRequest as TurnRequest
 from ._request import user as user
+from ._runevents import RunEvent as RunEvent
+from ._runevents import decode_run_event as decode_run_event
+from ._turn import CallbackSink as CallbackSink
+from ._turn import Sink as Sink
+from ._turn import SinkBatch as SinkBatch
+from ._turn import Turn as Turn
+from ._turn import TurnResult as TurnResult
+from ._turn import open_turn as open_turn
+from ._turn import run_turn as run_turn
 from ._wire import WireDecoder as WireDecoder
 from .errors import AuthenticationError as AuthenticationError
 from .errors import EmptyResponseError as EmptyResponseError
+from .errors import FallbackFailed as FallbackFailed
 from .errors import FrameEncodingError as FrameEncodingError
 from .errors import FrameError as FrameError
 from .errors import FrameTooLarge as FrameTooLarge
@@ -68,10 +82,14 @@ from .errors import SSEEncodeError as SSEEncodeError
 from .errors import StreamError as StreamError
 from .errors import StreamProtocolError as StreamProtocolError
 from .errors import ToolCallArgumentParseError as ToolCallArgumentParseError
+from .errors import TransportError as TransportError
+from .errors import TurnTimeout as TurnTimeout
 
 __all__ = [
     "Accumulator",
+    "AttemptReset",
     "AuthenticationError",
+    "CallbackSink",
     "ContentItem",
     "DeltaItem",
     "DoneItem",
@@ -79,6 +97,7 @@ __all__ = [
     "EmbeddingDone",
     "EmptyResponseError",
     "EventItem",
+    "FallbackFailed",
     "FinishReason",
     "FrameEncodingError",
     "FrameError",
@@ -97,18 +116,24 @@ __all__ = [
     "MessageDelta",
     "MessageStart",
     "MessageStop",
+    "Outcome",
     "OverloadedError",
     "PartDelta",
     "PartStart",
     "PartStop",
     "Ping",
+    "Policy",
     "ProviderError",
     "ProviderErrorEvent",
     "RateLimitError",
+    "RateLimiter",
     "RawUsage",
     "RilletError",
+    "RunEvent",
     "SSEEncodeError",
     "ServerError",
+    "Sink",
+    "SinkBatch",
     "StreamError",
     "StreamProtocolError",
     "TextDelta",
@@ -122,15 +147,22 @@ __all__ = [
     "ToolChoice",
     "ToolResultDone",
     "ToolSpec",
+    "TransportError",
+    "Turn",
     "TurnRequest",
+    "TurnResult",
+    "TurnTimeout",
     "UniEvent",
     "UniMessage",
     "UsageMetadata",
     "WireDecoder",
+    "decode_run_event",
     "decode_uni_event",
     "decode_uni_message",
     "encode_json",
     "errors",
     "map_finish_reason",
+    "open_turn",
+    "run_turn",
     "user",
 ]

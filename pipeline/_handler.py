@@ -45,6 +45,7 @@ import trio
 from ._events import UniEvent
 from ._policy import Outcome, Policy, Shape, backoff_delay, retry_after
 from ._ratelimit import RateLimiter
+from ._request import TurnRequest
 from ._wire import WireDecoder
 from .errors import (
     AuthenticationError,
@@ -59,10 +60,10 @@ from .errors import (
     TransportError,
     TurnTimeout,
 )
+from .providers._base import Provider
 
 if TYPE_CHECKING:
-    from ._request import TurnRequest
-    from .providers._base import HttpRequest, Provider
+    from .providers._base import HttpRequest
 
 __all__ = ["AttemptReset", "Handler", "Status"]
 
@@ -219,7 +220,9 @@ class Handler:
                 if not chunk:
                     return None
         except httpx.TransportError as exc:
-            return self._note(_Failure(Shape.TRANSPORT, _transport_error(exc, self.provider.label)), emitted)
+            return self._note(
+                _Failure(Shape.TRANSPORT, _transport_error(exc, self.provider.label)), emitted
+            )
         except RilletError as exc:
             return self._failure_of(exc, emitted)
         finally:
@@ -274,9 +277,13 @@ class Handler:
         if now >= self._total_deadline:
             error = TurnTimeout(self.provider.label, "total", self.policy.total_timeout)
             return self._note(_Failure(Shape.TOTAL, error), emitted)
-        limit = self.policy.per_event_timeout if self._ever_event else self.policy.initial_event_timeout
+        limit = (
+            self.policy.per_event_timeout if self._ever_event else self.policy.initial_event_timeout
+        )
         kind = "per-event" if self._ever_event else "initial-event"
-        return self._note(_Failure(Shape.STALL, TurnTimeout(self.provider.label, kind, limit)), emitted)
+        return self._note(
+            _Failure(Shape.STALL, TurnTimeout(self.provider.label, kind, limit)), emitted
+        )
 
     def _failure_of(self, error: RilletError, emitted: int) -> _Failure:
         if isinstance(error, RateLimitError):
@@ -321,7 +328,9 @@ class Handler:
             return Outcome.TOTAL_TIMEOUT
         if failure.shape is Shape.STALL:
             self._timeouts += 1
-            limit = policy.max_consecutive_timeouts if self._ever_event else policy.max_empty_timeouts
+            limit = (
+                policy.max_consecutive_timeouts if self._ever_event else policy.max_empty_timeouts
+            )
             if self._timeouts >= limit:
                 return Outcome.EVENT_TIMEOUT
         if self._transport_used >= policy.transport_retries:
@@ -421,4 +430,3 @@ def _transport_error(exc: httpx.TransportError, provider: str) -> TransportError
     error = TransportError(provider, type(exc).__name__)
     error.__cause__ = exc
     return error
-

@@ -9,12 +9,11 @@ and its first tool call both have index 0).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import msgspec
 
-if TYPE_CHECKING:
-    from .errors import RilletError
+from .errors import RilletError
 
 __all__ = [
     "LaneEvent",

@@ -14,8 +14,7 @@ final outcome into run events, numbering them.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
@@ -33,6 +32,9 @@ from .errors import (
     StreamProtocolError,
     ToolCallArgumentParseError,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = [
     "AnswerDelta",
@@ -102,9 +104,7 @@ class ToolStarted(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag=
     tool_call_id: str
 
 
-class ToolCompleted(
-    _Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="tool.completed"
-):
+class ToolCompleted(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="tool.completed"):
     """A tool call is complete (its arguments only when the host opts in)."""
 
     name: str

@@ -19,10 +19,12 @@ the nursery, and the public stream still ends with its one `run.done{status: "ca
 
 from __future__ import annotations
 
+import functools
 import secrets
+import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 import httpx
@@ -36,9 +38,7 @@ from ._ratelimit import RateLimiter, shared_limiter
 from ._request import TurnRequest
 from ._runevents import RunEvent, RunEventBuilder
 from .errors import FallbackFailed
-
-if TYPE_CHECKING:
-    from .providers._base import Provider
+from .providers._base import Provider
 
 __all__ = [
     "CallbackSink",
@@ -233,13 +233,15 @@ async def run_turn(
     `tool_arguments` opt the public stream into reasoning text and tool arguments.
     """
     policy = policy or Policy()
+    own_client = client is None
+    http = client or httpx.AsyncClient(
+        timeout=httpx.Timeout(None), follow_redirects=False, verify=_tls_context()
+    )
     turn = Turn(run_id or secrets.token_hex(8), request, provider)
     builder = RunEventBuilder(
         turn.run_id, trio.current_time, reasoning=reasoning, tool_arguments=tool_arguments
     )
     accumulator = Accumulator()
-    own_client = client is None
-    http = client or httpx.AsyncClient(timeout=httpx.Timeout(None), follow_redirects=False)
     handler = Handler(request, provider, http, policy, limiter or shared_limiter())
     start = trio.current_time()
     outcome = Outcome.CANCELLED
@@ -295,6 +297,12 @@ async def run_turn(
                 with trio.move_on_after(_SINK_GRACE):
                     await http.aclose()
     return turn._result
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """One TLS context for every client the turns make: building one costs ~100 ms."""
+    return ssl.create_default_context()
 
 
 async def _finish_sinks(sinks: Sequence[Sink], final: list[RunEvent], *, cancelled: bool) -> None:
@@ -383,4 +391,3 @@ async def _sink_actor(sink: Sink, receive: trio.MemoryReceiveChannel[SinkBatch])
                     break
                 batch = SinkBatch([*batch.run, *more.run], [*batch.uni, *more.uni])
             await sink.deliver(batch)
-

@@ -10,6 +10,7 @@ msgspec into typed Structs whose unknown fields are ignored.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import attrs
@@ -27,7 +28,6 @@ from pipeline.errors import (
 from transports import SSEEvent
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
 
     from pipeline._lanes import LaneEvent
     from pipeline._request import TurnRequest
