@@ -243,6 +243,9 @@ _STATUSES: dict[int, type[ProviderError]] = {
 }
 
 
+_DECISIVE_STATUSES = frozenset({401, 403, 429, 503, 529})
+
+
 def provider_error(
     provider: str,
     *,
@@ -255,14 +258,18 @@ def provider_error(
     """The typed error for what a provider reported: the first of `error_types` we know (the
     provider's error type, code or status word) decides, else the status, else `ProviderError`."""
     cls: type[ProviderError] = ProviderError
+    known: str | None = next((t for t in error_types if t), None)
     for error_type in error_types:
         if error_type and (found := _ERROR_TYPES.get(error_type.lower())) is not None:
-            cls = found
+            cls, known = found, error_type
             break
     else:
         if status is not None:
             cls = _STATUSES.get(status, ProviderError)
-    known = next((t for t in error_types if t), None)
+    if status in _DECISIVE_STATUSES:
+        # the status outranks the body: OpenAI answers a bad key with 401 and
+        # `invalid_request_error`, and what a caller does next follows the status
+        cls = _STATUSES[status]
     return cls(
         provider,
         message,

@@ -1,0 +1,6 @@
+"""`python -m pipeline`: the `rillet` command line."""
+
+from ._cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,424 @@
+"""The fan-out hub: per run, an append-only bounded log of run events, and any number of
+subscribers following it, each at its own pace.
+
+Theory of operation
+-------------------
+A run's events are appended once, each encoded to JSON once (every subscriber sends the same
+bytes). A subscriber is a cursor into the log, not a copy of it: appending never waits for a
+subscriber and costs the same with one or a thousand. Each subscriber has a buffer allowance:
+when the log's head runs further ahead of its cursor than that, it is dropped, with a reason,
+and the transport that carries it closes (WebSocket 1013, SSE end of stream). It resumes from
+its last seq with a new subscription, so nobody is silently skipped and nobody slows the run or
+the others.
+
+The log of a run is bounded in events and bytes: past either cap its oldest events are
+forgotten, and a cursor below what is kept is refused (`CursorExpired`, never a gap). A run is
+kept `retention` seconds after its `run.done`, then forgotten (`UnknownRun`).
+
+`RunLog` is the storage interface: `MemoryRunLog` keeps everything in this process; a
+distributed implementation can keep it elsewhere without the hub's callers changing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+import attrs
+import trio
+
+from ._events import encode_json
+from ._runevents import RunDone, RunEvent
+from .errors import RilletError
+
+if TYPE_CHECKING:
+    from ._turn import SinkBatch
+
+__all__ = [
+    "CursorExpired",
+    "CursorInvalid",
+    "Entry",
+    "Hub",
+    "HubError",
+    "HubSink",
+    "MemoryRunLog",
+    "RunExists",
+    "RunLog",
+    "SubscriberDropped",
+    "Subscription",
+    "UnknownRun",
+    "parse_cursor",
+]
+
+
+class HubError(RilletError):
+    """A subscription or append the hub refused."""
+
+
+class UnknownRun(HubError):
+    """No such run (never existed, or forgotten after its retention)."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__("unknown run")
+
+
+class RunExists(HubError):
+    """A run with this id is already open."""
+
+
+class CursorInvalid(HubError):
+    """A resume cursor that is malformed, names another run, or lies past the last event."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"invalid cursor: {reason}")
+
+
+class CursorExpired(HubError):
+    """A resume cursor older than what the log still keeps: resuming would leave a gap.
+
+    Attributes:
+        first_kept: the oldest seq still kept.
+    """
+
+    def __init__(self, first_kept: int) -> None:
+        self.first_kept = first_kept
+        super().__init__(f"cursor expired: the log keeps events from seq {first_kept}")
+
+
+class SubscriberDropped(HubError):
+    """The subscriber fell further behind than its buffer; resume from `last_seq`.
+
+    Attributes:
+        reason: a short code (`fell_behind`).
+        last_seq: the last seq it was given.
+    """
+
+    def __init__(self, reason: str, last_seq: int) -> None:
+        self.reason = reason
+        self.last_seq = last_seq
+        super().__init__(f"subscriber dropped ({reason}); resume after seq {last_seq}")
+
+
+@attrs.frozen
+class Entry:
+    """One logged event: its seq, the event, and its JSON (encoded once for everyone)."""
+
+    seq: int
+    event: RunEvent
+    data: bytes
+
+
+def parse_cursor(run_id: str, raw: str | None) -> int:
+    """A resume cursor as a seq: `""`/None (from the start) -> 0; `"<run_id>:<seq>"` (an SSE
+    `Last-Event-ID`) or a bare `"<seq>"` (`?after=`). Raises `CursorInvalid` otherwise."""
+    if raw is None or raw == "":
+        return 0
+    text = raw
+    if ":" in raw:
+        owner, _, text = raw.rpartition(":")
+        if owner != run_id:
+            raise CursorInvalid("another run's cursor")
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
+        raise CursorInvalid("not a sequence number")
+    return int(text)
+
+
+class _Run:
+    """One run's log and its live subscribers."""
+
+    __slots__ = (
+        "_changed",
+        "base",
+        "done_at",
+        "entries",
+        "nbytes",
+        "run_id",
+        "subscribers",
+    )
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.entries: list[Entry] = []
+        self.base = 1  # seq of entries[0]
+        self.nbytes = 0
+        self.done_at: float | None = None
+        self.subscribers: set[Subscription] = set()
+        self._changed = trio.Event()
+
+    @property
+    def last_seq(self) -> int:
+        return self.base + len(self.entries) - 1
+
+    @property
+    def done(self) -> bool:
+        return self.done_at is not None
+
+    def wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait(self) -> None:
+        await self._changed.wait()
+
+
+class RunLog(Protocol):
+    """Where run logs live: the hub's storage interface."""
+
+    def create(self, run_id: str) -> None:
+        """Open a new, empty run log; `RunExists` if it is open."""
+        ...
+
+    def append(self, run_id: str, events: Sequence[RunEvent]) -> list[Entry]:
+        """Append events whose seqs continue the log without a gap; the entries written."""
+        ...
+
+    def get(self, run_id: str) -> _Run:
+        """The run's log; `UnknownRun` if there is none."""
+        ...
+
+
+@attrs.define(eq=False)
+class MemoryRunLog:
+    """Run logs in this process's memory, bounded per run in events and bytes.
+
+    Attributes:
+        max_events: events kept per run before the oldest are forgotten.
+        max_bytes: JSON bytes kept per run before the oldest are forgotten.
+        retention: seconds a run is kept after its `run.done`.
+    """
+
+    max_events: int = 100_000
+    max_bytes: int = 64 * 1024 * 1024
+    retention: float = 300.0
+    _runs: dict[str, _Run] = attrs.field(factory=dict)
+    _next_sweep: float = 0.0
+
+    def create(self, run_id: str) -> None:
+        """Open a new, empty run log."""
+        self._sweep()
+        if run_id in self._runs:
+            raise RunExists(f"run {run_id} exists")
+        self._runs[run_id] = _Run(run_id)
+
+    def get(self, run_id: str) -> _Run:
+        """The run's log."""
+        run = self._runs.get(run_id)
+        if run is None or self._expired(run, trio.current_time()):
+            self._runs.pop(run_id, None)
+            raise UnknownRun(run_id)
+        return run
+
+    def append(self, run_id: str, events: Sequence[RunEvent]) -> list[Entry]:
+        """Append events; each one's seq must be the next (a gap or repeat raises HubError)."""
+        run = self.get(run_id)
+        if run.done:
+            raise HubError("run is done")
+        written = []
+        seq = run.last_seq
+        for event in events:
+            seq += 1
+            if event.seq != seq:
+                raise HubError(f"expected seq {seq}, got {event.seq}")
+            entry = Entry(seq, event, encode_json(event))
+            written.append(entry)
+            run.nbytes += len(entry.data)
+            if type(event) is RunDone:
+                run.done_at = trio.current_time()
+        run.entries += written
+        self._trim(run)
+        return written
+
+    def runs(self) -> list[str]:
+        """The ids of the runs kept now."""
+        return list(self._runs)
+
+    def _trim(self, run: _Run) -> None:
+        over = len(run.entries) - self.max_events
+        if over <= 0 and run.nbytes <= self.max_bytes:
+            return
+        # forget in slices of at least 1/8 of the cap: trimming stays amortised O(1) per event
+        drop = max(over, self.max_events // 8, 1)
+        freed = 0
+        n = 0
+        for entry in run.entries:
+            if n >= drop and run.nbytes - freed <= self.max_bytes * 7 // 8:
+                break
+            freed += len(entry.data)
+            n += 1
+        n = min(n, len(run.entries) - 1)  # always keep the newest event
+        del run.entries[:n]
+        run.base += n
+        run.nbytes -= freed
+
+    def _expired(self, run: _Run, now: float) -> bool:
+        return run.done_at is not None and now - run.done_at > self.retention
+
+    def _sweep(self) -> None:
+        now = trio.current_time()
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + min(self.retention, 60.0)
+        for run_id in [r for r, run in self._runs.items() if self._expired(run, now)]:
+            del self._runs[run_id]
+
+
+@attrs.define(eq=False)
+class Subscription:
+    """A cursor following one run's log. Iterate it for entries, or call `next_batch`.
+
+    Raises `SubscriberDropped` when it fell behind its buffer, `CursorExpired` when the log
+    forgot events it still needed. Ends (StopAsyncIteration) after `run.done`.
+
+    Attributes:
+        cursor: the last seq given out.
+        buffer: how far behind the log's head it may fall.
+        drop_reason: why it was dropped, if it was.
+        cancel_scope: cancelled when it is dropped, so a transport blocked writing to a client
+            that stopped reading wakes up: run the writing inside it.
+    """
+
+    _hub: Hub
+    _run: _Run
+    cursor: int
+    buffer: int
+    drop_reason: str | None = None
+    cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    _closed: bool = False
+
+    def _drop(self, reason: str) -> None:
+        if self.drop_reason is None:
+            self.drop_reason = reason
+            self.cancel_scope.cancel()
+
+    def _check(self) -> None:
+        if self.drop_reason is not None:
+            raise SubscriberDropped(self.drop_reason, self.cursor)
+
+    @property
+    def lag(self) -> int:
+        """How many events it is behind the log's head."""
+        return self._run.last_seq - self.cursor
+
+    async def next_batch(self, limit: int = 256) -> list[Entry]:
+        """Every entry available now after the cursor (at most `limit`), waiting for one if
+        there is none; an empty list once the run is done and read to its end."""
+        run = self._run
+        while True:
+            self._check()
+            if self.cursor < run.last_seq:
+                start = self.cursor + 1 - run.base
+                if start < 0:
+                    raise CursorExpired(run.base)
+                batch = run.entries[start : start + limit]
+                self.cursor = batch[-1].seq
+                return batch
+            if run.done:
+                return []
+            await run.wait()
+
+    def __aiter__(self) -> AsyncIterator[Entry]:
+        return self._entries()
+
+    async def _entries(self) -> AsyncIterator[Entry]:
+        while batch := await self.next_batch():
+            for entry in batch:
+                yield entry
+
+    def close(self) -> None:
+        """Stop following (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self._run.subscribers.discard(self)
+            self._hub._unsubscribed(self)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+@attrs.define(eq=False)
+class Hub:
+    """Run logs plus live fan-out, in one process.
+
+    Attributes:
+        log: where run logs live.
+        buffer: the default subscriber buffer allowance, in events.
+        max_subscribers_per_run: further subscriptions are refused (`HubError`).
+    """
+
+    log: MemoryRunLog = attrs.field(factory=MemoryRunLog)
+    buffer: int = 1024
+    max_subscribers_per_run: int = 10_000
+    subscribers: int = 0
+    appended: int = 0
+
+    def create(self, run_id: str) -> None:
+        """Open a run."""
+        self.log.create(run_id)
+
+    def append(self, run_id: str, events: Sequence[RunEvent]) -> None:
+        """Append events and wake the run's subscribers; never blocks. Subscribers that fell
+        behind their buffer are dropped here."""
+        if not events:
+            return
+        self.log.append(run_id, events)
+        self.appended += len(events)
+        run = self.log.get(run_id)
+        head = run.last_seq
+        for sub in [s for s in run.subscribers if head - s.cursor > s.buffer]:
+            sub._drop("fell_behind")
+            run.subscribers.discard(sub)
+        run.wake()
+
+    def subscribe(self, run_id: str, after: int = 0, *, buffer: int | None = None) -> Subscription:
+        """Follow a run from the event after seq `after` (0: from the start), replaying what
+        the log keeps, then live. Raises `UnknownRun`, `CursorInvalid` (past the last event),
+        `CursorExpired` (below what is kept), or `HubError` (too many subscribers)."""
+        run = self.log.get(run_id)
+        if after < 0 or after > run.last_seq:
+            raise CursorInvalid("past the last event")
+        if after + 1 < run.base:
+            raise CursorExpired(run.base)
+        if len(run.subscribers) >= self.max_subscribers_per_run:
+            raise HubError("too many subscribers for this run")
+        sub = Subscription(self, run, after, buffer if buffer is not None else self.buffer)
+        if not run.done:
+            run.subscribers.add(sub)
+        self.subscribers += 1
+        return sub
+
+    def _unsubscribed(self, sub: Subscription) -> None:
+        self.subscribers = max(0, self.subscribers - 1)
+
+    def sink(self, run_id: str) -> HubSink:
+        """A turn sink that appends the run's events to this hub (creating the run)."""
+        self.create(run_id)
+        return HubSink(self, run_id)
+
+    def statistics(self) -> dict[str, int]:
+        """Runs kept, live subscriptions, events appended so far."""
+        return {
+            "runs": len(self.log.runs()),
+            "subscribers": self.subscribers,
+            "appended": self.appended,
+        }
+
+
+@attrs.define(eq=False)
+class HubSink:
+    """Delivers a turn's run events into the hub: never blocks the turn."""
+
+    hub: Hub
+    run_id: str
+
+    async def deliver(self, batch: SinkBatch) -> None:
+        """Append the batch's run events."""
+        self.hub.append(self.run_id, batch.run)
+
+    async def close(self) -> None:
+        """Nothing to release: the log outlives the turn for its retention."""
+

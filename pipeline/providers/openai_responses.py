@@ -1,0 +1,633 @@
+"""OpenAI Responses API (`POST {base}/responses`), streaming SSE with named semantic events.
+
+One group per output item, its lane named by the item's `output_index`: a `message` item is text
+(its `phase`, when it has one, rides first as an empty fragment with `fidelity {"phase"}`), a
+`function_call` item is a tool call (`tool_call_id` = `call_id`), and a `reasoning` item is
+thinking: all its `reasoning_summary_text` deltas (summary parts joined by a blank line) and its
+raw `reasoning_text` deltas, then, at its `output_item.done`, an empty fragment whose fidelity
+carries what the done item says (`channel: "summary"` when it has a summary, its final
+`encrypted_content`, and `signature` / `format` where a server sends them). An item whose
+deltas never came (some compatible servers only send the done item) gets its whole value at its
+`output_item.done`. Items of other types (hosted tools...) have no lane.
+
+There is no `[DONE]`: `response.completed` (finish `tool_call` when the reply called a function,
+else `completed`, i.e. stop), `response.incomplete` (its `incomplete_details.reason`:
+`max_output_tokens` is length, `content_filter` is unknown), `response.failed` and `error` end
+the stream; the last two with the typed error they name. Events the API documents that carry
+nothing we stream (`response.created` aside, which names the reply) are skipped; an event type
+the API does not document is a `MalformedFrameError`.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import operator
+from typing import TYPE_CHECKING, Any, Literal
+
+import msgspec
+
+from pipeline._events import (
+    ImageUrlDone,
+    InlineDataDone,
+    TextDone,
+    ThinkingDone,
+    ToolCallDone,
+    ToolResultDone,
+    UniMessage,
+)
+from pipeline._lanes import (
+    LaneEvent,
+    LaneKind,
+    MessageDelta,
+    MessageStart,
+    MessageStop,
+    PartDelta,
+    PartStart,
+    PartStop,
+    ProviderErrorEvent,
+    RawUsage,
+)
+from pipeline.errors import MalformedFrameError, ProviderError
+
+from ._base import HttpRequest, Provider, dumps_arguments, error_from_body, strict_decode
+from .openai_chat import data_url, http_error, reasoning_effort
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from pipeline._request import ToolChoice, ToolSpec, TurnRequest
+    from transports import SSEEvent
+
+__all__ = ["OpenAIResponsesDialect"]
+
+NAME = "openai-responses"
+SUMMARY_SEPARATOR = "\n\n"
+_EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+
+
+# --- wire shapes ----------------------------------------------------------------------------------
+
+
+class _Text(msgspec.Struct, frozen=True, gc=False):
+    type: str = ""
+    text: str = ""
+
+
+class _Item(msgspec.Struct, frozen=True):
+    type: str = ""
+    id: str = ""
+    phase: str | None = None
+    content: list[_Text] | None = None
+    summary: list[_Text] | None = None
+    encrypted_content: str | None = None
+    signature: str | None = None
+    format: str | None = None
+    call_id: str = ""
+    name: str = ""
+    arguments: str | None = None
+
+
+class _InputDetails(msgspec.Struct, frozen=True, gc=False):
+    cached_tokens: int | None = None
+
+
+class _OutputDetails(msgspec.Struct, frozen=True, gc=False):
+    reasoning_tokens: int | None = None
+
+
+class _Usage(msgspec.Struct, frozen=True, gc=False):
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    input_tokens_details: _InputDetails | None = None
+    output_tokens_details: _OutputDetails | None = None
+
+
+class _IncompleteDetails(msgspec.Struct, frozen=True, gc=False):
+    reason: str | None = None
+
+
+class _Response(msgspec.Struct, frozen=True):
+    id: str = ""
+    model: str = ""
+    status: str | None = None
+    output: list[_Item] = []
+    usage: _Usage | None = None
+    incomplete_details: _IncompleteDetails | None = None
+    error: Any = None
+
+
+class _Created(msgspec.Struct, frozen=True, tag="response.created"):
+    response: _Response
+
+
+class _ItemAdded(msgspec.Struct, frozen=True, tag="response.output_item.added"):
+    output_index: int
+    item: _Item
+
+
+class _ItemDone(msgspec.Struct, frozen=True, tag="response.output_item.done"):
+    output_index: int
+    item: _Item
+
+
+class _TextDelta(msgspec.Struct, frozen=True, gc=False, tag="response.output_text.delta"):
+    output_index: int
+    delta: str
+
+
+class _SummaryDelta(
+    msgspec.Struct, frozen=True, gc=False, tag="response.reasoning_summary_text.delta"
+):
+    output_index: int
+    delta: str
+    summary_index: int = 0
+
+
+class _ReasoningDelta(msgspec.Struct, frozen=True, gc=False, tag="response.reasoning_text.delta"):
+    output_index: int
+    delta: str
+
+
+class _ArgumentsDelta(
+    msgspec.Struct, frozen=True, gc=False, tag="response.function_call_arguments.delta"
+):
+    output_index: int
+    delta: str
+
+
+class _Completed(msgspec.Struct, frozen=True, tag="response.completed"):
+    response: _Response
+
+
+class _Incomplete(msgspec.Struct, frozen=True, tag="response.incomplete"):
+    response: _Response
+
+
+class _Failed(msgspec.Struct, frozen=True, tag="response.failed"):
+    response: _Response
+
+
+class _Error(msgspec.Struct, frozen=True, tag="error"):
+    code: Any = None
+    message: str | None = None
+    error: Any = None
+
+
+# Documented events that carry nothing we stream: decoded (so a broken frame is still caught)
+# into an empty struct each, then skipped.
+_SKIPPED_TYPES = (
+    "response.queued",
+    "response.in_progress",
+    "response.content_part.added",
+    "response.content_part.done",
+    "response.output_text.done",
+    "response.output_text.annotation.added",
+    "response.refusal.delta",
+    "response.refusal.done",
+    "response.function_call_arguments.done",
+    "response.reasoning_summary_part.added",
+    "response.reasoning_summary_part.done",
+    "response.reasoning_summary_text.done",
+    "response.reasoning_text.done",
+    "response.audio.delta",
+    "response.audio.done",
+    "response.audio.transcript.delta",
+    "response.audio.transcript.done",
+    "response.custom_tool_call_input.delta",
+    "response.custom_tool_call_input.done",
+    "response.web_search_call.in_progress",
+    "response.web_search_call.searching",
+    "response.web_search_call.completed",
+    "response.file_search_call.in_progress",
+    "response.file_search_call.searching",
+    "response.file_search_call.completed",
+    "response.code_interpreter_call.in_progress",
+    "response.code_interpreter_call.interpreting",
+    "response.code_interpreter_call.completed",
+    "response.code_interpreter_call_code.delta",
+    "response.code_interpreter_call_code.done",
+    "response.image_generation_call.in_progress",
+    "response.image_generation_call.generating",
+    "response.image_generation_call.partial_image",
+    "response.image_generation_call.completed",
+    "response.mcp_call_arguments.delta",
+    "response.mcp_call_arguments.done",
+    "response.mcp_call.in_progress",
+    "response.mcp_call.completed",
+    "response.mcp_call.failed",
+    "response.mcp_list_tools.in_progress",
+    "response.mcp_list_tools.completed",
+    "response.mcp_list_tools.failed",
+    "response.shell_call_command.added",
+    "response.shell_call_command.delta",
+    "response.shell_call_command.done",
+    "response.shell_call_output_content.delta",
+    "response.shell_call_output_content.done",
+)
+_Skipped: tuple[type[msgspec.Struct], ...] = tuple(
+    msgspec.defstruct(f"_Skipped{i}", [], frozen=True, tag=tag)
+    for i, tag in enumerate(_SKIPPED_TYPES)
+)
+_SKIPPED = frozenset(_Skipped)
+
+_HANDLED: tuple[type[msgspec.Struct], ...] = (
+    _Created,
+    _ItemAdded,
+    _ItemDone,
+    _TextDelta,
+    _SummaryDelta,
+    _ReasoningDelta,
+    _ArgumentsDelta,
+    _Completed,
+    _Incomplete,
+    _Failed,
+    _Error,
+)
+_decode_event: msgspec.json.Decoder[Any] = msgspec.json.Decoder(
+    functools.reduce(operator.or_, (*_HANDLED, *_Skipped))
+)
+_decode_response = msgspec.json.Decoder(_Response)
+_DOCUMENTED = frozenset({*(str(t.__struct_config__.tag) for t in _HANDLED), *_SKIPPED_TYPES})
+
+_ITEM_KINDS: dict[str, LaneKind] = {
+    "message": "text",
+    "reasoning": "thinking",
+    "function_call": "tool_call",
+}
+
+
+def _usage(u: _Usage) -> RawUsage:
+    cached = u.input_tokens_details.cached_tokens if u.input_tokens_details is not None else None
+    reasoning = None
+    if u.output_tokens_details is not None:
+        reasoning = u.output_tokens_details.reasoning_tokens
+    prompt = None if u.input_tokens is None else u.input_tokens - (cached or 0)
+    response = None if u.output_tokens is None else u.output_tokens - (reasoning or 0)
+    return RawUsage(
+        cached_tokens=cached,
+        prompt_tokens=prompt,
+        thoughts_tokens=reasoning,
+        response_tokens=response,
+    )
+
+
+def _open_item(index: int, item: _Item, out: list[LaneEvent]) -> LaneKind | None:
+    """Open the lane of an output item (a tool call with its header fragment); None for items
+    we do not stream."""
+    kind = _ITEM_KINDS.get(item.type)
+    if kind is None:
+        return None
+    if kind == "tool_call":
+        out.append(PartStart(index=index, kind=kind, name=item.name, call_id=item.call_id))
+        out.append(PartDelta(index, kind, ""))
+    else:
+        out.append(PartStart(index=index, kind=kind))
+        if kind == "text" and item.phase:
+            out.append(PartDelta(index, kind, "", {"phase": item.phase}))
+    return kind
+
+
+def _reasoning_fidelity(item: _Item) -> dict[str, Any] | None:
+    fidelity: dict[str, Any] = {}
+    if item.summary:
+        fidelity["channel"] = "summary"
+    if item.encrypted_content:
+        fidelity["encrypted_content"] = item.encrypted_content
+    if item.signature:
+        fidelity["signature"] = item.signature
+    if item.format:
+        fidelity["format"] = item.format
+    return fidelity or None
+
+
+def _close_item(
+    index: int, kind: LaneKind, item: _Item, *, streamed: bool, out: list[LaneEvent]
+) -> None:
+    """Close an item's lane at its done event: its whole value first when no delta carried it,
+    and a reasoning item's fidelity."""
+    if not streamed:
+        if kind == "text":
+            text = "".join(p.text for p in item.content or () if p.type == "output_text")
+            if text:
+                out.append(PartDelta(index, kind, text))
+        elif kind == "tool_call":
+            if item.arguments:
+                out.append(PartDelta(index, kind, item.arguments))
+        else:
+            parts = item.summary or [p for p in item.content or () if p.type == "reasoning_text"]
+            text = SUMMARY_SEPARATOR.join(p.text for p in parts if p.text)
+            if text:
+                out.append(PartDelta(index, kind, text))
+    if kind == "thinking":
+        fidelity = _reasoning_fidelity(item)
+        if fidelity is not None:
+            out.append(PartDelta(index, kind, "", fidelity))
+    out.append(PartStop(index, kind))
+
+
+def _error_event(error: Any, in_stream: bool = True) -> ProviderErrorEvent:
+    return ProviderErrorEvent(
+        error_from_body(NAME, None, {"error": error or {}}, in_stream=in_stream)
+    )
+
+
+def _finish(response: _Response, status: str | None, tool_seen: bool) -> list[LaneEvent]:
+    """The end of a reply: its terminal status (`completed`, `incomplete`, `failed`) and the
+    final Response object's usage."""
+    reason: str | None = None
+    if status == "completed":
+        tool_seen = tool_seen or any(i.type == "function_call" for i in response.output)
+        reason = "tool_call" if tool_seen else "completed"
+    elif status == "incomplete":
+        details = response.incomplete_details
+        reason = (details.reason if details is not None else None) or "incomplete"
+    elif status == "failed" or response.error:
+        return [_error_event(response.error)]
+    usage = _usage(response.usage) if response.usage is not None else None
+    return [MessageDelta(finish_reason=reason, usage=usage), MessageStop()]
+
+
+class _StreamDecoder:
+    """One attempt's Responses events."""
+
+    __slots__ = ("_kinds", "_streamed", "_summary", "_tool_seen")
+
+    def __init__(self) -> None:
+        self._kinds: dict[int, LaneKind] = {}  # open output_index -> its lane's kind
+        self._streamed: set[int] = set()  # output indexes a delta came for
+        self._summary: dict[int, int] = {}  # reasoning lane -> its current summary part
+        self._tool_seen = False
+
+    def feed(self, frame: SSEEvent) -> list[LaneEvent]:
+        name = frame.event
+        if name != "message" and name not in _DOCUMENTED:
+            raise MalformedFrameError(f"unknown event type {name!r}", frame.data, provider=NAME)
+        event = strict_decode(_decode_event, frame.data, NAME)
+        kind = type(event)
+        if kind is _TextDelta:
+            self._streamed.add(event.output_index)
+            return [PartDelta(event.output_index, "text", event.delta)]
+        if kind is _ArgumentsDelta:
+            self._streamed.add(event.output_index)
+            return [PartDelta(event.output_index, "tool_call", event.delta)]
+        if kind is _SummaryDelta:
+            return self._summary_delta(event)
+        if kind is _ReasoningDelta:
+            self._streamed.add(event.output_index)
+            return [PartDelta(event.output_index, "thinking", event.delta)]
+        if kind in _SKIPPED:
+            return []
+        if kind is _ItemAdded:
+            out: list[LaneEvent] = []
+            lane = _open_item(event.output_index, event.item, out)
+            if lane is not None:
+                self._kinds[event.output_index] = lane
+                self._tool_seen = self._tool_seen or lane == "tool_call"
+            return out
+        if kind is _ItemDone:
+            return self._item_done(event)
+        if kind is _Created:
+            return [MessageStart(event.response.id, event.response.model)]
+        if kind is _Completed:
+            return _finish(event.response, "completed", self._tool_seen)
+        if kind is _Incomplete:
+            return _finish(event.response, "incomplete", self._tool_seen)
+        if kind is _Failed:
+            return _finish(event.response, "failed", self._tool_seen)
+        assert kind is _Error
+        return [
+            _error_event(
+                event.error if event.error else {"code": event.code, "message": event.message}
+            )
+        ]
+
+    def _summary_delta(self, event: _SummaryDelta) -> list[LaneEvent]:
+        index = event.output_index
+        self._streamed.add(index)
+        last = self._summary.get(index)
+        if last == event.summary_index:
+            return [PartDelta(index, "thinking", event.delta)]
+        self._summary[index] = event.summary_index
+        if last is None:
+            return [PartDelta(index, "thinking", event.delta)]
+        return [
+            PartDelta(index, "thinking", SUMMARY_SEPARATOR),
+            PartDelta(index, "thinking", event.delta),
+        ]
+
+    def _item_done(self, event: _ItemDone) -> list[LaneEvent]:
+        index = event.output_index
+        out: list[LaneEvent] = []
+        lane = self._kinds.pop(index, None)
+        if lane is None:  # a done item whose added event never came: the whole item now
+            lane = _open_item(index, event.item, out)
+            if lane is None:
+                return out
+            self._tool_seen = self._tool_seen or lane == "tool_call"
+        streamed = index in self._streamed
+        self._streamed.discard(index)
+        self._summary.pop(index, None)
+        _close_item(index, lane, event.item, streamed=streamed, out=out)
+        return out
+
+    def close(self) -> list[LaneEvent]:
+        return []
+
+
+# --- the request ----------------------------------------------------------------------------------
+
+
+def _media(item: ImageUrlDone | InlineDataDone) -> dict[str, Any]:
+    if type(item) is ImageUrlDone:
+        return {"type": "input_image", "image_url": item.image_url, "detail": "auto"}
+    assert type(item) is InlineDataDone
+    mime = item.mime_type
+    if mime.startswith("image/"):
+        return {"type": "input_image", "image_url": data_url(item.data, mime), "detail": "auto"}
+    audio_format = {"audio/wav": "wav", "audio/x-wav": "wav", "audio/mpeg": "mp3"}.get(mime)
+    if audio_format is not None:
+        data = base64.b64encode(item.data).decode("ascii")
+        return {"type": "input_audio", "input_audio": {"data": data, "format": audio_format}}
+    filename = "attachment." + (mime.split("/")[-1] or "bin")
+    return {"type": "input_file", "filename": filename, "file_data": data_url(item.data, mime)}
+
+
+def _user_items(message: UniMessage) -> list[dict[str, Any]]:
+    """A user message: text and media as one message, each tool result as a
+    `function_call_output` (its images as `input_image` parts of the output)."""
+    out: list[dict[str, Any]] = []
+    parts: list[dict[str, Any]] = []
+
+    def flush() -> None:
+        if not parts:
+            return
+        if len(parts) == 1 and parts[0]["type"] == "input_text":
+            out.append({"role": "user", "content": parts[0]["text"]})
+        else:
+            out.append({"role": "user", "content": list(parts)})
+        parts.clear()
+
+    for item in message.content_items:
+        if type(item) is TextDone:
+            parts.append({"type": "input_text", "text": item.text})
+        elif type(item) is ImageUrlDone or type(item) is InlineDataDone:
+            parts.append(_media(item))
+        elif type(item) is ToolResultDone:
+            flush()
+            output: str | list[dict[str, Any]] = item.text
+            if item.images:
+                output = [{"type": "input_text", "text": item.text}]
+                output.extend(
+                    {"type": "input_image", "image_url": url, "detail": "auto"}
+                    for url in item.images
+                )
+            out.append(
+                {"type": "function_call_output", "call_id": item.tool_call_id, "output": output}
+            )
+    flush()
+    return out
+
+
+def _assistant_items(message: UniMessage) -> list[dict[str, Any]]:
+    """An assistant message replayed as input items, in order: text as assistant messages (with
+    their `phase`), reasoning as `reasoning` items with their `encrypted_content` (thinking
+    without it cannot be sent back statelessly and is left out), tool calls as
+    `function_call` items."""
+    out: list[dict[str, Any]] = []
+    for item in message.content_items:
+        if type(item) is TextDone:
+            text: dict[str, Any] = {"role": "assistant", "content": item.text}
+            phase = (item.fidelity or {}).get("phase")
+            if phase:
+                text["phase"] = phase
+            out.append(text)
+        elif type(item) is ThinkingDone:
+            fidelity = item.fidelity or {}
+            encrypted = fidelity.get("encrypted_content")
+            if not encrypted:
+                continue
+            reasoning: dict[str, Any] = {"type": "reasoning", "summary": []}
+            if item.thinking:
+                if fidelity.get("channel") == "summary":
+                    reasoning["summary"] = [{"type": "summary_text", "text": item.thinking}]
+                else:
+                    reasoning["content"] = [{"type": "reasoning_text", "text": item.thinking}]
+            reasoning["encrypted_content"] = encrypted
+            out.append(reasoning)
+        elif type(item) is ToolCallDone:
+            out.append(
+                {
+                    "type": "function_call",
+                    "call_id": item.tool_call_id,
+                    "name": item.name,
+                    "arguments": dumps_arguments(item.arguments),
+                }
+            )
+    return out
+
+
+def _tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
+    out = []
+    for tool in tools:
+        spec: dict[str, Any] = {"type": "function", "name": tool.name}
+        if tool.description:
+            spec["description"] = tool.description
+        spec["parameters"] = tool.parameters or _EMPTY_PARAMETERS
+        spec["strict"] = False  # any JSON schema, as the other dialects accept
+        out.append(spec)
+    return out
+
+
+def _tool_choice(choice: ToolChoice) -> Any:
+    if isinstance(choice, str):
+        return choice
+    if len(choice) == 1:
+        return {"type": "function", "name": choice[0]}
+    return {
+        "type": "allowed_tools",
+        "mode": "required",
+        "tools": [{"type": "function", "name": name} for name in choice],
+    }
+
+
+class OpenAIResponsesDialect:
+    """OpenAI's Responses API, stateless: `store: false`, reasoning carried back as encrypted
+    content.
+
+    Args:
+        encrypted_reasoning: whether to ask for `include: ["reasoning.encrypted_content"]`, so
+            reasoning can be replayed on the next turn without server-side state. OpenAI refuses
+            it for models that do not reason ("Encrypted content is not supported with this
+            model"), so by default (None) it is asked for when the turn sets a thinking level
+            (other than `none`, which sends no `reasoning`); True asks always (a reasoning
+            model used without a thinking level), False never.
+    """
+
+    name = NAME
+    framing: Literal["sse"] = "sse"
+
+    def __init__(self, *, encrypted_reasoning: bool | None = None) -> None:
+        self.encrypted_reasoning = encrypted_reasoning
+
+    def build_request(
+        self, request: TurnRequest, provider: Provider, *, stream: bool = True
+    ) -> HttpRequest:
+        """`POST {base}/responses` (the base URL includes `/v1`) with a Bearer key."""
+        items: list[dict[str, Any]] = []
+        for message in request.messages:
+            if message.role == "assistant":
+                items.extend(_assistant_items(message))
+            else:
+                items.extend(_user_items(message))
+        body: dict[str, Any] = {"model": provider.model, "input": items}
+        if request.system_prompt:
+            body["instructions"] = request.system_prompt
+        if request.tools:
+            body["tools"] = _tools(request.tools)
+            if request.tool_choice is not None:
+                body["tool_choice"] = _tool_choice(request.tool_choice)
+        if request.max_tokens is not None:
+            body["max_output_tokens"] = request.max_tokens
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        effort = reasoning_effort(request.thinking_level)
+        if effort is not None:
+            body["reasoning"] = {"effort": effort, "summary": "auto"}
+        body["store"] = False
+        encrypted = self.encrypted_reasoning
+        if encrypted is None:
+            encrypted = effort is not None
+        if encrypted:
+            body["include"] = ["reasoning.encrypted_content"]
+        if stream:
+            body["stream"] = True
+        body.update(request.extra_body.get(NAME, {}))
+        headers = {"content-type": "application/json", **provider.headers}
+        if provider.api_key is not None:
+            headers["authorization"] = f"Bearer {provider.api_key.reveal()}"
+        return HttpRequest(
+            url=provider.url("responses"), headers=headers, body=msgspec.json.encode(body)
+        )
+
+    def stream_decoder(self) -> _StreamDecoder:
+        """A fresh decoder for one attempt's events."""
+        return _StreamDecoder()
+
+    def decode_response(self, body: bytes) -> list[LaneEvent]:
+        """A non-streaming Response object as the stream the API would have sent."""
+        response: _Response = strict_decode(_decode_response, body, NAME)
+        out: list[LaneEvent] = [MessageStart(response.id, response.model)]
+        tool_seen = False
+        for index, item in enumerate(response.output):
+            kind = _open_item(index, item, out)
+            if kind is not None:
+                tool_seen = tool_seen or kind == "tool_call"
+                _close_item(index, kind, item, streamed=False, out=out)
+        return out + _finish(response, response.status, tool_seen)
+
+    def error_from_response(
+        self, status: int, headers: Mapping[str, str], body: bytes
+    ) -> ProviderError:
+        """`{"error": {"message", "type", "code"}}` typed as Chat Completions errors are."""
+        return http_error(NAME, status, headers, body)

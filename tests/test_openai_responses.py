@@ -1,0 +1,621 @@
+"""The Responses dialect: request building, wire cases no fixture covers, error typing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from pipeline import (
+    AuthenticationError,
+    ImageUrlDone,
+    InlineDataDone,
+    InvalidRequestError,
+    MalformedFrameError,
+    OverloadedError,
+    ProviderError,
+    RateLimitError,
+    ServerError,
+    TextDone,
+    ThinkingDone,
+    ToolCallDone,
+    ToolResultDone,
+    ToolSpec,
+    TurnRequest,
+    UniMessage,
+    WireDecoder,
+    user,
+)
+from pipeline.providers import Provider, Secret
+from pipeline.providers.openai_responses import OpenAIResponsesDialect
+
+from .wire_cases import run
+
+KEY = "sk-test-1111111111111111111111secretkey"
+BASE = "https://api.openai.com/v1"
+USAGE = {
+    "input_tokens": 20,
+    "input_tokens_details": {"cached_tokens": 5},
+    "output_tokens": 30,
+    "output_tokens_details": {"reasoning_tokens": 12},
+    "total_tokens": 50,
+}
+USAGE_METADATA = {
+    "cached_tokens": 5,
+    "prompt_tokens": 15,
+    "thoughts_tokens": 12,
+    "response_tokens": 18,
+}
+TOOLS = [
+    ToolSpec(
+        name="get_weather",
+        description="Weather for a city",
+        parameters={"type": "object", "properties": {"city": {"type": "string"}}},
+    ),
+    ToolSpec(name="get_time"),
+]
+
+
+def provider(dialect: OpenAIResponsesDialect | None = None, **kwargs: Any) -> Provider:
+    options: dict[str, Any] = {"api_key": Secret(KEY), **kwargs}
+    return Provider(dialect or OpenAIResponsesDialect(), BASE, "gpt-5", **options)
+
+
+def body(request: TurnRequest, dialect: OpenAIResponsesDialect | None = None, **kwargs: Any) -> Any:
+    dialect = dialect or OpenAIResponsesDialect()
+    return dialect.build_request(request, provider(dialect), **kwargs).json()
+
+
+def hello() -> TurnRequest:
+    return TurnRequest(messages=[user("hi")])
+
+
+def sse(*events: dict[str, Any] | tuple[str, str]) -> bytes:
+    """Events as the API frames them: `event: <type>` then the data (a tuple gives both raw)."""
+    frames = []
+    for event in events:
+        if isinstance(event, tuple):
+            name, data = event
+        else:
+            name, data = event["type"], json.dumps(event, ensure_ascii=False)
+        frames.append(f"event: {name}\ndata: {data}\n\n")
+    return "".join(frames).encode("utf-8")
+
+
+def added(index: int, item: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "response.output_item.added", "output_index": index, "item": item}
+
+
+def done(index: int, item: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "response.output_item.done", "output_index": index, "item": item}
+
+
+def text_delta(index: int, delta: str) -> dict[str, Any]:
+    return {
+        "type": "response.output_text.delta",
+        "item_id": "msg_1",
+        "output_index": index,
+        "content_index": 0,
+        "delta": delta,
+    }
+
+
+def summary_delta(index: int, delta: str, part: int = 0) -> dict[str, Any]:
+    return {
+        "type": "response.reasoning_summary_text.delta",
+        "item_id": "rs_1",
+        "output_index": index,
+        "summary_index": part,
+        "delta": delta,
+    }
+
+
+def message(text: str = "", **extra: Any) -> dict[str, Any]:
+    content = [{"type": "output_text", "annotations": [], "text": text}] if text else []
+    return {"id": "msg_1", "type": "message", "role": "assistant", "content": content, **extra}
+
+
+def response(status: str = "completed", output: list[Any] | None = None, **extra: Any) -> Any:
+    return {
+        "id": "resp_1",
+        "object": "response",
+        "model": "gpt-5",
+        "status": status,
+        "output": output or [],
+        "usage": USAGE,
+        **extra,
+    }
+
+
+def completed(output: list[Any] | None = None) -> dict[str, Any]:
+    return {"type": "response.completed", "response": response("completed", output)}
+
+
+def decode(data: bytes) -> list[dict[str, Any]]:
+    return [json.loads(entry) for entry in run(OpenAIResponsesDialect(), [data])]
+
+
+def decode_body(data: dict[str, Any]) -> list[dict[str, Any]]:
+    raw = json.dumps(data).encode("utf-8")
+    return [json.loads(entry) for entry in run(OpenAIResponsesDialect(), [raw], stream=False)]
+
+
+# --- build_request ------------------------------------------------------------------------------
+
+
+def test_streaming_request_is_stateless() -> None:
+    request = OpenAIResponsesDialect().build_request(hello(), provider())
+    assert request.method == "POST"
+    assert request.url == "https://api.openai.com/v1/responses"
+    data = request.json()
+    assert data["model"] == "gpt-5"
+    assert data["stream"] is True
+    assert data["store"] is False
+    assert data["input"] == [{"role": "user", "content": "hi"}]
+
+
+def test_non_streaming_request_has_no_stream_flag() -> None:
+    assert "stream" not in body(hello(), stream=False)
+
+
+def test_encrypted_reasoning_is_asked_for_when_the_turn_reasons() -> None:
+    data = body(TurnRequest(messages=[user("hi")], thinking_level="low"))
+    assert data["include"] == ["reasoning.encrypted_content"]
+    assert data["store"] is False
+
+
+@pytest.mark.parametrize("level", [None, "none"])
+def test_encrypted_reasoning_is_not_asked_for_a_turn_without_reasoning(level: Any) -> None:
+    data = body(TurnRequest(messages=[user("hi")], thinking_level=level))
+    assert "include" not in data
+    assert data["store"] is False
+
+
+def test_encrypted_reasoning_can_be_forced_on_or_off() -> None:
+    always = body(hello(), OpenAIResponsesDialect(encrypted_reasoning=True))
+    assert always["include"] == ["reasoning.encrypted_content"]
+    never = body(
+        TurnRequest(messages=[user("hi")], thinking_level="high"),
+        OpenAIResponsesDialect(encrypted_reasoning=False),
+    )
+    assert "include" not in never
+
+
+def test_key_is_a_bearer_header_and_never_in_the_repr() -> None:
+    request = OpenAIResponsesDialect().build_request(hello(), provider())
+    assert request.headers["authorization"] == f"Bearer {KEY}"
+    assert KEY not in repr(request)
+    assert KEY not in str(request)
+
+
+def test_no_key_no_authorization_header() -> None:
+    request = OpenAIResponsesDialect().build_request(hello(), provider(api_key=None))
+    assert "authorization" not in request.headers
+
+
+def test_system_prompt_is_instructions() -> None:
+    data = body(TurnRequest(messages=[user("hi")], system_prompt="Be brief."))
+    assert data["instructions"] == "Be brief."
+    assert data["input"] == [{"role": "user", "content": "hi"}]
+
+
+def test_user_media_are_input_parts() -> None:
+    wav = InlineDataDone(data=b"RIFF", mime_type="audio/wav")
+    pdf = InlineDataDone(data=b"%PDF", mime_type="application/pdf")
+    message = user("look", ImageUrlDone(image_url="https://x.test/a.png"), wav, pdf)
+    (item,) = body(TurnRequest(messages=[message]))["input"]
+    assert item == {
+        "role": "user",
+        "content": [
+            {"type": "input_text", "text": "look"},
+            {"type": "input_image", "image_url": "https://x.test/a.png", "detail": "auto"},
+            {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
+            {
+                "type": "input_file",
+                "filename": "attachment.pdf",
+                "file_data": "data:application/pdf;base64,JVBERg==",
+            },
+        ],
+    }
+
+
+def test_tools_are_responses_functions() -> None:
+    data = body(TurnRequest(messages=[user("hi")], tools=TOOLS))
+    assert data["tools"] == [
+        {
+            "type": "function",
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            "strict": False,
+        },
+        {
+            "type": "function",
+            "name": "get_time",
+            "parameters": {"type": "object", "properties": {}},
+            "strict": False,
+        },
+    ]
+
+
+@pytest.mark.parametrize(
+    ("choice", "wire"),
+    [
+        ("auto", "auto"),
+        ("required", "required"),
+        ("none", "none"),
+        (["get_time"], {"type": "function", "name": "get_time"}),
+        (
+            ["get_time", "get_weather"],
+            {
+                "type": "allowed_tools",
+                "mode": "required",
+                "tools": [
+                    {"type": "function", "name": "get_time"},
+                    {"type": "function", "name": "get_weather"},
+                ],
+            },
+        ),
+    ],
+)
+def test_tool_choice(choice: Any, wire: Any) -> None:
+    data = body(TurnRequest(messages=[user("hi")], tools=TOOLS, tool_choice=choice))
+    assert data["tool_choice"] == wire
+    assert len(data["tools"]) == 2
+
+
+def test_thinking_level_asks_for_a_summary() -> None:
+    data = body(TurnRequest(messages=[user("hi")], thinking_level="high"))
+    assert data["reasoning"] == {"effort": "high", "summary": "auto"}
+
+
+@pytest.mark.parametrize("level", [None, "none"])
+def test_no_thinking_or_none_sends_no_reasoning(level: Any) -> None:
+    assert "reasoning" not in body(TurnRequest(messages=[user("hi")], thinking_level=level))
+
+
+def test_max_tokens_and_temperature() -> None:
+    data = body(TurnRequest(messages=[user("hi")], max_tokens=100, temperature=0.5))
+    assert data["max_output_tokens"] == 100
+    assert data["temperature"] == 0.5
+
+
+def test_assistant_turn_replays_reasoning_calls_and_results_as_items() -> None:
+    assistant = UniMessage(
+        role="assistant",
+        content_items=[
+            ThinkingDone(
+                thinking="**Plan**", fidelity={"channel": "summary", "encrypted_content": "ENC1"}
+            ),
+            ThinkingDone(thinking="", fidelity={"encrypted_content": "ENC2"}),
+            ThinkingDone(thinking="from elsewhere", fidelity={"signature": "S"}),
+            TextDone(text="Checking.", fidelity={"phase": "commentary"}),
+            ToolCallDone(name="get_weather", arguments={"city": "Oslo"}, tool_call_id="call_1"),
+        ],
+    )
+    results = user(
+        ToolResultDone(text="4 °C", tool_call_id="call_1"),
+        ToolResultDone(text="map", tool_call_id="call_2", images=["https://x.test/m.png"]),
+    )
+    data = body(TurnRequest(messages=[user("weather?"), assistant, results]))
+    assert data["input"] == [
+        {"role": "user", "content": "weather?"},
+        {
+            "type": "reasoning",
+            "summary": [{"type": "summary_text", "text": "**Plan**"}],
+            "encrypted_content": "ENC1",
+        },
+        {"type": "reasoning", "summary": [], "encrypted_content": "ENC2"},
+        {"role": "assistant", "content": "Checking.", "phase": "commentary"},
+        {
+            "type": "function_call",
+            "call_id": "call_1",
+            "name": "get_weather",
+            "arguments": '{"city": "Oslo"}',
+        },
+        {"type": "function_call_output", "call_id": "call_1", "output": "4 °C"},
+        {
+            "type": "function_call_output",
+            "call_id": "call_2",
+            "output": [
+                {"type": "input_text", "text": "map"},
+                {"type": "input_image", "image_url": "https://x.test/m.png", "detail": "auto"},
+            ],
+        },
+    ]
+
+
+def test_extra_body_is_merged_last() -> None:
+    request = TurnRequest(
+        messages=[user("hi")],
+        extra_body={"openai-responses": {"store": True, "text": {"verbosity": "low"}}},
+    )
+    data = body(request)
+    assert data["store"] is True
+    assert data["text"] == {"verbosity": "low"}
+
+
+# --- wire cases no fixture covers ---------------------------------------------------------------
+
+
+def test_reasoning_with_encrypted_content_only_is_a_fidelity_only_group() -> None:
+    reasoning = {"id": "rs_1", "type": "reasoning", "summary": [], "encrypted_content": "OLD"}
+    data = sse(
+        added(0, reasoning),
+        done(0, reasoning | {"encrypted_content": "FINAL"}),
+        added(1, message()),
+        text_delta(1, "Yes."),
+        done(1, message("Yes.")),
+        completed(),
+    )
+    assert decode(data) == [
+        {"type": "thinking.delta", "thinking": "", "fidelity": {"encrypted_content": "FINAL"}},
+        {"type": "thinking.done", "thinking": "", "fidelity": {"encrypted_content": "FINAL"}},
+        {"type": "text.delta", "text": "Yes."},
+        {"type": "text.done", "text": "Yes."},
+        {"type": "stop", "finish_reason": "stop", "usage_metadata": USAGE_METADATA},
+    ]
+
+
+def test_summary_parts_form_one_group_joined_by_a_blank_line() -> None:
+    reasoning = {"id": "rs_1", "type": "reasoning", "summary": []}
+    final = reasoning | {
+        "summary": [{"type": "summary_text", "text": "A"}, {"type": "summary_text", "text": "B"}]
+    }
+    data = sse(
+        added(0, reasoning),
+        summary_delta(0, "A"),
+        summary_delta(0, "B", part=1),
+        done(0, final),
+        added(1, message()),
+        text_delta(1, "ok"),
+        done(1, message("ok")),
+        completed(),
+    )
+    entries = decode(data)
+    assert entries[:5] == [
+        {"type": "thinking.delta", "thinking": "A"},
+        {"type": "thinking.delta", "thinking": "\n\n"},
+        {"type": "thinking.delta", "thinking": "B"},
+        {"type": "thinking.delta", "thinking": "", "fidelity": {"channel": "summary"}},
+        {"type": "thinking.done", "thinking": "A\n\nB", "fidelity": {"channel": "summary"}},
+    ]
+
+
+def test_raw_reasoning_text_is_thinking() -> None:
+    reasoning = {"id": "rs_1", "type": "reasoning", "summary": []}
+    data = sse(
+        added(0, reasoning),
+        {"type": "response.reasoning_text.delta", "output_index": 0, "delta": "think"},
+        {"type": "response.reasoning_text.done", "output_index": 0, "text": "think"},
+        done(0, reasoning | {"content": [{"type": "reasoning_text", "text": "think"}]}),
+        added(1, message()),
+        text_delta(1, "ok"),
+        done(1, message("ok")),
+        completed(),
+    )
+    assert decode(data)[:2] == [
+        {"type": "thinking.delta", "thinking": "think"},
+        {"type": "thinking.done", "thinking": "think"},
+    ]
+
+
+def test_message_phase_rides_first_as_fidelity() -> None:
+    data = sse(
+        added(0, message(phase="final_answer")),
+        text_delta(0, "Hi"),
+        done(0, message("Hi", phase="final_answer")),
+        completed(),
+    )
+    fidelity = {"phase": "final_answer"}
+    assert decode(data)[:3] == [
+        {"type": "text.delta", "text": "", "fidelity": fidelity},
+        {"type": "text.delta", "text": "Hi"},
+        {"type": "text.done", "text": "Hi", "fidelity": fidelity},
+    ]
+
+
+def test_items_without_deltas_are_whole_at_their_done() -> None:
+    call = {
+        "id": "fc_1",
+        "type": "function_call",
+        "call_id": "call_1",
+        "name": "get_time",
+        "arguments": "",
+    }
+    data = sse(
+        added(0, message()),
+        done(0, message("Whole text")),
+        added(1, call),
+        done(1, call | {"arguments": '{"zone": "UTC"}'}),
+        completed(),
+    )
+    assert decode(data) == [
+        {"type": "text.delta", "text": "Whole text"},
+        {"type": "text.done", "text": "Whole text"},
+        {"type": "tool_call.delta", "name": "get_time", "arguments": "", "tool_call_id": "call_1"},
+        {"type": "tool_call.delta", "name": "", "arguments": '{"zone": "UTC"}', "tool_call_id": ""},
+        {
+            "type": "tool_call.done",
+            "name": "get_time",
+            "arguments": {"zone": "UTC"},
+            "tool_call_id": "call_1",
+        },
+        {"type": "stop", "finish_reason": "tool_call", "usage_metadata": USAGE_METADATA},
+    ]
+
+
+def test_documented_events_we_do_not_stream_are_skipped() -> None:
+    data = sse(
+        {"type": "response.queued", "response": response("queued")},
+        {"type": "response.in_progress", "response": response("in_progress")},
+        added(0, {"id": "ws_1", "type": "web_search_call", "status": "in_progress"}),
+        {"type": "response.web_search_call.searching", "output_index": 0, "item_id": "ws_1"},
+        done(0, {"id": "ws_1", "type": "web_search_call", "status": "completed"}),
+        added(1, message()),
+        {"type": "response.refusal.delta", "output_index": 1, "delta": "no"},
+        text_delta(1, "Found it."),
+        {"type": "response.output_text.annotation.added", "output_index": 1, "annotation": {}},
+        done(1, message("Found it.")),
+        completed(),
+    )
+    assert decode(data) == [
+        {"type": "text.delta", "text": "Found it."},
+        {"type": "text.done", "text": "Found it."},
+        {"type": "stop", "finish_reason": "stop", "usage_metadata": USAGE_METADATA},
+    ]
+
+
+def test_unknown_event_type_is_a_malformed_frame() -> None:
+    data = sse(("response.telepathy.delta", '{"type": "response.telepathy.delta"}'))
+    decoder = WireDecoder(OpenAIResponsesDialect(), clock=lambda: 0)
+    with pytest.raises(MalformedFrameError) as info:
+        decoder.feed(data)
+    assert "response.telepathy.delta" in str(info.value)
+    assert info.value.provider == "openai-responses"
+    assert info.value.frame_index == 0
+
+
+def test_unknown_type_in_an_unnamed_frame_is_a_malformed_frame() -> None:
+    data = b'data: {"type": "response.telepathy.delta"}\n\n'
+    assert decode(data) == [{"type": "error", "error": "MalformedFrameError"}]
+
+
+def test_non_json_frame_is_malformed_with_provider_and_position() -> None:
+    data = sse(added(0, message()), ("response.output_text.delta", "{oops"))
+    decoder = WireDecoder(OpenAIResponsesDialect(), clock=lambda: 0)
+    with pytest.raises(MalformedFrameError) as info:
+        decoder.feed(data)
+    assert info.value.provider == "openai-responses"
+    assert info.value.frame_index == 1
+    assert "{oops" in info.value.frame_preview
+
+
+def test_a_delta_without_its_output_index_is_malformed() -> None:
+    data = sse(added(0, message()), {"type": "response.output_text.delta", "delta": "x"})
+    assert decode(data) == [{"type": "error", "error": "MalformedFrameError"}]
+
+
+def test_a_delta_for_no_open_item_breaks_the_protocol() -> None:
+    data = sse(text_delta(3, "stray"))
+    assert decode(data) == [{"type": "error", "error": "StreamProtocolError"}]
+
+
+def test_error_event_with_a_nested_error_object() -> None:
+    error = {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "code": None, "message": "bad"},
+    }
+    data = sse(added(0, message()), text_delta(0, "a"), error)
+    assert decode(data) == [
+        {"type": "text.delta", "text": "a"},
+        {"type": "error", "error": "InvalidRequestError"},
+    ]
+
+
+def test_error_event_carries_the_provider_facts() -> None:
+    data = sse({"type": "error", "code": "rate_limit_exceeded", "message": "Slow down"})
+    decoder = WireDecoder(OpenAIResponsesDialect(), clock=lambda: 0)
+    with pytest.raises(RateLimitError) as info:
+        decoder.feed(data)
+    assert info.value.in_stream is True
+    assert info.value.provider_message == "Slow down"
+    assert info.value.error_type == "rate_limit_exceeded"
+
+
+def test_failed_without_an_error_object_is_a_provider_error() -> None:
+    data = sse({"type": "response.failed", "response": response("failed", error=None)})
+    assert decode(data) == [{"type": "error", "error": "ProviderError"}]
+
+
+def test_incomplete_without_a_reason_is_unknown() -> None:
+    data = sse(
+        added(0, message()),
+        text_delta(0, "cut"),
+        {"type": "response.incomplete", "response": response("incomplete")},
+    )
+    assert decode(data)[-1]["finish_reason"] == "unknown"
+
+
+def test_completed_with_a_call_in_its_output_finishes_tool_call() -> None:
+    call = {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}
+    data = sse(added(0, message()), text_delta(0, "x"), done(0, message("x")), completed([call]))
+    assert decode(data)[-1]["finish_reason"] == "tool_call"
+
+
+def test_non_streaming_function_call_is_a_header_then_its_arguments() -> None:
+    call = {
+        "id": "fc_1",
+        "type": "function_call",
+        "status": "completed",
+        "call_id": "call_1",
+        "name": "get_time",
+        "arguments": '{"zone":"UTC"}',
+    }
+    assert decode_body(response("completed", [call])) == [
+        {"type": "tool_call.delta", "name": "get_time", "arguments": "", "tool_call_id": "call_1"},
+        {"type": "tool_call.delta", "name": "", "arguments": '{"zone":"UTC"}', "tool_call_id": ""},
+        {
+            "type": "tool_call.done",
+            "name": "get_time",
+            "arguments": {"zone": "UTC"},
+            "tool_call_id": "call_1",
+        },
+        {"type": "stop", "finish_reason": "tool_call", "usage_metadata": USAGE_METADATA},
+    ]
+
+
+def test_non_streaming_failed_response_is_the_typed_error() -> None:
+    failed = response("failed", error={"code": "server_error", "message": "boom"})
+    assert decode_body(failed) == [{"type": "error", "error": "ServerError"}]
+
+
+def test_non_streaming_incomplete_is_length() -> None:
+    cut = response(
+        "incomplete", [message("Once")], incomplete_details={"reason": "max_output_tokens"}
+    )
+    assert decode_body(cut)[-1]["finish_reason"] == "length"
+
+
+# --- error_from_response ------------------------------------------------------------------------
+
+
+def openai_error(message: str, type_: str | None, code: str | None = None) -> bytes:
+    return json.dumps(
+        {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    ).encode()
+
+
+@pytest.mark.parametrize(
+    ("status", "payload", "cls"),
+    [
+        (400, openai_error("Unsupported parameter", "invalid_request_error"), InvalidRequestError),
+        (
+            401,
+            openai_error("Incorrect API key", "invalid_request_error", "invalid_api_key"),
+            AuthenticationError,
+        ),
+        (429, openai_error("Rate limit", "requests", "rate_limit_exceeded"), RateLimitError),
+        (500, openai_error("The server had an error", "server_error"), ServerError),
+        (503, openai_error("Overloaded", "server_error"), OverloadedError),
+        (502, b"Bad Gateway", ServerError),
+        (404, openai_error("No such model", "invalid_request_error"), InvalidRequestError),
+        (418, b"", ProviderError),
+    ],
+)
+def test_error_from_response_types_the_error(
+    status: int, payload: bytes, cls: type[ProviderError]
+) -> None:
+    error = OpenAIResponsesDialect().error_from_response(status, {}, payload)
+    assert type(error) is cls
+    assert error.status == status
+    assert error.provider == "openai-responses"
+    assert error.in_stream is False
+
+
+def test_error_from_response_reads_retry_after() -> None:
+    payload = openai_error("Rate limit", "requests", "rate_limit_exceeded")
+    error = OpenAIResponsesDialect().error_from_response(429, {"retry-after": "0.5"}, payload)
+    assert error.retry_after == 0.5
+    assert error.provider_message == "Rate limit"
