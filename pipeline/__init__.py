@@ -65,6 +65,7 @@ from ._turn import open_turn as open_turn
 from ._turn import run_turn as run_turn
 from ._wire import WireDecoder as WireDecoder
 from .errors import AuthenticationError as AuthenticationError
+from .errors import ConfigurationError as ConfigurationError
 from .errors import EmptyResponseError as EmptyResponseError
 from .errors import FallbackFailed as FallbackFailed
 from .errors import FrameEncodingError as FrameEncodingError
@@ -84,12 +85,15 @@ from .errors import StreamProtocolError as StreamProtocolError
 from .errors import ToolCallArgumentParseError as ToolCallArgumentParseError
 from .errors import TransportError as TransportError
 from .errors import TurnTimeout as TurnTimeout
+from .errors import UnsupportedContentError as UnsupportedContentError
+from .errors import UnsupportedOperationError as UnsupportedOperationError
 
 __all__ = [
     "Accumulator",
     "AttemptReset",
     "AuthenticationError",
     "CallbackSink",
+    "ConfigurationError",
     "ContentItem",
     "DeltaItem",
     "DoneItem",
@@ -154,6 +158,8 @@ __all__ = [
     "TurnTimeout",
     "UniEvent",
     "UniMessage",
+    "UnsupportedContentError",
+    "UnsupportedOperationError",
     "UsageMetadata",
     "WireDecoder",
     "decode_run_event",

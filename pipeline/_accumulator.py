@@ -70,8 +70,13 @@ class Accumulator:
 
     def feed_many(self, events: list[UniEvent]) -> None:
         """Take a batch of UniEvents, in order."""
+        text = self._text
         for event in events:
-            self.feed(event)
+            items = event.content_items
+            if items and type(items[0]) is TextDelta:
+                text.append(items[0].text)  # type: ignore[union-attr]
+            else:
+                self.feed(event)
 
     def reset(self) -> None:
         """Void everything: the attempt that produced it is being retried."""

@@ -123,7 +123,7 @@ class WireDecoder:
 
     def _frames(self, frames: list[Any], out: list[UniEvent]) -> None:
         feed_frame = self._stream.feed
-        feed_lane = self.grammar.feed
+        feed_lanes = self.grammar.feed_many
         lane_events = 0
         for frame in frames:
             try:
@@ -136,15 +136,14 @@ class WireDecoder:
                     str(exc), str(frame), provider=self.provider, frame_index=self.frames
                 ) from None
             self.frames += 1
-            lane_events += len(lanes)
-            for lane in lanes:
-                feed_lane(lane, out)
+            if lanes:
+                lane_events += len(lanes)
+                feed_lanes(lanes, out)
         self.lane_events += lane_events
 
     def _lanes(self, lanes: list[LaneEvent], out: list[UniEvent]) -> None:
         self.lane_events += len(lanes)
-        for lane in lanes:
-            self.grammar.feed(lane, out)
+        self.grammar.feed_many(lanes, out)
 
     def _stream_close(self) -> list[LaneEvent]:
         try:

@@ -7,6 +7,9 @@ RilletError
 │   ├── FrameEncodingError     a frame is not valid UTF-8 (NDJSON, JSON bodies)
 │   └── MalformedFrameError    a frame is not JSON, has the wrong shape, or an unknown type
 ├── SSEEncodeError             we were asked to write an SSE field that would split a frame (local)
+├── ConfigurationError         a provider cannot be configured as asked (local)
+├── UnsupportedContentError    a message holds an item the provider cannot take (local)
+├── UnsupportedOperationError  the provider has no such operation (local)
 ├── StreamError                MMSP's stream errors: the provider's stream breaks the grammar
 │   ├── StreamProtocolError        a fragment for no open item, a second stop, two fidelities...
 │   ├── IncompleteStreamError      the stream ended without its finish reason and/or usage
@@ -34,6 +37,7 @@ from typing import Any
 
 __all__ = [
     "AuthenticationError",
+    "ConfigurationError",
     "EmptyResponseError",
     "FallbackFailed",
     "FrameEncodingError",
@@ -53,6 +57,8 @@ __all__ = [
     "ToolCallArgumentParseError",
     "TransportError",
     "TurnTimeout",
+    "UnsupportedContentError",
+    "UnsupportedOperationError",
     "preview",
 ]
 
@@ -174,6 +180,52 @@ class SSEEncodeError(RilletError, ValueError):
     def __init__(self, field: str) -> None:
         self.field = field
         super().__init__(f"SSE {field} must not contain CR, LF or NUL")
+
+
+# --- local: what we were asked cannot be done ----------------------------------------------
+
+
+class ConfigurationError(RilletError, ValueError):
+    """A provider cannot be configured as asked: no key where one is needed, an unknown kind, a
+    base URL that is not one, no model where there is no default. Raised before any request.
+
+    Attributes:
+        kind: the provider kind asked for.
+        env_var: the environment variable that would fix it, when one would.
+    """
+
+    def __init__(self, kind: str, env_var: str | None, message: str) -> None:
+        self.kind = kind
+        self.env_var = env_var
+        super().__init__(message)
+
+
+class UnsupportedContentError(RilletError, ValueError):
+    """A message holds an item this provider cannot take (an image sent to a text embedder).
+
+    Raised before any request is sent. Attributes:
+        provider: the dialect that refused it.
+        item_type: the item's type (`image_url.done`, `tool_result.done`...).
+    """
+
+    def __init__(self, provider: str, item_type: str) -> None:
+        self.provider = provider
+        self.item_type = item_type
+        super().__init__(f"{provider} embeds text only; a message holds a {item_type} item")
+
+
+class UnsupportedOperationError(RilletError, ValueError):
+    """The provider has no such operation (an MMSP server has no non-streaming endpoint).
+
+    Raised before any request is sent, or when asked to decode what cannot exist. Attributes:
+        provider: the dialect.
+        operation: what was asked for.
+    """
+
+    def __init__(self, provider: str, operation: str, message: str) -> None:
+        self.provider = provider
+        self.operation = operation
+        super().__init__(message)
 
 
 # --- the grammar (MMSP's names) -----------------------------------------------------------------

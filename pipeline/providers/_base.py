@@ -28,7 +28,6 @@ from pipeline.errors import (
 from transports import SSEEvent
 
 if TYPE_CHECKING:
-
     from pipeline._lanes import LaneEvent
     from pipeline._request import TurnRequest
 

@@ -1,0 +1,346 @@
+"""How a user gets a `Provider`: by kind, from arguments and the environment.
+
+`provider_from_env("anthropic")` reads `ANTHROPIC_API_KEY` (and `ANTHROPIC_BASE_URL`, when set)
+and picks a default model; any argument passed wins over the environment. A kind that is an
+http(s) URL means an OpenAI-compatible Chat Completions server at that base URL.
+
+Where a key may go: a key read from the environment is sent only to the endpoint it belongs to,
+the kind's default base URL or the one its own override variable names (`OPENAI_BASE_URL`...).
+Any other base URL passed in gets no key unless one is passed with it, so a key never leaks to
+an arbitrary server. A kind whose official endpoint needs a key and has none is a
+`ConfigurationError` before any request. Keys live in `Secret`s: masked in every repr, error
+and log line.
+
+Dialect classes are imported by module path when a provider is built, so the registry imports
+no dialect until one is asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import attrs
+
+from pipeline.errors import ConfigurationError
+
+from ._base import Provider, Secret
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ._base import Dialect
+
+__all__ = [
+    "PROVIDER_KINDS",
+    "ConfigurationError",
+    "describe_providers",
+    "ollama_base_url",
+    "provider_from_env",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class _Kind:
+    """Where a kind's dialect, endpoint, key and model come from."""
+
+    module: str
+    cls: str
+    base_url: str
+    key_envs: tuple[str, ...] = ()
+    base_url_env: str | None = None
+    model: str | None = None
+    key_required: bool = False  # at the default endpoint
+
+
+# OpenAI's and Gemini's endpoints and variables, shared by their chat and embedding kinds.
+_OPENAI = _Kind(
+    "",
+    "",
+    base_url="https://api.openai.com/v1",
+    key_envs=("OPENAI_API_KEY",),
+    base_url_env="OPENAI_BASE_URL",
+    key_required=True,
+)
+_GEMINI = _Kind(
+    "",
+    "",
+    base_url="https://generativelanguage.googleapis.com",
+    key_envs=("GEMINI_API_KEY", "GOOGLE_API_KEY"),
+    base_url_env="GEMINI_BASE_URL",
+    key_required=True,
+)
+_P = "pipeline.providers."
+
+_KINDS: dict[str, _Kind] = {
+    "openai": attrs.evolve(
+        _OPENAI, module=_P + "openai_chat", cls="OpenAIChatDialect", model="gpt-4.1-mini"
+    ),
+    "openai-responses": attrs.evolve(
+        _OPENAI, module=_P + "openai_responses", cls="OpenAIResponsesDialect", model="gpt-4.1-mini"
+    ),
+    "anthropic": _Kind(
+        _P + "anthropic",
+        "AnthropicDialect",
+        base_url="https://api.anthropic.com",
+        key_envs=("ANTHROPIC_API_KEY",),
+        base_url_env="ANTHROPIC_BASE_URL",
+        model="claude-sonnet-4-5",
+        key_required=True,
+    ),
+    "gemini": attrs.evolve(
+        _GEMINI, module=_P + "gemini", cls="GeminiDialect", model="gemini-2.5-flash"
+    ),
+    "ollama": _Kind(
+        _P + "ollama",
+        "OllamaDialect",
+        base_url="http://127.0.0.1:11434",
+        base_url_env="OLLAMA_HOST",
+        model="llama3.2",
+    ),
+    "mmsp": _Kind(
+        _P + "mmsp",
+        "MMSPDialect",
+        base_url="http://127.0.0.1:25752/v1",
+        key_envs=("MMSP_API_KEY",),
+        base_url_env="MMSP_BASE_URL",
+        model=None,  # the server's own table decides; GET {base}/models lists it
+    ),
+    "openai-embeddings": attrs.evolve(
+        _OPENAI,
+        module=_P + "embeddings",
+        cls="OpenAIEmbeddingsDialect",
+        model="text-embedding-3-small",
+    ),
+    "gemini-embeddings": attrs.evolve(
+        _GEMINI,
+        module=_P + "embeddings",
+        cls="GeminiEmbeddingsDialect",
+        model="gemini-embedding-001",
+    ),
+}
+# An OpenAI-compatible server at a URL given as the kind: OpenAI's wire, OpenAI's variables (so
+# OpenAI's key goes only to OpenAI's endpoints), and no default model.
+_COMPATIBLE = attrs.evolve(_KINDS["openai"], model=None, key_required=False)
+
+PROVIDER_KINDS = tuple(_KINDS)
+"""The named kinds `provider_from_env` takes (besides an http(s) URL)."""
+
+
+# --- URLs -----------------------------------------------------------------------------------------
+
+
+def _is_url(text: str) -> bool:
+    return text[:8].lower().startswith(("http://", "https://"))
+
+
+def _endpoint(url: str) -> str:
+    """A URL compared as an endpoint: scheme and host case-insensitive, no trailing slash."""
+    parts = urlsplit(url.strip())
+    path = parts.path.rstrip("/")
+    query = f"?{parts.query}" if parts.query else ""
+    return f"{parts.scheme.lower()}://{parts.netloc.lower()}{path}{query}"
+
+
+def _checked_url(kind: str, url: str, env_var: str | None) -> str:
+    """A base URL, refused unless it is http(s) with a host and no credentials in it. The
+    refusal never repeats the value: it may be a key pasted into the wrong place."""
+    url = url.strip()
+    try:
+        parts = urlsplit(url)
+        ok = parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+        has_credentials = parts.username is not None or parts.password is not None
+    except ValueError:
+        ok, has_credentials = False, False
+    where = env_var or ("the kind" if url == kind.strip() else "base_url")
+    if _is_url(kind):
+        kind = "http(s) URL"  # the kind is the URL, which must not ride on the error either
+    if not ok:
+        raise ConfigurationError(
+            kind, env_var, f"{where} is not an http(s) base URL like https://host/v1"
+        )
+    if has_credentials:
+        raise ConfigurationError(
+            kind, env_var, f"{where} carries credentials: pass the key with --api-key instead"
+        )
+    return url
+
+
+def ollama_base_url(host: str) -> str:
+    """`OLLAMA_HOST` read as Ollama reads it: `host`, `host:port`, `:port` or a URL; the scheme
+    defaults to http and the port to 11434 (80 or 443 for a URL that names its scheme but no
+    port). A bind-all address (`0.0.0.0`, `::`) means this machine."""
+    text = host.strip()
+    scheme, sep, rest = text.partition("://")
+    default_port = "11434"
+    if not sep:
+        scheme, rest = "http", text
+    else:
+        scheme = scheme.lower()
+        default_port = "443" if scheme == "https" else "80"
+    hostport, slash, path = rest.partition("/")
+    if hostport.startswith("["):  # [v6] or [v6]:port
+        name, _, port = hostport[1:].partition("]")
+        port = port.removeprefix(":")
+    elif hostport.count(":") == 1:
+        name, _, port = hostport.partition(":")
+    else:
+        name, port = hostport, ""
+    if name in ("", "0.0.0.0", "::"):
+        name = "127.0.0.1"
+    if not port.isdigit() or int(port) > 65535:
+        port = default_port
+    name = f"[{name}]" if ":" in name else name
+    return f"{scheme}://{name}:{port}" + (f"/{path.rstrip('/')}" if slash and path else "")
+
+
+def _env(env: Mapping[str, str], name: str | None) -> str | None:
+    if name is None:
+        return None
+    value = env.get(name, "").strip()
+    return value or None
+
+
+def _env_base_url(spec: _Kind, env: Mapping[str, str]) -> str | None:
+    value = _env(env, spec.base_url_env)
+    if value is None:
+        return None
+    if spec.base_url_env == "OLLAMA_HOST":
+        return ollama_base_url(value)
+    return value
+
+
+def _env_key(spec: _Kind, env: Mapping[str, str]) -> tuple[str, str] | None:
+    """The first key variable of the kind that is set, and its value."""
+    for name in spec.key_envs:
+        value = _env(env, name)
+        if value is not None:
+            return name, value
+    return None
+
+
+def _key_hint(spec: _Kind) -> str:
+    first, *others = spec.key_envs
+    return first + "".join(f" (or {name})" for name in others)
+
+
+# --- the registry ---------------------------------------------------------------------------------
+
+
+def _load(spec: _Kind) -> Dialect:
+    module = importlib.import_module(spec.module)
+    return getattr(module, spec.cls)()  # type: ignore[no-any-return]
+
+
+def provider_from_env(
+    kind: str,
+    *,
+    model: str | None = None,
+    base_url: str | None = None,
+    api_key: str | None = None,
+    env: Mapping[str, str] = os.environ,
+) -> Provider:
+    """The provider of a kind (one of `PROVIDER_KINDS`, or an http(s) URL meaning an
+    OpenAI-compatible server there), configured from the arguments, then the environment, then
+    the kind's defaults.
+
+    The base URL is `base_url`, else the kind's override variable, else its default. The key is
+    `api_key`, else the kind's key variable, but only when the base URL is the default or the one
+    the override variable names; no key at all is an error only at the kind's default endpoint
+    where it needs one. Raises `ConfigurationError` for what cannot work.
+    """
+    name = ""
+    if _is_url(kind):
+        url = _checked_url(kind, kind, None)
+        if base_url is not None and _endpoint(base_url) != _endpoint(url):
+            raise ConfigurationError(kind, None, "two base URLs: the kind is one, base_url another")
+        spec = _COMPATIBLE
+        base_url = url
+        name = urlsplit(url).netloc
+    else:
+        found = _KINDS.get(kind)
+        if found is None:
+            raise ConfigurationError(
+                kind,
+                None,
+                f"unknown provider kind {kind!r}: use one of {', '.join(PROVIDER_KINDS)}"
+                " or an http(s) URL",
+            )
+        spec = found
+
+    env_url = _env_base_url(spec, env)
+    if base_url is not None:
+        target = _checked_url(kind, base_url, None)
+    elif env_url is not None:
+        target = _checked_url(kind, env_url, spec.base_url_env)
+    else:
+        target = spec.base_url
+    trusted = {_endpoint(spec.base_url)}
+    if env_url is not None:
+        trusted.add(_endpoint(env_url))
+
+    key: Secret | None = None
+    key_source = "none"
+    if api_key is not None and api_key.strip():
+        key, key_source = Secret(api_key.strip()), "argument"
+    elif _endpoint(target) in trusted and (from_env := _env_key(spec, env)) is not None:
+        key, key_source = Secret(from_env[1]), from_env[0]
+    if key is None and spec.key_required and _endpoint(target) == _endpoint(spec.base_url):
+        raise ConfigurationError(
+            kind, spec.key_envs[0], f"no API key: set {_key_hint(spec)} or pass --api-key"
+        )
+
+    chosen = model or spec.model
+    if not chosen:
+        raise ConfigurationError(
+            kind, None, f"no model: pass --model (GET {target}/models lists the server's models)"
+        )
+
+    provider = Provider(dialect=_load(spec), base_url=target, model=chosen, api_key=key, name=name)
+    logger.debug(
+        "provider %s: model %s at %s, key %s from %s",
+        provider.label,
+        chosen,
+        target,
+        key.masked() if key is not None else "none",
+        key_source,
+    )
+    return provider
+
+
+def describe_providers(env: Mapping[str, str] = os.environ) -> list[dict[str, Any]]:
+    """What each named kind would be configured as from `env` alone, keys masked (`…abcd`).
+
+    Each entry: `kind`; `base_url` and `base_url_from` (its variable, or None for the default);
+    `model` (the default, None when the kind has none); `api_key` (masked, or None) and
+    `api_key_from`; `ready` (whether `provider_from_env(kind)` would succeed without arguments)
+    and `missing` (what to set or pass when it would not). Dialect modules are not imported.
+    """
+    out: list[dict[str, Any]] = []
+    for kind, spec in _KINDS.items():
+        env_url = _env_base_url(spec, env)
+        found = _env_key(spec, env)
+        at_default = env_url is None or _endpoint(env_url) == _endpoint(spec.base_url)
+        missing: str | None = None
+        if found is None and spec.key_required and at_default:
+            missing = f"{_key_hint(spec)} or --api-key"
+        elif spec.model is None:
+            missing = "--model"
+        out.append(
+            {
+                "kind": kind,
+                "base_url": env_url or spec.base_url,
+                "base_url_from": spec.base_url_env if env_url is not None else None,
+                "model": spec.model,
+                "api_key": Secret(found[1]).masked() if found is not None else None,
+                "api_key_from": found[0] if found is not None else None,
+                "ready": missing is None,
+                "missing": missing,
+            }
+        )
+    return out
