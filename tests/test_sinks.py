@@ -1,0 +1,713 @@
+"""The terminal and JSON Lines sinks: batches fed by hand, and one real turn on loopback.
+
+Terminal output is checked byte for byte; where cursor movement matters, the transcript is also
+played on a small VT100-style screen (`render`) to check what a person would see.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import unicodedata
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import pytest
+import trio
+import trio.testing
+
+from pipeline import CallbackSink, Policy, Sink, SinkBatch, TurnRequest, run_turn, user
+from pipeline._events import (
+    TextDelta,
+    ThinkingDelta,
+    ToolCallDelta,
+    ToolCallDone,
+    UniEvent,
+    UsageMetadata,
+    decode_uni_event,
+    delta_event,
+    encode_json,
+    stop_event,
+)
+from pipeline._handler import AttemptReset
+from pipeline._policy import Outcome
+from pipeline._runevents import RunDone, RunEvent, RunEventBuilder, RunStarted, decode_run_event
+from pipeline.providers._base import Provider
+from pipeline.providers.openai_chat import OpenAIChatDialect
+from transports.sinks import JSONLSink, TerminalSink
+from transports.testing import Reply, open_loopback_provider, openai_text_stream, split
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from pipeline._turn import UniItem
+
+CLEAR_LINE = "\r\x1b[K"
+
+
+# --- helpers --------------------------------------------------------------------------------------
+
+
+class FakeTTY(io.StringIO):
+    """A StringIO that says it is a terminal (it has no descriptor: 80 by 24 is assumed)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+class Recording(io.StringIO):
+    """Counts writes and flushes, and keeps what had been written at each flush."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+        self.flushed: list[str] = []
+
+    def write(self, s: str) -> int:
+        self.writes += 1
+        return super().write(s)
+
+    def flush(self) -> None:
+        self.flushed.append(self.getvalue())
+
+
+class BrokenAfter(io.StringIO):
+    """A stream whose reader goes away after `ok` writes."""
+
+    def __init__(self, ok: int) -> None:
+        super().__init__()
+        self.ok = ok
+        self.attempts = 0
+
+    def write(self, s: str) -> int:
+        self.attempts += 1
+        if self.attempts > self.ok:
+            raise BrokenPipeError(32, "Broken pipe")
+        return super().write(s)
+
+
+class BrokenBytes(io.BytesIO):
+    """A binary pipe whose reader is gone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attempts = 0
+
+    def write(self, b: Any) -> int:
+        self.attempts += 1
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+class Clock:
+    """A settable clock for `RunEventBuilder` (seconds)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def builder(*, reasoning: bool = False, clock: Clock | None = None) -> RunEventBuilder:
+    return RunEventBuilder("run-1", clock or Clock(), reasoning=reasoning)
+
+
+def shown(event: RunEvent | None) -> RunEvent:
+    assert event is not None
+    return event
+
+
+def text(b: RunEventBuilder, fragment: str) -> RunEvent:
+    return shown(b.uni(delta_event(TextDelta(text=fragment), 0)))
+
+
+def thinking(b: RunEventBuilder, fragment: str) -> RunEvent:
+    return shown(b.uni(delta_event(ThinkingDelta(thinking=fragment), 0)))
+
+
+def batch(*run: RunEvent, uni: tuple[UniItem, ...] = ()) -> SinkBatch:
+    return SinkBatch(list(run), list(uni))
+
+
+def completed(b: RunEventBuilder) -> SinkBatch:
+    return SinkBatch(b.finish(Outcome.COMPLETED, None, attempts=1), ())
+
+
+async def feed(sink: TerminalSink | JSONLSink, *batches: SinkBatch) -> None:
+    for one in batches:
+        await sink.deliver(one)
+    await sink.close()
+
+
+_ESCAPE = re.compile(r"\x1b\[(\d*)([A-Za-z])")
+
+
+def render(transcript: str, columns: int = 80) -> list[str]:
+    """The rows a VT100-style terminal of `columns` shows after `transcript` (`\\n` as CR LF,
+    wrap deferred at the last column; CUU, CUF, ED, EL and SGR understood), right-stripped,
+    trailing empty rows dropped."""
+    cells: dict[tuple[int, int], str] = {}
+    row = col = 0
+    pending = False  # at the last column with a wrap owed
+    i = 0
+    while i < len(transcript):
+        ch = transcript[i]
+        if ch == "\x1b":
+            match = _ESCAPE.match(transcript, i)
+            assert match is not None, f"unknown escape at {i}: {transcript[i : i + 8]!r}"
+            n, op = int(match.group(1) or 0), match.group(2)
+            if op == "A":
+                row, pending = max(0, row - (n or 1)), False
+            elif op == "C":
+                col, pending = min(columns - 1, col + (n or 1)), False
+            elif op in ("J", "K"):
+                for key in [k for k in cells if k[0] == row and k[1] >= col]:
+                    del cells[key]
+                if op == "J":
+                    for key in [k for k in cells if k[0] > row]:
+                        del cells[key]
+            else:
+                assert op == "m", f"unexpected escape {match.group(0)!r}"
+            i = match.end()
+            continue
+        i += 1
+        if ch == "\r":
+            col, pending = 0, False
+        elif ch == "\n":
+            row, col, pending = row + 1, 0, False
+        else:
+            wide = unicodedata.east_asian_width(ch) in ("W", "F")
+            if pending or col + (2 if wide else 1) > columns:
+                row, col, pending = row + 1, 0, False
+            cells[(row, col)] = ch
+            if wide:
+                cells[(row, col + 1)] = ""
+            col += 2 if wide else 1
+            if col >= columns:
+                col, pending = columns - 1, True
+    if not cells:
+        return []
+    last = max(r for r, _ in cells)
+    lines = []
+    for r in range(last + 1):
+        width = max((c for rr, c in cells if rr == r), default=-1) + 1
+        lines.append("".join(cells.get((r, c), " ") for c in range(width)).rstrip())
+    return lines
+
+
+def test_render_wraps_late_and_erases() -> None:
+    """The checking screen itself: deferred wrap, CR LF, cursor up and clear to the end."""
+    assert render("a" * 80 + "\nb") == ["a" * 80, "b"]
+    assert render("a" * 81) == ["a" * 80, "a"]
+    assert render("keep\nxx\nyy\r\x1b[1A\x1b[Jzz") == ["keep", "zz"]
+
+
+# --- terminal: text, flushing, lines ------------------------------------------------------------
+
+
+async def test_answer_text_is_written_as_it_arrives_and_flushed_once_per_batch() -> None:
+    out, err = Recording(), io.StringIO()
+    sink = TerminalSink(out, err)
+    b = builder()
+    await sink.deliver(batch(b.started("openai-chat", "gpt"), text(b, "Hel"), text(b, "lo")))
+    assert out.getvalue() == "Hello"
+    assert out.flushed == ["Hello"]
+    assert out.writes == 1  # the batch's fragments go out together, not one write each
+    await sink.deliver(batch(text(b, ", world")))
+    assert out.flushed == ["Hello", "Hello, world"]
+    await feed(sink, completed(b))
+    assert out.getvalue() == "Hello, world\n"
+    assert err.getvalue() == ""
+
+
+async def test_final_newline_is_added_only_when_the_text_lacks_one() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    b = builder()
+    await feed(TerminalSink(out, err), batch(b.started("p", "m"), text(b, "line\n")), completed(b))
+    assert out.getvalue() == "line\n"
+
+    out = io.StringIO()
+    b = builder()
+    await feed(TerminalSink(out, err), batch(b.started("p", "m")), completed(b))
+    assert out.getvalue() == ""
+    assert err.getvalue() == ""
+
+
+async def test_status_messages_are_one_line_each_on_err() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    b = builder()
+    await feed(
+        TerminalSink(out, err),
+        batch(b.started("p", "m"), b.status("requesting", 1)),
+        batch(b.status("backing_off", 2, 0.1)),
+        batch(b.status("waiting_rate_limit", 3, 5.0)),
+        batch(b.status("rescuing", 4)),
+        batch(text(b, "ok")),
+        completed(b),
+    )
+    assert err.getvalue() == (
+        "retrying (attempt 2) in 0.1 s\n"
+        "rate limited: waiting 5 s\n"
+        "retrying without streaming (attempt 4)\n"
+    )
+    assert out.getvalue() == "ok\n"
+
+
+async def test_a_status_mid_text_starts_on_its_own_line_of_err() -> None:
+    """Reasoning left err mid-line: the next message begins on a fresh line."""
+    out, err = io.StringIO(), io.StringIO()
+    b = builder(reasoning=True)
+    await feed(
+        TerminalSink(out, err, show_reasoning=True),
+        batch(b.started("p", "m"), thinking(b, "hmm")),
+        batch(b.status("backing_off", 2, 1.25)),
+        completed(b),
+    )
+    assert err.getvalue() == "hmm\nretrying (attempt 2) in 1.2 s\n"
+
+
+async def test_tool_calls_show_as_one_line_each() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    b = builder()
+    start = b.uni(
+        delta_event(ToolCallDelta(name="get_weather", arguments="", tool_call_id="c1"), 0)
+    )
+    more = b.uni(delta_event(ToolCallDelta(name="", arguments='{"city"', tool_call_id="c1"), 0))
+    done = b.uni(
+        delta_event(
+            ToolCallDone(name="get_weather", arguments={"city": "Oslo"}, tool_call_id="c1"), 0
+        )
+    )
+    assert more is None
+    await feed(
+        TerminalSink(out, err),
+        batch(b.started("p", "m"), text(b, "Let me check."), shown(start)),
+        batch(shown(done)),
+        completed(b),
+    )
+    assert err.getvalue() == "→ calling get_weather\n"
+    assert out.getvalue() == "Let me check.\n"
+
+
+async def test_reasoning_is_shown_only_when_enabled() -> None:
+    b = builder(reasoning=True)
+    batches = [
+        batch(b.started("p", "m"), thinking(b, "Let me "), thinking(b, "think.")),
+        batch(text(b, "Answer")),
+        completed(b),
+    ]
+    out, err = io.StringIO(), io.StringIO()
+    await feed(TerminalSink(out, err), *batches)
+    assert (out.getvalue(), err.getvalue()) == ("Answer\n", "")
+
+    out, err = io.StringIO(), io.StringIO()
+    await feed(TerminalSink(out, err, show_reasoning=True), *batches)
+    assert (out.getvalue(), err.getvalue()) == ("Answer\n", "Let me think.\n")
+
+
+async def test_reasoning_is_dimmed_when_err_is_a_terminal() -> None:
+    b = builder(reasoning=True)
+    out, err = io.StringIO(), FakeTTY()
+    await feed(
+        TerminalSink(out, err, show_reasoning=True, spinner=False),
+        batch(b.started("p", "m"), thinking(b, "Let me "), thinking(b, "think.")),
+        batch(text(b, "Answer")),
+        completed(b),
+    )
+    assert err.getvalue() == "\x1b[2mLet me think.\x1b[22m\n"
+    assert out.getvalue() == "Answer\n"
+
+
+@pytest.mark.parametrize(
+    ("outcome", "retry_after", "expected"),
+    [
+        (Outcome.RATE_LIMITED, 5.0, "error: rate_limited (retry after 5 s)\n"),
+        (Outcome.TOTAL_TIMEOUT, None, "error: timeout\n"),
+        (Outcome.CANCELLED, None, "cancelled\n"),
+    ],
+)
+async def test_errors_end_with_one_summary_line_on_err(
+    outcome: Outcome, retry_after: float | None, expected: str
+) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    b = builder()
+    final = b.finish(outcome, None, attempts=1, retry_after=retry_after)
+    await feed(TerminalSink(out, err), batch(b.started("p", "m"), text(b, "Hel")), batch(*final))
+    assert err.getvalue() == expected
+    assert out.getvalue() == "Hel\n"
+
+
+# --- terminal: resets -----------------------------------------------------------------------------
+
+
+async def test_reset_on_a_pipe_marks_err_and_restarts_on_a_new_line() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    b = builder()
+    await feed(
+        TerminalSink(out, err),
+        batch(b.started("p", "m"), text(b, "Hel")),
+        batch(b.status("backing_off", 2, 0.1)),
+        batch(b.reset(2), text(b, "Hello")),
+        completed(b),
+    )
+    assert out.getvalue() == "Hel\nHello\n"
+    assert err.getvalue() == "retrying (attempt 2) in 0.1 s\n[attempt 2: output restarted]\n"
+
+
+async def test_reset_after_an_attempt_that_showed_nothing_prints_nothing() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    b = builder()
+    await feed(
+        TerminalSink(out, err),
+        batch(b.started("p", "m"), b.reset(2), text(b, "Hi")),
+        completed(b),
+    )
+    assert (out.getvalue(), err.getvalue()) == ("Hi\n", "")
+
+
+async def test_reset_on_a_terminal_erases_the_voided_text_and_keeps_the_retry_note() -> None:
+    tty = FakeTTY()
+    tty.write("$ rillet ask\n")  # what was on the screen before: must survive
+    b = builder()
+    await feed(
+        TerminalSink(tty, tty, spinner=False),
+        batch(b.started("p", "m"), text(b, "Hello wor")),
+        batch(b.status("backing_off", 2, 0.1)),
+        batch(b.reset(2), text(b, "Hi there")),
+        completed(b),
+    )
+    note = "retrying (attempt 2) in 0.1 s\n"
+    assert tty.getvalue() == (
+        "$ rillet ask\nHello wor\n" + note + "\r\x1b[2A\x1b[J" + note + "Hi there\n"
+    )
+    assert render(tty.getvalue()) == ["$ rillet ask", note.strip(), "Hi there"]
+
+
+async def test_erasing_counts_wrapped_rows_wide_characters_and_newlines() -> None:
+    tty = FakeTTY()
+    tty.write("$ prompt\n")
+    b = builder(reasoning=True)
+    voided = "x" * 150 + "\n" + "界" * 45 + "\n\nend"  # 2 rows, 2 rows (90 columns), 1, 1
+    await feed(
+        TerminalSink(tty, tty, show_reasoning=True, spinner=False),
+        batch(b.started("p", "m"), thinking(b, "plan"), text(b, voided)),
+        batch(
+            shown(b.uni(delta_event(ToolCallDelta(name="f", arguments="", tool_call_id="1"), 0)))
+        ),
+        batch(b.status("backing_off", 2, 0.1)),
+        batch(b.reset(2), text(b, "fresh")),
+        completed(b),
+    )
+    screen = render(tty.getvalue())
+    assert screen == ["$ prompt", "retrying (attempt 2) in 0.1 s", "fresh"]
+    # up 9 rows: plan 1, x 2, 界 2 (90 columns), the empty row 1, end 1, the tool line, the note
+    assert "\r\x1b[9A\x1b[J" in tty.getvalue()
+
+
+async def test_reset_on_a_terminal_with_err_elsewhere_erases_only_the_text() -> None:
+    out, err = FakeTTY(), io.StringIO()
+    b = builder()
+    await feed(
+        TerminalSink(out, err),
+        batch(b.started("p", "m"), text(b, "Hello wor")),
+        batch(b.status("backing_off", 2, 0.1)),
+        batch(b.reset(2), text(b, "Hi there")),
+        completed(b),
+    )
+    assert out.getvalue() == "Hello wor\r\x1b[JHi there\n"
+    assert err.getvalue() == "retrying (attempt 2) in 0.1 s\n"
+
+
+async def test_reset_falls_back_to_the_marker_once_the_text_scrolled_off() -> None:
+    tty = FakeTTY()
+    b = builder()
+    long = "".join(f"line {i}\n" for i in range(30)) + "partial"
+    await feed(
+        TerminalSink(tty, tty, spinner=False),
+        batch(b.started("p", "m"), text(b, long)),
+        batch(b.reset(2), text(b, "new")),
+        completed(b),
+    )
+    assert tty.getvalue() == long + "\n[attempt 2: output restarted]\nnew\n"
+
+
+# --- terminal: spinner ----------------------------------------------------------------------------
+
+
+async def test_spinner_redraws_per_batch_and_is_cleared_before_the_text() -> None:
+    tty = FakeTTY()
+    clock = Clock()
+    b = builder(clock=clock)
+    sink = TerminalSink(tty, tty)  # spinner=None: on, because err is a terminal
+    await sink.deliver(batch(b.started("p", "m")))
+    assert tty.getvalue() == "\r⠋ waiting 0.0 s\x1b[K"
+    clock.now = 1.5
+    await sink.deliver(batch(b.status("requesting", 1)))
+    clock.now = 2.0
+    await feed(sink, batch(text(b, "Hi")), completed(b))
+    assert tty.getvalue() == (
+        "\r⠋ waiting 0.0 s\x1b[K\r⠙ waiting 1.5 s\x1b[K" + CLEAR_LINE + "Hi\n"
+    )
+    assert render(tty.getvalue()) == ["Hi"]
+
+
+async def test_spinner_returns_while_a_retry_waits_and_never_outlives_the_run() -> None:
+    tty = FakeTTY()
+    b = builder()
+    await feed(
+        TerminalSink(tty, tty),
+        batch(b.started("p", "m")),
+        batch(text(b, "Hel")),
+        batch(b.status("backing_off", 2, 0.1)),
+        batch(b.reset(2), text(b, "Hello")),
+        completed(b),
+    )
+    note = "retrying (attempt 2) in 0.1 s\n"
+    assert tty.getvalue() == (
+        "\r⠋ waiting 0.0 s\x1b[K"
+        + CLEAR_LINE
+        + "Hel\n"
+        + note
+        + "\r⠙ waiting 0.0 s\x1b[K"
+        + CLEAR_LINE
+        + "\r\x1b[2A\x1b[J"
+        + note
+        + "Hello\n"
+    )
+    assert render(tty.getvalue()) == [note.strip(), "Hello"]
+
+
+async def test_no_spinner_when_disabled_or_err_is_not_a_terminal() -> None:
+    b = builder()
+    batches = [batch(b.started("p", "m")), batch(text(b, "Hi")), completed(b)]
+    tty = FakeTTY()
+    await feed(TerminalSink(tty, tty, spinner=False), *batches)
+    assert tty.getvalue() == "Hi\n"
+    out, err = FakeTTY(), io.StringIO()
+    await feed(TerminalSink(out, err), *batches)
+    assert (out.getvalue(), err.getvalue()) == ("Hi\n", "")
+
+
+@pytest.fixture
+def autojump_clock() -> trio.testing.MockClock:
+    """Virtual time for the ticker test (pytest-trio uses a clock fixture the test requests)."""
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+async def test_open_runs_a_ticker_until_text_arrives_and_stops_with_the_block(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    tty = FakeTTY()
+    b = builder(clock=Clock())
+    async with TerminalSink.open(tty, tty) as sink:
+        await sink.deliver(batch(b.started("p", "m")))
+        await trio.sleep(0.25)  # two ticks: 0.1 and 0.2
+        await sink.deliver(batch(text(b, "Hi")))
+        await trio.sleep(0.5)  # text arrived: the ticker draws nothing more
+        await sink.deliver(completed(b))
+        await sink.close()
+    after = tty.getvalue()
+    await trio.sleep(1.0)
+    assert tty.getvalue() == after  # no task outlived the block
+    assert after == (
+        "\r⠋ waiting 0.0 s\x1b[K"
+        "\r⠙ waiting 0.1 s\x1b[K"
+        "\r⠹ waiting 0.2 s\x1b[K" + CLEAR_LINE + "Hi\n"
+    )
+
+
+async def test_open_reraises_the_blocks_error_unwrapped() -> None:
+    with pytest.raises(KeyError):
+        async with TerminalSink.open(FakeTTY(), FakeTTY()):
+            raise KeyError("boom")
+
+
+# --- terminal: broken pipe ------------------------------------------------------------------------
+
+
+async def test_a_broken_pipe_on_out_stops_the_output_without_raising() -> None:
+    out, err = BrokenAfter(ok=1), io.StringIO()
+    b = builder()
+    sink = TerminalSink(out, err)
+    states = []
+    await sink.deliver(batch(b.started("p", "m"), text(b, "first")))
+    states.append(sink.broken_pipe)
+    await sink.deliver(batch(text(b, "second")))
+    states.append(sink.broken_pipe)
+    await feed(sink, batch(text(b, "third")), batch(*b.finish(Outcome.FAILED, None, attempts=1)))
+    assert states == [False, True]
+    assert out.getvalue() == "first"
+    assert out.attempts == 2  # nothing was tried after the pipe broke
+    assert err.getvalue() == ""  # and no error line follows a reader that went away
+
+
+async def test_a_broken_pipe_on_flush_is_caught_too() -> None:
+    class BrokenFlush(io.StringIO):
+        def flush(self) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    sink = TerminalSink(BrokenFlush(), io.StringIO())
+    b = builder()
+    await feed(sink, batch(b.started("p", "m"), text(b, "x")), completed(b))
+    assert sink.broken_pipe
+
+
+# --- JSON Lines -----------------------------------------------------------------------------------
+
+
+def run_batches() -> list[SinkBatch]:
+    b = builder()
+    return [
+        batch(b.started("openai-chat", "gpt")),
+        batch(text(b, "Hel"), b.status("backing_off", 2, 0.1)),
+        batch(b.reset(2), text(b, "Hello")),
+        completed(b),
+    ]
+
+
+async def test_jsonl_run_writes_each_run_event_as_its_json_flushed_per_batch() -> None:
+    class CountingBytes(io.BytesIO):
+        flushes = 0
+
+        def flush(self) -> None:
+            self.flushes += 1
+
+    file = CountingBytes()
+    batches = run_batches()
+    sink = JSONLSink(file)
+    for one in batches:
+        await sink.deliver(one)
+    assert file.flushes == len(batches)
+    await sink.close()
+    assert not file.closed  # the caller's file stays open
+    events = [event for one in batches for event in one.run]
+    lines = file.getvalue().split(b"\n")
+    assert lines[-1] == b""
+    assert lines[:-1] == [msgspec.json.encode(event) for event in events]
+    assert [decode_run_event(line) for line in lines[:-1]] == events
+
+
+def uni_items() -> list[UniItem]:
+    return [
+        delta_event(TextDelta(text="Hel"), 1),
+        AttemptReset(2),
+        delta_event(TextDelta(text="Hello"), 2),
+        stop_event(UsageMetadata(prompt_tokens=3, response_tokens=1), "stop", 3),
+    ]
+
+
+async def test_jsonl_uni_writes_mmsp_json_and_resets() -> None:
+    file = io.BytesIO()
+    items = uni_items()
+    b = builder()
+    sink = JSONLSink(file, kind="uni")
+    await feed(
+        sink,
+        SinkBatch([b.started("p", "m")], items[:2]),
+        SinkBatch([], items[2:]),
+        completed(b),  # run events only: nothing written
+    )
+    lines = file.getvalue().decode().splitlines()
+    assert len(lines) == 4
+    assert json.loads(lines[1]) == {"type": "attempt.reset", "attempt": 2}
+    for line, item in zip(lines, items, strict=True):
+        if isinstance(item, UniEvent):
+            assert line.encode() == encode_json(item)
+            assert decode_uni_event(line) == item
+
+
+async def test_jsonl_appends_to_a_path_and_closes_what_it_opened(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    path.write_text('{"earlier":true}\n')
+    batches = run_batches()
+    sink = JSONLSink(path)
+    await feed(sink, *batches)
+    lines = path.read_bytes().splitlines()
+    assert lines[0] == b'{"earlier":true}'
+    assert [decode_run_event(line) for line in lines[1:]] == [e for one in batches for e in one.run]
+    assert sink._file.closed
+
+
+async def test_jsonl_writes_text_to_a_text_file_and_leaves_it_open() -> None:
+    file = io.StringIO()
+    items = uni_items()
+    await feed(JSONLSink(file, kind="uni"), SinkBatch([], items))
+    assert not file.closed
+    expected = [
+        encode_json(i) if isinstance(i, UniEvent) else b'{"type":"attempt.reset","attempt":2}'
+        for i in items
+    ]
+    assert file.getvalue() == "".join(line.decode() + "\n" for line in expected)
+
+
+async def test_jsonl_a_broken_pipe_stops_the_writing_without_raising() -> None:
+    file = BrokenBytes()
+    sink = JSONLSink(file)
+    batches = run_batches()
+    await feed(sink, *batches)
+    assert sink.broken_pipe
+    assert file.attempts == 1
+
+
+def test_jsonl_rejects_an_unknown_kind() -> None:
+    with pytest.raises(ValueError, match="kind"):
+        JSONLSink(io.BytesIO(), kind="mmsp")  # type: ignore[arg-type]
+
+
+# --- a real turn ----------------------------------------------------------------------------------
+
+
+def loopback_provider(url: str) -> Provider:
+    return Provider(dialect=OpenAIChatDialect(), base_url=f"{url}/v1", model="gpt-4o-mini")
+
+
+async def test_a_real_turn_reaches_the_terminal_and_both_jsonl_files(tmp_path: Path) -> None:
+    stream = openai_text_stream(["Hello", ", world", "!"])
+    out, err = io.StringIO(), io.StringIO()
+    terminal = TerminalSink(out, err)
+    run_file = tmp_path / "run.jsonl"
+    uni_file = io.BytesIO()
+    seen_run: list[RunEvent] = []
+    seen_uni: list[UniItem] = []
+    watcher = CallbackSink(seen_run.append, seen_uni.append)
+    sinks: list[Sink] = [terminal, JSONLSink(run_file), JSONLSink(uni_file, kind="uni"), watcher]
+    with trio.fail_after(10):
+        async with open_loopback_provider([Reply(chunks=split(stream, 40))]) as p:
+            result = await run_turn(
+                TurnRequest(messages=[user("Hi")]), loopback_provider(p.url), sinks=sinks
+            )
+    assert result.ok
+    assert out.getvalue() == "Hello, world!\n"
+    assert err.getvalue() == ""
+    run_lines = run_file.read_bytes().splitlines()
+    assert [decode_run_event(line) for line in run_lines] == seen_run
+    assert isinstance(seen_run[0], RunStarted)
+    assert isinstance(seen_run[-1], RunDone)
+    assert seen_run[-1].status == "completed"
+    uni_lines = uni_file.getvalue().splitlines()
+    assert [decode_uni_event(line) for line in uni_lines] == seen_uni
+    assert seen_uni[-1].event_type == "stop"  # type: ignore[union-attr]
+
+
+async def test_a_real_retry_shows_the_marker_and_the_restarted_text(tmp_path: Path) -> None:
+    stream = openai_text_stream(["Hello", ", world!"])
+    cut = len(b"\n\n".join(stream.split(b"\n\n")[:2])) + 2  # the role frame and "Hello"
+    script = [Reply(chunks=(stream,), drop_after_bytes=cut), Reply(chunks=split(stream, 40))]
+    out, err = io.StringIO(), io.StringIO()
+    uni_file = tmp_path / "uni.jsonl"
+    policy = Policy(backoff_base=0.01, random=lambda: 0.0)
+    with trio.fail_after(10):
+        async with open_loopback_provider(script) as p:
+            result = await run_turn(
+                TurnRequest(messages=[user("Hi")]),
+                loopback_provider(p.url),
+                sinks=[TerminalSink(out, err), JSONLSink(uni_file, kind="uni")],
+                policy=policy,
+            )
+    assert result.ok
+    assert result.attempts == 2
+    assert out.getvalue() == "Hello\nHello, world!\n"
+    assert err.getvalue() == "retrying (attempt 2) in 10 ms\n[attempt 2: output restarted]\n"
+    lines = [json.loads(line) for line in uni_file.read_bytes().splitlines()]
+    assert {"type": "attempt.reset", "attempt": 2} in lines
