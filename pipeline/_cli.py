@@ -9,10 +9,10 @@ goes away. Errors are one line with a hint; `--debug` shows tracebacks.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import signal
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -23,6 +23,8 @@ from ._request import ThinkingLevel, TurnRequest, user
 from .errors import RilletError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ._turn import Sink, TurnResult
     from .providers._base import Provider
 
@@ -169,21 +171,8 @@ def _sinks(output: str, *, show_reasoning: bool, no_stream: bool = False) -> lis
     if output == "uni-jsonl":
         return [JSONLSink(sys.stdout.buffer, kind="uni")]
     if no_stream:
-        return [TerminalSink(out=_Null(), show_reasoning=show_reasoning)]
+        return [TerminalSink(out=io.StringIO(), show_reasoning=show_reasoning)]
     return [TerminalSink(show_reasoning=show_reasoning)]
-
-
-class _Null:
-    """A text sink for --no-stream: the answer is printed once at the end instead."""
-
-    def write(self, text: str) -> int:
-        return len(text)
-
-    def flush(self) -> None:
-        return None
-
-    def isatty(self) -> bool:
-        return False
 
 
 def _exit_code(result: TurnResult, sinks: Sequence[Any]) -> int:
@@ -228,7 +217,7 @@ async def _run_turn_cli(
                     return
 
         nursery.start_soon(on_sigint)
-        result = await turn.result()
+        result: TurnResult = await turn.result()
         nursery.cancel_scope.cancel()
     return result
 
@@ -415,4 +404,3 @@ def main(argv: list[str] | None = None) -> NoReturn:
     if code == EXIT_PIPE:
         _quiet_stdout()
     raise SystemExit(code)
-

@@ -204,6 +204,7 @@ async def run_demo(*, keep_serving: bool = False, port: int = 0, fast: bool = Fa
             claude,
             sinks=[TerminalSink(show_reasoning=True)],
             policy=policy,
+            reasoning=True,
         )
         ok &= first.ok
         calls = [i for i in first.message.content_items if isinstance(i, ToolCallDone)]
