@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
-import subprocess
-import sys
 from typing import TYPE_CHECKING
 
 import pytest
@@ -347,15 +344,3 @@ def test_describe_providers_masks_keys_and_says_what_is_missing() -> None:
     assert ANTHROPIC_KEY not in repr(described)
 
 
-def test_the_registry_imports_no_dialect_until_asked() -> None:
-    code = (
-        "import sys, pipeline.providers\n"
-        "before = set(sys.modules)\n"
-        "import pipeline.providers._registry\n"
-        "print(sorted(m for m in set(sys.modules) - before if m.startswith('pipeline.')))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout
-    assert out.strip() == "['pipeline.providers._registry']"
-    assert importlib.import_module("pipeline.providers._registry").PROVIDER_KINDS

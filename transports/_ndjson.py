@@ -27,7 +27,7 @@ class NDJSONDecoder:
         offset: how many bytes were fed so far.
     """
 
-    __slots__ = ("_tail", "_tail_offset", "frames", "max_frame", "offset")
+    __slots__ = ("_held", "_held_size", "_tail", "_tail_offset", "frames", "max_frame", "offset")
 
     def __init__(self, *, max_frame: int = DEFAULT_MAX_FRAME) -> None:
         if max_frame < 1:
@@ -35,6 +35,8 @@ class NDJSONDecoder:
         self.max_frame = max_frame
         self._tail = b""
         self._tail_offset = 0  # the stream offset of the first byte of `_tail`
+        self._held: list[bytes] = []  # later pieces of the tail, from chunks without a LF
+        self._held_size = 0
         self.frames = 0
         self.offset = 0
 
@@ -42,12 +44,18 @@ class NDJSONDecoder:
         """Take the next bytes; return the lines they complete, in order."""
         self.offset += len(chunk)
         if b"\n" not in chunk:
-            self._tail += chunk
-            if len(self._tail) > self.max_frame:
-                raise _errors().FrameTooLarge(
-                    self.max_frame, len(self._tail), offset=self._tail_offset
-                )
+            # hold the piece: a long line in many small chunks costs linear time, not a copy
+            # of all of it per chunk
+            self._held.append(chunk)
+            self._held_size += len(chunk)
+            size = len(self._tail) + self._held_size
+            if size > self.max_frame:
+                raise _errors().FrameTooLarge(self.max_frame, size, offset=self._tail_offset)
             return []
+        if self._held:
+            self._tail += b"".join(self._held)
+            self._held.clear()
+            self._held_size = 0
         lines = (self._tail + chunk).split(b"\n")
         tail = lines.pop()
         out: list[str] = []
@@ -65,16 +73,26 @@ class NDJSONDecoder:
 
     def close(self) -> list[str]:
         """End of input: the last unterminated line, if it is a whole JSON value."""
-        tail, self._tail = self._tail, b""
+        tail, self._tail = self._tail + b"".join(self._held), b""
+        self._held.clear()
+        self._held_size = 0
+        if tail.endswith(b"\r"):
+            tail = tail[:-1]
         if not tail.strip():
             return []
-        line = self._line(tail, self._tail_offset)
+        try:
+            tail.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if exc.end == len(tail) and exc.reason == "unexpected end of data":
+                return []  # cut off inside a character: a truncation, not bad data
+        line = self._line(tail, self._tail_offset)  # invalid UTF-8 inside it still raises
         if line is None:
             return []
         try:
             _parse(line)
         except msgspec.DecodeError:
-            return []  # cut off mid-object: a truncation, not data
+            self.frames -= 1  # cut off mid-object: a truncation, not data
+            return []
         return [line]
 
     def _line(self, raw: bytes, offset: int) -> str | None:

@@ -61,6 +61,8 @@ class SSEDecoder:
         "_data",
         "_data_size",
         "_event",
+        "_held",
+        "_held_size",
         "_id",
         "_skip_lf",
         "_started",
@@ -78,6 +80,8 @@ class SSEDecoder:
             raise ValueError("max_frame must be positive")
         self.max_frame = max_frame
         self._tail = b""  # the unfinished line
+        self._held: list[bytes] = []  # later pieces of it, from chunks without a line end
+        self._held_size = 0
         self._skip_lf = False  # the last chunk ended in CR: a LF starting the next one is its pair
         self._started = False  # the stream's first bytes were seen (and a BOM stripped)
         self._data: list[bytes] = []
@@ -116,6 +120,19 @@ class SSEDecoder:
         if 0x0D in chunk:
             self._skip_lf = chunk[-1] == 0x0D
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if 0x0A not in chunk:
+            # no line ends here: hold the piece, so a long line arriving in many small chunks
+            # costs linear time, not a copy of all of it per chunk
+            self._held.append(chunk)
+            self._held_size += len(chunk)
+            size = len(self._tail) + self._held_size + self._data_size
+            if size > self.max_frame:
+                self._too_large(size)
+            return []
+        if self._held:
+            self._tail += b"".join(self._held)
+            self._held.clear()
+            self._held_size = 0
         lines = (self._tail + chunk).split(b"\n") if self._tail else chunk.split(b"\n")
         self._tail = lines.pop()
         out: list[SSEEvent] = []
@@ -153,6 +170,8 @@ class SSEDecoder:
     def close(self) -> list[SSEEvent]:
         """End of input: an event not ended by a blank line is discarded, as the standard says."""
         self._tail = b""
+        self._held.clear()
+        self._held_size = 0
         self._data.clear()
         self._data_size = 0
         self._event = ""

@@ -1,0 +1,645 @@
+"""Every error carries its facts as attributes; the error shapes of every provider map onto the
+typed errors; no message ever shows a credential held in a `Secret`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from pipeline import errors
+from pipeline.errors import (
+    AuthenticationError,
+    EmptyResponseError,
+    FrameEncodingError,
+    FrameError,
+    FrameTooLarge,
+    IncompleteStreamError,
+    InvalidRequestError,
+    MalformedFrameError,
+    OverloadedError,
+    ProviderError,
+    RateLimitError,
+    RilletError,
+    ServerError,
+    SSEEncodeError,
+    StreamError,
+    StreamProtocolError,
+    ToolCallArgumentParseError,
+    preview,
+)
+from pipeline.providers import HttpRequest, Provider, Secret
+from pipeline.providers._base import error_from_body, provider_error
+from pipeline.providers.anthropic import AnthropicDialect
+
+KEY = "sk-ant-api03-TOPSECRET-0123456789abcdefWXYZ"
+
+# --- the tree ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cls", "parent"),
+    [
+        (FrameError, RilletError),
+        (FrameTooLarge, FrameError),
+        (FrameEncodingError, FrameError),
+        (MalformedFrameError, FrameError),
+        (SSEEncodeError, RilletError),
+        (StreamError, RilletError),
+        (StreamProtocolError, StreamError),
+        (IncompleteStreamError, StreamError),
+        (EmptyResponseError, StreamError),
+        (ToolCallArgumentParseError, StreamError),
+        (ProviderError, RilletError),
+        (RateLimitError, ProviderError),
+        (OverloadedError, ProviderError),
+        (ServerError, ProviderError),
+        (InvalidRequestError, ProviderError),
+        (AuthenticationError, ProviderError),
+    ],
+)
+def test_the_error_tree(cls: type[BaseException], parent: type[BaseException]) -> None:
+    assert issubclass(cls, parent)
+
+
+def test_every_listed_error_is_a_rillet_error() -> None:
+    for name in errors.__all__:
+        obj = getattr(errors, name)
+        if isinstance(obj, type):
+            assert issubclass(obj, RilletError), name
+
+
+def test_stream_errors_have_mmsp_names() -> None:
+    names = {"StreamProtocolError", "IncompleteStreamError", "EmptyResponseError"}
+    names.add("ToolCallArgumentParseError")
+    assert names <= set(errors.__all__)
+    mmsp_errors = pytest.importorskip("mmsp.errors")
+    for name in names:
+        assert hasattr(mmsp_errors, name)
+
+
+# --- facts as attributes ----------------------------------------------------------------------
+
+
+def test_frame_error_facts_and_message() -> None:
+    error = FrameError("bad frame", provider="gemini", offset=120, frame_index=3)
+    assert (error.provider, error.offset, error.frame_index, error.reason) == (
+        "gemini",
+        120,
+        3,
+        "bad frame",
+    )
+    assert str(error) == "bad frame (gemini, frame 3, byte 120)"
+    assert str(FrameError("bare")) == "bare"
+
+
+def test_locate_fills_only_what_is_unknown() -> None:
+    error = FrameEncodingError("not UTF-8", offset=7)
+    error.locate(provider="ollama", frame_index=2, offset=999)
+    assert (error.provider, error.frame_index, error.offset) == ("ollama", 2, 7)
+    assert str(error) == "not UTF-8 (ollama, frame 2, byte 7)"
+    error.locate(provider="other", frame_index=5, offset=None)
+    assert (error.provider, error.frame_index) == ("ollama", 2)
+
+
+def test_frame_too_large_facts() -> None:
+    error = FrameTooLarge(100, 150, provider="openai-chat", offset=10)
+    assert (error.limit, error.size, error.offset, error.provider) == (100, 150, 10, "openai-chat")
+    assert "100" in str(error)
+    assert "150" in str(error)
+
+
+def test_malformed_frame_facts_and_bounded_preview() -> None:
+    frame = '{"type": "x", "blob": "' + "A" * 5000 + '"}'
+    error = MalformedFrameError("frame is not JSON", frame, provider="anthropic", frame_index=4)
+    assert error.provider == "anthropic"
+    assert error.frame_index == 4
+    assert error.frame_preview == preview(frame)
+    assert len(error.frame_preview) < 200
+    assert error.frame_preview.startswith('{"type": "x"')
+    assert error.frame_preview.endswith('A"}')
+    assert len(str(error)) < 300
+    assert MalformedFrameError("m", b"\xffab").frame_preview == "\ufffdab"
+
+
+def test_sse_encode_error_facts() -> None:
+    error = SSEEncodeError("id")
+    assert error.field == "id"
+    assert isinstance(error, ValueError)
+
+
+def test_stream_protocol_error_facts() -> None:
+    error = StreamProtocolError("openai-chat", "a second stop")
+    assert error.provider == "openai-chat"
+    assert "openai-chat" in str(error)
+    assert "a second stop" in str(error)
+
+
+def test_incomplete_stream_error_facts() -> None:
+    usage = {"prompt_tokens": 1}
+    error = IncompleteStreamError("gemini", ("usage_metadata", "finish_reason"), "stop", usage)
+    assert error.provider == "gemini"
+    assert error.missing == ("usage_metadata", "finish_reason")
+    assert error.finish_reason == "stop"
+    assert error.usage_metadata is usage
+    assert "usage_metadata and finish_reason" in str(error)
+
+
+def test_empty_response_error_facts() -> None:
+    error = EmptyResponseError("anthropic", "stop", {"response_tokens": 0})
+    assert (error.provider, error.finish_reason) == ("anthropic", "stop")
+    assert error.usage_metadata == {"response_tokens": 0}
+    assert "'stop'" in str(error)
+
+
+def test_tool_call_argument_parse_error_facts() -> None:
+    raw = '{"city": "' + "x" * 1000
+    error = ToolCallArgumentParseError("openai-chat", "get_weather", "call_7", raw, "truncated")
+    assert error.provider == "openai-chat"
+    assert error.tool_name == "get_weather"
+    assert error.tool_call_id == "call_7"
+    assert error.raw_arguments_length == len(raw)
+    assert error.raw_arguments_preview == preview(raw)
+    assert len(error.raw_arguments_preview) < 200
+    for fact in ("openai-chat", "get_weather", "call_7", str(len(raw)), "truncated"):
+        assert fact in str(error)
+
+
+def test_provider_error_facts() -> None:
+    error = RateLimitError(
+        "openai-chat",
+        "Rate limit reached",
+        status=429,
+        error_type="rate_limit_exceeded",
+        retry_after=1.5,
+        in_stream=False,
+    )
+    assert error.provider == "openai-chat"
+    assert error.status == 429
+    assert error.error_type == "rate_limit_exceeded"
+    assert error.retry_after == 1.5
+    assert error.in_stream is False
+    assert error.provider_message == "Rate limit reached"
+    assert str(error) == (
+        "openai-chat reported an error (status 429, rate_limit_exceeded): Rate limit reached"
+    )
+
+
+def test_provider_error_in_stream_and_without_facts() -> None:
+    assert str(ProviderError("ollama")) == "ollama reported an error"
+    error = OverloadedError(
+        "anthropic", "Overloaded", error_type="overloaded_error", in_stream=True
+    )
+    assert error.in_stream is True
+    assert error.status is None
+    assert str(error) == "anthropic reported an error (overloaded_error, in stream): Overloaded"
+
+
+def test_provider_message_is_bounded() -> None:
+    error = ServerError("gemini", "e" * 10_000, status=500)
+    assert len(error.provider_message) < 200
+    assert len(str(error)) < 300
+
+
+def test_turn_errors_carry_their_facts() -> None:
+    transport = errors.TransportError("anthropic", "ReadError")
+    assert (transport.provider, transport.kind) == ("anthropic", "ReadError")
+    timeout = errors.TurnTimeout("gemini", "per-event", 2.5)
+    assert (timeout.provider, timeout.deadline, timeout.seconds) == ("gemini", "per-event", 2.5)
+    assert "per-event" in str(timeout)
+    stream_error, rescue_error = OverloadedError("x"), ServerError("x")
+    failed = errors.FallbackFailed("failed", stream_error, rescue_error)
+    assert failed.stream_error is stream_error
+    assert failed.rescue_error is rescue_error
+    assert failed.stream_outcome == "failed"
+
+
+@pytest.mark.parametrize(
+    ("raw", "want"),
+    [
+        ("", ""),
+        ("short", "short"),
+        ("x" * 160, "x" * 160),
+        (b"bytes \xc3\xa9", "bytes é"),
+    ],
+)
+def test_preview_keeps_short_text_whole(raw: str | bytes, want: str) -> None:
+    assert preview(raw) == want
+
+
+def test_preview_of_long_text_keeps_head_and_tail() -> None:
+    text = "HEAD" + "m" * 10_000 + "TAIL"
+    out = preview(text)
+    assert out.startswith("HEAD")
+    assert out.endswith("TAIL")
+    assert "truncated" in out
+    assert len(out) <= 170
+
+
+# --- provider error shapes --------------------------------------------------------------------
+
+SHAPES: list[tuple[str, int | None, Any, type[ProviderError], str | None, str]] = [
+    # OpenAI / Chat Completions
+    (
+        "openai 400",
+        400,
+        {
+            "error": {
+                "message": "Invalid 'messages'",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": None,
+            }
+        },
+        InvalidRequestError,
+        "invalid_request_error",
+        "Invalid 'messages'",
+    ),
+    (
+        "openai 429 code",
+        429,
+        {
+            "error": {
+                "message": "Rate limit reached",
+                "type": "requests",
+                "param": None,
+                "code": "rate_limit_exceeded",
+            }
+        },
+        RateLimitError,
+        "rate_limit_exceeded",
+        "Rate limit reached",
+    ),
+    (
+        "openai 429 quota",
+        429,
+        {"error": {"message": "quota", "type": "insufficient_quota", "code": "insufficient_quota"}},
+        RateLimitError,
+        "insufficient_quota",
+        "quota",
+    ),
+    (
+        "openai 500",
+        500,
+        {"error": {"message": "The server had an error", "type": "server_error", "code": None}},
+        ServerError,
+        "server_error",
+        "The server had an error",
+    ),
+    (
+        "openai in stream",
+        None,
+        {"error": {"message": "boom", "type": "server_error"}},
+        ServerError,
+        "server_error",
+        "boom",
+    ),
+    (
+        "openrouter 429",
+        None,
+        {"error": {"code": 429, "message": "Rate limited upstream", "metadata": {}}},
+        RateLimitError,
+        None,
+        "Rate limited upstream",
+    ),
+    (
+        "openrouter 502",
+        502,
+        {"error": {"code": 502, "message": "Upstream down"}},
+        ServerError,
+        None,
+        "Upstream down",
+    ),
+    # Anthropic
+    (
+        "anthropic 400",
+        400,
+        {
+            "type": "error",
+            "error": {"type": "invalid_request_error", "message": "max_tokens: required"},
+            "request_id": "req_1",
+        },
+        InvalidRequestError,
+        "invalid_request_error",
+        "max_tokens: required",
+    ),
+    (
+        "anthropic 401",
+        401,
+        {
+            "type": "error",
+            "error": {"type": "authentication_error", "message": "invalid x-api-key"},
+        },
+        AuthenticationError,
+        "authentication_error",
+        "invalid x-api-key",
+    ),
+    (
+        "anthropic 403",
+        403,
+        {"type": "error", "error": {"type": "permission_error", "message": "no access"}},
+        AuthenticationError,
+        "permission_error",
+        "no access",
+    ),
+    (
+        "anthropic 429",
+        429,
+        {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}},
+        RateLimitError,
+        "rate_limit_error",
+        "slow down",
+    ),
+    (
+        "anthropic 500",
+        500,
+        {"type": "error", "error": {"type": "api_error", "message": "Internal server error"}},
+        ServerError,
+        "api_error",
+        "Internal server error",
+    ),
+    (
+        "anthropic 529",
+        529,
+        {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
+        OverloadedError,
+        "overloaded_error",
+        "Overloaded",
+    ),
+    (
+        "anthropic in stream",
+        None,
+        {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
+        OverloadedError,
+        "overloaded_error",
+        "Overloaded",
+    ),
+    (
+        "anthropic 404",
+        404,
+        {"type": "error", "error": {"type": "not_found_error", "message": "model: x"}},
+        ProviderError,
+        "not_found_error",
+        "model: x",
+    ),
+    # Gemini
+    (
+        "gemini 400",
+        400,
+        {"error": {"code": 400, "message": "bad", "status": "INVALID_ARGUMENT"}},
+        InvalidRequestError,
+        "INVALID_ARGUMENT",
+        "bad",
+    ),
+    (
+        "gemini 401",
+        401,
+        {"error": {"code": 401, "message": "no key", "status": "UNAUTHENTICATED"}},
+        AuthenticationError,
+        "UNAUTHENTICATED",
+        "no key",
+    ),
+    (
+        "gemini 403",
+        403,
+        {"error": {"code": 403, "message": "denied", "status": "PERMISSION_DENIED"}},
+        AuthenticationError,
+        "PERMISSION_DENIED",
+        "denied",
+    ),
+    (
+        "gemini 429",
+        429,
+        {"error": {"code": 429, "message": "quota", "status": "RESOURCE_EXHAUSTED"}},
+        RateLimitError,
+        "RESOURCE_EXHAUSTED",
+        "quota",
+    ),
+    (
+        "gemini 500",
+        500,
+        {"error": {"code": 500, "message": "internal", "status": "INTERNAL"}},
+        ServerError,
+        "INTERNAL",
+        "internal",
+    ),
+    (
+        "gemini 503",
+        503,
+        {"error": {"code": 503, "message": "The model is overloaded.", "status": "UNAVAILABLE"}},
+        OverloadedError,
+        "UNAVAILABLE",
+        "The model is overloaded.",
+    ),
+    (
+        "gemini in stream",
+        None,
+        {"error": {"code": 503, "message": "The model is overloaded.", "status": "UNAVAILABLE"}},
+        OverloadedError,
+        "UNAVAILABLE",
+        "The model is overloaded.",
+    ),
+    # Ollama
+    (
+        "ollama 404",
+        404,
+        {"error": 'model "qwen9" not found, try pulling it first'},
+        ProviderError,
+        None,
+        'model "qwen9" not found, try pulling it first',
+    ),
+    ("ollama 400", 400, {"error": "invalid options"}, InvalidRequestError, None, "invalid options"),
+    ("ollama 500", 500, {"error": "runner crashed"}, ServerError, None, "runner crashed"),
+    ("ollama in stream", None, {"error": "runner crashed"}, ProviderError, None, "runner crashed"),
+    # vLLM
+    (
+        "vllm 400",
+        400,
+        {
+            "object": "error",
+            "message": "max_tokens too large",
+            "type": "BadRequestError",
+            "param": None,
+            "code": 400,
+        },
+        InvalidRequestError,
+        "BadRequestError",
+        "max_tokens too large",
+    ),
+    (
+        "vllm in stream",
+        None,
+        {"object": "error", "message": "engine dead", "type": "InternalServerError", "code": 500},
+        ServerError,
+        "InternalServerError",
+        "engine dead",
+    ),
+    (
+        "vllm nested",
+        None,
+        {"error": {"message": "bad", "type": "BadRequestError", "param": None, "code": 400}},
+        InvalidRequestError,
+        "BadRequestError",
+        "bad",
+    ),
+]
+
+
+@pytest.mark.parametrize("in_stream", [False, True], ids=["http", "stream"])
+@pytest.mark.parametrize(
+    ("status", "body", "cls", "error_type", "message"),
+    [s[1:] for s in SHAPES],
+    ids=[s[0] for s in SHAPES],
+)
+def test_error_shapes_map_onto_typed_errors(
+    status: int | None,
+    body: Any,
+    cls: type[ProviderError],
+    error_type: str | None,
+    message: str,
+    in_stream: bool,
+) -> None:
+    for given in (json.dumps(body).encode(), json.dumps(body), body):
+        error = error_from_body("prov", status, given, in_stream=in_stream)
+        assert type(error) is cls
+        assert error.provider == "prov"
+        assert error.provider_message == message
+        assert error.in_stream is in_stream
+        if error_type is not None:
+            assert error.error_type == error_type
+        if status is not None:
+            assert error.status == status
+
+
+def test_an_error_code_in_the_body_stands_for_the_status_in_a_stream() -> None:
+    error = error_from_body("gemini", None, {"error": {"code": 503, "message": "m"}})
+    assert type(error) is OverloadedError
+    assert error.status == 503
+
+
+def test_the_http_status_wins_over_a_code_in_the_body() -> None:
+    error = error_from_body("x", 500, {"error": {"code": 429, "message": "m"}})
+    assert error.status == 500
+
+
+@pytest.mark.parametrize(
+    ("status", "cls"),
+    [
+        (400, InvalidRequestError),
+        (401, AuthenticationError),
+        (403, AuthenticationError),
+        (404, ProviderError),
+        (408, ProviderError),
+        (429, RateLimitError),
+        (500, ServerError),
+        (502, ServerError),
+        (503, OverloadedError),
+        (504, ServerError),
+        (529, OverloadedError),
+    ],
+)
+def test_a_body_that_is_not_json_is_typed_by_status(status: int, cls: type[ProviderError]) -> None:
+    error = error_from_body("x", status, b"<html>Bad Gateway</html>")
+    assert type(error) is cls
+    assert error.status == status
+    assert error.provider_message == "<html>Bad Gateway</html>"
+
+
+def test_a_body_of_another_shape_is_typed_by_status() -> None:
+    assert type(error_from_body("x", 429, b"[1, 2]")) is RateLimitError
+    assert type(error_from_body("x", 500, {"unexpected": True})) is ServerError
+    assert type(error_from_body("x", None, b"\xff\xfe")) is ProviderError
+    assert type(error_from_body("x", None, {"error": None})) is ProviderError
+
+
+def test_openai_401_is_an_authentication_error() -> None:
+    body = {
+        "error": {
+            "message": "Incorrect API key provided: sk-proj-****WXYZ.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_api_key",
+        }
+    }
+    assert type(error_from_body("openai-chat", 401, body)) is AuthenticationError
+
+
+def test_provider_error_first_known_type_decides() -> None:
+    error = provider_error("x", status=500, error_types=(None, "weird", "RESOURCE_EXHAUSTED"))
+    assert type(error) is RateLimitError
+    assert error.error_type == "RESOURCE_EXHAUSTED"
+    assert error.status == 500
+
+
+@pytest.mark.parametrize(
+    ("status", "cls"),
+    [(401, AuthenticationError), (403, AuthenticationError), (429, RateLimitError)],
+)
+def test_an_auth_or_rate_limit_status_outranks_the_body_type(
+    status: int, cls: type[ProviderError]
+) -> None:
+    body = {"error": {"message": "m", "type": "invalid_request_error"}}
+    assert type(error_from_body("x", status, body)) is cls
+
+
+def test_provider_error_falls_back_to_status_then_to_provider_error() -> None:
+    assert type(provider_error("x", status=529, error_types=("weird",))) is OverloadedError
+    assert type(provider_error("x", status=418)) is ProviderError
+    assert type(provider_error("x")) is ProviderError
+
+
+def test_provider_error_types_are_case_insensitive() -> None:
+    assert type(provider_error("x", error_types=("Overloaded_Error",))) is OverloadedError
+    assert type(provider_error("x", error_types=("unavailable",))) is OverloadedError
+
+
+def test_provider_error_carries_retry_after_and_in_stream() -> None:
+    error = provider_error(
+        "x", status=429, message="wait", in_stream=True, retry_after=2.0, error_types=()
+    )
+    assert (error.retry_after, error.in_stream, error.provider_message) == (2.0, True, "wait")
+
+
+def test_the_anthropic_dialect_types_an_http_error() -> None:
+    body = b'{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}'
+    error = AnthropicDialect().error_from_response(529, {}, body)
+    assert type(error) is OverloadedError
+    assert error.status == 529
+
+
+# --- secrets ----------------------------------------------------------------------------------
+
+
+def test_a_secret_is_masked_everywhere_but_reveal() -> None:
+    secret = Secret(KEY)
+    assert secret.reveal() == KEY
+    for shown in (repr(secret), str(secret), f"{secret}", f"{secret!s:>80}", f"{secret!r}"):
+        assert KEY not in shown
+        assert "TOPSECRET" not in shown
+    assert secret.masked() == "…WXYZ"
+    assert Secret("short").masked() == "…"
+
+
+def test_no_error_message_contains_a_secret() -> None:
+    secret = Secret(KEY)
+    raised: list[BaseException] = [
+        ProviderError("openai-chat", f"bad key {secret}", status=401),
+        error_from_body("anthropic", 401, {"error": f"key {secret} refused"}),
+        MalformedFrameError(f"frame with {secret}", f"{secret!r}"),
+        StreamProtocolError(f"{secret}", "x"),
+        ToolCallArgumentParseError("p", "t", "c", f"{secret}", f"{secret}"),
+        errors.TransportError(f"{secret}", "ReadError"),
+    ]
+    for error in raised:
+        assert KEY not in str(error)
+        assert KEY not in repr(error)
+
+
+def test_provider_and_request_reprs_hide_the_key() -> None:
+    provider = Provider(AnthropicDialect(), "https://api.example.com", "m", api_key=Secret(KEY))
+    assert KEY not in repr(provider)
+    assert KEY not in str(provider)
+    request = HttpRequest(url="https://api.example.com/v1", headers={"x-api-key": KEY}, body=b"{}")
+    assert KEY not in repr(request)
+    assert "x-api-key" in repr(request)

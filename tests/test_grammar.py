@@ -1,0 +1,1003 @@
+"""The grammar: lane events in, MMSP UniEvents out, every rule of the module docstring checked,
+MMSP's worked example reproduced, and any interleaving of well-formed lanes serialised."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import pipeline._grammar as grammar_module
+from pipeline import (
+    EmptyResponseError,
+    Grammar,
+    IncompleteStreamError,
+    LaneEvent,
+    LaneKind,
+    MessageDelta,
+    MessageStart,
+    MessageStop,
+    OverloadedError,
+    PartDelta,
+    PartStart,
+    PartStop,
+    Ping,
+    ProviderErrorEvent,
+    RawUsage,
+    StreamProtocolError,
+    ToolCallArgumentParseError,
+    UniEvent,
+    encode_json,
+    map_finish_reason,
+)
+
+USAGE = RawUsage(cached_tokens=0, prompt_tokens=10, thoughts_tokens=None, response_tokens=5)
+USAGE_JSON = {
+    "cached_tokens": 0,
+    "prompt_tokens": 10,
+    "thoughts_tokens": None,
+    "response_tokens": 5,
+}
+SIG = {"signature": "..."}
+
+
+def wire(event: UniEvent) -> dict[str, Any]:
+    return json.loads(encode_json(event))  # type: ignore[no-any-return]
+
+
+def item(event: UniEvent) -> dict[str, Any]:
+    data = wire(event)
+    assert data["event_type"] == "delta"
+    (content,) = data["content_items"]
+    return content  # type: ignore[no-any-return]
+
+
+def items(events: list[UniEvent]) -> list[dict[str, Any]]:
+    return [item(e) for e in events if e.event_type == "delta"]
+
+
+def feed_all(g: Grammar, events: list[LaneEvent]) -> list[UniEvent]:
+    out: list[UniEvent] = []
+    for event in events:
+        out += g.feed(event)
+    return out
+
+
+def run(events: list[LaneEvent], provider: str = "acme") -> list[UniEvent]:
+    g = Grammar(provider, clock=lambda: 0)
+    out = feed_all(g, events)
+    out += g.close()
+    return out
+
+
+def text_lane(index: int, *fragments: str, stop: bool = True) -> list[LaneEvent]:
+    events: list[LaneEvent] = [PartStart(index=index, kind="text")]
+    events += [PartDelta(index, "text", f) for f in fragments]
+    if stop:
+        events.append(PartStop(index, "text"))
+    return events
+
+
+def tool_lane(
+    index: int, name: str, call_id: str, *fragments: str, stop: bool = True
+) -> list[LaneEvent]:
+    events: list[LaneEvent] = [PartStart(index=index, kind="tool_call", name=name, call_id=call_id)]
+    events += [PartDelta(index, "tool_call", f) for f in fragments]
+    if stop:
+        events.append(PartStop(index, "tool_call"))
+    return events
+
+
+END: list[LaneEvent] = [MessageDelta(finish_reason="stop", usage=USAGE), MessageStop()]
+
+
+# --- MMSP's worked example --------------------------------------------------------------------
+
+
+def test_mmsp_worked_example_comes_out_exactly() -> None:
+    events: list[LaneEvent] = [
+        MessageStart(id="msg_1", model="claude"),
+        PartStart(index=0, kind="thinking"),
+        PartDelta(0, "thinking", "Let me"),
+        PartDelta(0, "thinking", " check"),
+        PartDelta(0, "thinking", "", SIG),
+        PartStop(0, "thinking"),
+        PartStart(index=1, kind="tool_call", name="get_weather", call_id="toolu_1"),
+        PartDelta(1, "tool_call", ""),
+        PartDelta(1, "tool_call", '{"location": '),
+        PartDelta(1, "tool_call", '"Paris"}'),
+        PartStop(1, "tool_call"),
+        MessageDelta(finish_reason="tool_use", usage=USAGE),
+        MessageStop(),
+    ]
+    clock = itertools.count(1694502400000)
+    g = Grammar("anthropic", clock=lambda: next(clock))
+    out = feed_all(g, events) + g.close()
+
+    def delta(content: dict[str, Any], at: int) -> dict[str, Any]:
+        return {
+            "role": "assistant",
+            "event_type": "delta",
+            "content_items": [content],
+            "usage_metadata": None,
+            "finish_reason": None,
+            "created_at": at,
+        }
+
+    base = 1694502400000
+    want = [
+        delta({"type": "thinking.delta", "thinking": "Let me"}, base),
+        delta({"type": "thinking.delta", "thinking": " check"}, base + 1),
+        delta({"type": "thinking.delta", "thinking": "", "fidelity": SIG}, base + 2),
+        delta({"type": "thinking.done", "thinking": "Let me check", "fidelity": SIG}, base + 3),
+        delta(
+            {
+                "type": "tool_call.delta",
+                "name": "get_weather",
+                "arguments": "",
+                "tool_call_id": "toolu_1",
+            },
+            base + 4,
+        ),
+        delta(
+            {
+                "type": "tool_call.delta",
+                "name": "",
+                "arguments": '{"location": ',
+                "tool_call_id": "",
+            },
+            base + 5,
+        ),
+        delta(
+            {"type": "tool_call.delta", "name": "", "arguments": '"Paris"}', "tool_call_id": ""},
+            base + 6,
+        ),
+        delta(
+            {
+                "type": "tool_call.done",
+                "name": "get_weather",
+                "arguments": {"location": "Paris"},
+                "tool_call_id": "toolu_1",
+            },
+            base + 7,
+        ),
+        {
+            "role": "assistant",
+            "event_type": "stop",
+            "content_items": [],
+            "usage_metadata": USAGE_JSON,
+            "finish_reason": "tool_call",
+            "created_at": base + 8,
+        },
+    ]
+    assert [json.dumps(wire(e)) for e in out] == [json.dumps(w) for w in want]
+    assert g.stopped
+    assert (g.message_id, g.model) == ("msg_1", "claude")
+
+
+# --- serialising interleaved lanes ------------------------------------------------------------
+
+
+def test_interleaved_tool_calls_are_serialised_without_misattribution() -> None:
+    g = Grammar("acme", clock=lambda: 0)
+    assert g.feed(PartStart(index=0, kind="tool_call", name="a", call_id="c0")) == []
+    assert g.feed(PartStart(index=1, kind="tool_call", name="b", call_id="c1")) == []
+    first = g.feed(PartDelta(0, "tool_call", '{"x": '))
+    assert [i["tool_call_id"] for i in items(first)] == ["c0"]
+    assert g.feed(PartDelta(1, "tool_call", '{"y": ')) == []  # held: lane 0 is streaming
+    assert items(g.feed(PartDelta(0, "tool_call", "1}"))) == [
+        {"type": "tool_call.delta", "name": "", "arguments": "1}", "tool_call_id": ""}
+    ]
+    assert g.feed(PartDelta(1, "tool_call", "2}")) == []
+    released = g.feed(PartStop(0, "tool_call"))
+    assert items(released) == [
+        {"type": "tool_call.done", "name": "a", "arguments": {"x": 1}, "tool_call_id": "c0"},
+        {"type": "tool_call.delta", "name": "b", "arguments": '{"y": ', "tool_call_id": "c1"},
+        {"type": "tool_call.delta", "name": "", "arguments": "2}", "tool_call_id": ""},
+    ]
+    # lane 1 is the streaming one now: its fragments go out at once
+    assert items(g.feed(PartDelta(1, "tool_call", " "))) == [
+        {"type": "tool_call.delta", "name": "", "arguments": " ", "tool_call_id": ""}
+    ]
+    assert items(g.feed(PartStop(1, "tool_call"))) == [
+        {"type": "tool_call.done", "name": "b", "arguments": {"y": 2}, "tool_call_id": "c1"}
+    ]
+
+
+def test_a_held_lane_closed_early_is_released_whole_with_its_done() -> None:
+    g = Grammar("acme", clock=lambda: 0)
+    feed_all(g, [PartStart(index=0, kind="text"), PartStart(index=1, kind="thinking")])
+    assert g.feed(PartDelta(0, "text", "a")) != []
+    assert g.feed(PartDelta(1, "thinking", "t1")) == []
+    assert g.feed(PartDelta(1, "thinking", "t2")) == []
+    assert g.feed(PartStop(1, "thinking")) == []  # closed, but waits its turn
+    assert items(g.feed(PartStop(0, "text"))) == [
+        {"type": "text.done", "text": "a"},
+        {"type": "thinking.delta", "thinking": "t1"},
+        {"type": "thinking.delta", "thinking": "t2"},
+        {"type": "thinking.done", "thinking": "t1t2"},
+    ]
+
+
+def test_lanes_share_an_index_across_kinds() -> None:
+    out = run(
+        [
+            PartStart(index=0, kind="text"),
+            PartStart(index=0, kind="tool_call", name="f", call_id="c"),
+            PartDelta(0, "tool_call", "{}"),
+            PartDelta(0, "text", "hi"),
+            PartStop(0, "text"),
+            PartStop(0, "tool_call"),
+            *END,
+        ]
+    )
+    assert [i["type"] for i in items(out)] == [
+        "text.delta",
+        "text.done",
+        "tool_call.delta",
+        "tool_call.done",
+    ]
+
+
+def test_part_stop_without_kind_closes_the_open_lane_of_that_index() -> None:
+    out = run([*text_lane(3, "a", stop=False), PartStop(3), *END])
+    assert items(out)[-1] == {"type": "text.done", "text": "a"}
+
+
+def test_part_stop_without_index_closes_the_oldest_open_lane() -> None:
+    g = Grammar("acme", clock=lambda: 0)
+    feed_all(g, [*text_lane(0, "a", stop=False), *tool_lane(1, "f", "c", "{}", stop=False)])
+    assert items(g.feed(PartStop()))[0] == {"type": "text.done", "text": "a"}
+    assert items(g.feed(PartStop()))[-1]["type"] == "tool_call.done"
+    with pytest.raises(StreamProtocolError):
+        g.feed(PartStop())
+
+
+# --- what goes out per fragment ---------------------------------------------------------------
+
+
+def test_one_delta_per_non_empty_fragment_and_empty_ones_dropped() -> None:
+    out = run([*text_lane(0, "", "a", "", "b", ""), *END])
+    assert items(out) == [
+        {"type": "text.delta", "text": "a"},
+        {"type": "text.delta", "text": "b"},
+        {"type": "text.done", "text": "ab"},
+    ]
+
+
+def test_a_lane_whose_fragments_were_all_empty_has_no_done() -> None:
+    out = run([*text_lane(0, "", ""), *text_lane(1, "x"), *END])
+    assert [i["type"] for i in items(out)] == ["text.delta", "text.done"]
+
+
+def test_a_fragment_carrying_only_fidelity_goes_out() -> None:
+    out = run(
+        [
+            PartStart(index=0, kind="thinking"),
+            PartDelta(0, "thinking", "", {"signature": "abc"}),
+            PartStop(0, "thinking"),
+            *text_lane(1, "x"),
+            *END,
+        ]
+    )
+    assert items(out)[:2] == [
+        {"type": "thinking.delta", "thinking": "", "fidelity": {"signature": "abc"}},
+        {"type": "thinking.done", "thinking": "", "fidelity": {"signature": "abc"}},
+    ]
+
+
+def test_a_tool_calls_first_fragment_goes_out_even_empty() -> None:
+    out = run([*tool_lane(0, "ping", "call_1", ""), *END])
+    assert items(out) == [
+        {"type": "tool_call.delta", "name": "ping", "arguments": "", "tool_call_id": "call_1"},
+        {"type": "tool_call.done", "name": "ping", "arguments": {}, "tool_call_id": "call_1"},
+    ]
+
+
+def test_later_tool_fragments_have_empty_name_and_id_and_empty_ones_are_dropped() -> None:
+    out = run([*tool_lane(0, "f", "c", '{"a"', "", ": 1", "", "}"), *END])
+    assert items(out) == [
+        {"type": "tool_call.delta", "name": "f", "arguments": '{"a"', "tool_call_id": "c"},
+        {"type": "tool_call.delta", "name": "", "arguments": ": 1", "tool_call_id": ""},
+        {"type": "tool_call.delta", "name": "", "arguments": "}", "tool_call_id": ""},
+        {"type": "tool_call.done", "name": "f", "arguments": {"a": 1}, "tool_call_id": "c"},
+    ]
+
+
+def test_a_tool_lane_closed_without_fragments_has_no_group() -> None:
+    out = run([*tool_lane(0, "f", "c"), *text_lane(1, "x"), *END])
+    assert [i["type"] for i in items(out)] == ["text.delta", "text.done"]
+
+
+# --- the .done items --------------------------------------------------------------------------
+
+
+def test_done_items_join_their_fragments() -> None:
+    out = run(
+        [
+            *text_lane(0, "Hel", "lo ", "😀"),
+            PartStart(index=1, kind="thinking"),
+            PartDelta(1, "thinking", "a"),
+            PartDelta(1, "thinking", "b"),
+            PartStop(1),
+            PartStart(index=2, kind="inline_data", mime_type="audio/pcm"),
+            PartDelta(2, "inline_data", b"\x00\x01"),
+            PartDelta(2, "inline_data", b""),
+            PartDelta(2, "inline_data", b"\xff"),
+            PartStop(2),
+            PartStart(index=3, kind="inline_thinking", mime_type="x/y"),
+            PartDelta(3, "inline_thinking", b"ab"),
+            PartDelta(3, "inline_thinking", b"cd"),
+            PartStop(3),
+            PartStart(index=4, kind="embedding"),
+            PartDelta(4, "embedding", [0.5, 1.0]),
+            PartStop(4),
+            PartStart(index=5, kind="embedding"),
+            PartDelta(5, "embedding", []),
+            PartStop(5),
+            *END,
+        ]
+    )
+    dones = [i for i in items(out) if i["type"].endswith(".done")]
+    assert dones == [
+        {"type": "text.done", "text": "Hello 😀"},
+        {"type": "thinking.done", "thinking": "ab"},
+        {"type": "inline_data.done", "data": "AAH/", "mime_type": "audio/pcm"},
+        {"type": "inline_thinking.done", "data": "YWJjZA==", "mime_type": "x/y"},
+        {"type": "embedding.done", "embedding": [0.5, 1.0]},
+        {"type": "embedding.done", "embedding": []},
+    ]
+    deltas = [i for i in items(out) if i["type"].endswith(".delta")]
+    assert {"type": "inline_data.delta", "data": "/w==", "mime_type": "audio/pcm"} in deltas
+    assert {"type": "embedding.delta", "embedding": []} in deltas
+
+
+@pytest.mark.parametrize(
+    ("fragments", "arguments"),
+    [
+        (("",), {}),
+        (("", ""), {}),
+        (("{}",), {}),
+        (('{"a": [1, ', '{"b": null}]', ', "c": "é"}'), {"a": [1, {"b": None}], "c": "é"}),
+        ((" {", '"k": true', "} "), {"k": True}),
+    ],
+)
+def test_tool_arguments_are_parsed_from_the_joined_string(
+    fragments: tuple[str, ...], arguments: dict[str, Any]
+) -> None:
+    out = run([*tool_lane(0, "f", "c", *fragments), *END])
+    assert items(out)[-1] == {
+        "type": "tool_call.done",
+        "name": "f",
+        "arguments": arguments,
+        "tool_call_id": "c",
+    }
+
+
+def test_tool_arguments_are_parsed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[Any] = []
+    decode = grammar_module._decode_arguments
+
+    def counting(raw: Any) -> Any:
+        calls.append(raw)
+        return decode(raw)
+
+    monkeypatch.setattr(grammar_module, "_decode_arguments", counting)
+    run([*tool_lane(0, "f", "c", '{"a', '": ', "1}"), *tool_lane(1, "g", "d", ""), *END])
+    assert calls == ['{"a": 1}', "{}"]
+
+
+@pytest.mark.parametrize(
+    "fragments",
+    [('{"a": ',), ('{"a": 1', ""), ("[1, 2]",), ("3",), ('"text"',), ("null",), ("{'a': 1}",)],
+    ids=["cut", "unclosed", "array", "number", "string", "null", "not-json"],
+)
+def test_bad_tool_arguments_raise_in_place_of_the_done(fragments: tuple[str, ...]) -> None:
+    g = Grammar("acme", clock=lambda: 0)
+    out = feed_all(g, tool_lane(0, "get_weather", "call_9", *fragments, stop=False))
+    assert all(i["type"] == "tool_call.delta" for i in items(out))
+    with pytest.raises(ToolCallArgumentParseError) as info:
+        g.feed(PartStop(0, "tool_call"))
+    error = info.value
+    assert error.provider == "acme"
+    assert error.tool_name == "get_weather"
+    assert error.tool_call_id == "call_9"
+    assert error.raw_arguments_length == len("".join(fragments))
+    assert error.raw_arguments_preview == "".join(fragments)
+    for fact in ("acme", "get_weather", "call_9"):
+        assert fact in str(error)
+
+
+def test_bad_tool_arguments_preview_is_bounded() -> None:
+    raw = '{"blob": "' + "x" * 10_000
+    with pytest.raises(ToolCallArgumentParseError) as info:
+        run([*tool_lane(0, "f", "c", raw), *END])
+    assert info.value.raw_arguments_length == len(raw)
+    assert len(info.value.raw_arguments_preview) < 200
+    assert info.value.raw_arguments_preview.startswith('{"blob"')
+    assert len(str(info.value)) < 500
+
+
+def test_bad_tool_arguments_closed_by_the_finish_reason_raise() -> None:
+    g = Grammar("acme", clock=lambda: 0)
+    feed_all(g, tool_lane(0, "f", "c", '{"a":', stop=False))
+    with pytest.raises(ToolCallArgumentParseError):
+        g.feed(MessageDelta(finish_reason="tool_calls"))
+
+
+def test_events_released_before_an_error_are_kept_in_out() -> None:
+    g = Grammar("acme", clock=lambda: 0)
+    feed_all(
+        g,
+        [
+            *tool_lane(0, "good", "c0", "{}", stop=False),
+            *tool_lane(1, "bad", "c1", '{"x', stop=False),
+        ],
+    )
+    out: list[UniEvent] = []
+    with pytest.raises(ToolCallArgumentParseError) as info:
+        g.feed(MessageDelta(finish_reason="tool_calls"), out)
+    assert info.value.tool_name == "bad"
+    assert items(out) == [
+        {"type": "tool_call.done", "name": "good", "arguments": {}, "tool_call_id": "c0"},
+        {"type": "tool_call.delta", "name": "bad", "arguments": '{"x', "tool_call_id": "c1"},
+    ]
+
+
+def test_feed_appends_to_the_given_list() -> None:
+    g = Grammar("acme", clock=lambda: 0)
+    out: list[UniEvent] = []
+    g.feed(PartStart(index=0, kind="text"), out)
+    assert g.feed(PartDelta(0, "text", "a"), out) is out
+    g.feed(PartDelta(0, "text", "b"), out)
+    assert [i["text"] for i in items(out)] == ["a", "b"]
+
+
+# --- fidelity ---------------------------------------------------------------------------------
+
+
+def test_a_repeated_identical_fidelity_goes_out_once_and_is_copied_onto_the_done() -> None:
+    fid = {"phase": "final_answer"}
+    out = run(
+        [
+            PartStart(index=0, kind="text"),
+            PartDelta(0, "text", "a", fid),
+            PartDelta(0, "text", "b", dict(fid)),
+            PartDelta(0, "text", "", dict(fid)),
+            PartStop(0),
+            *END,
+        ]
+    )
+    assert items(out) == [
+        {"type": "text.delta", "text": "a", "fidelity": fid},
+        {"type": "text.delta", "text": "b"},
+        {"type": "text.done", "text": "ab", "fidelity": fid},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kind", "value"),
+    [
+        ("text", "x"),
+        ("thinking", "x"),
+        ("tool_call", "{}"),
+        ("inline_data", b"x"),
+        ("inline_thinking", b"x"),
+    ],
+)
+def test_fidelity_is_copied_onto_every_kind_of_done(kind: LaneKind, value: Any) -> None:
+    fid = {"signature": "s"}
+    events: list[LaneEvent] = [
+        PartStart(index=0, kind=kind, name="f", call_id="c", mime_type="x/y"),
+        PartDelta(0, kind, value),
+        PartDelta(0, kind, value[:0], fid),
+        PartStop(0),
+        *text_lane(1, "t"),
+        *END,
+    ]
+    out = items(run(events))
+    assert out[1]["fidelity"] == fid
+    assert out[2]["type"] == f"{kind}.done"
+    assert out[2]["fidelity"] == fid
+    assert "fidelity" not in out[0]
+
+
+def test_a_different_second_fidelity_is_a_protocol_error() -> None:
+    g = Grammar("acme", clock=lambda: 0)
+    feed_all(g, [PartStart(index=0, kind="thinking"), PartDelta(0, "thinking", "a", {"s": 1})])
+    with pytest.raises(StreamProtocolError, match="fidelity"):
+        g.feed(PartDelta(0, "thinking", "", {"s": 2}))
+
+
+def test_fidelity_belongs_to_its_own_group() -> None:
+    out = run(
+        [
+            PartStart(index=0, kind="thinking"),
+            PartDelta(0, "thinking", "a", {"s": 1}),
+            PartStop(0),
+            PartStart(index=1, kind="thinking"),
+            PartDelta(1, "thinking", "b", {"s": 2}),
+            PartStop(1),
+            *text_lane(2, "t"),
+            *END,
+        ]
+    )
+    assert [i.get("fidelity") for i in items(out)][:4] == [{"s": 1}, {"s": 1}, {"s": 2}, {"s": 2}]
+
+
+# --- finish reasons and usage -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "mapped"),
+    [
+        ("stop", "stop"),
+        ("end_turn", "stop"),
+        ("stop_sequence", "stop"),
+        ("STOP", "stop"),
+        ("completed", "stop"),
+        ("tool_use", "tool_call"),
+        ("tool_calls", "tool_call"),
+        ("tool_call", "tool_call"),
+        ("function_call", "tool_call"),
+        ("length", "length"),
+        ("max_tokens", "length"),
+        ("MAX_TOKENS", "length"),
+        ("max_output_tokens", "length"),
+        ("SAFETY", "unknown"),
+        ("RECITATION", "unknown"),
+        ("content_filter", "unknown"),
+        ("refusal", "unknown"),
+        ("pause_turn", "unknown"),
+        ("FINISH_REASON_UNSPECIFIED", "unknown"),
+        ("", "unknown"),
+    ],
+)
+def test_provider_stop_spellings_are_mapped(raw: str, mapped: str) -> None:
+    assert map_finish_reason(raw) == mapped
+    out = run([*text_lane(0, "x"), MessageDelta(finish_reason=raw, usage=USAGE), MessageStop()])
+    assert out[-1].finish_reason == mapped
+
+
+def test_usage_is_merged_field_by_field_later_non_null_wins() -> None:
+    out = run(
+        [
+            MessageDelta(usage=RawUsage(prompt_tokens=10, cached_tokens=2)),
+            *text_lane(0, "x"),
+            MessageDelta(usage=RawUsage(response_tokens=3, cached_tokens=None)),
+            MessageDelta(finish_reason="stop"),
+            MessageDelta(usage=RawUsage(response_tokens=5, thoughts_tokens=7)),
+            MessageStop(),
+        ]
+    )
+    assert wire(out[-1])["usage_metadata"] == {
+        "cached_tokens": 2,
+        "prompt_tokens": 10,
+        "thoughts_tokens": 7,
+        "response_tokens": 5,
+    }
+
+
+def test_a_later_finish_reason_wins() -> None:
+    out = run(
+        [
+            *text_lane(0, "x"),
+            MessageDelta(finish_reason="stop"),
+            MessageDelta(finish_reason="max_tokens", usage=USAGE),
+            MessageStop(),
+        ]
+    )
+    assert out[-1].finish_reason == "length"
+
+
+def test_exactly_one_stop_event_and_it_is_last() -> None:
+    out = run([*text_lane(0, "a", "b"), *END])
+    kinds = [e.event_type for e in out]
+    assert kinds.count("stop") == 1
+    assert kinds[-1] == "stop"
+    assert wire(out[-1]) == {
+        "role": "assistant",
+        "event_type": "stop",
+        "content_items": [],
+        "usage_metadata": USAGE_JSON,
+        "finish_reason": "stop",
+        "created_at": 0,
+    }
+
+
+def test_a_finish_reason_closes_every_open_lane() -> None:
+    g = Grammar("acme", clock=lambda: 0)
+    feed_all(
+        g,
+        [
+            *text_lane(0, "a", stop=False),
+            *tool_lane(1, "f", "c", '{"k": 1}', stop=False),
+            PartStart(index=2, kind="thinking"),
+            PartDelta(2, "thinking", "t"),
+        ],
+    )
+    released = items(g.feed(MessageDelta(finish_reason="tool_calls", usage=USAGE)))
+    assert [i["type"] for i in released] == [
+        "text.done",
+        "tool_call.delta",
+        "tool_call.done",
+        "thinking.delta",
+        "thinking.done",
+    ]
+    with pytest.raises(StreamProtocolError):
+        g.feed(PartDelta(0, "text", "late"))
+    stop = g.feed(MessageStop())
+    assert [e.event_type for e in stop] == ["stop"]
+
+
+def test_message_start_and_ping_emit_nothing() -> None:
+    g = Grammar("acme", clock=lambda: 0)
+    assert g.feed(MessageStart(id="m1", model="x")) == []
+    assert g.feed(Ping()) == []
+    assert g.feed(MessageStart()) == []
+    assert (g.message_id, g.model) == ("m1", "x")
+
+
+# --- violations -------------------------------------------------------------------------------
+
+
+def _protocol_error(events: list[LaneEvent]) -> StreamProtocolError:
+    g = Grammar("acme", clock=lambda: 0)
+    with pytest.raises(StreamProtocolError) as info:
+        feed_all(g, events)
+    assert info.value.provider == "acme"
+    assert "acme" in str(info.value)
+    return info.value
+
+
+def test_a_delta_for_no_open_lane_is_a_protocol_error() -> None:
+    _protocol_error([PartDelta(0, "text", "x")])
+    _protocol_error([*text_lane(0, "a"), PartDelta(0, "text", "x")])
+
+
+def test_a_delta_of_the_wrong_kind_for_its_lane_is_a_protocol_error() -> None:
+    error = _protocol_error([*tool_lane(0, "f", "c", stop=False), PartDelta(0, "text", "x")])
+    assert "tool_call" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("kind", "value"),
+    [
+        ("text", b"x"),
+        ("thinking", 1),
+        ("tool_call", {"a": 1}),
+        ("inline_data", "x"),
+        ("inline_thinking", "x"),
+        ("embedding", "x"),
+    ],
+)
+def test_a_fragment_value_of_the_wrong_type_is_a_protocol_error(kind: LaneKind, value: Any) -> None:
+    _protocol_error(
+        [
+            PartStart(index=0, kind=kind, name="f", call_id="c"),
+            PartDelta(0, kind, value),
+        ]
+    )
+
+
+def test_a_second_message_stop_is_a_protocol_error() -> None:
+    _protocol_error([*text_lane(0, "x"), *END, MessageStop()])
+
+
+@pytest.mark.parametrize(
+    "late",
+    [
+        PartStart(index=5, kind="text"),
+        PartDelta(0, "text", "x"),
+        PartStop(),
+        MessageDelta(finish_reason="stop"),
+        MessageStart(),
+        Ping(),
+    ],
+)
+def test_anything_after_the_stop_is_a_protocol_error(late: LaneEvent) -> None:
+    error = _protocol_error([*text_lane(0, "x"), *END, late])
+    assert "after the stop" in str(error)
+
+
+def test_close_after_the_stop_returns_nothing() -> None:
+    g = Grammar("acme", clock=lambda: 0)
+    feed_all(g, [*text_lane(0, "x"), *END])
+    assert g.close() == []
+
+
+@pytest.mark.parametrize(("name", "call_id"), [("", "c"), ("f", ""), ("", "")])
+def test_a_tool_lane_without_a_name_or_id_is_a_protocol_error(name: str, call_id: str) -> None:
+    _protocol_error([PartStart(index=0, kind="tool_call", name=name, call_id=call_id)])
+
+
+def test_a_lane_opened_twice_is_a_protocol_error() -> None:
+    _protocol_error([PartStart(index=0, kind="text"), PartStart(index=0, kind="text")])
+
+
+def test_a_closed_lane_may_be_opened_again() -> None:
+    out = run([*text_lane(0, "a"), *text_lane(0, "b"), *END])
+    assert [i["text"] for i in items(out) if i["type"] == "text.done"] == ["a", "b"]
+
+
+def test_a_part_stop_for_no_open_lane_is_a_protocol_error() -> None:
+    _protocol_error([PartStop(0)])
+    _protocol_error([PartStop(0, "text")])
+    _protocol_error([*text_lane(0, "a"), PartStop(0, "text")])
+
+
+def test_something_that_is_not_a_lane_event_is_a_protocol_error() -> None:
+    _protocol_error(["text"])  # type: ignore[list-item]
+
+
+# --- incomplete, empty, and failed streams ----------------------------------------------------
+
+
+def test_eof_without_message_stop_is_incomplete_and_open_groups_get_no_done() -> None:
+    g = Grammar("acme", clock=lambda: 0)
+    out = feed_all(g, [*text_lane(0, "done"), *tool_lane(1, "f", "c", '{"a": 1}', stop=False)])
+    with pytest.raises(IncompleteStreamError) as info:
+        g.close()
+    assert info.value.missing == ("usage_metadata", "finish_reason")
+    assert info.value.provider == "acme"
+    assert [i["type"] for i in items(out)] == ["text.delta", "text.done", "tool_call.delta"]
+
+
+def test_eof_after_finish_and_usage_but_without_message_stop_is_incomplete() -> None:
+    g = Grammar("acme", clock=lambda: 0)
+    feed_all(g, [*text_lane(0, "x"), MessageDelta(finish_reason="end_turn", usage=USAGE)])
+    with pytest.raises(IncompleteStreamError) as info:
+        g.close()
+    assert info.value.missing
+    assert info.value.finish_reason == "stop"
+    assert info.value.usage_metadata is not None
+    assert info.value.usage_metadata.prompt_tokens == 10
+
+
+def test_message_stop_without_usage_is_incomplete() -> None:
+    g = Grammar("acme", clock=lambda: 0)
+    feed_all(g, [*text_lane(0, "x"), MessageDelta(finish_reason="length")])
+    with pytest.raises(IncompleteStreamError) as info:
+        g.feed(MessageStop())
+    assert info.value.missing == ("usage_metadata",)
+    assert info.value.finish_reason == "length"
+    assert info.value.usage_metadata is None
+    assert "usage_metadata" in str(info.value)
+
+
+def test_message_stop_without_finish_reason_is_incomplete() -> None:
+    g = Grammar("acme", clock=lambda: 0)
+    feed_all(g, [*text_lane(0, "x"), MessageDelta(usage=USAGE)])
+    with pytest.raises(IncompleteStreamError) as info:
+        g.feed(MessageStop())
+    assert info.value.missing == ("finish_reason",)
+    assert info.value.finish_reason is None
+    assert info.value.usage_metadata.response_tokens == 5
+
+
+def test_message_stop_without_finish_reason_reports_a_cut_tool_call_as_incomplete() -> None:
+    g = Grammar("acme", clock=lambda: 0)
+    out = feed_all(g, [*tool_lane(0, "f", "c", '{"loc', stop=False), MessageDelta(usage=USAGE)])
+    with pytest.raises(IncompleteStreamError) as info:
+        g.feed(MessageStop(), out)
+    assert info.value.missing == ("finish_reason",)
+    assert [i["type"] for i in items(out)] == ["tool_call.delta"]
+
+
+def test_a_reply_of_only_thinking_is_empty() -> None:
+    g = Grammar("acme", clock=lambda: 0)
+    events: list[LaneEvent] = [
+        PartStart(index=0, kind="thinking"),
+        PartDelta(0, "thinking", "hmm"),
+        PartStop(0),
+        PartStart(index=1, kind="inline_thinking", mime_type="x/y"),
+        PartDelta(1, "inline_thinking", b"z"),
+        PartStop(1),
+        *text_lane(2, "", ""),
+        MessageDelta(finish_reason="end_turn", usage=USAGE),
+    ]
+    feed_all(g, events)
+    with pytest.raises(EmptyResponseError) as info:
+        g.feed(MessageStop())
+    assert info.value.finish_reason == "stop"
+    assert info.value.usage_metadata.prompt_tokens == 10
+    assert info.value.provider == "acme"
+    assert not g.stopped
+
+
+def test_a_reply_of_nothing_is_empty() -> None:
+    with pytest.raises(EmptyResponseError):
+        run(END)
+
+
+@pytest.mark.parametrize(
+    "lane",
+    [
+        [
+            PartStart(index=0, kind="inline_data", mime_type="image/png"),
+            PartDelta(0, "inline_data", b"x"),
+        ],
+        [PartStart(index=0, kind="embedding"), PartDelta(0, "embedding", [])],
+        [
+            PartStart(index=0, kind="tool_call", name="f", call_id="c"),
+            PartDelta(0, "tool_call", ""),
+        ],
+    ],
+    ids=["inline_data", "embedding", "tool_call"],
+)
+def test_content_other_than_text_is_not_empty(lane: list[LaneEvent]) -> None:
+    out = run([*lane, *END])
+    assert out[-1].event_type == "stop"
+
+
+def test_a_provider_error_event_raises_its_error_and_open_groups_get_no_done() -> None:
+    error = OverloadedError("acme", "Overloaded", error_type="overloaded_error", in_stream=True)
+    g = Grammar("acme", clock=lambda: 0)
+    out = feed_all(g, [*text_lane(0, "a"), *text_lane(1, "b", stop=False)])
+    with pytest.raises(OverloadedError) as info:
+        g.feed(ProviderErrorEvent(error), out)
+    assert info.value is error
+    assert [i["type"] for i in items(out)] == ["text.delta", "text.done", "text.delta"]
+
+
+def test_created_at_comes_from_the_injected_clock() -> None:
+    ticks = iter(range(100, 200))
+    g = Grammar("acme", clock=lambda: next(ticks))
+    out = feed_all(g, [*text_lane(0, "a", "b"), *END])
+    assert [e.created_at for e in out] == [100, 101, 102, 103]
+
+
+def test_the_default_clock_is_wall_clock_milliseconds() -> None:
+    g = Grammar("acme")
+    out = feed_all(g, [*text_lane(0, "a")])
+    assert out[0].created_at > 1_600_000_000_000
+
+
+# --- any interleaving of well-formed lanes ----------------------------------------------------
+
+KINDS: list[LaneKind] = ["text", "thinking", "tool_call", "inline_data", "embedding"]
+JSON_OBJECTS = st.dictionaries(
+    st.text(max_size=4), st.integers() | st.text(max_size=4) | st.booleans(), max_size=3
+)
+
+
+@st.composite
+def lane_specs(draw: st.DrawFn) -> list[tuple[LaneKind, list[Any]]]:
+    specs: list[tuple[LaneKind, list[Any]]] = []
+    for _ in range(draw(st.integers(1, 5))):
+        kind = draw(st.sampled_from(KINDS))
+        fragments: list[Any]
+        if kind in ("text", "thinking"):
+            fragments = draw(st.lists(st.text(max_size=3), max_size=4))
+        elif kind == "tool_call":
+            raw = json.dumps(draw(JSON_OBJECTS), ensure_ascii=False)
+            cuts = sorted(draw(st.lists(st.integers(0, len(raw)), max_size=4)))
+            bounds = [0, *cuts, len(raw)]
+            fragments = [raw[a:b] for a, b in itertools.pairwise(bounds)]
+            if draw(st.booleans()):
+                fragments = ["", *fragments]
+        elif kind == "inline_data":
+            fragments = draw(st.lists(st.binary(max_size=3), max_size=4))
+        else:
+            fragments = [draw(st.lists(st.floats(-10, 10), max_size=3))]
+        specs.append((kind, fragments))
+    return specs
+
+
+def _expected_groups(specs: list[tuple[LaneKind, list[Any]]]) -> list[list[dict[str, Any]]]:
+    """What each lane should come out as: its deltas then its done, [] if nothing went out."""
+    groups: list[list[dict[str, Any]]] = []
+    for i, (kind, fragments) in enumerate(specs):
+        group: list[dict[str, Any]] = []
+        if kind == "tool_call":
+            name, call_id = f"tool{i}", f"call{i}"
+            for n, frag in enumerate(fragments):
+                if n == 0:
+                    group.append(_tool_delta(name, frag, call_id))
+                elif frag:
+                    group.append(_tool_delta("", frag, ""))
+            args = json.loads("".join(fragments) or "{}")
+            if group:
+                group.append(
+                    {
+                        "type": "tool_call.done",
+                        "name": name,
+                        "arguments": args,
+                        "tool_call_id": call_id,
+                    }
+                )
+        elif kind in ("text", "thinking"):
+            kept = [f for f in fragments if f]
+            group = [{"type": f"{kind}.delta", kind: f} for f in kept]
+            if kept:
+                group.append({"type": f"{kind}.done", kind: "".join(kept)})
+        elif kind == "inline_data":
+            kept = [f for f in fragments if f]
+            group = [_inline("inline_data.delta", f) for f in kept]
+            if kept:
+                group.append(_inline("inline_data.done", b"".join(kept)))
+        else:
+            group = [{"type": "embedding.delta", "embedding": v} for v in fragments]
+            group.append({"type": "embedding.done", "embedding": fragments[0]})
+        groups.append(group)
+    return groups
+
+
+def _tool_delta(name: str, arguments: str, call_id: str) -> dict[str, Any]:
+    return {
+        "type": "tool_call.delta",
+        "name": name,
+        "arguments": arguments,
+        "tool_call_id": call_id,
+    }
+
+
+def _inline(kind: str, data: bytes) -> dict[str, Any]:
+    return {"type": kind, "data": base64.b64encode(data).decode("ascii"), "mime_type": "m/t"}
+
+
+def _parse_groups(out: list[UniEvent]) -> list[list[dict[str, Any]]]:
+    """Split the output into groups, checking `(K.delta+ K.done)* stop` on the way."""
+    assert out, "nothing came out"
+    assert out[-1].event_type == "stop"
+    assert all(e.event_type == "delta" for e in out[:-1])
+    groups: list[list[dict[str, Any]]] = []
+    current: list[dict[str, Any]] = []
+    for content in items(out[:-1]):
+        kind, phase = content["type"].split(".")
+        if current:
+            assert current[0]["type"] == f"{kind}.delta", "groups interleave"
+        else:
+            assert phase == "delta", "a group must start with a delta"
+        current.append(content)
+        if phase == "done":
+            groups.append(current)
+            current = []
+    assert not current, "a group was left without its done"
+    return groups
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(specs=lane_specs(), data=st.data())
+def test_any_interleaving_of_well_formed_lanes_obeys_the_grammar(
+    specs: list[tuple[LaneKind, list[Any]]], data: st.DataObject
+) -> None:
+    # each lane's own ops, in order; the lane opens in list order, some close by the finish reason
+    ops: list[list[LaneEvent]] = []
+    for i, (kind, fragments) in enumerate(specs):
+        lane_ops: list[LaneEvent] = [
+            PartStart(index=i, kind=kind, name=f"tool{i}", call_id=f"call{i}", mime_type="m/t")
+        ]
+        lane_ops += [PartDelta(i, kind, f) for f in fragments]
+        if data.draw(st.booleans(), label=f"lane {i} closes itself"):
+            lane_ops.append(PartStop(i, kind))
+        ops.append(lane_ops)
+    # interleave: a lane may only start once every lane before it has started
+    events: list[LaneEvent] = []
+    cursor = [0] * len(ops)
+    while any(c < len(o) for c, o in zip(cursor, ops, strict=True)):
+        ready = [
+            i for i, o in enumerate(ops) if cursor[i] < len(o) and (i == 0 or cursor[i - 1] > 0)
+        ]
+        i = data.draw(st.sampled_from(ready))
+        events.append(ops[i][cursor[i]])
+        cursor[i] += 1
+    events += [MessageDelta(finish_reason="stop"), MessageDelta(usage=USAGE), MessageStop()]
+
+    want = [g for g in _expected_groups(specs) if g]
+    has_content = any(g[-1]["type"].split(".")[0] != "thinking" for g in want)
+    if not has_content:
+        with pytest.raises(EmptyResponseError):
+            run(events)
+        return
+    out = run(events)
+    assert [json.dumps(g) for g in _parse_groups(out)] == [json.dumps(g) for g in want]
