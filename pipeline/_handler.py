@@ -5,10 +5,11 @@ Theory of operation
 One turn is a series of attempts. Before each, the handler takes a token from the rate limiter.
 An attempt sends the request with httpx and reads the body chunk by chunk; each chunk goes
 through the attempt's `WireDecoder` (framing, dialect, grammar: all pure), and the UniEvents it
-releases go downstream in one batch per chunk. Deadlines guard only the waits on the provider
-(never a send blocked by a slow consumer, which is backpressure, not silence): until the first
-lane event, `initial_event_timeout` from sending; then `per_event_timeout` from the last lane
-event (SSE comments do not count); never past the total deadline.
+releases go downstream in one batch per chunk. Deadlines guard only the waits on the provider:
+until the first lane event, `initial_event_timeout` from sending; then `per_event_timeout` from
+the last lane event (SSE comments do not count); never past the total deadline. A send blocked
+by a slow consumer is backpressure, not silence: the time it spends blocked moves the per-event
+and total deadlines by as much.
 
 An attempt that fails is classified (`Shape`) and handled by its ladder:
 
@@ -33,8 +34,9 @@ finally fails therefore still shows its last partial text.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING
 
 import attrs
@@ -51,6 +53,7 @@ from .errors import (
     AuthenticationError,
     EmptyResponseError,
     FrameError,
+    FrameTooLarge,
     InvalidRequestError,
     ProviderError,
     RateLimitError,
@@ -147,7 +150,7 @@ class Handler:
             waited = await self._take_token()
             self.attempts += 1
             if waited:
-                await out.send([Status("waiting_rate_limit", self.attempts, waited)])
+                await self._put(out, [Status("waiting_rate_limit", self.attempts, waited)])
             failure = await self._attempt(out)
             if failure is None:
                 return Outcome.COMPLETED
@@ -178,6 +181,7 @@ class Handler:
         self.started.set()
         emitted = 0
         response: httpx.Response | None = None
+        chunks: AsyncIterator[bytes] | None = None
         try:
             with trio.move_on_at(deadline):
                 response = await self.client.send(_httpx_request(self.client, http), stream=True)
@@ -187,38 +191,42 @@ class Handler:
                 return await self._status_failure(response, deadline)
             self._check_content_type(response)
             chunks = response.aiter_bytes()
-            while True:
-                arrived = False
-                with trio.move_on_at(deadline):
+            # One scope guards every read; its deadline moves with each lane event and is lifted
+            # while a batch waits for room downstream (a slow consumer is backpressure, not a
+            # silent provider): the time spent blocked there is added back afterwards.
+            with trio.CancelScope(deadline=deadline) as reading:
+                while True:
                     chunk = await anext(chunks, b"")  # b"": end of body (httpx yields no empties)
-                    arrived = True
-                if not arrived:
-                    return self._timed_out(emitted)
-                batch: list[UniEvent] = []
-                before = decoder.lane_events
-                error: RilletError | None = None
-                try:
-                    if chunk:
-                        decoder.feed(chunk, batch)
-                    else:
-                        decoder.close(batch)
-                except RilletError as exc:
-                    error = exc
-                if decoder.lane_events != before:
-                    now = trio.current_time()
-                    if self.first_event_at is None:
-                        self.first_event_at = now - self._start
-                    self._ever_event = True
-                    self._timeouts = 0
-                    self.lane_events += decoder.lane_events - before
-                    deadline = min(now + policy.per_event_timeout, self._total_deadline)
-                if batch:
-                    emitted += len(batch)
-                    await self._send(out, batch)
-                if error is not None:
-                    return self._failure_of(error, emitted)
-                if not chunk:
-                    return None
+                    batch: list[UniEvent] = []
+                    before = decoder.lane_events
+                    error: RilletError | None = None
+                    try:
+                        if chunk:
+                            decoder.feed(chunk, batch)
+                        else:
+                            decoder.close(batch)
+                    except RilletError as exc:
+                        error = exc
+                    if decoder.lane_events != before:
+                        now = trio.current_time()
+                        if self.first_event_at is None:
+                            self.first_event_at = now - self._start
+                        self._ever_event = True
+                        self._timeouts = 0
+                        self.lane_events += decoder.lane_events - before
+                        reading.deadline = min(now + policy.per_event_timeout, self._total_deadline)
+                    if batch:
+                        emitted += len(batch)
+                        deadline, reading.deadline = reading.deadline, math.inf
+                        blocked = trio.current_time()
+                        await self._send(out, batch)
+                        blocked = trio.current_time() - blocked
+                        reading.deadline = min(deadline + blocked, self._total_deadline)
+                    if error is not None:
+                        return self._failure_of(error, emitted)
+                    if not chunk:
+                        return None
+            return self._timed_out(emitted)  # the deadline cut a read short
         except httpx.TransportError as exc:
             return self._note(
                 _Failure(Shape.TRANSPORT, _transport_error(exc, self.provider.label)), emitted
@@ -227,8 +235,7 @@ class Handler:
             return self._failure_of(exc, emitted)
         finally:
             if response is not None:
-                with trio.CancelScope(shield=True), trio.move_on_after(5):
-                    await response.aclose()
+                await _stop_reading(response, chunks)
 
     async def _send(self, out: trio.MemorySendChannel[Batch], batch: list[UniEvent]) -> None:
         items: Batch
@@ -239,7 +246,14 @@ class Handler:
             items = list(batch)
         self.events += len(batch)
         self.emitted_attempt = True
+        await self._put(out, items)
+
+    async def _put(self, out: trio.MemorySendChannel[Batch], items: Batch) -> None:
+        """Send downstream. Time spent blocked on a slow consumer is backpressure, not the
+        provider's slowness: the total deadline moves by as much."""
+        start = trio.current_time()
         await out.send(items)
+        self._total_deadline += trio.current_time() - start
 
     def _check_content_type(self, response: httpx.Response) -> None:
         framing = self.provider.dialect.framing
@@ -256,7 +270,7 @@ class Handler:
     async def _status_failure(self, response: httpx.Response, deadline: float) -> _Failure:
         body = b""
         with trio.move_on_at(deadline):
-            body = await _read_bounded(response, self.policy.max_body)
+            body = await _read_bounded(response, self.policy.max_body, self.provider.label)
         status = response.status_code
         headers = {k.lower(): v for k, v in response.headers.items()}
         error = self.provider.dialect.error_from_response(status, headers, body)
@@ -319,7 +333,7 @@ class Handler:
             ):
                 return Outcome.RATE_LIMITED
             self._rate_used += 1
-            await out.send([Status("waiting_rate_limit", self.attempts + 1, wait)])
+            await self._put(out, [Status("waiting_rate_limit", self.attempts + 1, wait)])
             await trio.sleep(wait)
             return None
         if failure.no_retry:
@@ -337,7 +351,7 @@ class Handler:
             return Outcome.EVENT_TIMEOUT if failure.shape is Shape.STALL else self._failed()
         delay = backoff_delay(policy, self._transport_used)
         self._transport_used += 1
-        await out.send([Status("backing_off", self.attempts + 1, delay)])
+        await self._put(out, [Status("backing_off", self.attempts + 1, delay)])
         with trio.move_on_at(self._total_deadline):
             await trio.sleep(delay)
             return None
@@ -360,13 +374,13 @@ class Handler:
     async def _rescue(self, out: trio.MemorySendChannel[Batch], stream_outcome: Outcome) -> Outcome:
         """One non-streaming request; its reply goes downstream as ordinary groups and a stop."""
         policy = self.policy
+        await self._put(out, [Status("rescuing", self.attempts + 1)])
         await self._take_token()
         start = trio.current_time()
         if start >= self._total_deadline:
             deadline = start + policy.initial_event_timeout
         else:
             deadline = min(start + policy.initial_event_timeout, self._total_deadline)
-        await out.send([Status("rescuing", self.attempts + 1)])
         self.attempts += 1
         self.requests += 1
         http = self.provider.dialect.build_request(self.request, self.provider, stream=False)
@@ -374,11 +388,7 @@ class Handler:
         try:
             with trio.move_on_at(deadline) as scope:
                 response = await self.client.send(_httpx_request(self.client, http), stream=True)
-                try:
-                    body = await _read_bounded(response, policy.max_body)
-                finally:
-                    with trio.CancelScope(shield=True), trio.move_on_after(5):
-                        await response.aclose()
+                body = await _read_bounded(response, policy.max_body, self.provider.label)
                 if response.status_code >= 300:
                     headers = {k.lower(): v for k, v in response.headers.items()}
                     raise self.provider.dialect.error_from_response(
@@ -408,18 +418,58 @@ class Handler:
 
 
 def _httpx_request(client: httpx.AsyncClient, http: HttpRequest) -> httpx.Request:
-    return client.build_request(http.method, http.url, headers=http.headers, content=http.body)
+    """The request for `client`. Its read timeout is lifted: waits on the provider are the
+    handler's deadlines alone (a client's 5 s default would cut a provider that thinks before
+    its first token); the client's connect, write and pool timeouts still apply."""
+    limits = client.timeout
+    timeout = httpx.Timeout(None, connect=limits.connect, write=limits.write, pool=limits.pool)
+    return client.build_request(
+        http.method, http.url, headers=http.headers, content=http.body, timeout=timeout
+    )
 
 
-async def _read_bounded(response: httpx.Response, limit: int) -> bytes:
+async def _read_bounded(response: httpx.Response, limit: int, provider: str) -> bytes:
+    """The whole body, refused (`FrameTooLarge`) once it grows past `limit` bytes: the rest is
+    never read. The response is closed either way."""
     parts: list[bytes] = []
     size = 0
-    async for chunk in response.aiter_bytes():
-        size += len(chunk)
-        if size > limit:
-            raise _frame_error(f"response body over {limit} bytes", "")
-        parts.append(chunk)
+    chunks = response.aiter_bytes()
+    try:
+        async for chunk in chunks:
+            size += len(chunk)
+            if size > limit:
+                raise FrameTooLarge(limit, size, provider=provider)
+            parts.append(chunk)
+    finally:
+        await _stop_reading(response, chunks)
     return b"".join(parts)
+
+
+_DRAIN_LIMIT = 256  # chunks an abandoned body may still hand over from memory
+
+
+async def _stop_reading(response: httpx.Response, chunks: AsyncIterator[bytes] | None) -> None:
+    """Close a response that may have been read only in part, even while cancelled.
+
+    The connection closes first, so the rest of the body is never read from the network. Then
+    the body's iterators (httpx's and the transport's: a chain of async generators) are run to
+    their end: on the closed stream they finish at once (any wait raises `Cancelled` inside
+    them, which ends them). Closing only the outermost would leave the inner ones suspended for
+    the garbage collector, which trio reports as a `ResourceWarning` for each.
+    """
+    with trio.CancelScope(shield=True):
+        with trio.move_on_after(5):
+            await response.aclose()
+        if chunks is None:
+            return
+        with trio.CancelScope() as drain:
+            drain.cancel()
+            with contextlib.suppress(Exception):
+                count = 0
+                async for _ in chunks:
+                    count += 1
+                    if count >= _DRAIN_LIMIT:
+                        break
 
 
 def _frame_error(message: str, provider: str) -> FrameError:

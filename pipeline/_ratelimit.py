@@ -30,14 +30,17 @@ class RateLimiter:
     _buckets: dict[str, _Bucket] = attrs.field(factory=dict)
 
     def bucket(self, key: str, requests_per_minute: float) -> _Bucket:
-        """The bucket for `key`, created (or re-rated) for this rate."""
+        """The bucket for `key`, created (or re-rated) for this rate. Tokens earned before a
+        change of rate are counted at the old rate; the new one applies from now on."""
         rate = requests_per_minute / 60.0
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = _Bucket(rate, requests_per_minute, requests_per_minute, trio.current_time())
             self._buckets[key] = bucket
         elif bucket.rate != rate:
+            bucket.refill(trio.current_time())
             bucket.rate, bucket.capacity = rate, requests_per_minute
+            bucket.tokens = min(bucket.tokens, bucket.capacity)
         return bucket
 
     async def acquire(self, key: str, requests_per_minute: float, max_wait: float) -> float:

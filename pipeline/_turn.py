@@ -123,19 +123,38 @@ class _Log(Generic[T]):
         self._changed.set()
         self._changed = trio.Event()
 
-    async def follow(self, start: int = 0) -> AsyncIterator[T]:
-        i = start
+    def follow(self, start: int = 0) -> _Follower[T]:
+        return _Follower(self, start)
+
+    async def wait_changed(self) -> None:
+        await self._changed.wait()
+
+
+class _Follower(Generic[T]):
+    """One reader of a `_Log`: from `start`, then live, until the log is closed.
+
+    A plain async iterator rather than an async generator, so a reader may stop at any point
+    (`break`) without leaving a suspended generator for the garbage collector."""
+
+    __slots__ = ("_i", "_log")
+
+    def __init__(self, log: _Log[T], start: int) -> None:
+        self._log = log
+        self._i = start
+
+    def __aiter__(self) -> _Follower[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        log = self._log
         while True:
-            items = self.items
-            if i < len(items):
-                chunk = items[i:]
-                i += len(chunk)
-                for item in chunk:
-                    yield item
-            elif self.closed:
-                return
-            else:
-                await self._changed.wait()
+            if self._i < len(log.items):
+                item = log.items[self._i]
+                self._i += 1
+                return item
+            if log.closed:
+                raise StopAsyncIteration
+            await log.wait_changed()
 
 
 @attrs.frozen
@@ -264,7 +283,11 @@ async def run_turn(
                 )
                 task_status.started(turn)
                 async with to_acc:
-                    outcome = await handler.run(to_acc)
+                    streamed = await handler.run(to_acc)
+            # Only now has every batch reached the logs and the sinks: a cancel that comes
+            # while they still hold some leaves the turn Cancelled, never "completed" with an
+            # `answer.done` for a text its consumers did not get.
+            outcome = streamed
     finally:
         error = handler.error
         if handler.rescue_error is not None:
@@ -290,11 +313,11 @@ async def run_turn(
             retry_after=handler.retry_after if outcome is Outcome.RATE_LIMITED else None,
         )
         turn._done.set()
-        with trio.CancelScope(shield=True):
-            with trio.move_on_after(_SINK_GRACE):
-                await _finish_sinks(sinks, final, cancelled=outcome is Outcome.CANCELLED)
+        try:
+            await _finish_sinks(sinks, final, cancelled=outcome is Outcome.CANCELLED)
+        finally:
             if own_client:
-                with trio.move_on_after(_SINK_GRACE):
+                with trio.CancelScope(shield=True), trio.move_on_after(_SINK_GRACE):
                     await http.aclose()
     return turn._result
 
@@ -306,13 +329,21 @@ def _tls_context() -> ssl.SSLContext:
 
 
 async def _finish_sinks(sinks: Sequence[Sink], final: list[RunEvent], *, cancelled: bool) -> None:
-    del cancelled
+    """The final batch (`run.done`) to every sink, then `close`. A turn that ended on its own
+    waits for its sinks however slow (backpressure: nothing is dropped); a cancelled one gives
+    them a shielded grace period. `close` always runs, shielded, within its own grace period."""
     batch = SinkBatch(final, ())
+    grace = trio.current_time() + _SINK_GRACE
     for sink in sinks:
         try:
-            await sink.deliver(batch)
+            if cancelled:
+                with trio.CancelScope(shield=True, deadline=grace):
+                    await sink.deliver(batch)
+            else:
+                await sink.deliver(batch)
         finally:
-            await sink.close()
+            with trio.CancelScope(shield=True), trio.move_on_after(_SINK_GRACE):
+                await sink.close()
 
 
 @asynccontextmanager

@@ -1,0 +1,563 @@
+"""The Turn API: `run_turn` via `nursery.start`, `open_turn`, several consumers of
+`uni_events()` / `run_events()`, `result()`, sinks, and cancellation, in virtual time against
+the scripted provider of `test_handler`."""
+
+from __future__ import annotations
+
+import functools
+import gc
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import httpx
+import pytest
+import trio
+import trio.testing
+
+from pipeline._events import TextDone, ToolCallDone, UniEvent
+from pipeline._handler import AttemptReset
+from pipeline._policy import Outcome
+from pipeline._ratelimit import RateLimiter
+from pipeline._runevents import (
+    AnswerDelta,
+    ReasoningDelta,
+    RunDone,
+    RunEvent,
+    RunStarted,
+    ToolCompleted,
+)
+from pipeline._turn import CallbackSink, SinkBatch, Turn, TurnResult, UniItem, open_turn, run_turn
+
+from .test_handler import (
+    END_CANCELLED,
+    END_OK,
+    HANG,
+    OK,
+    OK_SEEN,
+    REQUEST,
+    ROLE,
+    SILENT,
+    TEXT,
+    USAGE,
+    Answer,
+    FakeProvider,
+    SlowSink,
+    check_envelope,
+    check_uni,
+    expect,
+    ok,
+    openai_chunk,
+    partial,
+    policy,
+    provider_for,
+    rebuild,
+    seen,
+    status,
+    tool_stream,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+DONE = OK[-1]
+
+
+def client_for(fake: FakeProvider) -> httpx.AsyncClient:
+    """An httpx client whose every request goes to the scripted provider."""
+    return httpx.AsyncClient(transport=httpx.MockTransport(fake.handle))
+
+
+def options(client: httpx.AsyncClient, **more: Any) -> dict[str, Any]:
+    """`run_turn`'s keyword options for a test: the client, the test policy, a fresh limiter."""
+    return {"client": client, "policy": policy(), "limiter": RateLimiter(), **more}
+
+
+@asynccontextmanager
+async def opened(fake: FakeProvider, **more: Any) -> AsyncIterator[Turn]:
+    """`open_turn` against the scripted provider, with the test options and `more`."""
+    async with (
+        client_for(fake) as client,
+        open_turn(REQUEST, provider_for(), **options(client, **more)) as turn,
+    ):
+        yield turn
+
+
+async def read_all(turn: Turn) -> list[RunEvent]:
+    """Every run event, from the start to `run.done`."""
+    return [event async for event in turn.run_events()]
+
+
+async def read_uni(turn: Turn) -> list[UniItem]:
+    """Every MMSP item, from the start to the end."""
+    return [item async for item in turn.uni_events()]
+
+
+def paced(answer: Answer, seconds: float = 1.0) -> Answer:
+    """The same body with `seconds` between chunks."""
+    body: list[Any] = []
+    for item in answer.body:
+        body += [seconds, item]
+    return attrs.evolve(answer, body=body)
+
+
+# --- run_turn and open_turn -----------------------------------------------------------------------
+
+
+async def test_nursery_start_hands_over_a_live_turn(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = FakeProvider([paced(ok())])
+    async with client_for(fake) as client, trio.open_nursery() as nursery:
+        turn: Turn = await nursery.start(
+            functools.partial(run_turn, REQUEST, provider_for(), **options(client))
+        )
+        assert isinstance(turn, Turn)
+        assert turn.request is REQUEST
+        first: list[tuple[float, RunEvent]] = []
+        async for event in turn.run_events():
+            first.append((trio.current_time(), event))
+            if isinstance(event, AnswerDelta):
+                break
+        streaming = not turn.done
+        assert streaming  # the first delta arrived while the turn still streamed
+        assert first[-1][0] == pytest.approx(2.0)
+        result = await turn.result()
+    ended = turn.done
+    assert ended
+    assert result.outcome is Outcome.COMPLETED
+    assert result.text == TEXT
+    assert isinstance(first[0][1], RunStarted)
+    assert first[0][1].provider == "openai-chat"
+    assert first[0][1].model == "test-model"
+    assert all(e.run_id == turn.run_id for _, e in first)
+
+
+async def test_awaiting_run_turn_returns_the_same_result(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = FakeProvider([ok()])
+    async with client_for(fake) as client:
+        result = await run_turn(REQUEST, provider_for(), **options(client), run_id="run-1")
+    assert result.outcome is Outcome.COMPLETED
+    assert result.text == TEXT
+    assert result.ok
+
+
+async def test_run_id_is_given_or_random(autojump_clock: trio.testing.MockClock) -> None:
+    fake = FakeProvider([ok()])
+    ids = []
+    async with client_for(fake) as client:
+        for run_id in ("mine", None, None):
+            async with open_turn(REQUEST, provider_for(), **options(client), run_id=run_id) as t:
+                ids.append(t.run_id)
+                events = await read_all(t)
+                assert {e.run_id for e in events} == {t.run_id}
+    assert ids[0] == "mine"
+    assert len(set(ids)) == 3
+
+
+async def test_open_turn_runs_the_turn_for_the_block(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = FakeProvider([ok()])
+    async with opened(fake) as turn:
+        events = await read_all(turn)
+        result = await turn.result()
+    assert seen(events) == expect("start", *OK_SEEN, END_OK)
+    assert result.outcome is Outcome.COMPLETED
+    check_envelope(events, turn.run_id)
+
+
+async def test_leaving_open_turn_early_cancels_the_turn(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = FakeProvider([partial(1, HANG)])
+    async with opened(fake) as turn:
+        async for event in turn.run_events():
+            if isinstance(event, AnswerDelta):
+                break
+    left = trio.current_time()
+    assert turn.done
+    result = await turn.result()
+    events = await read_all(turn)
+    assert result.outcome is Outcome.CANCELLED
+    assert seen(events) == expect("start", "D", END_CANCELLED)
+    assert left == 0.0
+    assert fake.bodies[0].closed
+    assert len(fake.sent) == 1
+
+
+async def test_an_error_in_the_open_turn_block_comes_out_and_cancels(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = FakeProvider([SILENT])
+    async with client_for(fake) as client:
+        with pytest.RaisesGroup(KeyError, flatten_subgroups=True):
+            async with open_turn(REQUEST, provider_for(), **options(client)) as turn:
+                await trio.sleep(1.0)
+                raise KeyError("the application's own error")
+    events = await read_all(turn)
+    assert seen(events)[-1] == END_CANCELLED
+    assert trio.current_time() == pytest.approx(1.0)
+
+
+async def test_a_turn_without_a_policy_gets_the_default_safety_net(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = FakeProvider([SILENT, ok()])
+    async with client_for(fake) as client:
+        result = await run_turn(REQUEST, provider_for(), client=client, limiter=RateLimiter())
+    assert result.outcome is Outcome.COMPLETED
+    assert fake.times[0] == 0.0
+    assert 120.09 <= fake.times[1] <= 120.1  # cut at 120 s, then 100 ms less up to 10 % jitter
+
+
+# --- consumers ----------------------------------------------------------------------------------
+
+
+async def test_every_consumer_sees_the_same_streams_whenever_it_starts(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = FakeProvider([paced(partial(3, HANG)), paced(ok())])
+    runs: dict[str, list[RunEvent]] = {}
+    unis: dict[str, list[UniItem]] = {}
+
+    async def read_from(name: str, turn: Turn, delay: float) -> None:
+        await trio.sleep(delay)
+        runs[name] = await read_all(turn)
+
+    async def read_uni_from(name: str, turn: Turn, delay: float) -> None:
+        await trio.sleep(delay)
+        unis[name] = await read_uni(turn)
+
+    async with client_for(fake) as client, trio.open_nursery() as nursery:
+        turn: Turn = await nursery.start(
+            functools.partial(run_turn, REQUEST, provider_for(), **options(client))
+        )
+        for name, delay in (("early", 0.0), ("mid", 3.5), ("late", 500.0)):
+            nursery.start_soon(read_from, name, turn, delay)
+            nursery.start_soon(read_uni_from, name, turn, delay)
+    assert runs["early"] == runs["mid"] == runs["late"]
+    assert unis["early"] == unis["mid"] == unis["late"]
+    events = runs["early"]
+    assert seen(events) == expect("start", "D*3", "reset", *OK_SEEN, END_OK)
+    check_envelope(events, turn.run_id)
+    assert rebuild(events) == TEXT
+    check_uni(unis["early"])
+    resets = [i for i, item in enumerate(unis["early"]) if isinstance(item, AttemptReset)]
+    assert len(resets) == 1
+    before = unis["early"][: resets[0]]
+    assert [type(i.content_items[0]).__name__ for i in before if isinstance(i, UniEvent)] == [
+        "TextDelta"
+    ] * 3  # the voided group has no text.done
+
+
+async def test_run_events_after_a_seq_resume_there(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = FakeProvider([ok()])
+    async with opened(fake) as turn:
+        events = await read_all(turn)
+        for after in (0, 1, 4, len(events) - 1, len(events)):
+            tail = [e async for e in turn.run_events(after=after)]
+            assert tail == events[after:]
+            assert [e.seq for e in tail] == list(range(after + 1, len(events) + 1))
+
+
+async def test_a_consumer_may_stop_reading_at_any_point(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = FakeProvider([paced(ok())])
+    async with opened(fake) as turn:
+        for _ in range(3):
+            async for _event in turn.run_events():
+                break
+            async for _item in turn.uni_events():
+                break
+        gc.collect()  # an abandoned async generator would warn here
+        events = await read_all(turn)
+    assert seen(events)[-1] == END_OK
+
+
+async def test_uni_events_are_the_mmsp_stream_with_resets(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = FakeProvider([partial(2), ok()])
+    async with opened(fake) as turn:
+        items = await read_uni(turn)
+        result = await turn.result()
+    assert [type(i).__name__ for i in items] == ["UniEvent"] * 2 + ["AttemptReset"] + [
+        "UniEvent"
+    ] * 7
+    reset = items[2]
+    assert isinstance(reset, AttemptReset)
+    assert reset.attempt == 2
+    last = items[-1]
+    assert isinstance(last, UniEvent)
+    assert last.event_type == "stop"
+    assert last.finish_reason == "stop"
+    done = items[-2]
+    assert isinstance(done, UniEvent)
+    assert done.content_items == [TextDone(text=TEXT)]
+    assert result.message.content_items == [TextDone(text=TEXT)]
+    assert result.events == 2 + 7
+
+
+# --- result() -------------------------------------------------------------------------------------
+
+
+async def test_result_of_a_completed_turn(autojump_clock: trio.testing.MockClock) -> None:
+    fake = FakeProvider([paced(partial(2), 0.5), paced(ok(), 0.5)])
+    async with client_for(fake) as client:
+        result = await run_turn(REQUEST, provider_for(), **options(client))
+    assert isinstance(result, TurnResult)
+    assert result.outcome is Outcome.COMPLETED
+    assert result.ok
+    assert result.text == TEXT
+    assert result.message.role == "assistant"
+    assert result.message.content_items == [TextDone(text=TEXT)]
+    assert result.message.finish_reason == "stop"
+    assert result.message.usage_metadata is not None
+    assert result.message.usage_metadata.prompt_tokens == 12
+    assert result.attempts == 2
+    assert result.time_to_first_event == pytest.approx(0.5)
+    assert result.total_time == pytest.approx(1.5 + 0.1 + 4.5)
+    assert result.partial
+    assert result.error is None
+    assert result.retry_after is None
+
+
+async def test_result_of_a_rate_limited_turn_carries_the_wait(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = FakeProvider([status(429, retry_after="120")])
+    async with client_for(fake) as client:
+        result = await run_turn(REQUEST, provider_for(), **options(client))
+    assert result.outcome is Outcome.RATE_LIMITED
+    assert not result.ok
+    assert result.retry_after == 120.0
+    assert result.attempts == 1
+    assert not result.partial
+    assert result.time_to_first_event is None
+    assert result.message.content_items == []
+
+
+async def test_result_waits_for_the_end(autojump_clock: trio.testing.MockClock) -> None:
+    fake = FakeProvider([paced(ok(), 10.0)])
+    async with client_for(fake) as client, trio.open_nursery() as nursery:
+        turn: Turn = await nursery.start(
+            functools.partial(run_turn, REQUEST, provider_for(), **options(client))
+        )
+        results = []
+
+        async def wait() -> None:
+            results.append(await turn.result())
+
+        for _ in range(3):
+            nursery.start_soon(wait)
+        result = await turn.result()
+        assert trio.current_time() == pytest.approx(90.0)
+    assert results == [result] * 3
+
+
+# --- cancellation ---------------------------------------------------------------------------------
+
+
+async def test_turn_cancel_ends_the_turn_cancelled_without_raising(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = FakeProvider([partial(2, HANG)])
+    async with client_for(fake) as client, trio.open_nursery() as nursery:
+        turn: Turn = await nursery.start(
+            functools.partial(run_turn, REQUEST, provider_for(), **options(client))
+        )
+        async for event in turn.run_events():
+            if isinstance(event, AnswerDelta) and event.delta == "quick ":
+                turn.cancel()
+        result = await turn.result()
+    events = await read_all(turn)
+    assert result.outcome is Outcome.CANCELLED
+    assert seen(events) == expect("start", "D*2", END_CANCELLED)
+    assert result.text == "The quick "
+    assert fake.bodies[0].closed
+    assert trio.current_time() == 0.0
+
+
+async def test_turn_cancel_right_after_start_ends_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # `nursery.start` returns a turn that is already streaming: its request is out
+    fake = FakeProvider([ok()])
+    async with client_for(fake) as client, trio.open_nursery() as nursery:
+        turn: Turn = await nursery.start(
+            functools.partial(run_turn, REQUEST, provider_for(), **options(client))
+        )
+        turn.cancel()
+    ended = trio.current_time()
+    await trio.sleep(3600)
+    events = await read_all(turn)
+    result = await turn.result()
+    assert ended == 0.0
+    assert len(fake.sent) <= 1
+    assert result.outcome is Outcome.CANCELLED
+    assert result.attempts == len(fake.sent)
+    assert seen(events) == expect("start", END_CANCELLED)
+    end = events[-1]
+    assert isinstance(end, RunDone)
+    assert end.attempts == len(fake.sent)
+    assert all(body.closed for body in fake.bodies)
+
+
+async def test_cancel_after_the_provider_finished_but_before_delivery_is_cancelled(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The handler is done, the last batches still wait for a stuck sink: the turn did not
+    deliver its reply, so it must not say `completed` with a digest of the partial text."""
+
+    class Stuck:
+        async def deliver(self, batch: SinkBatch) -> None:
+            await trio.sleep_forever()
+
+        async def close(self) -> None:
+            pass
+
+    fake = FakeProvider([Answer(body=[OK[0] + OK[1], OK[2] + OK[3], b"".join(OK[4:])])])
+    async with client_for(fake) as client:
+        with trio.move_on_after(10.0):
+            async with trio.open_nursery() as nursery:
+                turn: Turn = await nursery.start(
+                    functools.partial(
+                        run_turn,
+                        REQUEST,
+                        provider_for(),
+                        **options(client, policy=policy(channel_size=1), sinks=[Stuck()]),
+                    )
+                )
+    result = await turn.result()
+    events = await read_all(turn)
+    assert result.outcome is Outcome.CANCELLED
+    assert seen(events)[-1] == END_CANCELLED
+    assert "done" not in seen(events)
+    assert result.text == rebuild(events)
+    check_envelope(events, turn.run_id)
+
+
+# --- sinks ----------------------------------------------------------------------------------------
+
+
+async def test_callback_sink_sees_every_event_in_order(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    runs: list[RunEvent] = []
+    unis: list[UniItem] = []
+    fake = FakeProvider([partial(2), ok()])
+    async with (
+        client_for(fake) as client,
+        open_turn(
+            REQUEST,
+            provider_for(),
+            **options(client, sinks=[CallbackSink(runs.append, unis.append)]),
+        ) as turn,
+    ):
+        events = await read_all(turn)
+        items = await read_uni(turn)
+    assert runs == events
+    assert unis == items
+    assert seen(runs) == expect("start", "D*2", "reset", *OK_SEEN, END_OK)
+
+
+async def test_a_slow_sink_gets_everything_and_run_done(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    sinks = [SlowSink(50.0), SlowSink(0.0)]
+    fake = FakeProvider([ok()])
+    async with client_for(fake) as client:
+        result = await run_turn(
+            REQUEST, provider_for(), **options(client, sinks=sinks, policy=policy(channel_size=1))
+        )
+    assert result.outcome is Outcome.COMPLETED
+    assert len(fake.sent) == 1
+    for sink in sinks:
+        delivered = [e for batch in sink.batches for e in batch.run]
+        assert seen(delivered) == expect("start", *OK_SEEN, END_OK)
+        assert sink.closed == 1
+
+
+async def test_a_cancelled_turn_still_gives_its_sinks_run_done(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    sink = SlowSink(1.0)
+    fake = FakeProvider([partial(1, HANG)])
+    async with client_for(fake) as client:
+        with trio.move_on_after(30.0):
+            await run_turn(REQUEST, provider_for(), **options(client, sinks=[sink]))
+    delivered = [e for batch in sink.batches for e in batch.run]
+    assert seen(delivered) == expect("start", "D", END_CANCELLED)
+    assert sink.closed == 1
+    assert trio.current_time() == pytest.approx(31.0)  # one delivery's grace, not more
+
+
+async def test_a_sink_stuck_on_the_final_batch_of_a_cancelled_turn_gets_a_grace_period(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    sink = SlowSink(3600.0)
+    fake = FakeProvider([SILENT])
+    async with client_for(fake) as client:
+        with trio.move_on_after(5.0):
+            await run_turn(REQUEST, provider_for(), **options(client, sinks=[sink]))
+    assert trio.current_time() == pytest.approx(5.0 + 2.0)
+    assert sink.closed == 1
+
+
+# --- opt-ins --------------------------------------------------------------------------------------
+
+
+def reasoning_then_text() -> Answer:
+    """Reasoning, then the answer text, in one reply."""
+    return Answer(
+        body=[
+            ROLE,
+            openai_chunk({"reasoning_content": "Think "}),
+            openai_chunk({"reasoning_content": "hard."}),
+            *OK[1:6],
+            openai_chunk({}, finish="stop"),
+            USAGE,
+            DONE,
+        ]
+    )
+
+
+@pytest.mark.parametrize("opted", [False, True])
+async def test_reasoning_reaches_the_run_events_only_when_opted_in(
+    autojump_clock: trio.testing.MockClock, opted: bool
+) -> None:
+    fake = FakeProvider([reasoning_then_text()])
+    async with opened(fake, reasoning=opted) as turn:
+        events = await read_all(turn)
+    reasoning = [e.delta for e in events if isinstance(e, ReasoningDelta)]
+    assert reasoning == (["Think ", "hard."] if opted else [])
+    assert seen(events) == expect("start", *(["R*2"] if opted else []), *OK_SEEN, END_OK)
+    assert rebuild(events) == TEXT
+
+
+@pytest.mark.parametrize("opted", [False, True])
+async def test_tool_arguments_reach_the_run_events_only_when_opted_in(
+    autojump_clock: trio.testing.MockClock, opted: bool
+) -> None:
+    fake = FakeProvider([tool_stream(['{"city": ', '"Paris"}'])])
+    async with (
+        client_for(fake) as client,
+        open_turn(REQUEST, provider_for(), **options(client, tool_arguments=opted)) as turn,
+    ):
+        events = await read_all(turn)
+        result = await turn.result()
+    completed = [e for e in events if isinstance(e, ToolCompleted)]
+    assert len(completed) == 1
+    assert completed[0].name == "get_weather"
+    assert completed[0].tool_call_id == "call_1"
+    assert completed[0].arguments == ({"city": "Paris"} if opted else None)
+    assert result.message.content_items == [
+        ToolCallDone(name="get_weather", arguments={"city": "Paris"}, tool_call_id="call_1")
+    ]
+    assert result.message.finish_reason == "tool_call"
