@@ -72,7 +72,7 @@ def anthropic(parts: list[str]) -> bytes:
         return f"event: {name}\ndata: {_dumps(body)}\n\n"
 
     usage = {"input_tokens": 12, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
-    message = {
+    message: dict[str, object] = {
         "id": "msg_bench",
         "type": "message",
         "role": "assistant",

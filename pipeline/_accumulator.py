@@ -74,7 +74,7 @@ class Accumulator:
         for event in events:
             items = event.content_items
             if items and type(items[0]) is TextDelta:
-                text.append(items[0].text)  # type: ignore[union-attr]
+                text.append(items[0].text)
             else:
                 self.feed(event)
 

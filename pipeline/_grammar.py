@@ -158,6 +158,7 @@ class Grammar:
         "_finish",
         "_lanes",
         "_queue",
+        "_started",
         "_stopped",
         "_usage",
         "message_id",
@@ -173,6 +174,7 @@ class Grammar:
         self._usage: RawUsage | None = None
         self._finish: str | None = None
         self._stopped = False
+        self._started = False
         self._content_seen = False
         self.message_id = ""
         self.model = ""
@@ -211,6 +213,9 @@ class Grammar:
         elif type(event) is ProviderErrorEvent:
             raise event.error
         elif type(event) is MessageStart:
+            if self._started:
+                raise self._violation("a second message start")
+            self._started = True
             self.message_id = event.id or self.message_id
             self.model = event.model or self.model
         elif type(event) is not Ping:

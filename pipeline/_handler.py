@@ -37,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 import httpx
@@ -69,6 +69,8 @@ if TYPE_CHECKING:
     from .providers._base import HttpRequest
 
 __all__ = ["AttemptReset", "Handler", "Status"]
+
+_E = TypeVar("_E", bound=RilletError)
 
 
 class AttemptReset(msgspec.Struct, frozen=True, gc=False):
@@ -171,7 +173,10 @@ class Handler:
 
     async def _attempt(self, out: trio.MemorySendChannel[Batch]) -> _Failure | None:
         policy = self.policy
-        http = self.provider.dialect.build_request(self.request, self.provider, stream=True)
+        try:
+            http = self.provider.dialect.build_request(self.request, self.provider, stream=True)
+        except RilletError as exc:  # the request cannot be sent as it is: no attempt helps
+            return _Failure(Shape.PERMANENT, exc)
         decoder = WireDecoder(
             self.provider.dialect, max_frame=policy.max_frame, provider=self.provider.label
         )
@@ -273,7 +278,7 @@ class Handler:
             body = await _read_bounded(response, self.policy.max_body, self.provider.label)
         status = response.status_code
         headers = {k.lower(): v for k, v in response.headers.items()}
-        error = self.provider.dialect.error_from_response(status, headers, body)
+        error = self._scrubbed(self.provider.dialect.error_from_response(status, headers, body))
         error.retry_after = retry_after(headers, self.policy.wall_clock())
         should = headers.get("x-should-retry", "").strip().lower()
         if status in _RATE_STATUSES:
@@ -299,7 +304,20 @@ class Handler:
             _Failure(Shape.STALL, TurnTimeout(self.provider.label, kind, limit)), emitted
         )
 
+    def _scrubbed(self, error: _E) -> _E:
+        """The error with our credential masked, should a provider have echoed it back."""
+        key = self.provider.api_key
+        if key is not None and key.reveal() and key.reveal() in str(error):
+            secret, masked = key.reveal(), key.masked()
+            error.args = tuple(
+                a.replace(secret, masked) if isinstance(a, str) else a for a in error.args
+            )
+            if isinstance(error, ProviderError):
+                error.provider_message = error.provider_message.replace(secret, masked)
+        return error
+
     def _failure_of(self, error: RilletError, emitted: int) -> _Failure:
+        error = self._scrubbed(error)
         if isinstance(error, RateLimitError):
             shape = Shape.RATE_LIMIT
         elif isinstance(error, _PERMANENT_ERRORS):
@@ -383,9 +401,9 @@ class Handler:
             deadline = min(start + policy.initial_event_timeout, self._total_deadline)
         self.attempts += 1
         self.requests += 1
-        http = self.provider.dialect.build_request(self.request, self.provider, stream=False)
         events: list[UniEvent] = []
         try:
+            http = self.provider.dialect.build_request(self.request, self.provider, stream=False)
             with trio.move_on_at(deadline) as scope:
                 response = await self.client.send(_httpx_request(self.client, http), stream=True)
                 body = await _read_bounded(response, policy.max_body, self.provider.label)

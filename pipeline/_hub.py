@@ -21,7 +21,6 @@ distributed implementation can keep it elsewhere without the hub's callers chang
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import attrs
@@ -32,6 +31,8 @@ from ._runevents import RunDone, RunEvent
 from .errors import RilletError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ._turn import SinkBatch
 
 __all__ = [
@@ -286,6 +287,8 @@ class Subscription:
     drop_reason: str | None = None
     cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     _closed: bool = False
+    _batch: list[Entry] = attrs.field(factory=list)  # what iteration has yet to hand out
+    _taken: int = 0
 
     def _drop(self, reason: str) -> None:
         if self.drop_reason is None:
@@ -318,13 +321,20 @@ class Subscription:
                 return []
             await run.wait()
 
-    def __aiter__(self) -> AsyncIterator[Entry]:
-        return self._entries()
+    def __aiter__(self) -> Subscription:
+        # a plain async iterator, not a generator: a reader may stop at any point (`break`)
+        # without leaving a suspended generator for the garbage collector
+        return self
 
-    async def _entries(self) -> AsyncIterator[Entry]:
-        while batch := await self.next_batch():
-            for entry in batch:
-                yield entry
+    async def __anext__(self) -> Entry:
+        if self._taken == len(self._batch):
+            self._batch = await self.next_batch()
+            self._taken = 0
+            if not self._batch:
+                raise StopAsyncIteration
+        entry = self._batch[self._taken]
+        self._taken += 1
+        return entry
 
     def close(self) -> None:
         """Stop following (idempotent)."""
@@ -421,4 +431,3 @@ class HubSink:
 
     async def close(self) -> None:
         """Nothing to release: the log outlives the turn for its retention."""
-

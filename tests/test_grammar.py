@@ -639,8 +639,14 @@ def test_message_start_and_ping_emit_nothing() -> None:
     g = Grammar("acme", clock=lambda: 0)
     assert g.feed(MessageStart(id="m1", model="x")) == []
     assert g.feed(Ping()) == []
-    assert g.feed(MessageStart()) == []
     assert (g.message_id, g.model) == ("m1", "x")
+
+
+def test_a_second_message_start_is_a_protocol_error() -> None:
+    g = Grammar("acme", clock=lambda: 0)
+    g.feed(MessageStart(id="m1"))
+    with pytest.raises(StreamProtocolError, match="second message start"):
+        g.feed(MessageStart(id="m2"))
 
 
 # --- violations -------------------------------------------------------------------------------

@@ -1914,7 +1914,6 @@ async def test_f43_a_delta_for_a_lane_never_opened_is_a_protocol_error(
     assert isinstance(run.result.error, StreamProtocolError)
 
 
-@pytest.mark.xfail(reason="the grammar accepts a second MessageStart (pipeline/_grammar.py)")
 async def test_f43_a_second_message_start_is_a_protocol_error(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -1929,9 +1928,6 @@ async def test_f43_a_second_message_start_is_a_protocol_error(
     )
 
 
-@pytest.mark.xfail(
-    reason="the Anthropic dialect drops a delta for a block that never started (anthropic.py)"
-)
 async def test_f43_anthropic_delta_for_a_block_never_started_is_a_protocol_error(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -27,6 +27,7 @@ from pipeline import (
     WireDecoder,
     user,
 )
+from pipeline.errors import UnsupportedContentError
 from pipeline.providers import Provider, Secret
 from pipeline.providers.ollama import OllamaDialect
 
@@ -107,7 +108,7 @@ def test_system_prompt_options_and_images() -> None:
 
 def test_image_url_that_is_not_a_data_url_is_refused() -> None:
     request = TurnRequest(messages=[user(ImageUrlDone(image_url="https://example.com/a.png"))])
-    with pytest.raises(ValueError, match="data: URLs"):
+    with pytest.raises(UnsupportedContentError, match="data: URL"):
         body(request)
 
 

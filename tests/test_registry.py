@@ -342,5 +342,3 @@ def test_describe_providers_masks_keys_and_says_what_is_missing() -> None:
     assert described["ollama"]["base_url_from"] == "OLLAMA_HOST"
     assert described["mmsp"]["missing"] == "--model"
     assert ANTHROPIC_KEY not in repr(described)
-
-

@@ -9,12 +9,15 @@ caller's provider says which).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 import httpx
 import trio
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
 
 __all__ = ["ReplayTransport", "content_type_for"]
 

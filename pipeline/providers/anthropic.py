@@ -218,10 +218,11 @@ def _block_lanes(index: int, block: _Block, *, whole: bool) -> list[LaneEvent]:
 class _StreamDecoder:
     """One attempt's Messages stream."""
 
-    __slots__ = ("_kinds",)
+    __slots__ = ("_kinds", "_quiet")
 
     def __init__(self) -> None:
         self._kinds: dict[int, LaneKind] = {}  # open block index -> its lane's kind
+        self._quiet: set[int] = set()  # open blocks of types we do not stream
 
     def feed(self, frame: SSEEvent) -> list[LaneEvent]:
         if frame.event not in _KNOWN_EVENTS and frame.event != "message":
@@ -231,7 +232,10 @@ class _StreamDecoder:
             kind = self._kinds.get(event.index)
             delta = event.delta
             if kind is None:
-                return []
+                if event.index in self._quiet:
+                    return []
+                # a delta for a block that never started: the grammar refuses it as such
+                return [PartDelta(event.index, "text", delta.text)]
             if delta.type == "text_delta":
                 return [PartDelta(event.index, "text", delta.text)]
             if delta.type == "thinking_delta":
@@ -245,9 +249,12 @@ class _StreamDecoder:
             kind = _BLOCK_KINDS.get(event.content_block.type)
             if kind is not None:
                 self._kinds[event.index] = kind
+            else:
+                self._quiet.add(event.index)
             return _block_lanes(event.index, event.content_block, whole=False)
         if type(event) is _BlockStop:
             kind = self._kinds.pop(event.index, None)
+            self._quiet.discard(event.index)
             return [] if kind is None else [PartStop(event.index, kind)]
         if type(event) is _MessageStart:
             message = event.message

@@ -48,7 +48,12 @@ from pipeline._lanes import (
     ProviderErrorEvent,
     RawUsage,
 )
-from pipeline.errors import FrameEncodingError, MalformedFrameError, ProviderError
+from pipeline.errors import (
+    FrameEncodingError,
+    MalformedFrameError,
+    ProviderError,
+    UnsupportedContentError,
+)
 
 from ._base import (
     Framing,
@@ -183,7 +188,7 @@ class _StreamDecoder:
 def _image(url: str) -> str:
     """An image for `images`: a `data:` URL's payload as base64 text."""
     if not url.startswith("data:"):
-        raise ValueError(f"{NAME} takes images only as data: URLs, not {url[:40]!r}")
+        raise UnsupportedContentError(NAME, "image_url.done (not a data: URL)")
     head, _, payload = url.partition(",")
     if "base64" in head[5:].split(";")[1:]:
         return payload
