@@ -1,0 +1,353 @@
+"""HTTP/1.1 for the server: h11 (sans-I/O) on one trio socket per connection.
+
+Two things here are not what `trio.SocketStream` gives by itself:
+
+- `ConnectionStream.send_all` survives cancellation. It parks what it was asked to send and
+  writes from there with the socket's `send`, which is atomic under cancellation (either some
+  bytes went out, and are accounted for, or none did). A write cancelled half-way through a
+  frame (a subscriber dropped while its client stopped reading) leaves the rest parked, and the
+  next write sends it first: the byte stream stays whole, so a dropped SSE stream can still end
+  its chunked body and a dropped WebSocket can still send its close frame, if the client reads
+  again within the grace period.
+- `ConnectionStream.unread` puts bytes back in front of the socket's: on a WebSocket upgrade the
+  request h11 already parsed is replayed, with whatever followed it, to trio-websocket.
+
+`HttpConnection` reads requests (a deadline for the head, a size cap and a deadline for the
+body) and writes responses, whole or streamed; keep-alive is h11's.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+from http import HTTPStatus
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl
+
+import attrs
+import h11
+import trio
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
+__all__ = [
+    "BodyTooLarge",
+    "ConnectionStream",
+    "HttpConnection",
+    "Request",
+    "RequestTimeout",
+]
+
+_RECEIVE_SIZE = 64 * 1024
+_SEND_SIZE = 256 * 1024
+_MAX_HEAD = 16 * 1024  # h11 answers 431 past this
+_MAX_UNREAD = 64 * 1024  # bytes a streaming response reads ahead of the next request
+_GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
+
+
+class BodyTooLarge(Exception):
+    """The request body is over the server's limit (answered 413, connection closed)."""
+
+
+class RequestTimeout(Exception):
+    """The request (head or body) did not arrive in time: a slow or stalled client."""
+
+
+class ConnectionStream(trio.abc.Stream):
+    """A client connection: writes that survive cancellation, reads that can replay bytes.
+
+    `aclose` only marks the stream closed for its users (trio-websocket closes the stream it
+    wraps when it thinks it is done); the socket is closed by `close_transport`, which the
+    connection's task calls last, so a close frame can still be sent after trio-websocket let go.
+    """
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self._stream = stream
+        self._socket = stream.socket
+        self._unread = bytearray()
+        self._pending: collections.deque[memoryview] = collections.deque()
+        self._closed = False
+        self.peer = _peer_address(stream)
+
+    def unread(self, data: bytes) -> None:
+        """Put bytes back: the next reads return them before the socket's."""
+        self._unread[:0] = data
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        """Replayed bytes first, then the socket's. Once closed, waits until cancelled (the
+        reader of a closed WebSocket then stays put instead of recording an abort)."""
+        if self._closed:
+            await trio.sleep_forever()
+        size = max_bytes or _RECEIVE_SIZE
+        if self._unread:
+            await trio.lowlevel.checkpoint()
+            data = bytes(self._unread[:size])
+            del self._unread[:size]
+            return data
+        return await self._stream.receive_some(size)
+
+    async def receive_ahead(self) -> bool:
+        """Read from the socket into the replay buffer (a pipelined request, while a response
+        streams). False once the peer has closed or reset the connection."""
+        if len(self._unread) >= _MAX_UNREAD:
+            await trio.sleep_forever()
+        try:
+            data = await self._stream.receive_some(_RECEIVE_SIZE)
+        except _GONE:
+            return False
+        self._unread += data
+        return bool(data)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        """Send `data` after anything still parked; if cancelled, what is unsent stays parked."""
+        if self._closed:
+            raise trio.ClosedResourceError("the connection is closed")
+        if data:
+            self._pending.append(memoryview(bytes(data)))
+        await self.flush()
+
+    async def send_raw(self, data: bytes) -> None:
+        """Send even after `aclose` (a close frame written on trio-websocket's behalf)."""
+        self._pending.append(memoryview(data))
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Write out what is parked."""
+        if not self._pending:
+            await trio.lowlevel.checkpoint()
+            return
+        while self._pending:
+            head = self._pending[0]
+            try:
+                sent = await self._socket.send(head[:_SEND_SIZE])
+            except OSError as exc:
+                raise trio.BrokenResourceError(f"the client went away ({exc})") from None
+            if sent == len(head):
+                self._pending.popleft()
+            else:
+                self._pending[0] = head[sent:]
+
+    async def wait_send_all_might_not_block(self) -> None:
+        """Wait until the socket takes more bytes."""
+        await self._stream.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        """Mark the stream closed for its users; the socket stays open until
+        `close_transport`."""
+        self._closed = True
+        await trio.lowlevel.checkpoint()
+
+    async def close_transport(self) -> None:
+        """Close the socket itself (unsent bytes are dropped)."""
+        self._closed = True
+        self._pending.clear()
+        await trio.aclose_forcefully(self._stream)
+
+
+def _peer_address(stream: trio.SocketStream) -> str:
+    try:
+        peer = stream.socket.getpeername()
+    except OSError as exc:  # already reset
+        return f"?{errno.errorcode.get(exc.errno or 0, '')}"
+    return str(peer[0]) if isinstance(peer, tuple) else str(peer)
+
+
+@attrs.frozen
+class Request:
+    """One parsed request.
+
+    Attributes:
+        method: the method, upper case (`GET`).
+        path: the path of the target, without its query.
+        query: the query parameters (the first of repeated names wins).
+        headers: names lower-cased; repeated headers joined with ", ".
+        client: the peer's IP address.
+        head: the request as h11 parsed it.
+    """
+
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    client: str
+    head: h11.Request
+
+    @property
+    def is_websocket(self) -> bool:
+        """Whether it asks for a WebSocket upgrade."""
+        upgrade = self.headers.get("upgrade", "").lower()
+        return upgrade == "websocket" and "upgrade" in _tokens(self.headers.get("connection", ""))
+
+    def bearer(self) -> str | None:
+        """The `Authorization: Bearer` credential, if any."""
+        scheme, _, value = self.headers.get("authorization", "").partition(" ")
+        return value.strip() or None if scheme.lower() == "bearer" else None
+
+    def raw_head(self) -> bytes:
+        """The request head rebuilt from what h11 parsed (for a handover to another parser)."""
+        head = self.head
+        lines = [head.method + b" " + head.target + b" HTTP/" + head.http_version]
+        lines += [name + b": " + value for name, value in head.headers.raw_items()]
+        return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+def _tokens(value: str) -> set[str]:
+    return {token.strip().lower() for token in value.split(",")}
+
+
+def _request(event: h11.Request, client: str) -> Request:
+    target = event.target.decode("latin-1")
+    path, _, query = target.partition("?")
+    params: dict[str, str] = {}
+    for param, setting in parse_qsl(query, keep_blank_values=True):
+        params.setdefault(param, setting)
+    headers: dict[str, str] = {}
+    for name, value in event.headers:
+        key = name.decode("latin-1")
+        text = value.decode("latin-1")
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+    return Request(
+        method=event.method.decode("latin-1").upper(),
+        path=path,
+        query=params,
+        headers=headers,
+        client=client,
+        head=event,
+    )
+
+
+Headers = list[tuple[str, str]]
+
+
+@attrs.define(eq=False)
+class HttpConnection:
+    """One client connection's HTTP/1.1 exchange, request after request."""
+
+    stream: ConnectionStream
+    conn: h11.Connection = attrs.field(
+        factory=lambda: h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
+    )
+
+    async def next_request(self, within: float) -> Request | None:
+        """The next request's head, or None when the client closed the connection between
+        requests. Raises `RequestTimeout` when the head is not complete within `within`
+        seconds and `h11.RemoteProtocolError` for a request that is not HTTP/1.1."""
+        with trio.move_on_after(within):
+            event = await self._next_event()
+            if isinstance(event, h11.ConnectionClosed):
+                return None
+            assert isinstance(event, h11.Request)  # h11 yields nothing else here
+            return _request(event, self.stream.peer)
+        raise RequestTimeout
+
+    async def read_body(self, request: Request, limit: int, within: float) -> bytes:
+        """The request body, at most `limit` bytes, within `within` seconds. A declared
+        length over the limit is refused before a byte of the body is read."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:  # h11 checked it is one number
+            raise BodyTooLarge
+        with trio.move_on_after(within):
+            if self.conn.they_are_waiting_for_100_continue:
+                await self._send(h11.InformationalResponse(status_code=100, headers=[]))
+            body = bytearray()
+            while True:
+                event = await self._next_event()
+                if isinstance(event, h11.Data):
+                    body += event.data
+                    if len(body) > limit:
+                        raise BodyTooLarge
+                elif event is h11.PAUSED or isinstance(event, h11.EndOfMessage):
+                    return bytes(body)
+                else:  # the client closed mid-body
+                    raise trio.BrokenResourceError("the client closed mid-request")
+        raise RequestTimeout
+
+    def trailing_data(self) -> bytes:
+        """Bytes received after the request that h11 did not parse (after an upgrade)."""
+        return self.conn.trailing_data[0]
+
+    async def respond(
+        self,
+        status: int,
+        body: bytes = b"",
+        headers: Sequence[tuple[str, str]] = (),
+        *,
+        content_type: str = "application/json",
+        head_only: bool = False,
+        close: bool = False,
+    ) -> None:
+        """A whole response with a `Content-Length`; `close` ends the connection after it."""
+        extra = list(headers)
+        if content_type:
+            extra.insert(0, ("content-type", content_type))
+        if status >= 200 and status not in (204, 304):  # those have no body, and no length
+            extra.append(("content-length", str(len(body))))
+        if close:
+            extra.append(("connection", "close"))
+        await self._send(_response(status, extra))
+        if body and not head_only:
+            await self._send(h11.Data(data=body))
+        await self._send(h11.EndOfMessage())
+
+    async def start_stream(self, status: int, headers: Iterable[tuple[str, str]]) -> None:
+        """The head of a streamed response (chunked, for HTTP/1.1 clients)."""
+        await self._send(_response(status, headers))
+
+    async def send_data(self, data: bytes) -> None:
+        """A piece of a streamed body."""
+        if data:
+            await self._send(h11.Data(data=data))
+
+    async def end_stream(self) -> None:
+        """End a streamed body."""
+        await self._send(h11.EndOfMessage())
+
+    def request_read(self) -> bool:
+        """Whether the request has been read to its end, taking what is already received of a
+        body nobody read (a GET's empty one, a refused POST's); no I/O."""
+        while self.conn.their_state is h11.SEND_BODY:
+            try:
+                event = self.conn.next_event()
+            except h11.RemoteProtocolError:
+                return False
+            if event is h11.NEED_DATA or event is h11.PAUSED:
+                break
+        return self.conn.their_state is h11.DONE
+
+    @property
+    def reusable(self) -> bool:
+        """Whether another request may follow on this connection."""
+        return self.conn.our_state is h11.DONE and self.request_read()
+
+    def next_cycle(self) -> None:
+        """Get ready for the next request."""
+        self.conn.start_next_cycle()
+
+    @property
+    def responding(self) -> bool:
+        """Whether a response may still be started (none began yet)."""
+        return self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE)
+
+    async def _next_event(self) -> h11.Event | type[h11.PAUSED]:
+        while True:
+            event = self.conn.next_event()
+            if isinstance(event, h11.Event):
+                return event
+            if event is h11.PAUSED:
+                return h11.PAUSED
+            self.conn.receive_data(await self.stream.receive_some(_RECEIVE_SIZE))
+
+    async def _send(self, event: h11.Event) -> None:
+        data = self.conn.send(event)
+        if data:
+            await self.stream.send_all(data)
+
+
+def _response(status: int, headers: Iterable[tuple[str, str]]) -> h11.Response:
+    try:
+        reason = HTTPStatus(status).phrase.encode("ascii")
+    except ValueError:
+        reason = b""
+    encoded = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
+    return h11.Response(status_code=status, headers=encoded, reason=reason)

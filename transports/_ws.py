@@ -1,0 +1,124 @@
+"""WebSocket for the server: the hand-over from h11 to trio-websocket, closing with a code, and
+the token bucket that limits what a client may send.
+
+The upgrade request has already been parsed by h11 when the route is known. Its head is rebuilt
+from what h11 parsed and replayed, with any bytes that followed it, in front of the socket's
+(`ConnectionStream.unread`); trio-websocket's server side (`wrap_server_stream`) then reads the
+handshake as if it came straight from the socket. The handshake is checked here first, because
+trio-websocket waits forever for a request wsproto refuses.
+
+Two close paths trio-websocket leaves to its caller are completed here: a close cut short by the
+grace period (the client stopped reading) drops the connection, and a frame wsproto could not
+parse (invalid UTF-8 in a text message: 1007) gets the close frame trio-websocket does not send.
+"""
+
+from __future__ import annotations
+
+import struct
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+import attrs
+import trio
+import trio_websocket
+from wsproto.connection import ConnectionState
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from ._http11 import ConnectionStream, HttpConnection, Request
+
+__all__ = ["TokenBucket", "close_websocket", "handshake_problem", "open_websocket"]
+
+
+def handshake_problem(request: Request) -> tuple[int, str] | None:
+    """Why an upgrade request cannot become a WebSocket (an HTTP status and a message), or
+    None when it can."""
+    headers = request.headers
+    if request.method != "GET":
+        return 400, "a WebSocket handshake is a GET"
+    if headers.get("sec-websocket-version", "").strip() != "13":
+        return 426, "Sec-WebSocket-Version must be 13"
+    if not headers.get("sec-websocket-key", "").strip():
+        return 400, "Sec-WebSocket-Key is missing"
+    if "host" not in headers:
+        return 400, "Host is missing"
+    return None
+
+
+@asynccontextmanager
+async def open_websocket(
+    http: HttpConnection, request: Request, *, max_message: int, within: float
+) -> AsyncIterator[trio_websocket.WebSocketConnection]:
+    """Accept the upgrade `request` on `http`'s connection: the open WebSocket for the block.
+
+    trio-websocket's reader task runs in a nursery of this block, cancelled when it ends (close
+    the WebSocket inside the block). Raises `trio.TooSlowError` if the handshake does not
+    complete within `timeout` seconds, `trio_websocket.ConnectionClosed` if the client left.
+    """
+    stream = http.stream
+    stream.unread(request.raw_head() + http.trailing_data())
+    async with trio.open_nursery() as nursery:
+        try:
+            with trio.fail_after(within):
+                proposal = await trio_websocket.wrap_server_stream(
+                    nursery, stream, max_message_size=max_message
+                )
+                ws = await proposal.accept()
+            yield ws
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+async def close_websocket(
+    ws: trio_websocket.WebSocketConnection,
+    stream: ConnectionStream,
+    code: int | None,
+    reason: str | None,
+    *,
+    within: float,
+) -> None:
+    """Close with `code` (None: the peer already closed) within `within` seconds.
+
+    Bytes of a frame cut short by a cancelled write go out first (the stream keeps them), so
+    the close frame arrives intact; a client that does not read in time just loses the
+    connection. After a frame wsproto refused, the close frame with wsproto's code is sent on
+    trio-websocket's behalf.
+    """
+    with trio.move_on_after(within):
+        if ws.closed is None:
+            if code is not None:
+                await ws.aclose(code, reason)
+        elif _unanswered(ws):
+            await stream.send_raw(struct.pack("!BBH", 0x88, 2, ws.closed.code))
+
+
+def _unanswered(ws: trio_websocket.WebSocketConnection) -> bool:
+    """Closed by wsproto's parser: no close frame was exchanged (the protocol state is still
+    open), so the client was never told why."""
+    state = getattr(getattr(ws, "_wsproto", None), "state", None)
+    return state is ConnectionState.OPEN
+
+
+@attrs.define
+class TokenBucket:
+    """`rate` tokens a second, at most `burst` saved: `take` spends one if there is one."""
+
+    rate: float
+    burst: float
+    tokens: float = attrs.field()
+    stamp: float = attrs.field(factory=trio.current_time)
+
+    @tokens.default
+    def _full(self) -> float:
+        return self.burst
+
+    def take(self) -> bool:
+        """Spend a token; False when the client is over its rate."""
+        now = trio.current_time()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True

@@ -1,0 +1,1290 @@
+"""rillet's delivery server: runs started over HTTP, their events fanned out over SSE and
+WebSocket from the hub, an MMSP-compatible streaming endpoint, and the live page.
+
+Endpoints:
+
+- `GET /`: the live page (`static/index.html`).
+- `POST /v1/runs`: start a run (`{"prompt"}` or `{"messages", ...}`); the server key when one is
+  configured; answers 201 `{"run_id", "token", "events_url", "ws_url"}`. The token reads that
+  run only. `DELETE /v1/runs/{id}` (with the token) cancels it.
+- `GET /v1/runs/{id}/events`: the run events as SSE, `id: <run_id>:<seq>`, resumable by
+  `Last-Event-ID` (which wins) or `?after=<seq>`; a comment every `heartbeat` seconds of
+  silence; 204 when the cursor is already at the end of a finished run (an EventSource then
+  stops reconnecting).
+- `GET /v1/runs/{id}/ws`: the same events as WebSocket text frames, resumable by `?after=`.
+  Close codes: 1000 after `run.done`, 1013 fell behind (resume), 1008 policy (`not_found`,
+  `cursor_invalid`, `cursor_expired`, `too_many_subscribers`, `rate_limited`, `not_json`),
+  1009 message too big, 1003 binary message, 1007 invalid UTF-8.
+- `POST /v1/stream`, `GET /v1/models`: MMSP's server wire (UniEvents as SSE `data:` lines ended
+  by `data: [DONE]`; errors as `{"error": {"type", "message", ...}}`).
+- `GET /healthz`, `GET /metrics` (JSON).
+
+Security: the server key is compared in constant time; a run's token reads only that run, and an
+unknown run and a wrong token get the same bytes; provider keys, provider messages (but for an
+invalid request's, with the key scrubbed) and request headers never reach a response or a log
+line; bodies over `max_body` get 413, subscribers over the per-run or per-client limit 429 (WS
+1008), a request head not complete within `head_timeout` a closed connection. A server bound to
+loopback answers only requests whose `Host` is a loopback name (DNS rebinding), and any
+state-changing request or WebSocket whose `Origin` is another site is refused (403).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import hashlib
+import hmac
+import ipaddress
+import logging
+import math
+import re
+import secrets
+from base64 import b64encode
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import contextmanager
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import attrs
+import h11
+import httpx
+import msgspec
+import trio
+import trio_websocket
+
+from pipeline._events import UniEvent, UniMessage, encode_json
+from pipeline._handler import AttemptReset
+from pipeline._hub import (
+    CursorExpired,
+    CursorInvalid,
+    Hub,
+    HubError,
+    HubSink,
+    SubscriberDropped,
+    Subscription,
+    UnknownRun,
+    parse_cursor,
+)
+from pipeline._policy import Outcome, Policy
+from pipeline._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest, user
+from pipeline._turn import SinkBatch, Turn, TurnResult, UniItem, run_turn
+from pipeline.errors import (
+    FallbackFailed,
+    FrameError,
+    InvalidRequestError,
+    ProviderError,
+    RilletError,
+    StreamError,
+    TransportError,
+    TurnTimeout,
+)
+from pipeline.providers._base import Provider, Secret
+
+from ._http11 import BodyTooLarge, HttpConnection, Request, RequestTimeout
+from ._http11 import ConnectionStream as _ConnectionStream
+from ._ws import TokenBucket, close_websocket, handshake_problem, open_websocket
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from pipeline._runevents import RunEvent
+
+__all__ = ["Limits", "ServerConfig", "ServerConfigError", "serve"]
+
+logger = logging.getLogger(__name__)
+
+SSE_HEADERS = (
+    ("content-type", "text/event-stream; charset=utf-8"),
+    ("cache-control", "no-cache, no-transform"),
+    ("x-accel-buffering", "no"),
+)
+_HEARTBEAT = b": keep-alive\n\n"
+_RETRY = b"retry: 1000\n\n"  # EventSource reconnects after a second
+_DONE = b"data: [DONE]\n\n"
+_GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
+_RUN_ID = re.compile(r"[0-9a-f]{1,64}")
+_LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "ip6-localhost"})
+
+
+class ServerConfigError(RilletError, ValueError):
+    """The server cannot start as configured (an open server off loopback)."""
+
+
+@attrs.frozen(kw_only=True)
+class Limits:
+    """The server's limits (sizes in bytes, times in seconds).
+
+    Attributes:
+        max_body: the largest request body (413 past it).
+        max_ws_message: the largest WebSocket message a client may send (1009 past it;
+            trio-websocket measures text in characters).
+        ws_rate, ws_burst: client messages per second on a WebSocket, and the burst allowed
+            (1008 past them).
+        max_subscribers_per_run: live SSE and WebSocket subscribers of one run (429 / 1008).
+        max_subscribers_per_client: live subscribers from one client IP address (429 / 1008).
+        max_active_runs: runs (and MMSP streams) running at once (429 past it).
+        heartbeat: seconds of silence before an SSE comment (or a WebSocket pong) goes out.
+        head_timeout: seconds a connection may take to send a request's head, counted from
+            when the server waits for it, and again for its body (slow clients are closed).
+        close_timeout: seconds a closing stream gives a client to take its last bytes.
+        send_buffer: the kernel send buffer of each connection (`SO_SNDBUF`), None for the
+            system's: what may sit in the kernel for a client that stopped reading.
+    """
+
+    max_body: int = 1024 * 1024
+    max_ws_message: int = 64 * 1024
+    ws_rate: float = 20.0
+    ws_burst: int = 40
+    max_subscribers_per_run: int = 1000
+    max_subscribers_per_client: int = 64
+    max_active_runs: int = 256
+    heartbeat: float = 15.0
+    head_timeout: float = 10.0
+    close_timeout: float = 2.0
+    send_buffer: int | None = None
+
+
+def _models(value: Sequence[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+@attrs.frozen(kw_only=True)
+class ServerConfig:
+    """What the server serves and how.
+
+    Attributes:
+        provider: what runs use; or a function of the model id giving the provider for it.
+        host: the address to bind; anything but loopback needs `api_key`.
+        port: the port (0: any free one).
+        api_key: the key clients must send (`Authorization: Bearer`) to start runs and to use
+            the MMSP endpoints; None leaves them open (loopback only).
+        models: the model ids offered (`/v1/models`); the first is the default. Empty: the
+            provider's own model.
+        policy: the turns' policy (None: the default policy).
+        limits: sizes, rates and timeouts.
+        reasoning: whether run events carry the model's reasoning text.
+        tool_arguments: whether run events carry tool call arguments.
+    """
+
+    provider: Provider | Callable[[str], Provider]
+    host: str = "127.0.0.1"
+    port: int = 8787
+    api_key: Secret | None = None
+    models: tuple[str, ...] = attrs.field(default=(), converter=_models)
+    policy: Policy | None = None
+    limits: Limits = Limits()
+    reasoning: bool = False
+    tool_arguments: bool = False
+
+    @property
+    def loopback(self) -> bool:
+        """Whether `host` is a loopback address (or name)."""
+        return _is_loopback(self.host)
+
+    def check(self) -> None:
+        """Raise `ServerConfigError` for a configuration that must not start."""
+        if not self.loopback and self.api_key is None:
+            raise ServerConfigError(
+                f"refusing to serve on {self.host!r} without a server key: anyone who can reach "
+                "it could spend the provider's credit. Set api_key (--server-key) or bind to "
+                "127.0.0.1."
+            )
+
+
+def _is_loopback(host: str) -> bool:
+    name = host.strip().strip("[]").lower()
+    if name in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+async def serve(
+    config: ServerConfig,
+    *,
+    hub: Hub | None = None,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until cancelled; `task_status.started` gets the bound `http://host:port` URL.
+
+    Embeddable: `url = await nursery.start(serve, config)`. Every connection and every run is a
+    task of this call's nursery, so cancelling it stops them all. Pass a `hub` to share run logs
+    with the application (runs started elsewhere are readable only through it: the server
+    serves the runs it started). Raises `ServerConfigError` before binding for an open server
+    off loopback.
+    """
+    config.check()
+    limits = config.limits
+    hub = hub or Hub(max_subscribers_per_run=limits.max_subscribers_per_run)
+    async with (
+        httpx.AsyncClient(timeout=httpx.Timeout(None), follow_redirects=False) as client,
+        trio.open_nursery() as nursery,
+    ):
+        listeners: list[trio.SocketListener] = await nursery.start(
+            functools.partial(
+                trio.serve_tcp, port=config.port, host=config.host, handler_nursery=nursery
+            ),
+            _Server(config, hub, client, nursery).handle,
+        )
+        host, port = listeners[0].socket.getsockname()[:2]
+        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        logger.info("serving on %s", url)
+        task_status.started(url)
+
+
+# --- replies --------------------------------------------------------------------------------
+
+
+class _Reply(Exception):
+    """A whole response to send instead of going on (an error, usually)."""
+
+    def __init__(
+        self,
+        status: int,
+        kind: str,
+        message: str,
+        *,
+        headers: Sequence[tuple[str, str]] = (),
+        close: bool = False,
+        **fields: Any,
+    ) -> None:
+        super().__init__(kind)
+        self.status = status
+        self.body = _error_body(kind, message, **fields)
+        self.headers = headers
+        self.close = close
+
+
+def _error_body(kind: str, message: str, **fields: Any) -> bytes:
+    return msgspec.json.encode({"error": {"type": kind, "message": message, **fields}})
+
+
+def _not_found() -> _Reply:
+    """One answer for "no such run" and "not your run": the same bytes, nothing tells them
+    apart."""
+    return _Reply(404, "not_found", "no such run")
+
+
+class _Refused(Exception):
+    """A subscription refused: `kind` is the WebSocket close reason, `status` the HTTP one."""
+
+    def __init__(self, status: int, kind: str, message: str, **fields: Any) -> None:
+        super().__init__(kind)
+        self.status = status
+        self.kind = kind
+        self.message = message
+        self.fields = fields
+
+    def reply(self) -> _Reply:
+        return _Reply(self.status, self.kind, self.message, **self.fields)
+
+
+# --- request bodies -------------------------------------------------------------------------
+
+
+class _RunBody(msgspec.Struct, frozen=True, kw_only=True):
+    """`POST /v1/runs`: a prompt, or a conversation with its settings."""
+
+    prompt: str | None = None
+    messages: list[UniMessage] | None = None
+    model: str | None = None
+    system_prompt: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    thinking_level: ThinkingLevel | None = None
+    tools: list[ToolSpec] = msgspec.field(default_factory=list)
+    tool_choice: ToolChoice | None = None
+
+
+class _UniConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """MMSP's UniConfig (the keys rillet acts on; `thinking_summary` and `prompt_caching` are
+    accepted and left to the provider's defaults)."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    tools: list[ToolSpec] | None = None
+    thinking_summary: bool | None = None
+    thinking_level: ThinkingLevel | None = None
+    tool_choice: ToolChoice | None = None
+    system_prompt: str | None = None
+    prompt_caching: Any = None
+
+
+class _StreamBody(msgspec.Struct, frozen=True, kw_only=True):
+    """`POST /v1/stream`: MMSP's request."""
+
+    model: str
+    messages: list[UniMessage]
+    config: _UniConfig = _UniConfig()
+
+
+_decode_run_body = msgspec.json.Decoder(_RunBody).decode
+_decode_stream_body = msgspec.json.Decoder(_StreamBody).decode
+
+
+def _run_request(body: _RunBody) -> TurnRequest:
+    if (body.prompt is None) == (body.messages is None):
+        raise ValueError("send either `prompt` or `messages`")
+    if body.prompt is not None:
+        if not body.prompt.strip():
+            raise ValueError("`prompt` is empty")
+        messages = [user(body.prompt)]
+    else:
+        assert body.messages is not None
+        if not body.messages:
+            raise ValueError("`messages` is empty")
+        messages = body.messages
+    return TurnRequest(
+        messages=messages,
+        system_prompt=body.system_prompt,
+        tools=body.tools,
+        tool_choice=body.tool_choice,
+        max_tokens=body.max_tokens,
+        temperature=body.temperature,
+        thinking_level=body.thinking_level,
+    )
+
+
+def _stream_request(body: _StreamBody) -> TurnRequest:
+    if not body.messages:
+        raise ValueError("`messages` is empty")
+    config = body.config
+    return TurnRequest(
+        messages=body.messages,
+        system_prompt=config.system_prompt or None,
+        tools=config.tools or [],
+        tool_choice=config.tool_choice,
+        max_tokens=config.max_tokens,
+        temperature=config.temperature,
+        thinking_level=config.thinking_level,
+    )
+
+
+# --- state ----------------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _Run:
+    """A run this server started: who may read it, and its turn once running."""
+
+    token: str
+    turn: Turn | None = None
+
+
+@attrs.define(eq=False)
+class _Metrics:
+    """Counters and recent samples for `/metrics`."""
+
+    window: float = 10.0
+    runs_started: int = 0
+    runs_active: int = 0
+    streams_started: int = 0
+    connections: int = 0
+    subscribers_dropped: int = 0
+    _buckets: collections.deque[list[float]] = attrs.field(factory=collections.deque)
+    _ttfe: collections.deque[float] = attrs.field(factory=lambda: collections.deque(maxlen=1024))
+
+    def count(self, events: int) -> None:
+        """`events` were produced now (one-second buckets over the window)."""
+        second = math.floor(trio.current_time())
+        buckets = self._buckets
+        if buckets and buckets[-1][0] == second:
+            buckets[-1][1] += events
+        else:
+            buckets.append([second, events])
+            while buckets and buckets[0][0] <= second - self.window:
+                buckets.popleft()
+
+    def events_per_second(self) -> float:
+        now = trio.current_time()
+        total = sum(n for second, n in self._buckets if second > now - self.window)
+        return total / self.window
+
+    def finished(self, result: TurnResult) -> None:
+        if result.time_to_first_event is not None:
+            self._ttfe.append(result.time_to_first_event)
+
+    def ttfe(self) -> dict[str, float | int | None]:
+        ordered = sorted(self._ttfe)
+
+        def rank(p: float) -> float | None:
+            if not ordered:
+                return None
+            return round(ordered[max(0, math.ceil(p * len(ordered)) - 1)] * 1000, 3)
+
+        return {"count": len(ordered), "p50": rank(0.5), "p95": rank(0.95), "p99": rank(0.99)}
+
+
+@attrs.define(eq=False)
+class _HubFeed:
+    """A run's sink into the hub: counts the events for `/metrics`, and keeps the hub's log
+    gapless when a cancelled turn drops the batches that were on their way to its sinks (its
+    final events then come with seqs past them; the turn's own log still has them all)."""
+
+    inner: HubSink
+    metrics: _Metrics
+    turn: Turn | None = None
+    next_seq: int = 1
+
+    async def deliver(self, batch: SinkBatch) -> None:
+        events = list(batch.run)
+        if events and events[0].seq > self.next_seq and self.turn is not None:
+            events[:0] = await self._missing(self.turn, events[0].seq)
+        if not events:
+            return
+        self.metrics.count(len(events))
+        await self.inner.deliver(SinkBatch(events, batch.uni))
+        self.next_seq = events[-1].seq + 1
+
+    async def _missing(self, turn: Turn, upto: int) -> list[RunEvent]:
+        missing: list[RunEvent] = []
+        async for event in turn.run_events(self.next_seq - 1):
+            if event.seq >= upto:
+                break
+            missing.append(event)
+        return missing
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@attrs.define(eq=False)
+class _ChannelSink:
+    """Hands a turn's MMSP items to the connection that streams them (backpressure: a client
+    that reads slowly slows its own turn, nobody else's)."""
+
+    send: trio.MemorySendChannel[list[UniItem]]
+
+    async def deliver(self, batch: SinkBatch) -> None:
+        if batch.uni:
+            with contextlib.suppress(*_GONE):  # the response is over; the turn is cancelled
+                await self.send.send(list(batch.uni))
+
+    async def close(self) -> None:
+        await self.send.aclose()
+
+
+@attrs.define(eq=False)
+class _WsState:
+    """How a WebSocket session ends: the close to send, or the client already gone."""
+
+    code: int | None = None
+    reason: str | None = None
+
+    def close(self, code: int, reason: str) -> None:
+        if self.code is None:
+            self.code, self.reason = code, reason
+
+
+# --- the server -----------------------------------------------------------------------------
+
+
+_Handler = Callable[[HttpConnection, Request, str], Awaitable[None]]
+
+
+@attrs.define(eq=False)
+class _Server:
+    config: ServerConfig
+    hub: Hub
+    client: httpx.AsyncClient
+    nursery: trio.Nursery
+    runs: dict[str, _Run] = attrs.field(factory=dict)
+    metrics: _Metrics = attrs.field(factory=_Metrics)
+    per_run: collections.Counter[str] = attrs.field(factory=collections.Counter)
+    per_client: collections.Counter[str] = attrs.field(factory=collections.Counter)
+    _decoy: str = attrs.field(factory=lambda: secrets.token_urlsafe(24))
+    _next_prune: float = 0.0
+    _page: tuple[bytes, str] = attrs.field(factory=lambda: _load_page())
+    _static: dict[str, dict[str, _Handler]] = attrs.field(init=False)
+    _per_run: dict[str, dict[str, _Handler]] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._static = {
+            "/": {"GET": self._page_handler},
+            "/index.html": {"GET": self._page_handler},
+            "/healthz": {"GET": self._healthz},
+            "/metrics": {"GET": self._metrics},
+            "/v1/models": {"GET": self._models},
+            "/v1/stream": {"POST": self._stream},
+            "/v1/runs": {"POST": self._start_run},
+        }
+        self._per_run = {
+            "": {"DELETE": self._cancel_run},
+            "events": {"GET": self._events},
+            "ws": {"GET": self._websocket},
+        }
+
+    @property
+    def limits(self) -> Limits:
+        return self.config.limits
+
+    # --- connections ------------------------------------------------------------------------
+
+    async def handle(self, socket_stream: trio.SocketStream) -> None:
+        """One connection: requests until the client leaves, a response ends it, or it stalls."""
+        if self.limits.send_buffer is not None:
+            socket_stream.setsockopt(
+                trio.socket.SOL_SOCKET, trio.socket.SO_SNDBUF, self.limits.send_buffer
+            )
+        stream = _ConnectionStream(socket_stream)
+        http = HttpConnection(stream)
+        self.metrics.connections += 1
+        try:
+            await self._converse(http)
+        except* _GONE:
+            pass
+        except* trio_websocket.ConnectionClosed:
+            pass
+        except* Exception as group:  # a bug must not take the server down with it
+            logger.error("connection failed", exc_info=group)
+        finally:
+            self.metrics.connections -= 1
+            await stream.close_transport()
+
+    async def _converse(self, http: HttpConnection) -> None:
+        while True:
+            try:
+                request = await http.next_request(self.limits.head_timeout)
+            except RequestTimeout:
+                return
+            except h11.RemoteProtocolError as exc:
+                if http.responding:
+                    status = exc.error_status_hint
+                    body = _error_body("bad_request", "malformed HTTP request")
+                    await http.respond(status, body, close=True)
+                return
+            if request is None:
+                return
+            keep = await self._dispatch(http, request)
+            if not keep or not http.reusable:
+                return
+            http.next_cycle()
+
+    async def _dispatch(self, http: HttpConnection, request: Request) -> bool:
+        """Answer one request; False when the connection must close after it."""
+        try:
+            self._check_host(request)
+            handler, arg = self._route(request)
+            if request.method not in ("GET", "HEAD") or request.path.endswith("/ws"):
+                self._check_origin(request)
+            await handler(http, request, arg)
+        except _Reply as reply:
+            if not http.responding:
+                return False
+            head_only = request.method == "HEAD"
+            # a request whose body was not read cannot be followed by another one
+            close = reply.close or not http.request_read()
+            await http.respond(
+                reply.status, reply.body, reply.headers, head_only=head_only, close=close
+            )
+            return not close
+        except (BodyTooLarge, RequestTimeout, h11.RemoteProtocolError) as exc:
+            if http.responding:
+                if isinstance(exc, BodyTooLarge):
+                    status, kind, message = 413, "body_too_large", "the request body is too large"
+                elif isinstance(exc, RequestTimeout):
+                    status, kind, message = 408, "request_timeout", "the request body was too slow"
+                else:
+                    status, kind, message = 400, "bad_request", "malformed HTTP request body"
+                await http.respond(status, _error_body(kind, message), close=True)
+            return False
+        except _CloseConnection:
+            return False
+        return True
+
+    def _route(self, request: Request) -> tuple[_Handler, str]:
+        path, method = request.path, request.method
+        methods = self._static.get(path)
+        arg = ""
+        if methods is None:
+            parts = path.split("/")
+            if len(parts) >= 4 and parts[:3] == ["", "v1", "runs"]:
+                arg = parts[3]
+                methods = self._per_run.get("/".join(parts[4:]))
+        if methods is None:
+            raise _Reply(404, "not_found", "no such route")
+        head = "GET" in methods and not arg  # a run's streams have no HEAD
+        handler = methods.get("GET" if method == "HEAD" and head else method)
+        if handler is None:
+            allow = ", ".join(sorted({*methods, *(["HEAD"] if head else [])}))
+            raise _Reply(
+                405, "method_not_allowed", "method not allowed", headers=[("allow", allow)]
+            )
+        return handler, arg
+
+    def _check_host(self, request: Request) -> None:
+        """On loopback, only loopback names: a page on another site whose name was rebound to
+        127.0.0.1 must not reach the server."""
+        if not self.config.loopback:
+            return
+        host = request.headers.get("host")
+        if host is None:
+            return  # HTTP/1.0: no name to rebind
+        name = urlsplit(f"//{host}").hostname or ""
+        if not _is_loopback(name):
+            raise _Reply(403, "forbidden", "this server answers loopback names only", close=True)
+
+    @staticmethod
+    def _check_origin(request: Request) -> None:
+        """A browser on another site may not start runs or open WebSockets here."""
+        origin = request.headers.get("origin")
+        if origin is None:
+            return
+        try:
+            source = urlsplit(origin)
+            target = urlsplit(f"//{request.headers.get('host', '')}")
+            default = 443 if source.scheme == "https" else 80
+            same = (source.hostname, source.port or default) == (target.hostname, target.port or 80)
+        except ValueError:  # a port that is not one
+            same = False
+        if not same:
+            raise _Reply(403, "forbidden", "cross-origin requests are refused", close=True)
+
+    def _require_key(self, request: Request, *, mmsp: bool = False) -> None:
+        key = self.config.api_key
+        if key is None:
+            return
+        # digests of equal length: the comparison tells nothing, not even the key's length
+        given = hashlib.sha256((request.bearer() or "").encode()).digest()
+        if not hmac.compare_digest(given, hashlib.sha256(key.reveal().encode()).digest()):
+            kind = "AuthenticationError" if mmsp else "unauthorized"
+            raise _Reply(
+                401,
+                kind,
+                "missing or wrong server key (Authorization: Bearer <key>)",
+                headers=[("www-authenticate", "Bearer")],
+            )
+
+    async def _read_json(
+        self, http: HttpConnection, request: Request, decode: Callable[[bytes], Any], kind: str
+    ) -> Any:
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            # a browser may send other types cross-site without asking first: refuse them
+            raise _Reply(415, kind, "the body must be application/json")
+        body = await http.read_body(request, self.limits.max_body, self.limits.head_timeout)
+        try:
+            return decode(body)
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+            raise _Reply(400, kind, f"invalid request body: {exc}") from None
+
+    def _offered_models(self) -> tuple[str, ...]:
+        """The models served: the configured list, else the provider's own model."""
+        configured = self.config.provider
+        if not self.config.models and isinstance(configured, Provider):
+            return (configured.model,)
+        return self.config.models
+
+    def _provider(self, model: str | None, *, mmsp: bool) -> Provider:
+        configured = self.config.provider
+        models = self._offered_models()
+        if model is None:
+            if not models:
+                raise _Reply(400, "InvalidRequestError" if mmsp else "invalid_request", "no model")
+            model = models[0]
+        if models and model not in models:
+            raise _Reply(404, "NotFoundError" if mmsp else "unknown_model", "unknown model")
+        if isinstance(configured, Provider):
+            if configured.model == model:
+                return configured
+            return attrs.evolve(configured, model=model)
+        try:
+            return configured(model)
+        except Exception as exc:
+            logger.warning("no provider for a model: %s", type(exc).__name__)
+            raise _Reply(
+                400, "InvalidRequestError" if mmsp else "invalid_request", "model unavailable"
+            ) from None
+
+    def _check_capacity(self, mmsp: bool) -> None:
+        if self.metrics.runs_active >= self.limits.max_active_runs:
+            raise _Reply(
+                429,
+                "RateLimitError" if mmsp else "too_many_runs",
+                "too many runs at once; retry shortly",
+                headers=[("retry-after", "1")],
+            )
+
+    # --- simple endpoints -------------------------------------------------------------------
+
+    async def _page_handler(self, http: HttpConnection, request: Request, _: str) -> None:
+        body, csp = self._page
+        headers = [
+            ("cache-control", "no-cache"),
+            ("content-security-policy", csp),
+            ("x-content-type-options", "nosniff"),
+            ("referrer-policy", "no-referrer"),
+        ]
+        await http.respond(
+            200,
+            body,
+            headers,
+            content_type="text/html; charset=utf-8",
+            head_only=request.method == "HEAD",
+        )
+
+    async def _healthz(self, http: HttpConnection, request: Request, _: str) -> None:
+        await http.respond(200, b'{"status":"ok"}', head_only=request.method == "HEAD")
+
+    async def _metrics(self, http: HttpConnection, request: Request, _: str) -> None:
+        self._require_key(request)
+        m = self.metrics
+        body = {
+            "runs_active": m.runs_active,
+            "runs_started": m.runs_started,
+            "runs_kept": len(self.runs),
+            "streams_started": m.streams_started,
+            "connections": m.connections,
+            "subscribers": self.hub.subscribers,
+            "subscribers_dropped": m.subscribers_dropped,
+            "events_per_second": round(m.events_per_second(), 3),
+            "time_to_first_event_ms": m.ttfe(),
+        }
+        await http.respond(200, msgspec.json.encode(body), head_only=request.method == "HEAD")
+
+    async def _models(self, http: HttpConnection, request: Request, _: str) -> None:
+        self._require_key(request, mmsp=True)
+        data = [
+            {"id": model, "object": "model", "created": 0, "owned_by": "rillet"}
+            for model in self._offered_models()
+        ]
+        body = msgspec.json.encode({"object": "list", "data": data})
+        await http.respond(200, body, head_only=request.method == "HEAD")
+
+    # --- runs -------------------------------------------------------------------------------
+
+    async def _start_run(self, http: HttpConnection, request: Request, _: str) -> None:
+        self._require_key(request)
+        body: _RunBody = await self._read_json(http, request, _decode_run_body, "invalid_request")
+        try:
+            turn_request = _run_request(body)
+        except ValueError as exc:
+            raise _Reply(400, "invalid_request", str(exc)) from None
+        provider = self._provider(body.model, mmsp=False)
+        self._check_capacity(mmsp=False)
+        self._prune()
+        run_id = secrets.token_hex(12)
+        record = _Run(token=secrets.token_urlsafe(24))
+        sink = _HubFeed(self.hub.sink(run_id), self.metrics)
+        self.runs[run_id] = record
+        try:
+            await self.nursery.start(self._run, turn_request, provider, run_id, sink, record)
+        except RuntimeError:  # it failed before it could start (logged by `_run`)
+            raise _Reply(500, "internal_error", "the run could not start") from None
+        base = self._base(request)
+        query = f"?token={record.token}"
+        answer = {
+            "run_id": run_id,
+            "token": record.token,
+            "events_url": f"{base}/v1/runs/{run_id}/events{query}",
+            "ws_url": f"ws{base.removeprefix('http')}/v1/runs/{run_id}/ws{query}",
+        }
+        await http.respond(201, msgspec.json.encode(answer))
+
+    async def _run(
+        self,
+        request: TurnRequest,
+        provider: Provider,
+        run_id: str,
+        sink: _HubFeed,
+        record: _Run,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """One run, in the server's nursery: it goes on whoever watches, or nobody. Started
+        once its turn runs (so it can be cancelled); the turn is let go when it ends (the hub
+        keeps its events)."""
+
+        async def turn_task(
+            task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
+        ) -> TurnResult:
+            return await run_turn(
+                request,
+                provider,
+                sinks=[sink],
+                policy=self.config.policy,
+                client=self.client,
+                run_id=run_id,
+                reasoning=self.config.reasoning,
+                tool_arguments=self.config.tool_arguments,
+                task_status=task_status,
+            )
+
+        self.metrics.runs_started += 1
+        self.metrics.runs_active += 1
+        try:
+            async with trio.open_nursery() as nursery:
+                record.turn = sink.turn = await nursery.start(turn_task)
+                task_status.started()
+                self.metrics.finished(await record.turn.result())
+        except Exception as exc:  # a bug in one run must not take the server down
+            logger.error("run %s failed: %s", run_id, type(exc).__name__, exc_info=True)
+        finally:
+            self.metrics.runs_active -= 1
+            record.turn = sink.turn = None
+
+    def _prune(self) -> None:
+        """Forget the tokens of runs the hub has forgotten (at most once a minute)."""
+        now = trio.current_time()
+        if now < self._next_prune:
+            return
+        self._next_prune = now + 60.0
+        for run_id in list(self.runs):
+            try:
+                self.hub.log.get(run_id)
+            except UnknownRun:
+                del self.runs[run_id]
+
+    def _base(self, request: Request) -> str:
+        host = request.headers.get("host")
+        if host is None or not re.fullmatch(r"[A-Za-z0-9.:\[\]-]+", host):
+            return f"http://{self.config.host}:{self.config.port}"
+        return f"http://{host}"
+
+    def _authorized(self, request: Request, run_id: str) -> _Run | None:
+        """The run when the request carries its token; None for an unknown run or a wrong
+        token alike (one constant-time comparison either way)."""
+        record = self.runs.get(run_id) if _RUN_ID.fullmatch(run_id) else None
+        given = request.bearer() or request.query.get("token", "")
+        expected = record.token if record is not None else self._decoy
+        if hmac.compare_digest(given.encode(), expected.encode()) and record is not None:
+            return record
+        return None
+
+    async def _cancel_run(self, http: HttpConnection, request: Request, run_id: str) -> None:
+        record = self._authorized(request, run_id)
+        if record is None:
+            raise _not_found()
+        if record.turn is not None:
+            record.turn.cancel()
+        await http.respond(202, msgspec.json.encode({"run_id": run_id}))
+
+    @contextmanager
+    def _subscription(self, run_id: str, cursor: str | None, client: str) -> Iterator[Subscription]:
+        """Follow a run from a cursor, counted against the limits. Raises `_Refused`."""
+        limits = self.limits
+        try:
+            after = parse_cursor(run_id, cursor)
+            if self.per_run[run_id] >= limits.max_subscribers_per_run:
+                raise HubError("too many subscribers for this run")
+            if self.per_client[client] >= limits.max_subscribers_per_client:
+                raise HubError("too many subscribers from this client")
+            sub = self.hub.subscribe(run_id, after)
+        except UnknownRun:
+            self.runs.pop(run_id, None)
+            raise _Refused(404, "not_found", "no such run") from None
+        except CursorInvalid as exc:
+            raise _Refused(400, "cursor_invalid", exc.reason) from None
+        except CursorExpired as exc:
+            raise _Refused(
+                410, "cursor_expired", "the log no longer keeps that seq", first_kept=exc.first_kept
+            ) from None
+        except HubError as exc:
+            raise _Refused(429, "too_many_subscribers", str(exc)) from None
+        self.per_run[run_id] += 1
+        self.per_client[client] += 1
+        try:
+            yield sub
+        finally:
+            sub.close()
+            if sub.drop_reason is not None:
+                self.metrics.subscribers_dropped += 1
+            for counter, key in ((self.per_run, run_id), (self.per_client, client)):
+                counter[key] -= 1
+                if counter[key] <= 0:
+                    del counter[key]
+
+    def _finished(self, run_id: str, sub: Subscription) -> bool:
+        """Whether the subscriber is at the end of a run that is over."""
+        try:
+            run = self.hub.log.get(run_id)
+        except UnknownRun:
+            return True
+        return run.done and sub.lag == 0
+
+    # --- SSE --------------------------------------------------------------------------------
+
+    async def _events(self, http: HttpConnection, request: Request, run_id: str) -> None:
+        if self._authorized(request, run_id) is None:
+            raise _not_found()
+        cursor = request.headers.get("last-event-id") or request.query.get("after")
+        try:
+            with self._subscription(run_id, cursor, request.client) as sub:
+                if self._finished(run_id, sub):
+                    await http.respond(204, content_type="")
+                    return
+                await http.start_stream(200, SSE_HEADERS)
+                pump = functools.partial(self._pump_sse, http, sub, run_id)
+                completed = await self._until_gone(http, pump)
+        except _Refused as refused:
+            raise refused.reply() from None  # an unknown run: the same bytes as above
+        await self._end_stream(http, completed)
+
+    async def _end_stream(self, http: HttpConnection, completed: bool) -> None:
+        """End a streamed body within the close grace; otherwise the connection closes."""
+        if completed:
+            with trio.move_on_after(self.limits.close_timeout):
+                if http.conn.our_state is h11.SEND_BODY:
+                    await http.end_stream()
+                return
+        raise _CloseConnection
+
+    async def _pump_sse(self, http: HttpConnection, sub: Subscription, run_id: str) -> None:
+        """Write the run's events until `run.done`, or until the subscriber is dropped (the
+        stream then just ends: the client resumes from its `Last-Event-ID`)."""
+        prefix = f"id: {run_id}:".encode()
+        heartbeat = self.limits.heartbeat
+        try:
+            with sub.cancel_scope:
+                await http.send_data(_RETRY)
+                while True:
+                    with trio.move_on_after(heartbeat) as idle:
+                        batch = await sub.next_batch()
+                    if idle.cancelled_caught:
+                        await http.send_data(_HEARTBEAT)
+                        continue
+                    if not batch:
+                        return
+                    await http.send_data(
+                        b"".join(
+                            b"%s%d\ndata: %s\n\n" % (prefix, entry.seq, entry.data)
+                            for entry in batch
+                        )
+                    )
+        except (SubscriberDropped, CursorExpired):
+            return
+
+    async def _until_gone(self, http: HttpConnection, body: Callable[[], Awaitable[None]]) -> bool:
+        """Run a streamed response's body while watching the connection: True when the body
+        finished, False when the client went away first (the body is then cancelled)."""
+        gone = False
+
+        async def watch(scope: trio.CancelScope) -> None:
+            nonlocal gone
+            while await http.stream.receive_ahead():
+                pass
+            gone = True
+            scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch, nursery.cancel_scope)
+            try:
+                await body()
+            except _GONE:
+                gone = True
+            nursery.cancel_scope.cancel()
+        return not gone
+
+    # --- WebSocket --------------------------------------------------------------------------
+
+    async def _websocket(self, http: HttpConnection, request: Request, run_id: str) -> None:
+        if not request.is_websocket:
+            raise _Reply(
+                426,
+                "upgrade_required",
+                "this route speaks WebSocket",
+                headers=[("upgrade", "websocket")],
+                close=True,
+            )
+        problem = handshake_problem(request)
+        if problem is not None:
+            status, message = problem
+            raise _Reply(
+                status,
+                "bad_handshake",
+                message,
+                headers=[("sec-websocket-version", "13")],
+                close=True,
+            )
+        limits = self.limits
+        try:
+            async with open_websocket(
+                http, request, max_message=limits.max_ws_message, within=limits.head_timeout
+            ) as ws:
+                state = _WsState()
+                await self._ws_session(ws, request, run_id, state)
+                await close_websocket(
+                    ws, http.stream, state.code, state.reason, within=limits.close_timeout
+                )
+        except (trio.TooSlowError, trio_websocket.HandshakeError):
+            pass
+        raise _CloseConnection
+
+    async def _ws_session(
+        self,
+        ws: trio_websocket.WebSocketConnection,
+        request: Request,
+        run_id: str,
+        state: _WsState,
+    ) -> None:
+        if self._authorized(request, run_id) is None:
+            state.close(1008, "not_found")
+            return
+        try:
+            with self._subscription(run_id, request.query.get("after"), request.client) as sub:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._ws_reader, ws, state, nursery.cancel_scope)
+                    await self._ws_sender(ws, sub, state)
+                    nursery.cancel_scope.cancel()
+        except _Refused as refused:
+            state.close(1008, refused.kind)
+
+    async def _ws_sender(
+        self, ws: trio_websocket.WebSocketConnection, sub: Subscription, state: _WsState
+    ) -> None:
+        heartbeat = self.limits.heartbeat
+        try:
+            with sub.cancel_scope:
+                while True:
+                    with trio.move_on_after(heartbeat) as idle:
+                        batch = await sub.next_batch()
+                    if idle.cancelled_caught:
+                        await ws.pong()  # an unsolicited pong: a heartbeat needing no answer
+                        continue
+                    if not batch:
+                        state.close(1000, "done")
+                        return
+                    for entry in batch:
+                        await ws.send_message(entry.data.decode())
+        except SubscriberDropped:
+            pass
+        except CursorExpired:
+            state.close(1008, "cursor_expired")
+        except trio_websocket.ConnectionClosed:
+            return
+        if sub.drop_reason is not None:
+            state.close(1013, sub.drop_reason)
+
+    async def _ws_reader(
+        self, ws: trio_websocket.WebSocketConnection, state: _WsState, scope: trio.CancelScope
+    ) -> None:
+        """Read what the client sends: JSON text within the rate; anything else closes."""
+        bucket = TokenBucket(self.limits.ws_rate, self.limits.ws_burst)
+        while True:
+            try:
+                message = await ws.get_message()
+            except trio_websocket.ConnectionClosed:
+                break
+            if isinstance(message, bytes):
+                state.close(1003, "binary messages are not accepted")
+                break
+            if not bucket.take():
+                state.close(1008, "rate_limited")
+                break
+            try:
+                msgspec.json.decode(message)
+            except msgspec.DecodeError:
+                state.close(1008, "not_json")
+                break
+        scope.cancel()
+
+    # --- MMSP -------------------------------------------------------------------------------
+
+    async def _stream(self, http: HttpConnection, request: Request, _: str) -> None:
+        self._require_key(request, mmsp=True)
+        body: _StreamBody = await self._read_json(
+            http, request, _decode_stream_body, "InvalidRequestError"
+        )
+        try:
+            turn_request = _stream_request(body)
+        except ValueError as exc:
+            raise _Reply(400, "InvalidRequestError", str(exc)) from None
+        provider = self._provider(body.model, mmsp=True)
+        self._check_capacity(mmsp=True)
+        policy = self.config.policy or Policy()
+        send, receive = trio.open_memory_channel[list[UniItem]](policy.channel_size)
+        self.metrics.streams_started += 1
+        self.metrics.runs_active += 1
+        completed = False
+        try:
+            async with trio.open_nursery() as nursery:
+                turn: Turn = await nursery.start(
+                    functools.partial(
+                        run_turn,
+                        turn_request,
+                        provider,
+                        sinks=[_ChannelSink(send)],
+                        policy=policy,
+                        client=self.client,
+                    )
+                )
+                try:
+                    pump = functools.partial(self._pump_mmsp, http, turn, receive, provider)
+                    completed = await self._until_gone(http, pump)
+                finally:
+                    if not completed:
+                        turn.cancel()
+            self.metrics.finished(await turn.result())
+        finally:
+            self.metrics.runs_active -= 1
+        await self._end_stream(http, completed)
+
+    async def _pump_mmsp(
+        self,
+        http: HttpConnection,
+        turn: Turn,
+        receive: trio.MemoryReceiveChannel[list[UniItem]],
+        provider: Provider,
+    ) -> None:
+        """Stream the turn's UniEvents as MMSP does. The head waits for the first event (or the
+        turn's end) up to one heartbeat, so a request refused upstream gets an HTTP error
+        status; after that, errors are one `{"error"}` event and `[DONE]`.
+
+        A retry that voids events the client already has cannot be said in MMSP's grammar: the
+        stream then ends with `IncompleteStreamError` (what the client would have seen from the
+        failed attempt itself), and the client's own retry takes over. A reset before anything
+        was written just drops the voided events."""
+        heartbeat = self.limits.heartbeat
+        started = written = False
+        deadline = trio.current_time() + heartbeat
+        while True:
+            items: list[UniItem] | None = None
+            with trio.move_on_at(deadline) as idle:
+                try:
+                    items = await receive.receive()
+                except trio.EndOfChannel:
+                    break
+            if idle.cancelled_caught:
+                if started:
+                    await http.send_data(_HEARTBEAT)
+                else:
+                    await http.start_stream(200, SSE_HEADERS)
+                    started = True
+                deadline = trio.current_time() + heartbeat
+                continue
+            assert items is not None
+            frames: list[bytes] = []
+            stopped = reset = False
+            for item in items:
+                if type(item) is AttemptReset:
+                    if written:
+                        reset = True
+                        break
+                    frames.clear()
+                    continue
+                assert isinstance(item, UniEvent)
+                frames.append(b"data: %s\n\n" % encode_json(item))
+                stopped = item.event_type == "stop"
+            if frames:
+                self.metrics.count(len(frames))
+                if not started:
+                    await http.start_stream(200, SSE_HEADERS)
+                    started = True
+                await http.send_data(b"".join(frames))
+                written = True
+                deadline = trio.current_time() + heartbeat
+            if reset:
+                error = {
+                    "type": "IncompleteStreamError",
+                    "message": "the upstream attempt failed mid-stream; retry the request",
+                    "missing": ["usage_metadata", "finish_reason"],
+                    "finish_reason": None,
+                    "usage_metadata": None,
+                }
+                await http.send_data(b"data: %s\n\n%s" % (_json({"error": error}), _DONE))
+                turn.cancel()
+                return
+            if stopped:
+                await http.send_data(_DONE)
+                return
+        result = await turn.result()
+        if result.ok:  # a rescued reply without a stop cannot happen; end the stream anyway
+            if not started:
+                await http.start_stream(200, SSE_HEADERS)
+            await http.send_data(_DONE)
+            return
+        error, status, headers = _mmsp_error(result, provider)
+        if not started:
+            await http.respond(status, _json({"error": error}), headers)
+            return
+        await http.send_data(b"data: %s\n\n%s" % (_json({"error": error}), _DONE))
+
+
+class _CloseConnection(Exception):
+    """The response is over and the connection must close (a stream cut short, a hand-over)."""
+
+
+def _json(value: Any) -> bytes:
+    return msgspec.json.encode(value)
+
+
+def _mmsp_error(
+    result: TurnResult, provider: Provider
+) -> tuple[dict[str, Any], int, list[tuple[str, str]]]:
+    """The MMSP error object for a failed turn, the HTTP status for it, and extra headers.
+
+    Messages are our own words; a provider's own message is passed on only for an invalid
+    request (it says what was invalid), with the provider's key scrubbed from it.
+    """
+    error = result.error
+    if isinstance(error, FallbackFailed):
+        error = error.stream_error or error.rescue_error
+    headers: list[tuple[str, str]] = []
+    if result.outcome is Outcome.CANCELLED:
+        return {"type": "Cancelled", "message": "the turn was cancelled"}, 503, headers
+    if isinstance(error, ProviderError):
+        message = f"the upstream provider {error.provider} reported an error"
+        if error.status is not None:
+            message += f" (status {error.status})"
+        if isinstance(error, InvalidRequestError) and error.provider_message:
+            message += f": {_scrub(error.provider_message, provider)}"
+        body: dict[str, Any] = {"type": type(error).__name__, "message": message}
+        if error.status is not None:
+            body["status"] = error.status
+        status = error.status if error.status is not None and 400 <= error.status <= 599 else 502
+        wait = result.retry_after if result.retry_after is not None else error.retry_after
+        if wait is not None:
+            body["retry_after"] = wait
+            headers.append(("retry-after", str(max(1, math.ceil(wait)))))
+        return body, status, headers
+    if isinstance(error, StreamError):
+        body = {"type": type(error).__name__, "message": str(error)}
+        for name in (
+            "missing",
+            "finish_reason",
+            "usage_metadata",
+            "tool_name",
+            "tool_call_id",
+            "raw_arguments_length",
+            "raw_arguments_preview",
+        ):
+            if hasattr(error, name):
+                value = getattr(error, name)
+                body[name] = list(value) if isinstance(value, tuple) else value
+        return msgspec.to_builtins(body), 502, headers
+    if isinstance(error, TurnTimeout):
+        return {"type": "TurnTimeout", "message": str(error)}, 504, headers
+    if isinstance(error, TransportError | FrameError):
+        return {"type": type(error).__name__, "message": str(error)}, 502, headers
+    return {"type": "UpstreamError", "message": "the turn failed"}, 502, headers
+
+
+def _scrub(text: str, provider: Provider) -> str:
+    key = provider.api_key.reveal() if provider.api_key is not None else ""
+    return text.replace(key, "…") if len(key) >= 4 else text
+
+
+# --- the page -------------------------------------------------------------------------------
+
+
+def _load_page() -> tuple[bytes, str]:
+    """The page, and a Content-Security-Policy that allows its own inline script and style
+    (by hash) and nothing else."""
+    page = resources.files("transports").joinpath("static/index.html").read_bytes()
+    text = page.decode("utf-8")
+    hashes: dict[str, list[str]] = {"script": [], "style": []}
+    for tag in hashes:
+        for block in re.findall(rf"<{tag}>(.*?)</{tag}>", text, flags=re.DOTALL):
+            digest = b64encode(hashlib.sha256(block.encode("utf-8")).digest()).decode()
+            hashes[tag].append(f"'sha256-{digest}'")
+    csp = (
+        "default-src 'none'; "
+        f"script-src {' '.join(hashes['script']) or chr(39) + 'none' + chr(39)}; "
+        f"style-src {' '.join(hashes['style']) or chr(39) + 'none' + chr(39)}; "
+        "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+        "frame-ancestors 'none'"
+    )
+    return page, csp
