@@ -265,15 +265,18 @@ async def run_turn(
     start = trio.current_time()
     outcome = Outcome.CANCELLED
     sink_sends: list[trio.MemorySendChannel[SinkBatch]] = []
+    # per sink, how many run events and MMSP items it has been given: what a cancel leaves
+    # undelivered is still owed to it, so its run events stay gapless up to `run.done`
+    given = [_Given() for _ in sinks]
     opened = [builder.started(provider.label, provider.model)]
     turn._run.extend(opened)
     try:
         with turn._cancel_scope:
             async with trio.open_nursery() as nursery:
-                for sink in sinks:
+                for sink, sink_given in zip(sinks, given, strict=True):
                     send, recv = trio.open_memory_channel[SinkBatch](policy.channel_size)
                     sink_sends.append(send)
-                    nursery.start_soon(_sink_actor, sink, recv)
+                    nursery.start_soon(_sink_actor, sink, recv, sink_given)
                 to_acc, from_handler = trio.open_memory_channel[Batch](policy.channel_size)
                 first = SinkBatch(opened, ())
                 for send in sink_sends:
@@ -314,7 +317,7 @@ async def run_turn(
         )
         turn._done.set()
         try:
-            await _finish_sinks(sinks, final, cancelled=outcome is Outcome.CANCELLED)
+            await _finish_sinks(sinks, turn, given, cancelled=outcome is Outcome.CANCELLED)
         finally:
             if own_client:
                 with trio.CancelScope(shield=True), trio.move_on_after(_SINK_GRACE):
@@ -328,13 +331,24 @@ def _tls_context() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
-async def _finish_sinks(sinks: Sequence[Sink], final: list[RunEvent], *, cancelled: bool) -> None:
-    """The final batch (`run.done`) to every sink, then `close`. A turn that ended on its own
-    waits for its sinks however slow (backpressure: nothing is dropped); a cancelled one gives
-    them a shielded grace period. `close` always runs, shielded, within its own grace period."""
-    batch = SinkBatch(final, ())
+@attrs.define
+class _Given:
+    """How much of the turn's logs one sink has been given."""
+
+    run: int = 0
+    uni: int = 0
+
+
+async def _finish_sinks(
+    sinks: Sequence[Sink], turn: Turn, given: list[_Given], *, cancelled: bool
+) -> None:
+    """What each sink is still owed (the final events, and whatever a cancel cut off), then
+    `close`. A turn that ended on its own waits for its sinks however slow (backpressure:
+    nothing is dropped); a cancelled one gives them a shielded grace period. `close` always
+    runs, shielded, within its own grace period."""
     grace = trio.current_time() + _SINK_GRACE
-    for sink in sinks:
+    for sink, sink_given in zip(sinks, given, strict=True):
+        batch = SinkBatch(turn._run.items[sink_given.run :], turn._uni.items[sink_given.uni :])
         try:
             if cancelled:
                 with trio.CancelScope(shield=True, deadline=grace):
@@ -411,7 +425,9 @@ async def _accumulator_actor(
         await send.aclose()
 
 
-async def _sink_actor(sink: Sink, receive: trio.MemoryReceiveChannel[SinkBatch]) -> None:
+async def _sink_actor(
+    sink: Sink, receive: trio.MemoryReceiveChannel[SinkBatch], given: _Given
+) -> None:
     """Feeds one sink; its slowness is backpressure on the turn."""
     async with receive:
         async for batch in receive:
@@ -422,3 +438,5 @@ async def _sink_actor(sink: Sink, receive: trio.MemoryReceiveChannel[SinkBatch])
                     break
                 batch = SinkBatch([*batch.run, *more.run], [*batch.uni, *more.uni])
             await sink.deliver(batch)
+            given.run += len(batch.run)
+            given.uni += len(batch.uni)

@@ -122,24 +122,27 @@ class WireDecoder:
         return out
 
     def _frames(self, frames: list[Any], out: list[UniEvent]) -> None:
+        # the lanes of every frame go to the grammar in one call, even when a frame fails: what
+        # the frames before it released still reaches `out` before the error is raised
         feed_frame = self._stream.feed
-        feed_lanes = self.grammar.feed_many
-        lane_events = 0
-        for frame in frames:
-            try:
-                lanes = feed_frame(frame)
-            except FrameError as exc:
-                exc.locate(provider=self.provider, frame_index=self.frames, offset=None)
-                raise
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise MalformedFrameError(
-                    str(exc), str(frame), provider=self.provider, frame_index=self.frames
-                ) from None
-            self.frames += 1
-            if lanes:
-                lane_events += len(lanes)
-                feed_lanes(lanes, out)
-        self.lane_events += lane_events
+        pending: list[LaneEvent] = []
+        done = 0
+        try:
+            for frame in frames:
+                pending += feed_frame(frame)
+                done += 1
+        except FrameError as exc:
+            exc.locate(provider=self.provider, frame_index=self.frames + done, offset=None)
+            raise
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise MalformedFrameError(
+                str(exc), str(frames[done]), provider=self.provider, frame_index=self.frames + done
+            ) from None
+        finally:
+            self.frames += done
+            if pending:
+                self.lane_events += len(pending)
+                self.grammar.feed_many(pending, out)
 
     def _lanes(self, lanes: list[LaneEvent], out: list[UniEvent]) -> None:
         self.lane_events += len(lanes)

@@ -147,15 +147,16 @@ class SSEDecoder:
         self._held_lf = tail[-1:] == b"\n"
         out: list[SSEEvent] = []
         cap = self.max_frame
+        event_id = self._id
+        fast = 0  # events dispatched by the fast paths (they change no state but the count)
         for block in blocks:
             if len(block) > cap:
                 self._too_large(len(block))
             if block[:6] == b"data: ":
                 if 0x0A not in block:
                     # the commonest block by far: one `data:` line, no name, no id
-                    self.last_event_id = self._id
-                    out.append(SSEEvent(block[6:].decode("utf-8", "replace"), "message", self._id))
-                    self.frames += 1
+                    out.append(SSEEvent(block[6:].decode("utf-8", "replace"), "message", event_id))
+                    fast += 1
                     continue
             elif block[:7] == b"event: ":
                 # the next commonest: `event: name` then one `data:` line
@@ -166,11 +167,16 @@ class SSEDecoder:
                         name = block[7:nl].decode("utf-8", "replace") or "message"
                         if len(_NAMES) < 256:
                             _NAMES[block[7:nl]] = name
-                    self.last_event_id = self._id
-                    out.append(SSEEvent(block[nl + 7 :].decode("utf-8", "replace"), name, self._id))
-                    self.frames += 1
+                    out.append(SSEEvent(block[nl + 7 :].decode("utf-8", "replace"), name, event_id))
+                    fast += 1
                     continue
+            self.frames += fast
+            fast = 0
             self._block(block, out)
+            event_id = self._id
+        if fast:
+            self.frames += fast
+            self.last_event_id = event_id
         if self._held_size > cap:
             self._too_large(self._held_size)
         return out

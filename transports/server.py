@@ -89,7 +89,6 @@ from ._ws import TokenBucket, close_websocket, handshake_problem, open_websocket
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from pipeline._runevents import RunEvent
 
 __all__ = ["Limits", "ServerConfig", "ServerConfigError", "serve"]
 
@@ -421,32 +420,16 @@ class _Metrics:
 
 @attrs.define(eq=False)
 class _HubFeed:
-    """A run's sink into the hub: counts the events for `/metrics`, and keeps the hub's log
-    gapless when a cancelled turn drops the batches that were on their way to its sinks (its
-    final events then come with seqs past them; the turn's own log still has them all)."""
+    """A run's sink into the hub, counting the events for `/metrics`."""
 
     inner: HubSink
     metrics: _Metrics
     turn: Turn | None = None
-    next_seq: int = 1
 
     async def deliver(self, batch: SinkBatch) -> None:
-        events = list(batch.run)
-        if events and events[0].seq > self.next_seq and self.turn is not None:
-            events[:0] = await self._missing(self.turn, events[0].seq)
-        if not events:
-            return
-        self.metrics.count(len(events))
-        await self.inner.deliver(SinkBatch(events, batch.uni))
-        self.next_seq = events[-1].seq + 1
-
-    async def _missing(self, turn: Turn, upto: int) -> list[RunEvent]:
-        missing: list[RunEvent] = []
-        async for event in turn.run_events(self.next_seq - 1):
-            if event.seq >= upto:
-                break
-            missing.append(event)
-        return missing
+        if batch.run:
+            self.metrics.count(len(batch.run))
+            await self.inner.deliver(batch)
 
     async def close(self) -> None:
         await self.inner.close()
