@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# System packages the test suite uses when they are there: Debian's chromium (the live page in a
+# real headless browser) and redis-server (the Redis run log). Installed when we are root and
+# they are missing; otherwise the tests that need them skip and say why.
+set -u
+need=()
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+if [ ${#need[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+  echo "test-deps: not installing ${need[*]} (needs root and apt-get); the tests that use them will be skipped"
+  exit 0
+fi
+echo "test-deps: installing ${need[*]}"
+export DEBIAN_FRONTEND=noninteractive
+if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null; }; then
+  echo "test-deps: could not install ${need[*]}; the tests that use them will be skipped"
+fi
+exit 0
