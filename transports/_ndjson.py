@@ -60,11 +60,22 @@ class NDJSONDecoder:
         tail = lines.pop()
         out: list[str] = []
         at = self._tail_offset
+        cap = self.max_frame
         for raw in lines:
-            out_line = self._line(raw, at)
-            at += len(raw) + 1
-            if out_line is not None:
-                out.append(out_line)
+            size = len(raw)
+            if size > cap or raw[-1:] == b"\r" or not raw or raw.isspace():
+                out_line = self._line(raw, at)  # the rare cases, one at a time
+                if out_line is not None:
+                    out.append(out_line)
+            else:
+                try:
+                    out.append(raw.decode("utf-8"))
+                except UnicodeDecodeError:
+                    self.frames += len(out)
+                    self._line(raw, at)  # raises FrameEncodingError with its position
+                    raise
+            at += size + 1
+        self.frames += len(out)
         self._tail = tail
         self._tail_offset = at
         if len(tail) > self.max_frame:
@@ -91,8 +102,8 @@ class NDJSONDecoder:
         try:
             _parse(line)
         except msgspec.DecodeError:
-            self.frames -= 1  # cut off mid-object: a truncation, not data
-            return []
+            return []  # cut off mid-object: a truncation, not data
+        self.frames += 1
         return [line]
 
     def _line(self, raw: bytes, offset: int) -> str | None:
@@ -110,5 +121,4 @@ class NDJSONDecoder:
                 offset=offset,
                 frame_index=self.frames,
             ) from None
-        self.frames += 1
         return line

@@ -227,7 +227,10 @@ class _StreamDecoder:
     def feed(self, frame: SSEEvent) -> list[LaneEvent]:
         if frame.event not in _KNOWN_EVENTS and frame.event != "message":
             raise MalformedFrameError(f"unknown event type {frame.event!r}", frame.data)
-        event = strict_decode(_decode_event, frame.data, NAME)
+        try:  # the hot path: one call into msgspec; on error, strict_decode types it
+            event = _decode_event.decode(frame.data)
+        except msgspec.MsgspecError:
+            event = strict_decode(_decode_event, frame.data, NAME)
         if type(event) is _BlockDelta:
             kind = self._kinds.get(event.index)
             delta = event.delta

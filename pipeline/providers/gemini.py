@@ -182,10 +182,18 @@ class _StreamDecoder:
         self._last_usage: _Usage | None = None
 
     def feed(self, frame: SSEEvent) -> list[LaneEvent]:
-        return self.chunk(strict_decode(_decode_chunk, frame.data, NAME))
+        try:  # the hot path: one call into msgspec; on error, strict_decode types it
+            decoded = _decode_chunk.decode(frame.data)
+        except msgspec.MsgspecError:
+            decoded = strict_decode(_decode_chunk, frame.data, NAME)
+        return self.chunk(decoded)
 
     def close(self) -> list[LaneEvent]:
-        return [MessageStop()] if self._finished else []
+        if self._finished:
+            return [MessageStop()]
+        # cut off: the usage so far still reaches the grammar (and its IncompleteStreamError)
+        u = self._last_usage
+        return [] if u is None else [MessageDelta(usage=_usage(u))]
 
     def chunk(self, chunk: _Chunk) -> list[LaneEvent]:
         """The lane events of one decoded chunk."""
@@ -204,15 +212,19 @@ class _StreamDecoder:
                 finish = "tool_call"
         elif chunk.prompt_feedback is not None:
             finish = chunk.prompt_feedback.block_reason
-        usage: RawUsage | None = None
+        # usage is cumulative and repeated on every chunk: keep the latest, and hand it on only
+        # with the finish reason (or at the end of a stream cut off before one)
         u = chunk.usage_metadata
-        if u is not None and u != self._last_usage:
+        if u is not None:
+            if self._finished and u != self._last_usage:  # usage after the finish reason
+                out.append(MessageDelta(usage=_usage(u)))
             self._last_usage = u
-            usage = _usage(u)
         if finish is not None:
             self._finished = True
-        if finish is not None or usage is not None:
-            out.append(MessageDelta(finish_reason=finish, usage=usage))
+            last = self._last_usage
+            out.append(
+                MessageDelta(finish_reason=finish, usage=None if last is None else _usage(last))
+            )
         if chunk.error is not None:
             error = error_from_body(NAME, None, {"error": chunk.error}, in_stream=True)
             out.append(ProviderErrorEvent(error))

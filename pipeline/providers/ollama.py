@@ -123,7 +123,11 @@ class _StreamDecoder:
         self._started = False  # MessageStart went out
 
     def feed(self, frame: str) -> list[LaneEvent]:
-        return self.line(strict_decode(_decode_line, frame, NAME))
+        try:  # the hot path: one call into msgspec; on error, strict_decode types it
+            decoded = _decode_line.decode(frame)
+        except msgspec.MsgspecError:
+            decoded = strict_decode(_decode_line, frame, NAME)
+        return self.line(decoded)
 
     def close(self) -> list[LaneEvent]:
         return []

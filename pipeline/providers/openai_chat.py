@@ -284,7 +284,10 @@ class _StreamDecoder:
         data = frame.data
         if data == "[DONE]":
             return [MessageStop()]
-        chunk: _Chunk = strict_decode(_decode_chunk, data, NAME)
+        try:  # the hot path: one call into msgspec; on error, strict_decode types it
+            chunk: _Chunk = _decode_chunk.decode(data)
+        except msgspec.MsgspecError:
+            chunk = strict_decode(_decode_chunk, data, NAME)
         out: list[LaneEvent] = []
         if not self._started and (chunk.id or chunk.model):
             self._started = True

@@ -363,7 +363,10 @@ class _StreamDecoder:
         name = frame.event
         if name != "message" and name not in _DOCUMENTED:
             raise MalformedFrameError(f"unknown event type {name!r}", frame.data, provider=NAME)
-        event = strict_decode(_decode_event, frame.data, NAME)
+        try:  # the hot path: one call into msgspec; on error, strict_decode types it
+            event = _decode_event.decode(frame.data)
+        except msgspec.MsgspecError:
+            event = strict_decode(_decode_event, frame.data, NAME)
         kind = type(event)
         if kind is _TextDelta:
             self._streamed.add(event.output_index)
