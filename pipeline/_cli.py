@@ -92,6 +92,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8787)
     serve.add_argument("--server-key", default=None, help="key required to start runs")
     serve.add_argument("--show-reasoning", action="store_true")
+    serve.add_argument(
+        "--redis",
+        default=None,
+        metavar="URL",
+        help="keep run logs in this Redis (redis://host:port/db) so that every server sharing "
+        "it serves every run; needs the `redis` extra. Default: in memory",
+    )
 
     demo = sub.add_parser("demo", help="everything, against an embedded recorded provider")
     demo.add_argument("--keep-serving", action="store_true", help="keep the page up at the end")
@@ -320,6 +327,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from ._hub import HubUnavailable
     from .providers._base import Secret
 
     try:
@@ -335,17 +343,41 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         provider=provider,
         models=[provider.model],
         reasoning=args.show_reasoning,
+        redis_url=args.redis,
     )
+    if args.redis is not None:
+        try:
+            import coredis  # noqa: F401
+        except ImportError:
+            raise CliError(
+                "--redis needs the coredis package", "pip install 'rillet[redis]'"
+            ) from None
+
+    refused: list[str] = []
 
     async def go() -> None:
-        async with trio.open_nursery() as nursery:
-            url = await nursery.start(lambda task_status: serve(config, task_status=task_status))
-            print(f"rillet serving {url}/", file=sys.stderr, flush=True)
+        try:
+            async with trio.open_nursery() as nursery:
+                url = await nursery.start(
+                    lambda task_status: serve(config, task_status=task_status)
+                )
+                print(f"rillet serving {url}/", file=sys.stderr, flush=True)
+        except* HubUnavailable as group:  # Redis did not answer: no fallback to memory
+            refused.extend(str(exc) for exc in group.exceptions)
+        except* KeyboardInterrupt:  # Ctrl-C arrives through the server's nursery
+            interrupted.append(True)
 
+    interrupted: list[bool] = []
     try:
         trio.run(go)
     except KeyboardInterrupt:
         return EXIT_CANCELLED
+    if interrupted:
+        return EXIT_CANCELLED
+    if refused:
+        raise CliError(
+            f"not serving: {refused[0]}", "start Redis, fix --redis, or leave it out for memory"
+        )
     return EXIT_OK
 
 

@@ -15,8 +15,10 @@ The log of a run is bounded in events and bytes: past either cap its oldest even
 forgotten, and a cursor below what is kept is refused (`CursorExpired`, never a gap). A run is
 kept `retention` seconds after its `run.done`, then forgotten (`UnknownRun`).
 
-`RunLog` is the storage interface: `MemoryRunLog` keeps everything in this process; a
-distributed implementation can keep it elsewhere without the hub's callers changing.
+Two implementations share one interface, `RunHub`, which is all a server uses: `Hub` keeps
+the logs in this process (`MemoryRunLog`, the default); `pipeline._redis_hub.RedisHub` keeps them
+in Redis Streams, so that any server sharing that Redis serves any run's subscribers. Both hand
+out the same `Subscription`: the same buffer allowance, drop reasons, resume and expiry rules.
 """
 
 from __future__ import annotations
@@ -33,17 +35,20 @@ from .errors import RilletError
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ._turn import SinkBatch
+    from ._turn import Sink, SinkBatch
 
 __all__ = [
+    "AppendConflict",
     "CursorExpired",
     "CursorInvalid",
     "Entry",
     "Hub",
     "HubError",
     "HubSink",
+    "HubUnavailable",
     "MemoryRunLog",
     "RunExists",
+    "RunHub",
     "RunLog",
     "SubscriberDropped",
     "Subscription",
@@ -66,6 +71,24 @@ class UnknownRun(HubError):
 
 class RunExists(HubError):
     """A run with this id is already open."""
+
+
+class AppendConflict(HubError):
+    """The log already holds these seqs: another producer is appending to the same run.
+
+    Attributes:
+        run_id: the run.
+        seq: the first seq refused.
+    """
+
+    def __init__(self, run_id: str, seq: int) -> None:
+        self.run_id = run_id
+        self.seq = seq
+        super().__init__(f"run {run_id} already has seq {seq}: a second producer for this run")
+
+
+class HubUnavailable(HubError):
+    """The hub's storage cannot be reached (a Redis outage): nothing was appended or read."""
 
 
 class CursorInvalid(HubError):
@@ -131,6 +154,7 @@ class _Run:
 
     __slots__ = (
         "_changed",
+        "access",
         "base",
         "done_at",
         "entries",
@@ -146,6 +170,7 @@ class _Run:
         self.nbytes = 0
         self.done_at: float | None = None
         self.subscribers: set[Subscription] = set()
+        self.access: bytes | None = None  # the digest of its readers' token, if one was given
         self._changed = trio.Event()
 
     @property
@@ -265,6 +290,12 @@ class MemoryRunLog:
             del self._runs[run_id]
 
 
+class _Owner(Protocol):
+    """What a subscription tells its hub: that it stopped following."""
+
+    def _unsubscribed(self, sub: Subscription) -> None: ...
+
+
 @attrs.define(eq=False)
 class Subscription:
     """A cursor following one run's log. Iterate it for entries, or call `next_batch`.
@@ -280,7 +311,7 @@ class Subscription:
             that stopped reading wakes up: run the writing inside it.
     """
 
-    _hub: Hub
+    _hub: _Owner
     _run: _Run
     cursor: int
     buffer: int
@@ -303,6 +334,11 @@ class Subscription:
     def lag(self) -> int:
         """How many events it is behind the log's head."""
         return self._run.last_seq - self.cursor
+
+    @property
+    def at_end(self) -> bool:
+        """Whether the run is over and this subscriber was given all of it."""
+        return self._run.done and self.cursor >= self._run.last_seq
 
     async def next_batch(self, limit: int = 256) -> list[Entry]:
         """Every entry available now after the cursor (at most `limit`), waiting for one if
@@ -348,6 +384,42 @@ class Subscription:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+class RunHub(Protocol):
+    """What a server needs of a hub, whichever keeps the logs: open a run (its sink), follow a
+    run from a cursor, tell who may read a run, and which runs are still kept.
+
+    Attributes:
+        subscribers: live subscriptions through this hub.
+    """
+
+    subscribers: int
+
+    async def open_run(self, run_id: str, *, access: bytes | None = None) -> Sink:
+        """Open a new run and return the sink that appends its events. `access` (the digest of
+        its readers' token) is kept with the run for `access`. Raises `RunExists`,
+        `HubUnavailable`."""
+        ...
+
+    async def follow(
+        self, run_id: str, after: int = 0, *, buffer: int | None = None
+    ) -> Subscription:
+        """Follow a run from the event after seq `after`, replaying what is kept, then live.
+        Raises `UnknownRun`, `CursorInvalid`, `CursorExpired`, `HubUnavailable`, `HubError`."""
+        ...
+
+    async def access(self, run_id: str) -> bytes | None:
+        """The `access` a run was opened with; None for an unknown run or none given."""
+        ...
+
+    async def kept(self, run_ids: Sequence[str]) -> set[str]:
+        """Which of these runs are still kept (not forgotten after their retention)."""
+        ...
+
+    def statistics(self) -> dict[str, int]:
+        """Counters for monitoring."""
+        ...
 
 
 @attrs.define(eq=False)
@@ -416,6 +488,38 @@ class Hub:
             "subscribers": self.subscribers,
             "appended": self.appended,
         }
+
+    # --- the `RunHub` interface: nothing here waits --------------------------------------------
+
+    async def open_run(self, run_id: str, *, access: bytes | None = None) -> HubSink:
+        """Open a run (`sink`), keeping `access` with it."""
+        sink = self.sink(run_id)
+        self.log.get(run_id).access = access
+        return sink
+
+    async def follow(
+        self, run_id: str, after: int = 0, *, buffer: int | None = None
+    ) -> Subscription:
+        """`subscribe`."""
+        return self.subscribe(run_id, after, buffer=buffer)
+
+    async def access(self, run_id: str) -> bytes | None:
+        """The `access` the run was opened with."""
+        try:
+            return self.log.get(run_id).access
+        except UnknownRun:
+            return None
+
+    async def kept(self, run_ids: Sequence[str]) -> set[str]:
+        """Which of these runs the log still keeps."""
+        out = set()
+        for run_id in run_ids:
+            try:
+                self.log.get(run_id)
+            except UnknownRun:
+                continue
+            out.add(run_id)
+        return out
 
 
 @attrs.define(eq=False)

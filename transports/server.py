@@ -42,7 +42,7 @@ import re
 import secrets
 from base64 import b64encode
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import contextmanager
+from contextlib import asynccontextmanager
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -61,7 +61,8 @@ from pipeline._hub import (
     CursorInvalid,
     Hub,
     HubError,
-    HubSink,
+    HubUnavailable,
+    RunHub,
     SubscriberDropped,
     Subscription,
     UnknownRun,
@@ -69,7 +70,7 @@ from pipeline._hub import (
 )
 from pipeline._policy import Outcome, Policy
 from pipeline._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest, user
-from pipeline._turn import SinkBatch, Turn, TurnResult, UniItem, run_turn
+from pipeline._turn import Sink, SinkBatch, Turn, TurnResult, UniItem, run_turn
 from pipeline.errors import (
     FallbackFailed,
     FrameError,
@@ -87,7 +88,7 @@ from ._http11 import ConnectionStream as _ConnectionStream
 from ._ws import TokenBucket, close_websocket, handshake_problem, open_websocket
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import AsyncIterator
 
 
 __all__ = ["Limits", "ServerConfig", "ServerConfigError", "serve"]
@@ -165,6 +166,9 @@ class ServerConfig:
         limits: sizes, rates and timeouts.
         reasoning: whether run events carry the model's reasoning text.
         tool_arguments: whether run events carry tool call arguments.
+        redis_url: keep run logs in this Redis (`redis://...`, needs the `redis` extra), so that
+            every server sharing it serves every run's subscribers; None keeps them in memory.
+            An unreachable Redis stops the server from starting (no fallback to memory).
     """
 
     provider: Provider | Callable[[str], Provider]
@@ -176,6 +180,7 @@ class ServerConfig:
     limits: Limits = Limits()
     reasoning: bool = False
     tool_arguments: bool = False
+    redis_url: str | None = None
 
     @property
     def loopback(self) -> bool:
@@ -205,20 +210,34 @@ def _is_loopback(host: str) -> bool:
 async def serve(
     config: ServerConfig,
     *,
-    hub: Hub | None = None,
+    hub: RunHub | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled; `task_status.started` gets the bound `http://host:port` URL.
 
     Embeddable: `url = await nursery.start(serve, config)`. Every connection and every run is a
     task of this call's nursery, so cancelling it stops them all. Pass a `hub` to share run logs
-    with the application (runs started elsewhere are readable only through it: the server
-    serves the runs it started). Raises `ServerConfigError` before binding for an open server
-    off loopback.
+    with the application; with `config.redis_url` (and no `hub`) the logs live in Redis and
+    every server sharing it serves every run's subscribers; otherwise a server serves the runs
+    it started. Raises `ServerConfigError` before binding for an open server off loopback, and
+    `HubUnavailable` before binding when the configured Redis does not answer.
     """
     config.check()
     limits = config.limits
-    hub = hub or Hub(max_subscribers_per_run=limits.max_subscribers_per_run)
+    if hub is None and config.redis_url is not None:
+        from pipeline._redis_hub import open_redis_hub
+
+        async with open_redis_hub(
+            config.redis_url, max_subscribers_per_run=limits.max_subscribers_per_run
+        ) as shared:
+            await _serve(config, shared, task_status)
+        return
+    await _serve(
+        config, hub or Hub(max_subscribers_per_run=limits.max_subscribers_per_run), task_status
+    )
+
+
+async def _serve(config: ServerConfig, hub: RunHub, task_status: trio.TaskStatus[str]) -> None:
     async with (
         httpx.AsyncClient(timeout=httpx.Timeout(None), follow_redirects=False) as client,
         trio.open_nursery() as nursery,
@@ -266,6 +285,13 @@ def _not_found() -> _Reply:
     """One answer for "no such run" and "not your run": the same bytes, nothing tells them
     apart."""
     return _Reply(404, "not_found", "no such run")
+
+
+def _log_unavailable() -> _Refused:
+    """The shared run log (Redis) cannot be reached: retry later."""
+    return _Refused(
+        503, "log_unavailable", "the run log is unavailable; retry shortly", retry_after=1
+    )
 
 
 class _Refused(Exception):
@@ -368,10 +394,20 @@ def _stream_request(body: _StreamBody) -> TurnRequest:
 
 @attrs.define(eq=False)
 class _Run:
-    """A run this server started: who may read it, and its turn once running."""
+    """A run: who may read it (`access`: its token's digest, which the hub shares with other
+    servers), and its turn while this server runs it."""
 
     token: str
     turn: Turn | None = None
+    access: bytes = attrs.field()
+
+    @access.default
+    def _digest(self) -> bytes:
+        return _token_digest(self.token)
+
+
+def _token_digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
 
 
 @attrs.define(eq=False)
@@ -422,7 +458,7 @@ class _Metrics:
 class _HubFeed:
     """A run's sink into the hub, counting the events for `/metrics`."""
 
-    inner: HubSink
+    inner: Sink
     metrics: _Metrics
     turn: Turn | None = None
 
@@ -472,7 +508,7 @@ _Handler = Callable[[HttpConnection, Request, str], Awaitable[None]]
 @attrs.define(eq=False)
 class _Server:
     config: ServerConfig
-    hub: Hub
+    hub: RunHub
     client: httpx.AsyncClient
     nursery: trio.Nursery
     runs: dict[str, _Run] = attrs.field(factory=dict)
@@ -654,6 +690,8 @@ class _Server:
             return decode(body)
         except (msgspec.DecodeError, UnicodeDecodeError) as exc:
             raise _Reply(400, kind, f"invalid request body: {exc}") from None
+        except RecursionError:  # nested deeper than the decoder follows: refused, not a crash
+            raise _Reply(400, kind, "invalid request body: nested too deeply") from None
 
     def _offered_models(self) -> tuple[str, ...]:
         """The models served: the configured list, else the provider's own model."""
@@ -749,10 +787,14 @@ class _Server:
             raise _Reply(400, "invalid_request", str(exc)) from None
         provider = self._provider(body.model, mmsp=False)
         self._check_capacity(mmsp=False)
-        self._prune()
         run_id = secrets.token_hex(12)
         record = _Run(token=secrets.token_urlsafe(24))
-        sink = _HubFeed(self.hub.sink(run_id), self.metrics)
+        try:
+            await self._prune()
+            sink = _HubFeed(await self.hub.open_run(run_id, access=record.access), self.metrics)
+        except HubUnavailable as exc:
+            logger.error("refusing a new run: %s", exc)
+            raise _log_unavailable().reply() from None
         self.runs[run_id] = record
         try:
             await self.nursery.start(self._run, turn_request, provider, run_id, sink, record)
@@ -809,17 +851,15 @@ class _Server:
             self.metrics.runs_active -= 1
             record.turn = sink.turn = None
 
-    def _prune(self) -> None:
+    async def _prune(self) -> None:
         """Forget the tokens of runs the hub has forgotten (at most once a minute)."""
         now = trio.current_time()
         if now < self._next_prune:
             return
         self._next_prune = now + 60.0
-        for run_id in list(self.runs):
-            try:
-                self.hub.log.get(run_id)
-            except UnknownRun:
-                del self.runs[run_id]
+        kept = await self.hub.kept(list(self.runs))
+        for run_id in [r for r in self.runs if r not in kept]:
+            self.runs.pop(run_id, None)
 
     def _base(self, request: Request) -> str:
         host = request.headers.get("host")
@@ -827,26 +867,40 @@ class _Server:
             return f"http://{self.config.host}:{self.config.port}"
         return f"http://{host}"
 
-    def _authorized(self, request: Request, run_id: str) -> _Run | None:
+    async def _authorized(self, request: Request, run_id: str) -> _Run | None:
         """The run when the request carries its token; None for an unknown run or a wrong
-        token alike (one constant-time comparison either way)."""
+        token alike (one constant-time comparison either way). A run another server started
+        is known by the access the shared hub keeps; `_Refused` (503) when it cannot be asked."""
         record = self.runs.get(run_id) if _RUN_ID.fullmatch(run_id) else None
-        given = request.bearer() or request.query.get("token", "")
-        expected = record.token if record is not None else self._decoy
-        if hmac.compare_digest(given.encode(), expected.encode()) and record is not None:
+        if record is None and _RUN_ID.fullmatch(run_id):
+            try:
+                access = await self.hub.access(run_id)
+            except HubUnavailable:
+                raise _log_unavailable() from None
+            record = _Run(token="", access=access) if access is not None else None
+        given = _token_digest(request.bearer() or request.query.get("token", ""))
+        expected = record.access if record is not None else _token_digest(self._decoy)
+        if hmac.compare_digest(given, expected) and record is not None:
             return record
         return None
 
     async def _cancel_run(self, http: HttpConnection, request: Request, run_id: str) -> None:
-        record = self._authorized(request, run_id)
+        try:
+            record = await self._authorized(request, run_id)
+        except _Refused as refused:
+            raise refused.reply() from None
         if record is None:
             raise _not_found()
+        if run_id not in self.runs:
+            raise _Reply(409, "elsewhere", "cancel the run on the server that started it")
         if record.turn is not None:
             record.turn.cancel()
         await http.respond(202, msgspec.json.encode({"run_id": run_id}))
 
-    @contextmanager
-    def _subscription(self, run_id: str, cursor: str | None, client: str) -> Iterator[Subscription]:
+    @asynccontextmanager
+    async def _subscription(
+        self, run_id: str, cursor: str | None, client: str
+    ) -> AsyncIterator[Subscription]:
         """Follow a run from a cursor, counted against the limits. Raises `_Refused`."""
         limits = self.limits
         try:
@@ -855,7 +909,7 @@ class _Server:
                 raise HubError("too many subscribers for this run")
             if self.per_client[client] >= limits.max_subscribers_per_client:
                 raise HubError("too many subscribers from this client")
-            sub = self.hub.subscribe(run_id, after)
+            sub = await self.hub.follow(run_id, after)
         except UnknownRun:
             self.runs.pop(run_id, None)
             raise _Refused(404, "not_found", "no such run") from None
@@ -865,6 +919,8 @@ class _Server:
             raise _Refused(
                 410, "cursor_expired", "the log no longer keeps that seq", first_kept=exc.first_kept
             ) from None
+        except HubUnavailable:
+            raise _log_unavailable() from None
         except HubError as exc:
             raise _Refused(429, "too_many_subscribers", str(exc)) from None
         self.per_run[run_id] += 1
@@ -882,20 +938,16 @@ class _Server:
 
     def _finished(self, run_id: str, sub: Subscription) -> bool:
         """Whether the subscriber is at the end of a run that is over."""
-        try:
-            run = self.hub.log.get(run_id)
-        except UnknownRun:
-            return True
-        return run.done and sub.lag == 0
+        return sub.at_end
 
     # --- SSE --------------------------------------------------------------------------------
 
     async def _events(self, http: HttpConnection, request: Request, run_id: str) -> None:
-        if self._authorized(request, run_id) is None:
-            raise _not_found()
         cursor = request.headers.get("last-event-id") or request.query.get("after")
         try:
-            with self._subscription(run_id, cursor, request.client) as sub:
+            if await self._authorized(request, run_id) is None:
+                raise _not_found()
+            async with self._subscription(run_id, cursor, request.client) as sub:
                 if self._finished(run_id, sub):
                     await http.respond(204, content_type="")
                     return
@@ -1003,17 +1055,20 @@ class _Server:
         run_id: str,
         state: _WsState,
     ) -> None:
-        if self._authorized(request, run_id) is None:
-            state.close(1008, "not_found")
-            return
         try:
-            with self._subscription(run_id, request.query.get("after"), request.client) as sub:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._ws_reader, ws, state, nursery.cancel_scope)
-                    await self._ws_sender(ws, sub, state)
-                    nursery.cancel_scope.cancel()
+            if await self._authorized(request, run_id) is None:
+                state.close(1008, "not_found")
+                return
+            cursor = request.query.get("after")
+            async with (
+                self._subscription(run_id, cursor, request.client) as sub,
+                trio.open_nursery() as nursery,
+            ):
+                nursery.start_soon(self._ws_reader, ws, state, nursery.cancel_scope)
+                await self._ws_sender(ws, sub, state)
+                nursery.cancel_scope.cancel()
         except _Refused as refused:
-            state.close(1008, refused.kind)
+            state.close(1013 if refused.status == 503 else 1008, refused.kind)
 
     async def _ws_sender(
         self, ws: trio_websocket.WebSocketConnection, sub: Subscription, state: _WsState
