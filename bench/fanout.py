@@ -1,0 +1,748 @@
+"""Fan-out: one run's events delivered live to many WebSocket and SSE subscribers.
+
+`python -m bench.fanout [--ws N] [--sse N] [--events N] [--rate R]` prints a Markdown table;
+`run_fanout(...)` returns the figures.
+
+Set-up, on loopback only, three processes: a provider (`--provider`: an OpenAI Chat stream of
+`events` text fragments, one every `1/rate` seconds on a fixed schedule, so its pace does not
+depend on the server's load), rillet's server (this process), and the subscribers (`--client`:
+plain sockets and epoll, no trio, so their own overhead stays small). A run is started over
+HTTP; the client opens `n_ws` WebSocket and `n_sse` SSE subscriptions to it, says when all are
+connected, and only then is the provider told to start. Each subscriber reads every event to
+`run.done`, and resumes (`?after=` / `Last-Event-ID`) if the server drops it; it gives up
+`events/rate + 120` seconds after the start (what it has not read by then counts as missing).
+
+What is measured, and how:
+
+- delay: from the moment the server's hub appended an event (`time.monotonic()` in the server
+  process, recorded by a `Hub` subclass) to the moment a subscriber's `recv` returned the bytes
+  that completed it (`time.monotonic()` in the client process). Both processes read the same
+  system-wide monotonic clock, so the difference is the real end-to-end delay: the server's
+  wake-up and write, the kernel, and the client's read. Only events appended after every
+  subscriber was connected count (no replays).
+- appended/s: the events the server took in from the provider per second (the provider sends
+  `rate`): a server busy fanning out reads its provider more slowly.
+- deliveries/s: (subscriber, event) pairs received live, over the time from the first of those
+  events' append to the last receipt; the offered load is subscribers x rate.
+- RSS per subscriber: the server process's peak RSS during the first phase (sampled every
+  0.2 s) less its RSS before any subscriber connected, divided by the subscribers. Kernel
+  socket buffers are not in RSS.
+- the slow subscriber: a second phase repeats the first with one more SSE subscriber that reads
+  one event per `10/rate` seconds (10x slower than the stream) through a 4 KiB receive buffer;
+  the others' p99 is compared with the first phase's.
+- CPU: user+system seconds of the server and client processes from the provider's start to the
+  last subscriber's end, as a share of one core.
+
+The machine's fd limit bounds the subscribers: the soft limit is raised to the hard one; when
+even that is too low, the subscriber counts are scaled down and the table says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import functools
+import json
+import math
+import os
+import re
+import resource
+import select
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from array import array
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import httpx
+import trio
+
+from pipeline._hub import Hub
+from pipeline._policy import Policy
+from pipeline.providers._base import Provider
+from pipeline.providers.openai_chat import OpenAIChatDialect
+from transports.server import Limits, ServerConfig, serve
+from transports.testing import openai_text_stream
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+__all__ = ["FanoutResult", "PhaseResult", "main", "run_fanout"]
+
+_SPARE_FDS = 64  # besides one per subscriber: listeners, the provider, files, the child
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- results ----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class PhaseResult:
+    """One phase: every subscriber following one run to its end."""
+
+    label: str
+    n_ws: int
+    n_sse: int
+    events: int  # run events appended while every subscriber was connected
+    deliveries: int  # (subscriber, event) pairs received live
+    missing: int  # pairs never received
+    duplicates: int  # an event received twice by one subscriber
+    resumed: int  # reconnections after the server dropped a subscriber
+    unfinished: int  # subscribers that did not reach run.done
+    seconds: float
+    stream_rate: float  # events/s the server actually appended (the provider sends `rate`)
+    deliveries_per_s: float
+    offered_per_s: float
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    ws_p99_ms: float | None
+    sse_p99_ms: float | None
+    server_cpu: float  # share of one core
+    client_cpu: float
+    rss_per_subscriber_kib: float
+    slow_received: int | None  # events the slow subscriber read, if there was one
+
+
+@attrs.frozen
+class FanoutResult:
+    """Both phases, and what limited the run."""
+
+    phases: list[PhaseResult]
+    rate: float
+    fd_limit: int
+    note: str
+
+    def markdown(self) -> str:
+        """The figures as a Markdown table with its notes."""
+        lines = [
+            "| phase | subscribers (WS + SSE) | events | appended/s | deliveries/s (offered) "
+            "| p50 ms | p99 ms | max ms | WS p99 | SSE p99 | missing / dup / resumed "
+            "| server CPU | client CPU |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for p in self.phases:
+            lines.append(
+                f"| {p.label} | {p.n_ws + p.n_sse:,} ({p.n_ws:,} + {p.n_sse:,}) | {p.events} "
+                f"| {p.stream_rate:.1f} | {p.deliveries_per_s:,.0f} ({p.offered_per_s:,.0f}) "
+                f"| {p.p50_ms:.1f} | {p.p99_ms:.1f} | {p.max_ms:.1f} "
+                f"| {_ms(p.ws_p99_ms)} | {_ms(p.sse_p99_ms)} "
+                f"| {p.missing} / {p.duplicates} / {p.resumed} "
+                f"| {p.server_cpu:.0%} | {p.client_cpu:.0%} |"
+            )
+        first = self.phases[0]
+        lines += [
+            "",
+            f"The provider streams {self.rate:g} events/s (appended/s: what the server took in). "
+            f"Peak server RSS per subscriber: "
+            f"{first.rss_per_subscriber_kib:.1f} KiB. Delay = hub append (server) to `recv` "
+            "(client), on one monotonic clock.",
+        ]
+        if len(self.phases) > 1:
+            slow = self.phases[1]
+            change = slow.p99_ms - first.p99_ms
+            lines.append(
+                f"One subscriber 10x slower than the stream read {slow.slow_received} events; "
+                f"the others' p99 moved by {change:+.1f} ms ({first.p99_ms:.1f} -> "
+                f"{slow.p99_ms:.1f})."
+            )
+        if self.note:
+            lines.append(self.note)
+        return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+# --- the server side ----------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _TimedHub(Hub):
+    """A hub that notes when each seq was appended (`time.monotonic()`, before the wake-up)."""
+
+    appended_at: dict[int, float] = attrs.field(factory=dict)
+
+    def append(self, run_id: str, events: Any) -> None:
+        now = time.monotonic()
+        for event in events:
+            self.appended_at[event.seq] = now
+        super().append(run_id, events)
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def raise_fd_limit(wanted: int) -> int:
+    """Raise this process's soft fd limit towards `wanted` (as far as the hard limit allows);
+    the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    return soft
+
+
+async def _phase(
+    label: str, n_ws: int, n_sse: int, events: int, rate: float, slow: bool
+) -> PhaseResult:
+    provider_spec = json.dumps({"events": events, "rate": rate})
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "bench.fanout", "--provider", provider_spec],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=_ROOT,
+    )
+    try:
+        assert process.stdout is not None
+        assert process.stdin is not None
+        with trio.fail_after(30):
+            url = (await _line(process.stdout)).decode().strip()
+        provider = Provider(OpenAIChatDialect(), f"{url}/v1", "bench-model")
+        return await _serve_phase(label, n_ws, n_sse, events, rate, slow, provider, process.stdin)
+    finally:
+        process.kill()
+        with trio.CancelScope(shield=True):
+            await process.wait()
+
+
+async def _line(stream: trio.abc.ReceiveStream) -> bytes:
+    """One line from a pipe (the other side writes nothing more until told to)."""
+    line = b""
+    while not line.endswith(b"\n"):
+        data = await stream.receive_some(4096)
+        if not data:
+            raise RuntimeError("the process ended before saying anything")
+        line += data
+    return line
+
+
+async def _serve_phase(
+    label: str,
+    n_ws: int,
+    n_sse: int,
+    events: int,
+    rate: float,
+    slow: bool,
+    provider: Provider,
+    go: trio.abc.SendStream,
+) -> PhaseResult:
+    n = n_ws + n_sse + (1 if slow else 0)
+    hub = _TimedHub(max_subscribers_per_run=n + 16)
+    limits = Limits(max_subscribers_per_run=n + 16, max_subscribers_per_client=n + 16)
+    async with trio.open_nursery() as nursery:
+        config = ServerConfig(provider=provider, port=0, limits=limits, policy=Policy())
+        url = await nursery.start(functools.partial(serve, config, hub=hub))
+        baseline = _rss_kib()
+        peak = [baseline]
+        nursery.start_soon(_sample_rss, peak)
+        async with httpx.AsyncClient(base_url=url) as client:
+            started = await client.post("/v1/runs", json={"prompt": "fan out"})
+        run = started.json()
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "times.bin"
+            spec = {
+                "host": host,
+                "port": int(port),
+                "run_id": run["run_id"],
+                "token": run["token"],
+                "n_ws": n_ws,
+                "n_sse": n_sse,
+                "slow": slow,
+                "rate": rate,
+                "seqs": events + 64,
+                "timeout": events / rate + 120,
+                "out": str(out),
+            }
+            client_process = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "bench.fanout", "--client"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                cwd=_ROOT,
+            )
+            try:
+                assert client_process.stdin is not None
+                assert client_process.stdout is not None
+                await client_process.stdin.send_all(json.dumps(spec).encode())
+                await client_process.stdin.aclose()
+                await _line(client_process.stdout)  # every subscriber is connected
+                cpu_before = _cpu()
+                wall_before = time.monotonic()
+                await go.send_all(b"go\n")  # the provider starts streaming
+                report_bytes = bytearray()
+                while data := await client_process.stdout.receive_some(65536):
+                    report_bytes += data
+                wall = time.monotonic() - wall_before
+                server_cpu = (_cpu() - cpu_before) / wall
+                if await client_process.wait() != 0:
+                    raise RuntimeError("the client process failed")
+            finally:
+                client_process.kill()
+            report = json.loads(report_bytes)
+            times = array("d")
+            times.frombytes(out.read_bytes())
+        nursery.cancel_scope.cancel()
+    rss_per_subscriber = (peak[0] - baseline) / max(1, n)
+    return _figures(
+        label, rate, hub.appended_at, report, times, spec, server_cpu, wall, rss_per_subscriber
+    )
+
+
+async def _sample_rss(peak: list[int]) -> None:
+    while True:
+        peak[0] = max(peak[0], _rss_kib())
+        await trio.sleep(0.2)
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _figures(
+    label: str,
+    rate: float,
+    appended_at: dict[int, float],
+    report: dict[str, Any],
+    times: array[float],
+    spec: dict[str, Any],
+    server_cpu: float,
+    wall: float,
+    rss_per_subscriber: float,
+) -> PhaseResult:
+    ready = report["ready"]
+    live = sorted((seq, at) for seq, at in appended_at.items() if at >= ready)
+    width = spec["seqs"]
+    delays: dict[str, list[float]] = {"ws": [], "sse": []}
+    missing = 0
+    last_receipt = 0.0
+    for index, client in enumerate(report["clients"]):
+        row = times[index * width : (index + 1) * width]
+        out = delays[client["kind"]]
+        for seq, at in live:
+            got = row[seq] if seq < width else math.nan
+            if math.isnan(got):
+                missing += 1
+                continue
+            out.append(got - at)
+            last_receipt = max(last_receipt, got)
+    every = sorted(delays["ws"] + delays["sse"])
+    seconds = last_receipt - live[0][1] if live and every else 0.0
+    n_ws, n_sse = spec["n_ws"], spec["n_sse"]
+    n = n_ws + n_sse
+    return PhaseResult(
+        label=label,
+        n_ws=n_ws,
+        n_sse=n_sse,
+        events=len(live),
+        deliveries=len(every),
+        missing=missing,
+        duplicates=sum(c["duplicates"] for c in report["clients"]),
+        resumed=sum(c["resumes"] for c in report["clients"]),
+        unfinished=sum(not c["done"] for c in report["clients"]),
+        seconds=seconds,
+        stream_rate=(len(live) - 1) / (live[-1][1] - live[0][1]) if len(live) > 1 else 0.0,
+        deliveries_per_s=len(every) / seconds if seconds else 0.0,
+        offered_per_s=n * rate,
+        p50_ms=_rank(every, 0.50),
+        p99_ms=_rank(every, 0.99),
+        max_ms=every[-1] * 1000 if every else math.nan,
+        ws_p99_ms=_rank(sorted(delays["ws"]), 0.99) if delays["ws"] else None,
+        sse_p99_ms=_rank(sorted(delays["sse"]), 0.99) if delays["sse"] else None,
+        server_cpu=server_cpu,
+        client_cpu=report["cpu"] / wall,
+        rss_per_subscriber_kib=rss_per_subscriber,
+        slow_received=report["slow_received"],
+    )
+
+
+def _rank(ordered: list[float], p: float) -> float:
+    if not ordered:
+        return math.nan
+    return ordered[max(0, math.ceil(p * len(ordered)) - 1)] * 1000
+
+
+def run_fanout(
+    n_ws: int = 1000,
+    n_sse: int = 1000,
+    events: int = 500,
+    rate: float = 50.0,
+    *,
+    slow_phase: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> FanoutResult:
+    """Run the fan-out benchmark: a first phase with `n_ws` + `n_sse` subscribers, then (with
+    `slow_phase`) the same again plus one subscriber 10x slower than the stream."""
+    wanted = n_ws + n_sse + 1 + _SPARE_FDS
+    limit = raise_fd_limit(wanted)
+    note = ""
+    if limit < wanted:
+        scale = (limit - 1 - _SPARE_FDS) / (n_ws + n_sse)
+        scaled = max(1, int(n_ws * scale)), max(1, int(n_sse * scale))
+        note = (
+            f"Scaled down from {n_ws} + {n_sse} subscribers to {scaled[0]} + {scaled[1]}: "
+            f"the fd limit is {limit} (hard)."
+        )
+        n_ws, n_sse = scaled
+
+    def say(line: str) -> None:
+        if progress is not None:
+            progress(line)
+
+    phases = []
+    say(f"fan-out: {n_ws} WS + {n_sse} SSE subscribers, {events} events at {rate:g}/s")
+    phases.append(trio.run(_phase, "all at stream pace", n_ws, n_sse, events, rate, False))
+    if slow_phase:
+        say("fan-out: again, with one subscriber 10x slower than the stream")
+        phases.append(
+            trio.run(_phase, "plus one 10x-slow subscriber", n_ws, n_sse, events, rate, True)
+        )
+    return FanoutResult(phases=phases, rate=rate, fd_limit=limit, note=note)
+
+
+# --- the client side (a process of its own: plain sockets and epoll) -----------------------------
+
+_SSE_ID = re.compile(rb"\nid: [0-9a-f]+:(\d+)\n")
+_WS_SEQ = re.compile(rb'"seq":(\d+)')
+_RUN_DONE = b'"type":"run.done"'
+
+
+class _Subscriber:
+    """One subscription: its socket, what it has read so far, and when each seq arrived."""
+
+    kind = ""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.times = array("d", [math.nan]) * spec["seqs"]
+        self.last = 0
+        self.done = False
+        self.resumes = 0
+        self.duplicates = 0
+        self.buf = b""
+        self.sock: socket.socket | None = None
+        self.lost = False  # the server ended the stream early: resume
+        self.status = 0
+
+    def _open(self, request: bytes, rcvbuf: int | None = None) -> bytes:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        sock.connect((self.spec["host"], self.spec["port"]))
+        sock.sendall(request)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionError("the server closed the connection during the handshake")
+            head += data
+        head, rest = head.split(b"\r\n\r\n", 1)
+        self.status = int(head.split(b" ", 2)[1])
+        sock.setblocking(False)
+        self.sock = sock
+        return rest
+
+    def record(self, seq: int, now: float) -> None:
+        if seq < len(self.times):
+            if math.isnan(self.times[seq]):
+                self.times[seq] = now
+            else:
+                self.duplicates += 1
+        self.last = max(self.last, seq)
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+class _Sse(_Subscriber):
+    kind = "sse"
+
+    def connect(self, rcvbuf: int | None = None) -> None:
+        spec = self.spec
+        resume = f"Last-Event-ID: {spec['run_id']}:{self.last}\r\n" if self.last else ""
+        request = (
+            f"GET /v1/runs/{spec['run_id']}/events?token={spec['token']} HTTP/1.1\r\n"
+            f"Host: {spec['host']}:{spec['port']}\r\nAccept: text/event-stream\r\n{resume}\r\n"
+        ).encode()
+        rest = self._open(request, rcvbuf)
+        if self.status == 204:
+            self.done = True
+        elif self.status != 200:
+            raise ConnectionError(f"SSE subscription refused: {self.status}")
+        self.buf = b"\n"  # frames are found by the newline before their `id:`
+        self.feed(rest, time.monotonic())
+
+    def feed(self, data: bytes, now: float) -> None:
+        buf = self.buf + data
+        end = buf.rfind(b"\n\n")
+        if end < 0:
+            self.buf = buf
+            return
+        block = buf[: end + 2]
+        self.buf = buf[end + 1 :]
+        for match in _SSE_ID.finditer(block):
+            self.record(int(match.group(1)), now)
+        if _RUN_DONE in block:
+            self.done = True
+
+    def eof(self) -> None:
+        if not self.done:
+            self.lost = True
+
+
+class _Ws(_Subscriber):
+    kind = "ws"
+
+    def connect(self) -> None:
+        spec = self.spec
+        key = base64.b64encode(os.urandom(16)).decode()
+        request = (
+            f"GET /v1/runs/{spec['run_id']}/ws?token={spec['token']}&after={self.last} HTTP/1.1"
+            f"\r\nHost: {spec['host']}:{spec['port']}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        ).encode()
+        rest = self._open(request)
+        if self.status != 101:
+            raise ConnectionError(f"WebSocket subscription refused: {self.status}")
+        self.feed(rest, time.monotonic())
+
+    def feed(self, data: bytes, now: float) -> None:
+        buf = self.buf + data if self.buf else data
+        i, n = 0, len(buf)
+        while n - i >= 2:
+            size, head = buf[i + 1] & 0x7F, 2
+            if size == 126:
+                if n - i < 4:
+                    break
+                size, head = int.from_bytes(buf[i + 2 : i + 4], "big"), 4
+            elif size == 127:
+                if n - i < 10:
+                    break
+                size, head = int.from_bytes(buf[i + 2 : i + 10], "big"), 10
+            if n - i < head + size:
+                break
+            opcode = buf[i] & 0x0F
+            payload = buf[i + head : i + head + size]
+            i += head + size
+            if opcode == 1:
+                match = _WS_SEQ.search(payload)
+                if match:
+                    self.record(int(match.group(1)), now)
+                if payload.startswith(b'{"type":"run.done"'):
+                    self.done = True
+            elif opcode == 8:
+                code = int.from_bytes(payload[:2], "big") if len(payload) >= 2 else 1005
+                self._send_close(code)
+                if code == 1013 or not self.done:
+                    self.lost = True
+            elif opcode == 9:
+                self._send(0xA, payload)
+        self.buf = buf[i:]
+
+    def _send(self, opcode: int, payload: bytes) -> None:
+        mask = os.urandom(4)
+        masked = bytes(b ^ mask[k % 4] for k, b in enumerate(payload))
+        frame = bytes([0x80 | opcode, 0x80 | len(payload)]) + mask + masked
+        if self.sock is not None:
+            with contextlib.suppress(OSError):  # the server may have closed already
+                self.sock.send(frame)
+
+    def _send_close(self, code: int) -> None:
+        self._send(0x8, code.to_bytes(2, "big"))
+
+    def eof(self) -> None:
+        if not self.done:
+            self.lost = True
+
+
+def _client(spec: dict[str, Any]) -> dict[str, Any]:
+    """Subscribe, read every event to the end, and report (the times go to `spec["out"]`)."""
+    raise_fd_limit(spec["n_ws"] + spec["n_sse"] + _SPARE_FDS)
+    subscribers: list[_Ws | _Sse] = [_Ws(spec) for _ in range(spec["n_ws"])]
+    subscribers += [_Sse(spec) for _ in range(spec["n_sse"])]
+    for sub in subscribers:
+        sub.connect()
+    slow: _Sse | None = None
+    if spec["slow"]:
+        slow = _Sse(spec)
+        slow.connect(rcvbuf=4096)
+    ready = time.monotonic()
+    print("ready", flush=True)  # the provider is told to start streaming now
+    cpu_start = _cpu()
+    poller = select.epoll()
+    by_fd: dict[int, _Ws | _Sse] = {}
+
+    def watch(sub: _Ws | _Sse) -> None:
+        assert sub.sock is not None
+        by_fd[sub.sock.fileno()] = sub
+        poller.register(sub.sock.fileno(), select.EPOLLIN)
+
+    for sub in subscribers:
+        if not sub.done:
+            watch(sub)
+    active = len(by_fd)
+    deadline = ready + spec["timeout"]
+    period = 10 / spec["rate"]
+    slow_next = ready + period
+    slow_received = 0
+    while active and time.monotonic() < deadline:
+        wait = 0.5 if slow is None else max(0.0, min(0.5, slow_next - time.monotonic()))
+        for fd, _ in poller.poll(wait):
+            sub = by_fd[fd]
+            assert sub.sock is not None
+            try:
+                data = sub.sock.recv(262144)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if data:
+                sub.feed(data, time.monotonic())
+            else:
+                sub.eof()
+            if sub.done or sub.lost:
+                poller.unregister(fd)
+                del by_fd[fd]
+                sub.close()
+                if sub.lost and not sub.done:
+                    sub.lost = False
+                    sub.resumes += 1
+                    sub.buf = b""
+                    sub.connect()
+                    if not sub.done:
+                        watch(sub)
+                        continue
+                active -= 1
+        if slow is not None and time.monotonic() >= slow_next:
+            slow_next += period
+            slow_received += _read_one(slow)
+    cpu = _cpu() - cpu_start
+    for sub in subscribers:
+        sub.close()
+    if slow is not None:
+        slow.close()
+    with open(spec["out"], "wb") as out:
+        for sub in subscribers:
+            sub.times.tofile(out)
+    return {
+        "ready": ready,
+        "cpu": cpu,
+        "slow_received": slow_received if slow is not None else None,
+        "clients": [
+            {"kind": s.kind, "done": s.done, "resumes": s.resumes, "duplicates": s.duplicates}
+            for s in subscribers
+        ],
+    }
+
+
+def _read_one(sub: _Sse) -> int:
+    """Read just enough for one more SSE frame (the slow subscriber's pace); 1 if one came."""
+    while True:
+        end = sub.buf.find(b"\n\n", 1)
+        if end >= 0:
+            frame, sub.buf = sub.buf[: end + 1], sub.buf[end + 1 :]
+            return 1 if _SSE_ID.search(frame + b"\n") else 0
+        if sub.sock is None:
+            return 0
+        try:
+            data = sub.sock.recv(512)
+        except BlockingIOError:
+            return 0
+        if not data:
+            sub.close()
+            return 0
+        sub.buf += data
+
+
+# --- the provider (a process of its own, so its pace does not depend on the server's load) ------
+
+
+async def _provide(spec: dict[str, Any]) -> None:
+    """Serve the run's reply on loopback (print the URL first): an OpenAI Chat stream that
+    starts when a line arrives on stdin, one frame every 1/rate seconds on a fixed schedule."""
+    fragments = [f"w{i % 1000:03d} " for i in range(spec["events"])]
+    stream = openai_text_stream(fragments)
+    frames = [frame + b"\n\n" for frame in stream.split(b"\n\n") if frame]
+    go = trio.Event()
+
+    async def wait_for_go() -> None:
+        stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
+        await stdin.receive_some(16)
+        go.set()
+
+    async def reply(conn: trio.SocketStream) -> None:
+        request = b""
+        while b"\r\n\r\n" not in request:
+            request += await conn.receive_some(65536)
+        head, body = request.split(b"\r\n\r\n", 1)
+        length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+        while length and len(body) < int(length.group(1)):
+            body += await conn.receive_some(65536)
+        await go.wait()
+        await conn.send_all(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+        )
+        start = trio.current_time()
+        for index, frame in enumerate(frames):
+            await trio.sleep_until(start + index / spec["rate"])
+            await conn.send_all(b"%x\r\n%s\r\n" % (len(frame), frame))
+        await conn.send_all(b"0\r\n\r\n")
+        await conn.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait_for_go)
+        listeners = await nursery.start(
+            functools.partial(trio.serve_tcp, reply, 0, host="127.0.0.1")
+        )
+        print(f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}", flush=True)
+
+
+# --- command line -------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark and print its Markdown table (or, with --client, be the subscribers)."""
+    parser = argparse.ArgumentParser(prog="python -m bench.fanout", description=__doc__)
+    parser.add_argument("--ws", type=int, default=1000, help="WebSocket subscribers")
+    parser.add_argument("--sse", type=int, default=1000, help="SSE subscribers")
+    parser.add_argument("--events", type=int, default=500, help="text fragments in the run")
+    parser.add_argument("--rate", type=float, default=50.0, help="fragments per second")
+    parser.add_argument("--no-slow", action="store_true", help="skip the slow-subscriber phase")
+    parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--provider", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.provider:
+        trio.run(_provide, json.loads(args.provider))
+        return
+    if args.client:
+        json.dump(_client(json.load(sys.stdin)), sys.stdout)
+        return
+    result = run_fanout(
+        args.ws,
+        args.sse,
+        args.events,
+        args.rate,
+        slow_phase=not args.no_slow,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    print(result.markdown())
+
+
+if __name__ == "__main__":
+    main()
