@@ -35,8 +35,28 @@ soak: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/rillet demo
 
-bench: $(STAMP)
-	$(BIN)/python -m bench
+# `make bench` (about 15 minutes; `make bench BENCH_ARGS=--quick` for a short run): the main venv
+# gets the `bench` extra (matplotlib, for the charts); the peers (OpenAI and Anthropic SDKs,
+# LiteLLM, MMSP) go into bench/.venv-peers only. A peer that cannot be installed is reported as
+# not available rather than failing the run.
+PEERS := bench/.venv-peers
+BENCH_STAMP := $(VENV)/.bench-installed
+PEERS_STAMP := $(PEERS)/.installed
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install -q -e '.[test,bench]'
+	touch $(BENCH_STAMP)
+
+$(PEERS_STAMP): bench/peers-requirements.txt
+	test -x $(PEERS)/bin/python || $(PY) -m venv $(PEERS)
+	@if $(PEERS)/bin/python -m pip install -q -r bench/peers-requirements.txt; then \
+	  $(PEERS)/bin/python -m pip install -q 'litellm==1.110.2' \
+	    || echo "bench: litellm could not be installed; its row will say not available"; \
+	  touch $(PEERS_STAMP); \
+	else echo "bench: the peers could not be installed; their rows will say not available"; fi
+
+bench: $(BENCH_STAMP) $(PEERS_STAMP)
+	$(BIN)/python -m bench all --fanout --redis $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

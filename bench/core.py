@@ -1,22 +1,22 @@
 """Core decode throughput: rillet's sans-I/O decode in one task against the limit loop.
 
-For each dialect, the same 20,000-fragment text stream (network-sized reads that cut events and
-UTF-8 characters) is fed to:
+For each stream kind (every dialect's text stream, and the tool-call and thinking streams), the
+same stream (network-sized reads that cut events and UTF-8 characters) is fed to:
 
 - the limit: a minimal loop that splits lines, keeps `data:` lines (or NDJSON lines) and
   msgspec-decodes each one, doing nothing else;
 - rillet's core: SSE/NDJSON decoder -> dialect (typed msgspec decode) -> lanes -> grammar ->
   accumulator, all in one task.
 
-Contestants are interleaved round by round; the report gives medians and the ratio of rillet's
-events/s to the limit's, measured in the same run.
+Contestants are interleaved round by round; the report gives medians of CPU time and the ratio
+of rillet's events/s to the limit's, measured in the same run. rillet's reply is checked against
+what the stream decodes to before any timing.
 """
 
 from __future__ import annotations
 
 import functools
 import gc
-import importlib
 import statistics
 import time
 from typing import TYPE_CHECKING, Any
@@ -25,55 +25,34 @@ import msgspec
 
 from pipeline import Accumulator, WireDecoder
 
-from .wire import GENERATORS, chunk, fragments
+from .contestants import dialect_of, limit_loop, message_digest
+from .wire import STREAM_KINDS, build_stream
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from pipeline.providers import Dialect
 
-__all__ = ["CoreResult", "run_core"]
+__all__ = ["CORE_KINDS", "CoreResult", "cpu_time", "run_core"]
 
-_decode = msgspec.json.decode
-
-
-def limit_loop(chunks: list[bytes], ndjson: bool) -> int:
-    """Split lines and msgspec-decode each data line; the count of decoded frames."""
-    n = 0
-    tail = b""
-    for c in chunks:
-        lines = (tail + c).split(b"\n")
-        tail = lines.pop()
-        for line in lines:
-            if ndjson:
-                if line:
-                    _decode(line)
-                    n += 1
-            elif line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
-                _decode(line[6:])
-                n += 1
-    return n
+CORE_KINDS = tuple(STREAM_KINDS)
 
 
-def rillet_core(dialect: Dialect, chunks: list[bytes]) -> tuple[int, str]:
-    """The full sans-I/O decode; the count of UniEvents and the answer text."""
+def rillet_core(dialect: Dialect, chunks: list[bytes]) -> Accumulator:
+    """The full sans-I/O decode; the accumulated reply."""
     decoder = WireDecoder(dialect, clock=lambda: 0)
     acc = Accumulator()
-    n = 0
     for c in chunks:
-        events = decoder.feed(c)
-        n += len(events)
-        acc.feed_many(events)
-    events = decoder.close()
-    n += len(events)
-    acc.feed_many(events)
-    return n, acc.text
+        acc.feed_many(decoder.feed(c))
+    acc.feed_many(decoder.close())
+    return acc
 
 
 class CoreResult(msgspec.Struct):
-    """One dialect's figures."""
+    """One stream kind's figures."""
 
     dialect: str
+    kind: str
     frames: int
     events: int
     limit_events_per_s: float
@@ -83,7 +62,7 @@ class CoreResult(msgspec.Struct):
     rillet_us_per_event: float
 
 
-def _time(fn: Callable[[], Any]) -> float:
+def cpu_time(fn: Callable[[], Any]) -> float:
     """CPU seconds the call took: the loops are single-threaded and CPU-bound, and CPU time is
     far less disturbed than wall time by other work on a shared machine."""
     gc.collect()
@@ -95,38 +74,41 @@ def _time(fn: Callable[[], Any]) -> float:
 def run_core(
     n_fragments: int = 20_000,
     rounds: int = 7,
-    dialects: list[str] | None = None,
+    kinds: list[str] | None = None,
     progress: Callable[[str], None] = lambda _: None,
 ) -> list[CoreResult]:
-    """Measure every dialect (or the named ones); medians over `rounds` interleaved rounds."""
-    parts = fragments(n_fragments)
-    text = "".join(parts)
+    """Measure every stream kind (or the named ones); medians over `rounds` interleaved rounds."""
     results = []
-    for name in dialects or list(GENERATORS):
-        module, cls, generate = GENERATORS[name]
+    for kind in kinds or list(CORE_KINDS):
+        stream = build_stream(kind, n_fragments)
         try:
-            dialect: Dialect = getattr(importlib.import_module(module), cls)()
+            dialect = dialect_of(stream.dialect)
         except ImportError:
-            progress(f"{name}: dialect not available, skipped")
+            progress(f"{kind}: dialect not available, skipped")
             continue
-        chunks = chunk(generate(parts))
+        chunks = stream.chunks
         ndjson = dialect.framing == "ndjson"
         frames = limit_loop(chunks, ndjson)
-        events, got = rillet_core(dialect, chunks)
-        if got != text:
-            raise AssertionError(f"{name}: rillet's text differs from the generated text")
-        limit_t, rillet_t = [], []
+        if message_digest(rillet_core(dialect, chunks).message()) != stream.expected.digest():
+            raise AssertionError(f"{kind}: rillet's reply differs from the generated one")
+        limit_t: list[float] = []
+        rillet_t: list[float] = []
         for r in range(rounds):
-            progress(f"{name}: round {r + 1}/{rounds}")
-            limit_t.append(_time(functools.partial(limit_loop, chunks, ndjson)))
-            rillet_t.append(_time(functools.partial(rillet_core, dialect, chunks)))
+            progress(f"core {kind}: round {r + 1}/{rounds}")
+            pair: list[tuple[list[float], Callable[[], Any]]] = [
+                (limit_t, functools.partial(limit_loop, chunks, ndjson)),
+                (rillet_t, functools.partial(rillet_core, dialect, chunks)),
+            ]
+            for into, fn in pair if r % 2 == 0 else pair[::-1]:
+                into.append(cpu_time(fn))
         lm, rm = statistics.median(limit_t), statistics.median(rillet_t)
-        # events/s counts text fragments delivered, the unit both loops share
+        # events/s counts fragment events delivered, the unit both loops share
         results.append(
             CoreResult(
-                dialect=name,
+                dialect=stream.dialect,
+                kind=kind,
                 frames=frames,
-                events=events,
+                events=n_fragments,
                 limit_events_per_s=n_fragments / lm,
                 rillet_events_per_s=n_fragments / rm,
                 ratio=lm / rm,

@@ -95,6 +95,30 @@ _FINISH: dict[str, FinishReason] = {
 _THINKING_KINDS = frozenset({"thinking", "inline_thinking"})
 _decode_arguments = msgspec.json.Decoder().decode
 
+_TOO_DEEP = object()
+MAX_ARGUMENT_DEPTH = 128
+"""Tool arguments nested deeper than this are refused (`ToolCallArgumentParseError`): every
+JSON encoder downstream (the MMSP endpoint, JSONL, run events) must be able to write them back
+without running out of stack."""
+
+
+def _too_deep(raw: str, parsed: Any) -> bool:
+    """Whether parsed tool arguments nest deeper than `MAX_ARGUMENT_DEPTH`. The text is counted
+    first (in C): arguments with fewer brackets than the limit cannot be that deep."""
+    if raw.count("{") + raw.count("[") <= MAX_ARGUMENT_DEPTH:
+        return False
+    level: list[Any] = [parsed] if isinstance(parsed, dict | list) else []
+    for _ in range(MAX_ARGUMENT_DEPTH):  # after n rounds: the containers n levels down
+        level = [
+            child
+            for node in level
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, dict | list)
+        ]
+        if not level:
+            return False
+    return True
+
 
 def map_finish_reason(raw: str) -> FinishReason:
     """Map a provider's stop spelling onto MMSP's four reasons (case-insensitive).
@@ -407,6 +431,16 @@ class Grammar:
             raise ToolCallArgumentParseError(
                 self.provider, lane.name, lane.call_id, raw, str(exc)
             ) from None
+        except RecursionError:
+            parsed = _TOO_DEEP  # nested past what the decoder can follow: refused below
+        if parsed is _TOO_DEEP or _too_deep(raw, parsed):
+            raise ToolCallArgumentParseError(
+                self.provider,
+                lane.name,
+                lane.call_id,
+                raw,
+                f"Nested deeper than {MAX_ARGUMENT_DEPTH} levels.",
+            )
         if not isinstance(parsed, dict):
             raise ToolCallArgumentParseError(
                 self.provider, lane.name, lane.call_id, raw, "Expected a JSON object."

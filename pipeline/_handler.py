@@ -63,7 +63,7 @@ from .errors import (
     TransportError,
     TurnTimeout,
 )
-from .providers._base import Provider
+from .providers._base import Provider, provider_error
 
 if TYPE_CHECKING:
     from .providers._base import HttpRequest
@@ -278,7 +278,7 @@ class Handler:
             body = await _read_bounded(response, self.policy.max_body, self.provider.label)
         status = response.status_code
         headers = {k.lower(): v for k, v in response.headers.items()}
-        error = self._scrubbed(self.provider.dialect.error_from_response(status, headers, body))
+        error = self._scrubbed(self._error_from_response(status, headers, body))
         error.retry_after = retry_after(headers, self.policy.wall_clock())
         should = headers.get("x-should-retry", "").strip().lower()
         if status in _RATE_STATUSES:
@@ -290,6 +290,16 @@ class Handler:
         if should == "true" and shape is Shape.PERMANENT:
             shape = Shape.TRANSPORT
         return _Failure(shape, error, status, headers, no_retry=should == "false")
+
+    def _error_from_response(
+        self, status: int, headers: Mapping[str, str], body: bytes
+    ) -> ProviderError:
+        """The dialect's typed error for an error status; a body nested too deeply for its JSON
+        decoder still gives the error the status names (never a crash)."""
+        try:
+            return self.provider.dialect.error_from_response(status, headers, body)
+        except RecursionError:
+            return provider_error(self.provider.label, status=status)
 
     def _timed_out(self, emitted: int) -> _Failure:
         now = trio.current_time()
@@ -409,9 +419,7 @@ class Handler:
                 body = await _read_bounded(response, policy.max_body, self.provider.label)
                 if response.status_code >= 300:
                     headers = {k.lower(): v for k, v in response.headers.items()}
-                    raise self.provider.dialect.error_from_response(
-                        response.status_code, headers, body
-                    )
+                    raise self._error_from_response(response.status_code, headers, body)
                 decoder = WireDecoder(
                     self.provider.dialect,
                     max_frame=policy.max_frame,

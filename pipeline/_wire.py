@@ -14,7 +14,7 @@ import msgspec
 from transports import NDJSONDecoder, SSEDecoder
 
 from ._grammar import Grammar, wall_clock_ms
-from .errors import FrameError, FrameTooLarge, MalformedFrameError
+from .errors import FrameEncodingError, FrameError, FrameTooLarge, MalformedFrameError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -138,6 +138,8 @@ class WireDecoder:
             raise MalformedFrameError(
                 str(exc), str(frames[done]), provider=self.provider, frame_index=self.frames + done
             ) from None
+        except RecursionError:
+            raise _too_deep(frames[done], self.provider, self.frames + done) from None
         finally:
             self.frames += done
             if pending:
@@ -154,8 +156,19 @@ class WireDecoder:
         except FrameError as exc:
             exc.locate(provider=self.provider, frame_index=self.frames, offset=None)
             raise
+        except RecursionError:
+            raise _too_deep("", self.provider, self.frames) from None
 
     def _decode_body(self, body: bytes) -> list[LaneEvent]:
+        try:  # strict UTF-8 for the whole body: fields a dialect skips are not checked by it
+            body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise FrameEncodingError(
+                f"response body is not valid UTF-8 (byte {exc.start})",
+                provider=self.provider,
+                offset=exc.start,
+                frame_index=0,
+            ) from None
         try:
             return self._dialect.decode_response(body)
         except FrameError as exc:
@@ -165,3 +178,14 @@ class WireDecoder:
             raise MalformedFrameError(
                 str(exc), body, provider=self.provider, frame_index=0
             ) from None
+        except RecursionError:
+            raise _too_deep(body, self.provider, 0) from None
+
+
+def _too_deep(frame: Any, provider: str, frame_index: int) -> MalformedFrameError:
+    """A frame nested deeper than the JSON decoder can follow: malformed, never a crash (a
+    dialect's own decoding raises `RecursionError` for it, however deep the caller's stack)."""
+    text = frame if isinstance(frame, str | bytes) else str(frame)
+    return MalformedFrameError(
+        "frame is nested too deeply to decode", text, provider=provider, frame_index=frame_index
+    )

@@ -209,7 +209,13 @@ def strict_decode(decoder: msgspec.json.Decoder[Any], data: str | bytes, provide
         ) from None
     except msgspec.DecodeError as exc:
         raise MalformedFrameError(f"frame is not JSON: {exc}", data, provider=provider) from None
+    except RecursionError:
+        raise MalformedFrameError(
+            "frame is nested too deeply to decode", data, provider=provider
+        ) from None
 
+
+_decode_any = msgspec.json.Decoder().decode
 
 _ERROR_TYPES: dict[str, type[ProviderError]] = {
     "rate_limit_error": RateLimitError,
@@ -289,9 +295,9 @@ def error_from_body(
     already-parsed JSON; a body that is none of these still gives an error typed by status."""
     data: Any = body
     if isinstance(body, bytes | str):
-        try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        try:  # strict, as every frame is: no lone surrogates, NaN, huge numbers or deep nesting
+            data = _decode_any(body)
+        except (msgspec.DecodeError, RecursionError):
             data = None
     error_types: tuple[str | None, ...] = ()
     message = ""

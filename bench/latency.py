@@ -1,0 +1,189 @@
+"""Time to first delta: from the moment the read holding the first text fragment is handed over
+by the transport to the moment that fragment reaches a sink.
+
+Each stream's first read ends right after the frame carrying the first text fragment
+(`wire.first_delta_stream`); the in-memory transport stamps `time.perf_counter()` just before
+handing it over. The reads after it come `_GAP` apart, as the next tokens would: a body that is
+all there at once would let the reading task go on decoding later reads before the first
+delta's batch is passed on, which no network allows. Contestants, interleaved iteration by
+iteration:
+
+- `limit-httpx`: the limit loop reading through httpx in one task; stamped once that read's
+  frames are decoded;
+- `pipeline`: `run_turn` with a sink that stamps the first batch holding a text delta;
+- `jsonl`: `open_turn` with a `JSONLSink` (null device), stamped once that sink has written the
+  batch holding the first text delta.
+
+This is a latency, so it is wall time (`perf_counter`); the median over many turns resists the
+noise of a shared machine.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import IO, TYPE_CHECKING, Any
+
+import httpx
+import trio
+
+from pipeline import TextDelta, UniEvent, open_turn, run_turn
+from transports.sinks import JSONLSink
+
+from .contestants import dialect_of, limit_httpx, provider_for, request
+from .transport import ChunkTransport
+from .wire import first_delta_stream
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from pipeline import SinkBatch
+
+    from .wire import Stream
+
+__all__ = ["TTFD_CONTESTANTS", "TTFD_KINDS", "TtfdResult", "run_ttfd"]
+
+TTFD_KINDS = ("openai-chat", "openai-responses", "anthropic", "gemini", "ollama")
+TTFD_CONTESTANTS = ("limit-httpx", "pipeline", "jsonl")
+_WARMUP = 5
+_GAP = 0.002  # seconds between the reads after the first
+
+
+def _has_text(batch: SinkBatch) -> bool:
+    for item in batch.uni:
+        if type(item) is UniEvent:
+            for part in item.content_items:
+                if type(part) is TextDelta:
+                    return True
+    return False
+
+
+class _Stamp:
+    """A sink that stamps the first batch with a text delta, optionally after an inner sink."""
+
+    def __init__(self, inner: JSONLSink | None = None) -> None:
+        self.inner = inner
+        self.at: float | None = None
+
+    async def deliver(self, batch: SinkBatch) -> None:
+        if self.inner is not None:
+            await self.inner.deliver(batch)
+        if self.at is None and _has_text(batch):
+            self.at = time.perf_counter()
+
+    async def close(self) -> None:
+        if self.inner is not None:
+            await self.inner.close()
+
+
+class TtfdResult:
+    """One contestant on one stream kind: the time to first delta of each turn, in µs."""
+
+    def __init__(self, contestant: str, kind: str) -> None:
+        self.contestant = contestant
+        self.kind = kind
+        self.samples_us: list[float] = []
+        self.error: str | None = None
+
+    def median(self) -> float:
+        """The median, µs."""
+        return statistics.median(self.samples_us) if self.samples_us else float("nan")
+
+    def percentile(self, q: float) -> float:
+        """The `q` quantile (0..1), µs."""
+        if not self.samples_us:
+            return float("nan")
+        ordered = sorted(self.samples_us)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    def as_dict(self) -> dict[str, Any]:
+        """For results.json."""
+        return {
+            "contestant": self.contestant,
+            "kind": self.kind,
+            "n": len(self.samples_us),
+            "median_us": self.median(),
+            "p10_us": self.percentile(0.10),
+            "p90_us": self.percentile(0.90),
+            "p99_us": self.percentile(0.99),
+            "error": self.error,
+        }
+
+
+async def _one(
+    contestant: str,
+    stream: Stream,
+    client: httpx.AsyncClient,
+    transport: ChunkTransport,
+    devnull: IO[bytes],
+) -> float:
+    """One turn; its time to first delta in µs."""
+    stamp: list[float] = []
+    if contestant == "limit-httpx":
+        ndjson = dialect_of(stream.dialect).framing == "ndjson"
+        await limit_httpx(client, ndjson, lambda: stamp.append(time.perf_counter()))
+    else:
+        provider = provider_for(stream.dialect)
+        if contestant == "pipeline":
+            sink = _Stamp()
+            result = await run_turn(request(), provider, client=client, sinks=[sink])
+        else:
+            sink = _Stamp(JSONLSink(devnull))
+            async with open_turn(request(), provider, client=client, sinks=[sink]) as turn:
+                result = await turn.result()
+        if not result.ok:
+            raise RuntimeError(f"turn {result.outcome.name}: {result.error!r}")
+        if sink.at is not None:
+            stamp.append(sink.at)
+    mark = transport.streams[-1].mark
+    transport.streams.clear()
+    if not stamp or mark is None:
+        raise RuntimeError("no first delta was stamped")
+    return (stamp[0] - mark) * 1e6
+
+
+async def _sleep_gap() -> None:
+    await trio.sleep(_GAP)
+
+
+def _gap() -> Callable[[], Awaitable[object]]:
+    return _sleep_gap
+
+
+async def _run(
+    kinds: tuple[str, ...], iterations: int, progress: Callable[[str], None]
+) -> list[TtfdResult]:
+    results = {(c, k): TtfdResult(c, k) for k in kinds for c in TTFD_CONTESTANTS}
+    with open(os.devnull, "wb") as devnull:  # noqa: ASYNC230 - the null device never blocks
+        for kind in kinds:
+            stream = first_delta_stream(kind)
+            transport = ChunkTransport(
+                stream.chunks, stream.content_type, mark_at=0, keep=True, pacer=_gap
+            )
+            async with httpx.AsyncClient(transport=transport) as client:
+                for i in range(_WARMUP + iterations):
+                    if i % 20 == 0:
+                        progress(f"ttfd {kind}: turn {i + 1}/{_WARMUP + iterations}")
+                    order = TTFD_CONTESTANTS if i % 2 == 0 else TTFD_CONTESTANTS[::-1]
+                    for contestant in order:
+                        res = results[(contestant, kind)]
+                        if res.error is not None:
+                            continue
+                        try:
+                            us = await _one(contestant, stream, client, transport, devnull)
+                        except Exception as exc:
+                            res.error = f"{type(exc).__name__}: {exc}"[:200]
+                            continue
+                        if i >= _WARMUP:
+                            res.samples_us.append(us)
+    return list(results.values())
+
+
+def run_ttfd(
+    kinds: tuple[str, ...] = TTFD_KINDS,
+    iterations: int = 200,
+    progress: Callable[[str], None] = lambda _: None,
+) -> list[TtfdResult]:
+    """Measure every contestant on every stream kind, `iterations` turns each, interleaved."""
+    return trio.run(_run, kinds, iterations, progress)

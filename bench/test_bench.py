@@ -1,0 +1,135 @@
+"""Tests of the benchmark harness itself (run them with `pytest bench/test_bench.py`): the
+generated streams decode to what they claim, the transport hands over exactly the reads, every
+contestant assembles the right reply, and the report judges targets and edits RESULTS.md as
+documented."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import httpx
+import pytest
+
+from .contestants import RILLET, dialect_of, limit_httpx, message_digest
+from .core import rillet_core
+from .latency import run_ttfd
+from .peers import _limit_sync, _Loaded, family
+from .report import judge_targets, replace_section
+from .transport import ChunkTransport, transport_class
+from .turns import run_turns
+from .wire import STREAM_KINDS, build_stream, first_delta_stream, write_stream
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+@pytest.mark.parametrize("kind", list(STREAM_KINDS))
+def test_every_stream_kind_decodes_to_its_expected_reply(kind: str) -> None:
+    stream = build_stream(kind, 300)
+    acc = rillet_core(dialect_of(stream.dialect), stream.chunks)
+    assert message_digest(acc.message()) == stream.expected.digest()
+
+
+def test_reads_cut_utf8_characters_and_events() -> None:
+    stream = build_stream("openai-chat", 2000)
+    cut_chars = 0
+    for c in stream.chunks:
+        try:
+            c.decode("utf-8")
+        except UnicodeDecodeError:
+            cut_chars += 1
+    assert cut_chars > 0
+    assert any(not c.endswith(b"\n\n") for c in stream.chunks)
+
+
+@pytest.mark.parametrize("kind", ["openai-chat", "anthropic", "gemini", "ollama"])
+def test_first_delta_stream_ends_its_first_read_with_the_first_fragment_frame(kind: str) -> None:
+    stream = first_delta_stream(kind, 20)
+    first = stream.chunks[0]
+    assert b"Hello" in first
+    assert first.endswith(b"\n")
+    assert b"Hello" not in b"".join(stream.chunks[1:])
+
+
+def test_transport_hands_over_exactly_the_reads_and_stamps_the_marked_one() -> None:
+    chunks = [b"data: 1\n", b"\n", b"data: 2\n\n"]
+    transport = ChunkTransport(chunks, mark_at=1, keep=True)
+    with (
+        httpx.Client(transport=transport) as client,
+        client.stream("POST", "http://x.invalid/") as r,
+    ):
+        assert list(r.iter_raw()) == chunks
+        assert r.headers["content-type"] == "text/event-stream"
+    assert transport.streams[0].mark is not None
+    assert transport_class(httpx) is ChunkTransport
+
+
+async def test_every_rillet_contestant_assembles_the_streams_reply() -> None:
+    for kind in ("openai-chat-tools", "anthropic-thinking", "ollama"):
+        stream = build_stream(kind, 200)
+        for cls in RILLET.values():
+            contestant = cls(stream)
+            try:
+                assert await contestant.run() == stream.expected.digest(), (cls.name, kind)
+            finally:
+                await contestant.aclose()
+
+
+async def test_limit_httpx_decodes_every_frame_and_stamps_once() -> None:
+    stream = build_stream("anthropic", 100)
+    stamps: list[int] = []
+    async with httpx.AsyncClient(transport=ChunkTransport(stream.chunks)) as client:
+        n = await limit_httpx(client, False, lambda: stamps.append(1))
+    assert n >= stream.events
+    assert stamps == [1]
+
+
+def test_peers_driver_reads_the_written_stream_back(tmp_path: Path) -> None:
+    stream = build_stream("openai-chat", 100)
+    write_stream(stream, tmp_path)
+    loaded = _Loaded(tmp_path, stream.name)
+    assert loaded.chunks == stream.chunks
+    assert _limit_sync(loaded)() == stream.expected.digest()
+    assert family("anthropic-tools") == "anthropic"
+    assert family("gemini") is None
+
+
+def test_ttfd_measures_every_contestant_without_error() -> None:
+    results = run_ttfd(("openai-chat",), iterations=3)
+    assert {r.contestant for r in results} == {"limit-httpx", "pipeline", "jsonl"}
+    assert all(r.error is None and len(r.samples_us) == 3 for r in results)
+
+
+async def test_concurrent_turns_all_complete_with_the_right_reply() -> None:
+    out = await run_turns(turns=20, events=20, mode="burst", period=0.5)
+    assert out["ok"] == 20
+    assert out["kib_per_turn"] >= 0
+
+
+def test_replace_section_rewrites_between_markers_and_appends_new_ones(tmp_path: Path) -> None:
+    path = tmp_path / "RESULTS.md"
+    path.write_text("# R\n\n<!-- a -->\nold\n<!-- /a -->\n\nprose\n", "utf-8")
+    replace_section("a", "new", path)
+    replace_section("b", "added", path)
+    text = path.read_text("utf-8")
+    assert "<!-- a -->\nnew\n<!-- /a -->\n\nprose" in text
+    assert "old" not in text
+    assert text.rstrip().endswith("<!-- b -->\nadded\n<!-- /b -->")
+
+
+def test_targets_say_by_how_much_a_goal_is_missed() -> None:
+    def row(contestant: str, us: float, stream: str = "openai-chat@20000") -> dict[str, object]:
+        return {"contestant": contestant, "stream": stream, "kind": stream.split("@")[0],
+                "events": 20000, "us_per_event": us}  # fmt: skip
+
+    section = {
+        "streams": [{"name": "openai-chat@20000", "kind": "openai-chat", "events": 20000}],
+        "series": [row("limit", 2.0), row("pipeline", 10.0), row("openai-iter", 50.0)],
+    }
+    targets = {t.name: t for t in judge_targets({"pipeline": section, "peers": section})}
+    limit = targets["run_turn µs/event ÷ limit loop's, largest streams"]
+    assert limit.met is False
+    assert limit.margin == "over by 1.25×"
+    sdk = targets["rillet run_turn vs OpenAI SDK iterator"]
+    assert sdk.met is False
+    assert sdk.margin == "short by 2.00×"
