@@ -12,10 +12,13 @@ Each contestant consumes one whole `Stream` and returns the fingerprint of what 
 - `pipeline`: the full actor pipeline, `run_turn` with an httpx client on the in-memory
   transport (handler, accumulator actor, logs, run events).
 - `jsonl`: `open_turn` with a `JSONLSink` writing the run events to the null device.
+- `pipeline-16k` (diagnostic): `run_turn` on the same bytes in 16 KiB reads, to tell the cost
+  paid per read from the cost paid per event.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 from functools import cache
@@ -62,6 +65,7 @@ __all__ = [
 ]
 
 _decode = msgspec.json.decode
+_BIG_READ = 16 * 1024
 BASE_URL = "http://bench.invalid/v1"
 
 
@@ -239,6 +243,19 @@ class _Pipeline(Contestant):
         await self.client.aclose()
 
 
+class _PipelineBigReads(_Pipeline):
+    """Diagnostic: the same bytes in 16 KiB reads. Against `pipeline` it splits rillet's cost
+    into what it pays per read and what it pays per event."""
+
+    name = "pipeline-16k"
+    label = "rillet run_turn, 16 KiB reads (diagnostic)"
+
+    def __init__(self, stream: Stream) -> None:
+        data = b"".join(stream.chunks)
+        big = [data[i : i + _BIG_READ] for i in range(0, len(data), _BIG_READ)]
+        super().__init__(dataclasses.replace(stream, chunks=big))
+
+
 class _Jsonl(_Pipeline):
     name = "jsonl"
     label = "rillet open_turn + JSONL sink (null device)"
@@ -262,5 +279,5 @@ class _Jsonl(_Pipeline):
 
 # in the order they are reported
 RILLET: dict[str, type[Contestant]] = {
-    c.name: c for c in (_Limit, _LimitHttpx, _Core, _Pipeline, _Jsonl)
+    c.name: c for c in (_Limit, _LimitHttpx, _Core, _Pipeline, _Jsonl, _PipelineBigReads)
 }

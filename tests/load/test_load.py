@@ -50,6 +50,7 @@ from transports.server import Limits
 
 from ..test_handler import FakeProvider, openai_events, policy, provider_for, rescue_ok, status
 from ..test_reliability_faults import (
+    GatedProvider,
     RunRef,
     _frame,
     site,
@@ -420,16 +421,18 @@ def traced(filename: str) -> int:
 class StuckPhase:
     """What one phase of L4 measured."""
 
-    buffered: int = 0  # bytes held for the stuck subscribers (traced), all dropped
+    buffered: int = 0  # the most bytes held for the stuck subscribers at once (traced)
     live_subscribers: int = -1
     peak: int = 0
     rss_peak: int = 0
 
 
-async def stuck_phase(served: Site, gate: trio.Event, runs: int, per_run: int) -> StuckPhase:
+async def stuck_phase(served: Site, runs: int, per_run: int) -> StuckPhase:
     """`runs` runs, each with `per_run` subscribers that never read (3 SSE, the rest
-    WebSocket); the runs stream, every subscriber is dropped, the clients leave, and the runs
-    are forgotten after their retention."""
+    WebSocket); the runs stream once all are subscribed, every subscriber is dropped, the
+    clients leave, and the runs are forgotten after their retention."""
+    assert isinstance(served.loopback, GatedProvider)
+    gate = served.loopback.gate = trio.Event()
     hub = served.hub
     phase = StuckPhase()
     done = trio.Event()
@@ -442,13 +445,22 @@ async def stuck_phase(served: Site, gate: trio.Event, runs: int, per_run: int) -
                 nursery.start_soon(stuck_subscriber, url, kind, done)
         while hub.statistics()["subscribers"] < runs * per_run:  # noqa: ASYNC110
             await trio.sleep(0.05)  # the hub counts subscribers; it has no event
-        gate.set()
-        for run in started:
-            await served.wait_for(run.run_id)
-        while (await served.metrics())["subscribers_dropped"] < dropped + runs * per_run:  # noqa: ASYNC110
-            await trio.sleep(0.05)  # dropped, every one: the server counts them
+        async with trio.open_nursery() as sampling:
+
+            async def sample() -> None:  # what is held for the stuck clients, at its most
+                while True:
+                    held = traced("_http11.py") + traced("wsproto/connection.py")
+                    phase.buffered = max(phase.buffered, held)
+                    await trio.sleep(0.2)
+
+            sampling.start_soon(sample)
+            gate.set()
+            for run in started:
+                await served.wait_for(run.run_id)
+            while (await served.metrics())["subscribers_dropped"] < dropped + runs * per_run:  # noqa: ASYNC110
+                await trio.sleep(0.05)  # dropped, every one: the server counts them
+            sampling.cancel_scope.cancel()
         gc.collect()
-        phase.buffered = traced("_http11.py") + traced("wsproto/connection.py")
         phase.peak, phase.rss_peak = tracemalloc.get_traced_memory()[0], rss()
         phase.live_subscribers = hub.statistics()["subscribers"]
         done.set()
@@ -476,17 +488,16 @@ async def test_l4_subscribers_that_never_read_are_bounded_and_memory_comes_back(
         close_timeout=0.5,
     )
     hub = Hub(buffer=64, log=MemoryRunLog(retention=1.0))
-    gate = trio.Event()
     script = [text_reply(big, per_chunk=10)]
     tracemalloc.start()
     try:
-        async with site(script, limits=limits, hub=hub, gate=gate) as served:
+        async with site(script, limits=limits, hub=hub, gate=trio.Event()) as served:
             # a first phase at full scale brings every table (trio's, the server's) to its
             # high-water mark; the second is measured against what the first left
-            await stuck_phase(served, gate, runs, per_run)
+            await stuck_phase(served, runs, per_run)
             gc.collect()
             before, rss_before = tracemalloc.get_traced_memory()[0], rss()
-            phase = await stuck_phase(served, gate, runs, per_run)
+            phase = await stuck_phase(served, runs, per_run)
             gc.collect()
             after, rss_after = tracemalloc.get_traced_memory()[0], rss()
     finally:
