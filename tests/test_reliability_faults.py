@@ -700,7 +700,11 @@ class Site:
             await run.wait()
 
     async def metrics(self) -> dict[str, Any]:
-        reply = await self.client.get("/metrics")
+        """`GET /metrics` (once more if the server had just closed the idle connection)."""
+        try:
+            reply = await self.client.get("/metrics")
+        except httpx.RemoteProtocolError:
+            reply = await self.client.get("/metrics")
         assert reply.status_code == 200
         metrics: dict[str, Any] = reply.json()
         return metrics
