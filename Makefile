@@ -40,12 +40,7 @@ demo: $(STAMP)
 # LiteLLM, MMSP) go into bench/.venv-peers only. A peer that cannot be installed is reported as
 # not available rather than failing the run.
 PEERS := bench/.venv-peers
-BENCH_STAMP := $(VENV)/.bench-installed
 PEERS_STAMP := $(PEERS)/.installed
-
-$(BENCH_STAMP): $(STAMP) pyproject.toml
-	$(BIN)/python -m pip install -q -e '.[test,bench]'
-	touch $(BENCH_STAMP)
 
 $(PEERS_STAMP): bench/peers-requirements.txt
 	test -x $(PEERS)/bin/python || $(PY) -m venv $(PEERS)
@@ -55,7 +50,8 @@ $(PEERS_STAMP): bench/peers-requirements.txt
 	  touch $(PEERS_STAMP); \
 	else echo "bench: the peers could not be installed; their rows will say not available"; fi
 
-bench: $(BENCH_STAMP) $(PEERS_STAMP)
+bench: $(STAMP) $(PEERS_STAMP)
+	$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/python -m pip install -q -e '.[test,bench]'
 	$(BIN)/python -m bench all --fanout --redis $(BENCH_ARGS)
 
 clean:

@@ -3,9 +3,9 @@ by the transport to the moment that fragment reaches a sink.
 
 Each stream's first read ends right after the frame carrying the first text fragment
 (`wire.first_delta_stream`); the in-memory transport stamps `time.perf_counter()` just before
-handing it over. The reads after it come `_GAP` apart, as the next tokens would: a body that is
-all there at once would let the reading task go on decoding later reads before the first
-delta's batch is passed on, which no network allows. Contestants, interleaved iteration by
+handing it over. The next read comes `_GAP` later, as the next token would: a body that is all
+there at once would let the reading task go on decoding later reads before the first delta's
+batch is passed on, which no network allows. Contestants, interleaved iteration by
 iteration:
 
 - `limit-httpx`: the limit loop reading through httpx in one task; stamped once that read's
@@ -143,12 +143,15 @@ async def _one(
     return (stamp[0] - mark) * 1e6
 
 
-async def _sleep_gap() -> None:
-    await trio.sleep(_GAP)
-
-
 def _gap() -> Callable[[], Awaitable[object]]:
-    return _sleep_gap
+    """One body's pace: a gap before its second read only (the rest follow at once)."""
+    gaps = [_GAP]
+
+    async def pace() -> None:
+        if gaps:
+            await trio.sleep(gaps.pop())
+
+    return pace
 
 
 async def _run(

@@ -37,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import attrs
 import httpx
@@ -222,11 +222,15 @@ class Handler:
                         reading.deadline = min(now + policy.per_event_timeout, self._total_deadline)
                     if batch:
                         emitted += len(batch)
-                        deadline, reading.deadline = reading.deadline, math.inf
-                        blocked = trio.current_time()
-                        await self._send(out, batch)
-                        blocked = trio.current_time() - blocked
-                        reading.deadline = min(deadline + blocked, self._total_deadline)
+                        items = self._items(batch)
+                        try:  # room downstream: no scheduler round per read
+                            out.send_nowait(items)
+                        except trio.WouldBlock:
+                            deadline, reading.deadline = reading.deadline, math.inf
+                            blocked = trio.current_time()
+                            await self._put(out, items)
+                            blocked = trio.current_time() - blocked
+                            reading.deadline = min(deadline + blocked, self._total_deadline)
                     if error is not None:
                         return self._failure_of(error, emitted)
                     if not chunk:
@@ -242,16 +246,17 @@ class Handler:
             if response is not None:
                 await _stop_reading(response, chunks)
 
-    async def _send(self, out: trio.MemorySendChannel[Batch], batch: list[UniEvent]) -> None:
-        items: Batch
-        if self._pending_reset:
-            self._pending_reset = False
-            items = [AttemptReset(self.attempts), *batch]
-        else:
-            items = list(batch)
+    def _items(self, batch: list[UniEvent]) -> Batch:
+        """What goes downstream for `batch`: the reset it owes first, if any."""
         self.events += len(batch)
         self.emitted_attempt = True
-        await self._put(out, items)
+        if self._pending_reset:
+            self._pending_reset = False
+            return [AttemptReset(self.attempts), *batch]
+        return cast("Batch", batch)
+
+    async def _send(self, out: trio.MemorySendChannel[Batch], batch: list[UniEvent]) -> None:
+        await self._put(out, self._items(batch))
 
     async def _put(self, out: trio.MemorySendChannel[Batch], items: Batch) -> None:
         """Send downstream. Time spent blocked on a slow consumer is backpressure, not the

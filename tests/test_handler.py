@@ -2154,7 +2154,7 @@ async def test_a_slow_consumer_is_backpressure_not_a_stall(
     check(
         run, at=[0.0], outcome=Outcome.COMPLETED, saw=expect("start", *OK_SEEN, END_OK), text=TEXT
     )
-    assert run.ended > 600.0  # way past the total deadline: the consumer took its time
+    assert run.ended >= 600.0  # twice the total deadline: the consumer took its time
     assert sink.closed == 1
     assert [e for b in sink.batches for e in b.run] == run.events
 

@@ -91,6 +91,7 @@ from .test_handler import (
     expect,
     ollama_lines,
     openai_error,
+    openai_events,
     partial,
     policy,
     provider_for,
@@ -703,7 +704,7 @@ class Site:
         """`GET /metrics` (once more if the server had just closed the idle connection)."""
         try:
             reply = await self.client.get("/metrics")
-        except httpx.RemoteProtocolError:
+        except (httpx.RemoteProtocolError, httpx.ReadError):
             reply = await self.client.get("/metrics")
         assert reply.status_code == 200
         metrics: dict[str, Any] = reply.json()
@@ -965,7 +966,7 @@ async def read_ws_raw(url: str) -> Read:
             return read
         buffer = bytearray(rest)
         while True:
-            frame = _frame(buffer)
+            frame = next_frame(buffer)
             if frame is None:
                 data = await stream.receive_some(65536)
                 if not data:
@@ -986,7 +987,7 @@ async def read_ws_raw(url: str) -> Read:
                 return read
 
 
-def _frame(buffer: bytearray) -> tuple[int, bytes] | None:
+def next_frame(buffer: bytearray) -> tuple[int, bytes] | None:
     """The next whole (unmasked, unfragmented) server frame taken from `buffer`, if there is
     one."""
     if len(buffer) < 2:
@@ -1124,8 +1125,6 @@ class HubReader:
 
 def paced_answer(count: int, gap: float) -> Answer:
     """The `ok` stream with `count` deltas, one every `gap` seconds."""
-    from .test_handler import openai_events
-
     events = openai_events(words(count))
     body: list[Any] = [events[0]]
     for delta in events[1 : 1 + count]:

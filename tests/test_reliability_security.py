@@ -36,7 +36,14 @@ import trio.testing
 import trio_websocket
 
 from pipeline import WireDecoder, encode_json
-from pipeline._events import TextDelta, ThinkingDelta, ToolCallDone, UniEvent
+from pipeline._events import (
+    EmbeddingDone,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallDone,
+    UniEvent,
+    delta_event,
+)
 from pipeline._grammar import MAX_ARGUMENT_DEPTH
 from pipeline._policy import Outcome
 from pipeline._request import TurnRequest, user
@@ -80,9 +87,9 @@ from .test_reliability_faults import (
     Read,
     RunRef,
     Site,
-    _frame,
     check_reads,
     check_site,
+    next_frame,
     read_sse,
     read_ws,
     site,
@@ -451,8 +458,6 @@ def test_s05_our_json_has_no_nan() -> None:
 
         return json.loads(data, parse_constant=refuse)
 
-    from pipeline._events import EmbeddingDone, delta_event
-
     event = delta_event(EmbeddingDone(embedding=[float("nan"), float("inf"), 1.0]), 0)
     assert strict(encode_json(event))["content_items"][0]["embedding"] == [None, None, 1.0]
     request = TurnRequest(messages=[user("Hi")], temperature=float("nan"))
@@ -730,7 +735,7 @@ async def raw_text_frame(url: str, payload: bytes) -> int:
         masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
         await stream.send_all(bytes([0x81, 0x80 | len(payload)]) + mask + masked)
         while True:
-            frame = _frame(buffer)
+            frame = next_frame(buffer)
             if frame is None:
                 data = await stream.receive_some(65536)
                 assert data, "closed without a close frame"

@@ -26,6 +26,18 @@ def fd_limit() -> int:
     return raise_fd_limit()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Keep each test's call outcome on the item, for its figures."""
+    report = yield
+    if report.when == "call":
+        item.stash[_PASSED] = report.passed
+    return report
+
+
+_PASSED = pytest.StashKey[bool]()
+
+
 @pytest.fixture
 def figures(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     """Where a load test puts its figures: printed, and written to RESULTS.md."""
@@ -33,28 +45,42 @@ def figures(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     start = time.perf_counter()
     yield found
     found.setdefault("wall s", round(time.perf_counter() - start, 1))
+    if not request.node.stash.get(_PASSED, False):
+        found["FAILED"] = "see the test's output"
     name = request.node.name
     _FIGURES[name] = found
     print(f"\n{name}: " + ", ".join(f"{k} {v}" for k, v in found.items()))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Write RESULTS.md with the figures of this run (when the load tier ran)."""
+    """Write RESULTS.md with the figures of this run (when the load tier ran); the rows of
+    tests that did not run this time are kept from the file."""
     if not _FIGURES:
         return
+    rows: dict[str, str] = {}
+    if RESULTS.exists():
+        for line in RESULTS.read_text().splitlines():
+            if line.startswith("| test_l"):
+                if line.count(" | ") == 1:  # a row written before runs were dated
+                    line += " - |"
+                rows[line.split(" | ", 1)[0].removeprefix("| ")] = line
+    stamp = time.strftime("%Y-%m-%d %H:%M")
+    for name, found in _FIGURES.items():
+        figures = "; ".join(f"{k}: {v}" for k, v in found.items())
+        rows[name] = f"| {name} | {figures} | {stamp} |"
     lines = [
-        "# Load tier: figures of the last run",
+        "# Load tier: figures",
         "",
-        "Written by `make test-load` (tests/load/); each line is one scenario of RELIABILITY.md's",
-        "load list. Wall times include the clients, which run in the same process.",
+        "Written by `make test-load` (tests/load/): one row per scenario of RELIABILITY.md's load",
+        "list, from the last run of each. Wall times include the clients, which run in the same",
+        "process as the server.",
         "",
         f"- machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
-        f"{platform.python_version()}, load average {os.getloadavg()[0]:.1f} at the end",
-        f"- date: {time.strftime('%Y-%m-%d %H:%M')}",
+        f"{platform.python_version()}, load average {os.getloadavg()[0]:.1f} at the end of the "
+        "last run",
         "",
-        "| test | figures |",
-        "| --- | --- |",
+        "| test | figures | run |",
+        "| --- | --- | --- |",
+        *(rows[name] for name in sorted(rows)),
     ]
-    for name, found in sorted(_FIGURES.items()):
-        lines.append(f"| {name} | " + "; ".join(f"{k}: {v}" for k, v in found.items()) + " |")
     RESULTS.write_text("\n".join(lines) + "\n")

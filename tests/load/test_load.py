@@ -15,6 +15,7 @@ import gc
 import itertools
 import os
 import random
+import resource
 import socket
 import statistics
 import time
@@ -52,7 +53,7 @@ from ..test_handler import FakeProvider, openai_events, policy, provider_for, re
 from ..test_reliability_faults import (
     GatedProvider,
     RunRef,
-    _frame,
+    next_frame,
     site,
     text_reply,
     tls,
@@ -234,7 +235,7 @@ async def ws_subscriber(
         assert answer.startswith(b"HTTP/1.1 101 "), answer
         buffer = bytearray(rest)
         while True:
-            frame = _frame(buffer)
+            frame = next_frame(buffer)
             if frame is None:
                 try:
                     data = await stream.receive_some(65536)
@@ -284,12 +285,13 @@ async def follow(
 
 
 SLOW_RCVBUF = 4096
+GAP = 0.1  # seconds between deltas in L2 and L3: 2,000 subscribers take 20,000 deliveries/s
 
 
 async def fan_out(
     ws: int, sse: int, deltas: int, *, slow: bool = False
 ) -> tuple[dict[str, Any], list[Subscriber], Subscriber | None]:
-    """One run of `deltas` deltas of about 500 characters, 10 ms apart, to `ws` + `sse`
+    """One run of `deltas` deltas of about 500 characters, `GAP` s apart, to `ws` + `sse`
     subscribers (and one 10x slower, on a small receive buffer, if `slow`): the figures, the
     subscribers, the slow one. A subscriber may fall 64 events behind; the server's send
     buffer is 16 KiB a connection, so one that stops reading backs up into the hub soon."""
@@ -299,7 +301,7 @@ async def fan_out(
         max_subscribers_per_client=total + 10,
         send_buffer=16 * KIB,
     )
-    gap = 0.01
+    gap = GAP
     big = [f"{word}{'x' * 490} " for word in words(deltas)]
     script = [text_reply(big, chunk_delay=gap)]
     gate = trio.Event()
@@ -335,6 +337,7 @@ async def fan_out(
     last = max(max(sub.arrived) for sub in subs)
     found = {
         "subscribers": f"{ws} WS + {sse} SSE" + (" + 1 slow" if slow else ""),
+        "others dropped": sum(sub.dropped for sub in subs),
         "events": len(log),
         "connect s": round(connected, 1),
         "deliveries/s": round(len(log) * len(subs) / (last - first)),
@@ -346,14 +349,9 @@ async def fan_out(
     return found, subs, slow_sub
 
 
-L2_FIGURES: dict[str, Any] = {}
-
-
 def fd_budget() -> int:
     """How many subscribers the open-files limit allows (each costs the server and the client
     one descriptor here), up to 1,000 of each kind."""
-    import resource
-
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     return min(1000, (soft - 256) // 4)
 
@@ -361,23 +359,28 @@ def fd_budget() -> int:
 async def test_l2_one_run_to_many_websocket_and_sse_subscribers(figures: dict[str, Any]) -> None:
     n = fd_budget()
     found, _, _ = await fan_out(n, n, 200)
-    L2_FIGURES.update(found)
     figures.update(found)
+
+
+L3_SCALE = 150  # WS and SSE subscribers each: what the machine serves at 10 events/s unsaturated
 
 
 async def test_l3_one_subscriber_10x_slower_is_dropped_and_slows_nobody(
     figures: dict[str, Any],
 ) -> None:
-    n = fd_budget()
+    # At L2's scale the server is CPU-bound on a small machine, so everyone is late and the
+    # slow one is no slower than the rest; here the scale leaves headroom, and the same run
+    # is measured without the slow one, then with it.
+    n = min(L3_SCALE, fd_budget())
+    alone, _, _ = await fan_out(n, n, 200)
     found, _, slow = await fan_out(n, n, 200, slow=True)
     assert slow is not None
     assert slow.dropped >= 1  # dropped at overflow, resumed...
     assert [decode_run_event(d).seq for d in slow.data] == list(range(1, len(slow.data) + 1))
-    baseline = L2_FIGURES.get("delay p99 ms")
-    if baseline is not None:  # the others' p99, as without the slow one (within noise)
-        assert found["delay p99 ms"] <= max(2 * baseline, baseline + 50)
-    found["slow dropped"] = slow.dropped
-    found["L2 delay p99 ms"] = baseline
+    baseline = alone["delay p99 ms"]
+    assert found["delay p99 ms"] <= max(2 * baseline, baseline + 50)  # the others: unchanged
+    found["slow one dropped"] = slow.dropped
+    found["delay p99 ms without the slow one"] = baseline
     figures.update(found)
 
 
@@ -454,7 +457,7 @@ async def stuck_phase(served: Site, runs: int, per_run: int) -> StuckPhase:
                 while True:
                     held = traced("_http11.py") + traced("wsproto/connection.py")
                     phase.buffered = max(phase.buffered, held)
-                    await trio.sleep(0.2)
+                    await trio.sleep(1.0)
 
             sampling.start_soon(sample)
             gate.set()
@@ -508,7 +511,11 @@ async def test_l4_subscribers_that_never_read_are_bounded_and_memory_comes_back(
     cap = 64 * 600 + 16 * KIB  # a subscriber's allowance: its buffer of events, and a socket's
     assert phase.live_subscribers == 0
     assert phase.buffered <= runs * per_run * cap
-    assert after <= before * 1.10  # memory back, within 10 %
+    # memory back: of what the phase took (its runs' logs, the stuck clients' buffers), at
+    # most 10 % is still held once they are gone (the server forgets its runs' tokens once a
+    # minute); and the process's resident set is within 10 % of where it was
+    assert after - before <= 0.10 * (phase.peak - before)
+    assert rss_after <= rss_before * 1.10
     figures.update(
         {
             "runs": runs,
