@@ -37,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 import attrs
 import httpx
@@ -68,7 +68,7 @@ from .providers._base import Provider, provider_error
 if TYPE_CHECKING:
     from .providers._base import HttpRequest
 
-__all__ = ["AttemptReset", "Handler", "Status"]
+__all__ = ["AttemptReset", "Handler", "Outlet", "Status"]
 
 _E = TypeVar("_E", bound=RilletError)
 
@@ -90,6 +90,20 @@ class Status(msgspec.Struct, frozen=True, gc=False):
 Item = UniEvent | AttemptReset | Status
 Batch = list[Item]
 
+
+class Outlet(Protocol):
+    """Where the handler's batches go. `offer` takes a batch at once and says whether it went
+    all the way; when it did not, the handler awaits `drain` (backpressure) before the next."""
+
+    def offer(self, items: Batch) -> bool:
+        """Take the batch; False if part of it waits for room downstream."""
+        ...
+
+    async def drain(self) -> None:
+        """Wait until what `offer` could not pass on has gone."""
+        ...
+
+
 _PERMANENT_ERRORS = (
     StreamProtocolError,
     ToolCallArgumentParseError,
@@ -98,6 +112,9 @@ _PERMANENT_ERRORS = (
     AuthenticationError,
 )
 _RATE_STATUSES = frozenset({429, 503, 529})
+_DEADLINE_SLACK = 0.001
+"""The per-event deadline moves only once it would move by this much (seconds): a burst of
+reads does not pay for moving it on each, and it fires at most this early."""
 _STREAM_TYPES = {"sse": ("text/event-stream",), "ndjson": ("ndjson", "json", "text/plain")}
 
 
@@ -142,7 +159,7 @@ class Handler:
     _start: float = 0.0
     _total_deadline: float = math.inf
 
-    async def run(self, out: trio.MemorySendChannel[Batch]) -> Outcome:
+    async def run(self, out: Outlet) -> Outcome:
         """Attempt, retry, rescue; send every batch to `out`; return the one outcome. Cancelling
         the caller cancels it (the outcome is then the caller's to record)."""
         policy = self.policy
@@ -171,7 +188,7 @@ class Handler:
             self.provider.base_url, self.policy.requests_per_minute, self.policy.limiter_max_wait
         )
 
-    async def _attempt(self, out: trio.MemorySendChannel[Batch]) -> _Failure | None:
+    async def _attempt(self, out: Outlet) -> _Failure | None:
         policy = self.policy
         try:
             http = self.provider.dialect.build_request(self.request, self.provider, stream=True)
@@ -200,6 +217,7 @@ class Handler:
             # while a batch waits for room downstream (a slow consumer is backpressure, not a
             # silent provider): the time spent blocked there is added back afterwards.
             with trio.CancelScope(deadline=deadline) as reading:
+                armed = deadline  # reading.deadline, kept here (moving it is not free)
                 while True:
                     chunk = await anext(chunks, b"")  # b"": end of body (httpx yields no empties)
                     batch: list[UniEvent] = []
@@ -219,18 +237,19 @@ class Handler:
                         self._ever_event = True
                         self._timeouts = 0
                         self.lane_events += decoder.lane_events - before
-                        reading.deadline = min(now + policy.per_event_timeout, self._total_deadline)
+                        due = min(now + policy.per_event_timeout, self._total_deadline)
+                        if due - armed >= _DEADLINE_SLACK or due < armed:
+                            reading.deadline = armed = due
                     if batch:
                         emitted += len(batch)
                         items = self._items(batch)
-                        try:  # room downstream: no scheduler round per read
-                            out.send_nowait(items)
-                        except trio.WouldBlock:
-                            deadline, reading.deadline = reading.deadline, math.inf
+                        if not out.offer(items):  # room downstream: no scheduler round
+                            reading.deadline = math.inf
                             blocked = trio.current_time()
-                            await self._put(out, items)
+                            await out.drain()
                             blocked = trio.current_time() - blocked
-                            reading.deadline = min(deadline + blocked, self._total_deadline)
+                            self._total_deadline += blocked
+                            reading.deadline = armed = min(armed + blocked, self._total_deadline)
                     if error is not None:
                         return self._failure_of(error, emitted)
                     if not chunk:
@@ -255,15 +274,16 @@ class Handler:
             return [AttemptReset(self.attempts), *batch]
         return cast("Batch", batch)
 
-    async def _send(self, out: trio.MemorySendChannel[Batch], batch: list[UniEvent]) -> None:
+    async def _send(self, out: Outlet, batch: list[UniEvent]) -> None:
         await self._put(out, self._items(batch))
 
-    async def _put(self, out: trio.MemorySendChannel[Batch], items: Batch) -> None:
+    async def _put(self, out: Outlet, items: Batch) -> None:
         """Send downstream. Time spent blocked on a slow consumer is backpressure, not the
         provider's slowness: the total deadline moves by as much."""
-        start = trio.current_time()
-        await out.send(items)
-        self._total_deadline += trio.current_time() - start
+        if not out.offer(items):
+            start = trio.current_time()
+            await out.drain()
+            self._total_deadline += trio.current_time() - start
 
     def _check_content_type(self, response: httpx.Response) -> None:
         framing = self.provider.dialect.framing
@@ -348,7 +368,7 @@ class Handler:
 
     # --- the ladders ------------------------------------------------------------------------------
 
-    async def _next(self, failure: _Failure, out: trio.MemorySendChannel[Batch]) -> Outcome | None:
+    async def _next(self, failure: _Failure, out: Outlet) -> Outcome | None:
         """None to retry (after any wait), or the outcome that ends streaming."""
         policy = self.policy
         if failure.shape is Shape.PERMANENT:
@@ -404,7 +424,7 @@ class Handler:
 
     # --- the rescue -------------------------------------------------------------------------------
 
-    async def _rescue(self, out: trio.MemorySendChannel[Batch], stream_outcome: Outcome) -> Outcome:
+    async def _rescue(self, out: Outlet, stream_outcome: Outcome) -> Outcome:
         """One non-streaming request; its reply goes downstream as ordinary groups and a stop."""
         policy = self.policy
         await self._put(out, [Status("rescuing", self.attempts + 1)])

@@ -19,10 +19,20 @@ Two implementations share one interface, `RunHub`, which is all a server uses: `
 the logs in this process (`MemoryRunLog`, the default); `pipeline._redis_hub.RedisHub` keeps them
 in Redis Streams, so that any server sharing that Redis serves any run's subscribers. Both hand
 out the same `Subscription`: the same buffer allowance, drop reasons, resume and expiry rules.
+
+Waking subscribers (the memory hub)
+-----------------------------------
+A subscriber that has read everything waits in `next_batch`, parked on its own (no event per
+append). An append wakes one of them, the leader, whatever the number waiting; the leader, as it
+wakes, hands the new entries to every other waiting subscriber that has a `push` writer (one
+list for all, so a transport encodes them once) and wakes only those whose writer did not take
+them. A transport that can write without blocking (a socket with room) so delivers without a
+task switch per subscriber; appends that arrive before the leader runs go out together.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import attrs
@@ -154,11 +164,13 @@ class _Run:
 
     __slots__ = (
         "_changed",
+        "_leading",
         "access",
         "base",
         "done_at",
         "entries",
         "nbytes",
+        "parked",
         "run_id",
         "subscribers",
     )
@@ -172,6 +184,9 @@ class _Run:
         self.subscribers: set[Subscription] = set()
         self.access: bytes | None = None  # the digest of its readers' token, if one was given
         self._changed = trio.Event()
+        # subscribers waiting in `next_batch` with nothing left to read, and their tasks
+        self.parked: dict[Subscription, trio.lowlevel.Task] = {}
+        self._leading = False  # a leader was woken and has not run yet
 
     @property
     def last_seq(self) -> int:
@@ -182,11 +197,46 @@ class _Run:
         return self.done_at is not None
 
     def wake(self) -> None:
+        """Something changed: wake the waiters of `wait`, and one parked subscriber (the leader,
+        which hands the news to the others as it wakes)."""
         self._changed.set()
         self._changed = trio.Event()
+        if self.parked and not self._leading:
+            sub = next(iter(self.parked))
+            self._leading = sub._leads = True
+            trio.lowlevel.reschedule(self.parked.pop(sub))
 
     async def wait(self) -> None:
         await self._changed.wait()
+
+    def lead(self) -> None:
+        """The leader's round: push what is new to each parked subscriber that has a `push`
+        writer; wake those without one, those whose writer refused, and all once the run is
+        done (they return from `next_batch`)."""
+        self._leading = False
+        head = self.last_seq
+        done = self.done
+        batches: dict[int, list[Entry]] = {}  # by first index: parked cursors are all alike
+        for sub, task in list(self.parked.items()):
+            if sub.cursor < head:
+                start = sub.cursor + 1 - self.base
+                push = sub.push
+                if push is not None and start >= 0 and not sub._closed:
+                    batch = batches.get(start)
+                    if batch is None:
+                        batch = batches[start] = self.entries[start:]
+                    try:
+                        taken = push(batch)
+                    except Exception:  # the woken reader meets the failure on its own path
+                        taken = False
+                    if taken:
+                        sub.cursor = head
+                        if not done:
+                            continue
+            elif not done:
+                continue
+            if self.parked.pop(sub, None) is not None:  # a push may have cancelled its wait
+                trio.lowlevel.reschedule(task)
 
 
 class RunLog(Protocol):
@@ -309,6 +359,11 @@ class Subscription:
         drop_reason: why it was dropped, if it was.
         cancel_scope: cancelled when it is dropped, so a transport blocked writing to a client
             that stopped reading wakes up: run the writing inside it.
+        push: a writer the hub may hand new entries to while this subscriber waits in
+            `next_batch` with nothing left to read, instead of waking it: it must not block,
+            and returns True when it took them all (the cursor moves past them) and False,
+            having taken none, when `next_batch` should return them instead. Every subscriber
+            pushed in one round gets the same list. Only the memory hub pushes.
     """
 
     _hub: _Owner
@@ -320,6 +375,8 @@ class Subscription:
     _closed: bool = False
     _batch: list[Entry] = attrs.field(factory=list)  # what iteration has yet to hand out
     _taken: int = 0
+    push: Callable[[list[Entry]], bool] | None = None
+    _leads: bool = False  # woken as the leader
 
     def _drop(self, reason: str) -> None:
         if self.drop_reason is None:
@@ -355,7 +412,22 @@ class Subscription:
                 return batch
             if run.done:
                 return []
-            await run.wait()
+            await self._park()
+
+    async def _park(self) -> None:
+        """Wait, parked in the run, until an append wakes this subscriber (perhaps as the
+        leader, which then pushes to the others) or the run ends."""
+        run = self._run
+        run.parked[self] = trio.lowlevel.current_task()
+
+        def abort(_: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
+            run.parked.pop(self, None)
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+        if self._leads:
+            self._leads = False
+            run.lead()
 
     def __aiter__(self) -> Subscription:
         # a plain async iterator, not a generator: a reader may stop at any point (`break`)

@@ -34,7 +34,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
 __all__ = [
     "AnswerDelta",
@@ -54,7 +54,9 @@ __all__ = [
 ]
 
 
-class _Envelope(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type"):
+class _Envelope(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type", gc=False
+):
     run_id: str
     seq: int
     elapsed_ms: int
@@ -228,6 +230,29 @@ class RunEventBuilder:
         self._text = []
         self.finish_reason = None
         return AttemptResetEvent(**self._env(), attempt=attempt)
+
+    def uni_many(self, events: Sequence[UniEvent], out: list[RunEvent]) -> None:
+        """The run events a batch of UniEvents shows as, appended to `out`. The batch is
+        stamped once (its events arrived together), and a text fragment takes one step."""
+        run_id = self.run_id
+        elapsed = int((self._clock() - self._t0) * 1000)
+        text = self._text
+        for event in events:
+            items = event.content_items
+            if items and type(items[0]) is TextDelta:
+                fragment = items[0].text
+                if fragment:
+                    self._seq += 1
+                    text.append(fragment)
+                    out.append(
+                        AnswerDelta(
+                            run_id=run_id, seq=self._seq, elapsed_ms=elapsed, delta=fragment
+                        )
+                    )
+                continue
+            run = self.uni(event)
+            if run is not None:
+                out.append(run)
 
     def uni(self, event: UniEvent) -> RunEvent | None:
         """The run event a UniEvent shows as, if any."""

@@ -1,16 +1,17 @@
 """The turn: a nursery of actors on bounded channels, and the handle an application holds.
 
 ```
-handler (source actor) --batches--> accumulator actor --+--> sink actor (one per sink)
-  attempts, deadlines,              UniMessage, run       +--> the turn's two logs, read by
-  retries, rescue                   events, outcome            uni_events() / run_events()
+handler (source actor): attempts, deadlines, --+--> sink actor (one per sink)
+  retries, rescue; decode, grammar and the     +--> the turn's two logs, read by
+  accumulator step (message, run events)            uni_events() / run_events()
 ```
 
-Each arrow is a bounded `trio` memory channel (the policy's `channel_size`, default 64) carrying
-batches: an actor forwards everything it has in hand as one batch, so a hop costs one channel
-operation per batch, not per event. A slow sink blocks the actors upstream of it, all the way
-to the provider's socket (backpressure): nothing is dropped. The two logs are append-only and
-read by any number of consumers, each at its own pace, from the start.
+The handler accumulates each batch on its own task as soon as it is decoded (no hop for work
+that never blocks) and offers it to every sink's bounded `trio` memory channel (the policy's
+`channel_size`, default 64). A sink actor forwards everything waiting as one batch, so a hop
+costs one channel operation per batch, not per event. A slow sink blocks the handler, all the
+way to the provider's socket (backpressure): nothing is dropped. The two logs are append-only
+and read by any number of consumers, each at its own pace, from the start.
 
 Cancelling the caller's scope cancels the turn: the HTTP response is closed, no task outlives
 the nursery, and the public stream still ends with its one `run.done{status: "cancelled"}`
@@ -108,7 +109,7 @@ class _Log(Generic[T]):
     def __init__(self) -> None:
         self.items: list[T] = []
         self.closed = False
-        self._changed = trio.Event()
+        self._changed: trio.Event | None = None  # made when a reader waits
 
     def extend(self, items: Sequence[T]) -> None:
         if items:
@@ -120,13 +121,17 @@ class _Log(Generic[T]):
         self._wake()
 
     def _wake(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
+        changed = self._changed
+        if changed is not None:
+            self._changed = None
+            changed.set()
 
     def follow(self, start: int = 0) -> _Follower[T]:
         return _Follower(self, start)
 
     async def wait_changed(self) -> None:
+        if self._changed is None:
+            self._changed = trio.Event()
         await self._changed.wait()
 
 
@@ -277,16 +282,13 @@ async def run_turn(
                     send, recv = trio.open_memory_channel[SinkBatch](policy.channel_size)
                     sink_sends.append(send)
                     nursery.start_soon(_sink_actor, sink, recv, sink_given)
-                to_acc, from_handler = trio.open_memory_channel[Batch](policy.channel_size)
                 first = SinkBatch(opened, ())
                 for send in sink_sends:
                     await send.send(first)
-                nursery.start_soon(
-                    _accumulator_actor, from_handler, accumulator, builder, turn, sink_sends
-                )
                 task_status.started(turn)
-                async with to_acc:
-                    streamed = await handler.run(to_acc)
+                streamed = await handler.run(_Downstream(accumulator, builder, turn, sink_sends))
+                for send in sink_sends:
+                    await send.aclose()
             # Only now has every batch reached the logs and the sinks: a cancel that comes
             # while they still hold some leaves the turn Cancelled, never "completed" with an
             # `answer.done` for a text its consumers did not get.
@@ -384,45 +386,72 @@ async def _run_turn_with(
     await run_turn(request, provider, task_status=task_status, **options)
 
 
-async def _accumulator_actor(
-    receive: trio.MemoryReceiveChannel[Batch],
+@attrs.define(eq=False)
+class _Downstream:
+    """The handler's outlet: the accumulator's work, done on the handler's task as each batch
+    arrives (the message, the run events, the logs), then one batch to every sink's channel.
+
+    Doing it there costs no scheduler round and no channel hop per batch; a sink's full
+    channel is still backpressure on the handler (`offer` says so and `drain` waits)."""
+
+    accumulator: Accumulator
+    builder: RunEventBuilder
+    turn: Turn
+    sinks: list[trio.MemorySendChannel[SinkBatch]]
+    _owed: list[tuple[trio.MemorySendChannel[SinkBatch], SinkBatch]] = attrs.field(factory=list)
+
+    def offer(self, items: Batch) -> bool:
+        """Take a batch; False if a sink's channel had no room for it (then `drain`)."""
+        accumulator, builder = self.accumulator, self.builder
+        runs: list[RunEvent] = []
+        unis: list[UniItem] = []
+        start = 0  # the batch is cut at each reset or status; UniEvents go in runs of them
+        for i, item in enumerate(items):
+            if type(item) is UniEvent:
+                continue
+            if start < i:
+                _uni_events(items[start:i], accumulator, builder, unis, runs)  # type: ignore[arg-type]
+            start = i + 1
+            if type(item) is AttemptReset:
+                accumulator.reset()
+                unis.append(item)
+                runs.append(builder.reset(item.attempt))
+            elif type(item) is Status:
+                runs.append(builder.status(item.phase, item.attempt, item.delay))
+        if start == 0:
+            _uni_events(items, accumulator, builder, unis, runs)  # type: ignore[arg-type]
+        elif start < len(items):
+            _uni_events(items[start:], accumulator, builder, unis, runs)  # type: ignore[arg-type]
+        self.turn._uni.extend(unis)
+        self.turn._run.extend(runs)
+        if not self.sinks or not (runs or unis):
+            return True
+        out = SinkBatch(runs, unis)
+        for send in self.sinks:
+            try:
+                send.send_nowait(out)
+            except trio.WouldBlock:
+                self._owed.append((send, out))
+        return not self._owed
+
+    async def drain(self) -> None:
+        """Wait until every sink's channel has taken what `offer` could not pass on."""
+        while self._owed:
+            send, out = self._owed[0]
+            await send.send(out)
+            del self._owed[0]
+
+
+def _uni_events(
+    events: list[UniEvent],
     accumulator: Accumulator,
     builder: RunEventBuilder,
-    turn: Turn,
-    sink_sends: list[trio.MemorySendChannel[SinkBatch]],
+    unis: list[UniItem],
+    runs: list[RunEvent],
 ) -> None:
-    """UniEvents in: the message, the run events and the logs; batches on to every sink."""
-    async with receive:
-        async for batch in receive:
-            # drain what is already waiting: one hop downstream per batch, not per event
-            while True:
-                try:
-                    batch += receive.receive_nowait()
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
-            runs: list[RunEvent] = []
-            unis: list[UniItem] = []
-            for item in batch:
-                if type(item) is UniEvent:
-                    accumulator.feed(item)
-                    unis.append(item)
-                    run = builder.uni(item)
-                    if run is not None:
-                        runs.append(run)
-                elif type(item) is AttemptReset:
-                    accumulator.reset()
-                    unis.append(item)
-                    runs.append(builder.reset(item.attempt))
-                elif type(item) is Status:
-                    runs.append(builder.status(item.phase, item.attempt, item.delay))
-            turn._uni.extend(unis)
-            turn._run.extend(runs)
-            if sink_sends:
-                out = SinkBatch(runs, unis)
-                for send in sink_sends:
-                    await send.send(out)
-    for send in sink_sends:
-        await send.aclose()
+    accumulator.feed_many(events)
+    builder.uni_many(events, runs)
+    unis += events
 
 
 async def _sink_actor(

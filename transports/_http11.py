@@ -9,6 +9,9 @@ Two things here are not what `trio.SocketStream` gives by itself:
   next write sends it first: the byte stream stays whole, so a dropped SSE stream can still end
   its chunked body and a dropped WebSocket can still send its close frame, if the client reads
   again within the grace period.
+- `ConnectionStream.try_send` writes without waiting (a fan-out hands the same bytes to many
+  connections in one go); writes of several tasks (a WebSocket's pong and its events) go out
+  one after the other, never interleaved.
 - `ConnectionStream.unread` puts bytes back in front of the socket's: on a WebSocket upgrade the
   request h11 already parsed is replayed, with whatever followed it, to trio-websocket.
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import os
 from http import HTTPStatus
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
@@ -44,6 +48,7 @@ _SEND_SIZE = 256 * 1024
 _MAX_HEAD = 16 * 1024  # h11 answers 431 past this
 _MAX_UNREAD = 64 * 1024  # bytes a streaming response reads ahead of the next request
 _GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
+_CHUNKED = b"\r\ntransfer-encoding: chunked\r\n"
 
 
 class BodyTooLarge(Exception):
@@ -68,7 +73,15 @@ class ConnectionStream(trio.abc.Stream):
         self._unread = bytearray()
         self._pending: collections.deque[memoryview] = collections.deque()
         self._closed = False
+        self._flushing = False  # a task is writing out what is parked
+        self._flushed = trio.lowlevel.ParkingLot()  # the tasks waiting for it to finish
+        self._fd = self._socket.fileno()
         self.peer = _peer_address(stream)
+
+    @property
+    def parked(self) -> bool:
+        """Whether bytes are waiting to be written (`flush` writes them)."""
+        return bool(self._pending)
 
     def unread(self, data: bytes) -> None:
         """Put bytes back: the next reads return them before the socket's."""
@@ -112,21 +125,43 @@ class ConnectionStream(trio.abc.Stream):
         self._pending.append(memoryview(data))
         await self.flush()
 
+    def try_send(self, data: bytes) -> bool:
+        """Write `data` now, without waiting: True when the socket took it (what it did not
+        take at once is parked for `flush`); False, with nothing written, when bytes are
+        already parked, the socket is full or failed, or the stream is closed (write it with
+        `send_all`, which waits, or reports the failure)."""
+        if self._closed or self._pending or self._flushing:
+            return False
+        try:
+            sent = os.write(self._fd, data)
+        except OSError:  # full (BlockingIOError), or gone: `send_all` finds out which
+            return False
+        if sent < len(data):
+            self._pending.append(memoryview(data)[sent:])
+        return True
+
     async def flush(self) -> None:
-        """Write out what is parked."""
+        """Write out what is parked (after another task's writing, if one is under way)."""
+        while self._flushing:  # it writes our bytes too, unless it is cancelled first
+            await self._flushed.park()
         if not self._pending:
             await trio.lowlevel.checkpoint()
             return
-        while self._pending:
-            head = self._pending[0]
-            try:
-                sent = await self._socket.send(head[:_SEND_SIZE])
-            except OSError as exc:
-                raise trio.BrokenResourceError(f"the client went away ({exc})") from None
-            if sent == len(head):
-                self._pending.popleft()
-            else:
-                self._pending[0] = head[sent:]
+        self._flushing = True
+        try:
+            while self._pending:
+                head = self._pending[0]
+                try:
+                    sent = await self._socket.send(head[:_SEND_SIZE])
+                except OSError as exc:
+                    raise trio.BrokenResourceError(f"the client went away ({exc})") from None
+                if sent == len(head):
+                    self._pending.popleft()
+                else:
+                    self._pending[0] = head[sent:]
+        finally:
+            self._flushing = False
+            self._flushed.unpark_all()
 
     async def wait_send_all_might_not_block(self) -> None:
         """Wait until the socket takes more bytes."""
@@ -142,6 +177,7 @@ class ConnectionStream(trio.abc.Stream):
         """Close the socket itself (unsent bytes are dropped)."""
         self._closed = True
         self._pending.clear()
+        self._fd = -1
         await trio.aclose_forcefully(self._stream)
 
 
@@ -228,6 +264,7 @@ class HttpConnection:
     conn: h11.Connection = attrs.field(
         factory=lambda: h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
     )
+    chunked: bool = False  # the streamed response's body is chunked (`body_chunk`)
 
     async def next_request(self, within: float) -> Request | None:
         """The next request's head, or None when the client closed the connection between
@@ -292,7 +329,17 @@ class HttpConnection:
 
     async def start_stream(self, status: int, headers: Iterable[tuple[str, str]]) -> None:
         """The head of a streamed response (chunked, for HTTP/1.1 clients)."""
-        await self._send(_response(status, headers))
+        head = self.conn.send(_response(status, headers))
+        self.chunked = _CHUNKED in (head or b"").lower()
+        if head:
+            await self.stream.send_all(head)
+
+    def body_chunk(self, data: bytes) -> bytes:
+        """The bytes `send_data(data)` writes to a chunked streamed body (`chunked`): the same
+        for every connection, so one encoding serves many (write them with the stream's
+        `try_send` or `send_all`)."""
+        assert self.chunked
+        return b"%x\r\n%s\r\n" % (len(data), data)
 
     async def send_data(self, data: bytes) -> None:
         """A piece of a streamed body."""

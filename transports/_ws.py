@@ -7,6 +7,10 @@ from what h11 parsed and replayed, with any bytes that followed it, in front of 
 handshake as if it came straight from the socket. The handshake is checked here first, because
 trio-websocket waits forever for a request wsproto refuses.
 
+Events go out as text frames built here (`text_frame`): a server's frames are not masked, so a
+run's frame is the same bytes for every subscriber, built once and written straight to each
+connection's stream, next to trio-websocket's own writes (the stream keeps writes whole).
+
 Two close paths trio-websocket leaves to its caller are completed here: a close cut short by the
 grace period (the client stopped reading) drops the connection, and a frame wsproto could not
 parse (invalid UTF-8 in a text message: 1007) gets the close frame trio-websocket does not send.
@@ -28,7 +32,20 @@ if TYPE_CHECKING:
 
     from ._http11 import ConnectionStream, HttpConnection, Request
 
-__all__ = ["TokenBucket", "close_websocket", "handshake_problem", "open_websocket"]
+__all__ = ["TokenBucket", "close_websocket", "handshake_problem", "open_websocket", "text_frame"]
+
+
+def text_frame(payload: bytes) -> bytes:
+    """One whole, unmasked (server to client) WebSocket text frame carrying `payload`, which
+    must be UTF-8 (RFC 6455 §5.2: FIN, opcode 1, the shortest length encoding)."""
+    size = len(payload)
+    if size < 126:
+        head = bytes((0x81, size))
+    elif size < 0x10000:
+        head = struct.pack("!BBH", 0x81, 126, size)
+    else:
+        head = struct.pack("!BBQ", 0x81, 127, size)
+    return head + payload
 
 
 def handshake_problem(request: Request) -> tuple[int, str] | None:

@@ -59,6 +59,7 @@ from pipeline._handler import AttemptReset
 from pipeline._hub import (
     CursorExpired,
     CursorInvalid,
+    Entry,
     Hub,
     HubError,
     HubUnavailable,
@@ -85,7 +86,7 @@ from pipeline.providers._base import Provider, Secret
 
 from ._http11 import BodyTooLarge, HttpConnection, Request, RequestTimeout
 from ._http11 import ConnectionStream as _ConnectionStream
-from ._ws import TokenBucket, close_websocket, handshake_problem, open_websocket
+from ._ws import TokenBucket, close_websocket, handshake_problem, open_websocket, text_frame
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -499,6 +500,58 @@ class _WsState:
             self.code, self.reason = code, reason
 
 
+# --- writing a run's events ----------------------------------------------------------------
+
+
+def _sse_events(prefix: bytes, batch: Sequence[Entry]) -> bytes:
+    """A batch as SSE events, `id: <run_id>:<seq>` (`prefix` is `id: <run_id>:`)."""
+    return b"".join(b"%s%d\ndata: %s\n\n" % (prefix, entry.seq, entry.data) for entry in batch)
+
+
+def _ws_frames(batch: Sequence[Entry]) -> bytes:
+    """A batch as WebSocket text frames, one per event, to go out in one write."""
+    return b"".join([text_frame(entry.data) for entry in batch])
+
+
+@attrs.define(eq=False)
+class _LastBatch:
+    """The bytes of the batch encoded last. The hub hands every subscriber it pushes to in one
+    round the same list: a run's events are encoded once for all of its subscribers."""
+
+    batch: list[Entry] | None = None
+    data: bytes = b""
+
+
+@attrs.define(eq=False)
+class _Pusher:
+    """A subscriber's `push` writer: new events written straight to its connection, without
+    waiting and without waking its task, while the task waits in `next_batch`.
+
+    Attributes:
+        stream: the connection.
+        encode: a batch's bytes as they go on the wire.
+        ws: the WebSocket, if it is one (nothing is pushed once it is closing).
+        scope: the task's wait, cancelled when a push left bytes parked (the task flushes them).
+        written_at: when bytes last went out (a heartbeat is due `heartbeat` s after it).
+    """
+
+    stream: _ConnectionStream
+    encode: Callable[[list[Entry]], bytes]
+    ws: trio_websocket.WebSocketConnection | None = None
+    scope: trio.CancelScope | None = None
+    written_at: float = attrs.field(factory=trio.current_time)
+
+    def __call__(self, batch: list[Entry]) -> bool:
+        if self.ws is not None and self.ws.closed is not None:
+            return False
+        if not self.stream.try_send(self.encode(batch)):
+            return False
+        self.written_at = trio.current_time()
+        if self.stream.parked and self.scope is not None:
+            self.scope.cancel()
+        return True
+
+
 # --- the server -----------------------------------------------------------------------------
 
 
@@ -518,6 +571,8 @@ class _Server:
     _decoy: str = attrs.field(factory=lambda: secrets.token_urlsafe(24))
     _next_prune: float = 0.0
     _page: tuple[bytes, str] = attrs.field(factory=lambda: _load_page())
+    _sse_last: _LastBatch = attrs.field(factory=_LastBatch)
+    _ws_last: _LastBatch = attrs.field(factory=_LastBatch)
     _static: dict[str, dict[str, _Handler]] = attrs.field(init=False)
     _per_run: dict[str, dict[str, _Handler]] = attrs.field(init=False)
 
@@ -972,25 +1027,43 @@ class _Server:
         stream then just ends: the client resumes from its `Last-Event-ID`)."""
         prefix = f"id: {run_id}:".encode()
         heartbeat = self.limits.heartbeat
+        stream = http.stream
+        last = self._sse_last
+
+        def encode(batch: list[Entry]) -> bytes:
+            if batch is not last.batch:
+                last.data, last.batch = http.body_chunk(_sse_events(prefix, batch)), batch
+            return last.data
+
+        pusher = _Pusher(stream, encode)
         try:
             with sub.cancel_scope:
                 await http.send_data(_RETRY)
+                if http.chunked:  # an HTTP/1.0 client's body goes through h11 only
+                    sub.push = pusher
                 while True:
-                    with trio.move_on_after(heartbeat) as idle:
+                    with trio.move_on_at(pusher.written_at + heartbeat) as idle:
+                        pusher.scope = idle
                         batch = await sub.next_batch()
+                    pusher.scope = None
                     if idle.cancelled_caught:
-                        await http.send_data(_HEARTBEAT)
+                        if stream.parked:  # a push left part of its bytes
+                            await stream.flush()
+                        elif pusher.written_at + heartbeat <= trio.current_time():
+                            await http.send_data(_HEARTBEAT)
+                            pusher.written_at = trio.current_time()
                         continue
                     if not batch:
                         return
-                    await http.send_data(
-                        b"".join(
-                            b"%s%d\ndata: %s\n\n" % (prefix, entry.seq, entry.data)
-                            for entry in batch
-                        )
-                    )
+                    if http.chunked:
+                        await stream.send_all(encode(batch))
+                    else:
+                        await http.send_data(_sse_events(prefix, batch))
+                    pusher.written_at = trio.current_time()
         except (SubscriberDropped, CursorExpired):
             return
+        finally:
+            sub.push = None
 
     async def _until_gone(self, http: HttpConnection, body: Callable[[], Awaitable[None]]) -> bool:
         """Run a streamed response's body while watching the connection: True when the body
@@ -1040,7 +1113,7 @@ class _Server:
                 http, request, max_message=limits.max_ws_message, within=limits.head_timeout
             ) as ws:
                 state = _WsState()
-                await self._ws_session(ws, request, run_id, state)
+                await self._ws_session(ws, http.stream, request, run_id, state)
                 await close_websocket(
                     ws, http.stream, state.code, state.reason, within=limits.close_timeout
                 )
@@ -1051,6 +1124,7 @@ class _Server:
     async def _ws_session(
         self,
         ws: trio_websocket.WebSocketConnection,
+        stream: _ConnectionStream,
         request: Request,
         run_id: str,
         state: _WsState,
@@ -1065,34 +1139,59 @@ class _Server:
                 trio.open_nursery() as nursery,
             ):
                 nursery.start_soon(self._ws_reader, ws, state, nursery.cancel_scope)
-                await self._ws_sender(ws, sub, state)
+                await self._ws_sender(ws, stream, sub, state)
                 nursery.cancel_scope.cancel()
         except _Refused as refused:
             state.close(1013 if refused.status == 503 else 1008, refused.kind)
 
     async def _ws_sender(
-        self, ws: trio_websocket.WebSocketConnection, sub: Subscription, state: _WsState
+        self,
+        ws: trio_websocket.WebSocketConnection,
+        stream: _ConnectionStream,
+        sub: Subscription,
+        state: _WsState,
     ) -> None:
+        """Write the run's events as text frames (built once per run, written to the stream
+        directly, several in one write) until `run.done`, a drop, or the client's close."""
         heartbeat = self.limits.heartbeat
+        last = self._ws_last
+
+        def encode(batch: list[Entry]) -> bytes:
+            if batch is not last.batch:
+                last.data, last.batch = _ws_frames(batch), batch
+            return last.data
+
+        pusher = _Pusher(stream, encode, ws)
         try:
             with sub.cancel_scope:
+                sub.push = pusher
                 while True:
-                    with trio.move_on_after(heartbeat) as idle:
+                    with trio.move_on_at(pusher.written_at + heartbeat) as idle:
+                        pusher.scope = idle
                         batch = await sub.next_batch()
+                    pusher.scope = None
                     if idle.cancelled_caught:
-                        await ws.pong()  # an unsolicited pong: a heartbeat needing no answer
+                        if stream.parked:  # a push left part of its bytes
+                            await stream.flush()
+                        elif pusher.written_at + heartbeat <= trio.current_time():
+                            await ws.pong()  # an unsolicited pong: a heartbeat needing no answer
+                            pusher.written_at = trio.current_time()
                         continue
                     if not batch:
                         state.close(1000, "done")
                         return
-                    for entry in batch:
-                        await ws.send_message(entry.data.decode())
+                    if ws.closed is not None:  # closing: no more messages
+                        return
+                    await stream.send_all(encode(batch))
+                    pusher.written_at = trio.current_time()
         except SubscriberDropped:
             pass
         except CursorExpired:
             state.close(1008, "cursor_expired")
-        except trio_websocket.ConnectionClosed:
+        except (trio_websocket.ConnectionClosed, *_GONE):
             return
+        finally:
+            sub.push = None
         if sub.drop_reason is not None:
             state.close(1013, sub.drop_reason)
 
