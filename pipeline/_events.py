@@ -45,7 +45,13 @@ FinishReason = Literal["stop", "length", "tool_call", "unknown"]
 Fidelity = dict[str, Any]
 
 
-class _Item(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type"):
+# Every event struct is `gc=False`: it holds strings, numbers and plain JSON data, never a cycle,
+# so the cycle collector need not track the tens of thousands a long reply keeps alive.
+
+
+class _Item(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type", gc=False
+):
     """A content item; the `type` key picks the subclass."""
 
 
@@ -180,7 +186,7 @@ ContentItem = DoneItem | ImageUrlDone | ToolResultDone
 EventItem = DeltaItem | ContentItem
 
 
-class UsageMetadata(msgspec.Struct, frozen=True, kw_only=True):
+class UsageMetadata(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Token counts, MMSP's way: prompt excludes cached tokens, response excludes thinking tokens;
     a count the provider did not report is None, not 0."""
 
@@ -190,7 +196,7 @@ class UsageMetadata(msgspec.Struct, frozen=True, kw_only=True):
     response_tokens: int | None = None
 
 
-class UniEvent(msgspec.Struct, frozen=True, kw_only=True):
+class UniEvent(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One event of the MMSP stream: a `delta` with exactly one item, or the final `stop`."""
 
     role: Literal["assistant"] = "assistant"
@@ -201,7 +207,7 @@ class UniEvent(msgspec.Struct, frozen=True, kw_only=True):
     created_at: int = 0
 
 
-class UniMessage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class UniMessage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
     """A message of a conversation: the user's, or the assistant's `.done` items with the stop's
     usage and finish reason."""
 

@@ -253,7 +253,7 @@ class Grammar:
         non-empty text or thinking fragment, without fidelity, for the lane streaming now.
         """
         queue = self._queue
-        clock = self._clock
+        now = -1  # the batch's stamp, read once: its events arrived together
         for event in events:
             if type(event) is PartDelta and queue and not self._stopped:
                 head = queue[0]
@@ -275,9 +275,9 @@ class Grammar:
                         continue
                     head.started = True
                     head.chunks.append(value)
-                    out.append(
-                        UniEvent(event_type="delta", content_items=[item], created_at=clock())
-                    )
+                    if now < 0:
+                        now = self._clock()
+                    out.append(UniEvent(event_type="delta", content_items=[item], created_at=now))
                     continue
             self.feed(event, out)
 
