@@ -32,6 +32,13 @@ What is measured, and how:
   the others' p99 is compared with the first phase's.
 - CPU: user+system seconds of the server and client processes from the provider's start to the
   last subscriber's end, as a share of one core.
+- server write delay: from the append to the moment the server wrote the event to a
+  subscriber's socket (`time.monotonic()`, server side), for the deliveries the hub pushed
+  straight to a connection (the share pushed is given; the rest went through their own task),
+  counted in 0.1 ms bins so that recording them adds nothing to the RSS measured. The
+  end-to-end delay less this is the kernel's and the client's share.
+- loop lag: how late a task sleeping 10 ms at a time in the server's trio loop wakes, while the
+  run's live events are appended (what every other task of the server waits).
 
 The machine's fd limit bounds the subscribers: the soft limit is raised to the hard one; when
 even that is too low, the subscriber counts are scaled down and the table says so.
@@ -62,7 +69,7 @@ import attrs
 import httpx
 import trio
 
-from pipeline._hub import Hub
+from pipeline._hub import Entry, Hub, Subscription
 from pipeline._policy import Policy
 from pipeline.providers._base import Provider
 from pipeline.providers.openai_chat import OpenAIChatDialect
@@ -107,6 +114,11 @@ class PhaseResult:
     client_cpu: float
     rss_per_subscriber_kib: float
     slow_received: int | None  # events the slow subscriber read, if there was one
+    write_p50_ms: float = math.nan  # append to the server's write, pushed deliveries
+    write_p99_ms: float = math.nan
+    pushed: float = 0.0  # share of the live deliveries the hub pushed
+    lag_p99_ms: float = math.nan  # the server loop's lateness
+    lag_max_ms: float = math.nan
 
 
 @attrs.frozen
@@ -123,8 +135,9 @@ class FanoutResult:
         lines = [
             "| phase | subscribers (WS + SSE) | events | appended/s | deliveries/s (offered) "
             "| p50 ms | p99 ms | max ms | WS p99 | SSE p99 | missing / dup / resumed "
-            "| server CPU | client CPU |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| server CPU | client CPU | server write p50 / p99 ms (pushed) "
+            "| loop lag p99 / max ms |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for p in self.phases:
             lines.append(
@@ -133,7 +146,9 @@ class FanoutResult:
                 f"| {p.p50_ms:.1f} | {p.p99_ms:.1f} | {p.max_ms:.1f} "
                 f"| {_ms(p.ws_p99_ms)} | {_ms(p.sse_p99_ms)} "
                 f"| {p.missing} / {p.duplicates} / {p.resumed} "
-                f"| {p.server_cpu:.0%} | {p.client_cpu:.0%} |"
+                f"| {p.server_cpu:.0%} | {p.client_cpu:.0%} "
+                f"| {p.write_p50_ms:.1f} / {p.write_p99_ms:.1f} ({p.pushed:.0%}) "
+                f"| {p.lag_p99_ms:.1f} / {p.lag_max_ms:.1f} |"
             )
         first = self.phases[0]
         lines += [
@@ -169,11 +184,60 @@ class _TimedHub(Hub):
 
     appended_at: dict[int, float] = attrs.field(factory=dict)
 
+    writes: array[int] = attrs.field(factory=lambda: array("q", [0]) * (_WRITE_BINS + 1))
+
     def append(self, run_id: str, events: Any) -> None:
         now = time.monotonic()
         for event in events:
             self.appended_at[event.seq] = now
         super().append(run_id, events)
+
+    def subscribe(self, run_id: str, after: int = 0, *, buffer: int | None = None) -> Subscription:
+        sub = super().subscribe(run_id, after, buffer=buffer)
+        if _PUSH is not None:  # a hub that pushes
+            sub.__class__ = _TimedSubscription  # the same layout: only `push` is wrapped
+            _TimedSubscription.record = (self.appended_at, self.writes)  # one hub at a time
+        return sub
+
+
+class _TimedSubscription(Subscription):
+    """A subscription whose `push` writer notes when each batch it took was written."""
+
+    __slots__ = ()
+    record: tuple[dict[int, float], array[int]]  # set by the hub: append times, write delays
+
+    @property
+    def push(self) -> Callable[[list[Entry]], bool] | None:
+        return _PUSH.__get__(self)  # type: ignore[no-any-return]
+
+    @push.setter
+    def push(self, writer: Callable[[list[Entry]], bool] | None) -> None:
+        if writer is not None:
+            writer = functools.partial(_timed_push, writer, *_TimedSubscription.record)
+        _PUSH.__set__(self, writer)
+
+
+_PUSH: Any = Subscription.__dict__.get("push")  # the slot the property above stands in front of
+
+
+_WRITE_BIN = 0.0001  # write delays are counted in bins of 0.1 ms (fixed memory: RSS is measured)
+_WRITE_BINS = 100_000  # up to 10 s; the last bin holds the longer ones
+
+
+def _timed_push(
+    writer: Callable[[list[Entry]], bool],
+    appended_at: dict[int, float],
+    writes: array[int],
+    batch: list[Entry],
+) -> bool:
+    taken = writer(batch)
+    if taken:
+        now = time.monotonic()
+        for entry in batch:
+            at = appended_at.get(entry.seq)
+            if at is not None:
+                writes[min(int((now - at) / _WRITE_BIN), _WRITE_BINS)] += 1
+    return taken
 
 
 def _rss_kib() -> int:
@@ -281,10 +345,14 @@ async def _serve_phase(
                 await _line(client_process.stdout)  # every subscriber is connected
                 cpu_before = _cpu()
                 wall_before = time.monotonic()
+                lags: list[tuple[float, float]] = []
                 await go.send_all(b"go\n")  # the provider starts streaming
                 report_bytes = bytearray()
-                while data := await client_process.stdout.receive_some(65536):
-                    report_bytes += data
+                async with trio.open_nursery() as ticking:
+                    ticking.start_soon(_tick, lags)
+                    while data := await client_process.stdout.receive_some(65536):
+                        report_bytes += data
+                    ticking.cancel_scope.cancel()
                 wall = time.monotonic() - wall_before
                 server_cpu = (_cpu() - cpu_before) / wall
                 if await client_process.wait() != 0:
@@ -296,9 +364,43 @@ async def _serve_phase(
             times.frombytes(out.read_bytes())
         nursery.cancel_scope.cancel()
     rss_per_subscriber = (peak[0] - baseline) / max(1, n)
-    return _figures(
+    result = _figures(
         label, rate, hub.appended_at, report, times, spec, server_cpu, wall, rss_per_subscriber
     )
+    pushed = sum(hub.writes)
+    live = [at for at in hub.appended_at.values() if at >= report["ready"]]
+    lagged = sorted(lag for at, lag in lags if live and min(live) <= at <= max(live))
+    return attrs.evolve(
+        result,
+        write_p50_ms=_binned_rank(hub.writes, 0.50),
+        write_p99_ms=_binned_rank(hub.writes, 0.99),
+        pushed=pushed / result.deliveries if result.deliveries else 0.0,
+        lag_p99_ms=_rank(lagged, 0.99),
+        lag_max_ms=lagged[-1] * 1000 if lagged else math.nan,
+    )
+
+
+async def _tick(lags: list[tuple[float, float]], period: float = 0.010) -> None:
+    """Note when, and how late, each 10 ms sleep ends (the server loop's lag)."""
+    while True:
+        start = time.monotonic()
+        await trio.sleep(period)
+        end = time.monotonic()
+        lags.append((end, max(0.0, end - start - period)))
+
+
+def _binned_rank(counts: array[int], p: float) -> float:
+    """The `p` quantile of binned write delays, in ms (the top of its bin)."""
+    total = sum(counts)
+    if not total:
+        return math.nan
+    rank = max(1, math.ceil(p * total))
+    seen = 0
+    for index, count in enumerate(counts):
+        seen += count
+        if seen >= rank:
+            return (index + 1) * _WRITE_BIN * 1000
+    return math.nan
 
 
 async def _sample_rss(peak: list[int]) -> None:
@@ -600,17 +702,21 @@ def _client(spec: dict[str, Any]) -> dict[str, Any]:
     period = 10 / spec["rate"]
     slow_next = ready + period
     slow_received = 0
+    # one receive buffer for all: `recv(n)` would allocate n bytes a call (mmap'ed past 128 KiB)
+    buffer = bytearray(262144)
+    view = memoryview(buffer)
     while active and time.monotonic() < deadline:
         wait = 0.5 if slow is None else max(0.0, min(0.5, slow_next - time.monotonic()))
         for fd, _ in poller.poll(wait):
             sub = by_fd[fd]
             assert sub.sock is not None
             try:
-                data = sub.sock.recv(262144)
+                size = sub.sock.recv_into(buffer)
             except BlockingIOError:
                 continue
             except OSError:
-                data = b""
+                size = 0
+            data = bytes(view[:size])
             if data:
                 sub.feed(data, time.monotonic())
             else:

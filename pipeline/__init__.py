@@ -74,6 +74,7 @@ from .errors import FrameTooLarge as FrameTooLarge
 from .errors import IncompleteStreamError as IncompleteStreamError
 from .errors import InvalidRequestError as InvalidRequestError
 from .errors import MalformedFrameError as MalformedFrameError
+from .errors import NoHistoryError as NoHistoryError
 from .errors import OverloadedError as OverloadedError
 from .errors import ProviderError as ProviderError
 from .errors import RateLimitError as RateLimitError
@@ -120,6 +121,7 @@ __all__ = [
     "MessageDelta",
     "MessageStart",
     "MessageStop",
+    "NoHistoryError",
     "Outcome",
     "OverloadedError",
     "PartDelta",

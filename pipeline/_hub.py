@@ -159,12 +159,17 @@ def parse_cursor(run_id: str, raw: str | None) -> int:
     return int(text)
 
 
+_LEAD = 256  # pushes in one leader's turn (a few milliseconds of writing)
+
+
 class _Run:
     """One run's log and its live subscribers."""
 
     __slots__ = (
         "_changed",
         "_leading",
+        "_pos",
+        "_sweep",
         "access",
         "base",
         "done_at",
@@ -186,7 +191,9 @@ class _Run:
         self._changed = trio.Event()
         # subscribers waiting in `next_batch` with nothing left to read, and their tasks
         self.parked: dict[Subscription, trio.lowlevel.Task] = {}
-        self._leading = False  # a leader was woken and has not run yet
+        self._leading = False  # a leader was woken and has not finished its sweep
+        self._sweep: list[Subscription] = []  # the parked subscribers the sweep visits
+        self._pos = 0  # the next one to visit
 
     @property
     def last_seq(self) -> int:
@@ -209,16 +216,46 @@ class _Run:
     async def wait(self) -> None:
         await self._changed.wait()
 
+    def abandon(self) -> None:
+        """A sweep that failed (a bug): wake every parked subscriber, so none waits for a
+        leader that is gone."""
+        self._sweep, self._pos, self._leading = [], 0, False
+        parked, self.parked = self.parked, {}
+        for task in parked.values():
+            trio.lowlevel.reschedule(task)
+
     def lead(self) -> None:
-        """The leader's round: push what is new to each parked subscriber that has a `push`
-        writer; wake those without one, those whose writer refused, and all once the run is
-        done (they return from `next_batch`)."""
-        self._leading = False
+        """The leader's turn: push what is new to parked subscribers that have a `push`
+        writer, and wake those without one, those whose writer refused, and all once the run is
+        done (they return from `next_batch`). A sweep visits every parked subscriber once, in
+        turns of `_LEAD` pushes: past that, the turn is handed to another parked subscriber,
+        so the tasks of the rest of the program run in between."""
         head = self.last_seq
         done = self.done
-        batches: dict[int, list[Entry]] = {}  # by first index: parked cursors are all alike
-        for sub, task in list(self.parked.items()):
+        parked = self.parked
+        batches: dict[int, list[Entry]] = {}  # by first index: cursors are mostly alike
+        sweep = self._sweep
+        pos = self._pos
+        turn = 0
+        while True:
+            if pos == len(sweep):
+                if not any(sub.cursor < head for sub in parked) and not (done and parked):
+                    self._sweep, self._pos, self._leading = [], 0, False
+                    return
+                sweep, pos = list(parked), 0
+            sub = sweep[pos]
+            pos += 1
+            task = parked.get(sub)
+            if task is None:  # woken, or its wait was cancelled, since the sweep began
+                continue
+            if turn == _LEAD:  # hand the turn over: it reads its own events as it wakes
+                self._sweep, self._pos = sweep, pos
+                del parked[sub]
+                sub._leads = True
+                trio.lowlevel.reschedule(task)
+                return
             if sub.cursor < head:
+                turn += 1
                 start = sub.cursor + 1 - self.base
                 push = sub.push
                 if push is not None and start >= 0 and not sub._closed:
@@ -235,7 +272,7 @@ class _Run:
                             continue
             elif not done:
                 continue
-            if self.parked.pop(sub, None) is not None:  # a push may have cancelled its wait
+            if parked.pop(sub, None) is not None:  # a push may have cancelled its wait
                 trio.lowlevel.reschedule(task)
 
 
@@ -427,7 +464,11 @@ class Subscription:
         await trio.lowlevel.wait_task_rescheduled(abort)
         if self._leads:
             self._leads = False
-            run.lead()
+            try:
+                run.lead()
+            except BaseException:
+                run.abandon()
+                raise
 
     def __aiter__(self) -> Subscription:
         # a plain async iterator, not a generator: a reader may stop at any point (`break`)

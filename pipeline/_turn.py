@@ -38,7 +38,7 @@ from ._policy import Outcome, Policy
 from ._ratelimit import RateLimiter, shared_limiter
 from ._request import TurnRequest
 from ._runevents import RunEvent, RunEventBuilder
-from .errors import FallbackFailed
+from .errors import FallbackFailed, NoHistoryError
 from .providers._base import Provider
 
 __all__ = [
@@ -102,12 +102,16 @@ class CallbackSink:
 
 
 class _Log(Generic[T]):
-    """An append-only list that any number of readers follow from the start, live."""
+    """An append-only list that any number of readers follow from the start, live.
 
-    __slots__ = ("_changed", "closed", "items")
+    `base` is the position of `items[0]`: a turn that keeps no history forgets what every sink
+    has been given (`forget`), and positions stay absolute."""
+
+    __slots__ = ("_changed", "base", "closed", "items")
 
     def __init__(self) -> None:
         self.items: list[T] = []
+        self.base = 0
         self.closed = False
         self._changed: trio.Event | None = None  # made when a reader waits
 
@@ -115,6 +119,16 @@ class _Log(Generic[T]):
         if items:
             self.items.extend(items)
             self._wake()
+
+    def since(self, position: int) -> list[T]:
+        """The items from absolute `position` on (those kept)."""
+        return self.items[max(position - self.base, 0) :]
+
+    def forget(self, position: int) -> None:
+        """Drop the items before absolute `position`."""
+        if position > self.base:
+            del self.items[: position - self.base]
+            self.base = position
 
     def close(self) -> None:
         self.closed = True
@@ -204,6 +218,7 @@ class Turn:
     run_id: str
     request: TurnRequest
     provider: Provider
+    history: bool = True
     _uni: _Log[UniItem] = attrs.field(factory=_Log)
     _run: _Log[RunEvent] = attrs.field(factory=_Log)
     _done: trio.Event = attrs.field(factory=trio.Event)
@@ -213,11 +228,17 @@ class Turn:
     def uni_events(self) -> AsyncIterator[UniItem]:
         """The MMSP stream: UniEvents, with an `AttemptReset` where a retry voided what came
         before it (drop that attempt's fragments). Replays from the start, then follows live."""
+        self._check_history()
         return self._uni.follow()
 
     def run_events(self, after: int = 0) -> AsyncIterator[RunEvent]:
         """The public delivery stream, from `seq` `after + 1`, ending with `run.done`."""
+        self._check_history()
         return self._run.follow(after)
+
+    def _check_history(self) -> None:
+        if not self.history:
+            raise NoHistoryError(self.run_id)
 
     async def result(self) -> TurnResult:
         """Wait for the turn to end; its result."""
@@ -246,6 +267,7 @@ async def run_turn(
     run_id: str | None = None,
     reasoning: bool = False,
     tool_arguments: bool = False,
+    history: bool = True,
     task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
 ) -> TurnResult:
     """Run one turn to its end and return its result.
@@ -255,13 +277,16 @@ async def run_turn(
     await `turn.result()`. With no policy the default `Policy()` applies (deadlines, retries,
     rescue). Without a client, the turn makes its own and closes it. `reasoning` and
     `tool_arguments` opt the public stream into reasoning text and tool arguments.
+    `history=False` keeps no replay history (`uni_events()` / `run_events()` then raise
+    `NoHistoryError`; sinks see everything): a turn then holds only what its sinks have not
+    taken yet, for servers running many turns whose events go out through sinks.
     """
     policy = policy or Policy()
     own_client = client is None
     http = client or httpx.AsyncClient(
         timeout=httpx.Timeout(None), follow_redirects=False, verify=_tls_context()
     )
-    turn = Turn(run_id or secrets.token_hex(8), request, provider)
+    turn = Turn(run_id or secrets.token_hex(8), request, provider, history=history)
     builder = RunEventBuilder(
         turn.run_id, trio.current_time, reasoning=reasoning, tool_arguments=tool_arguments
     )
@@ -286,7 +311,8 @@ async def run_turn(
                 for send in sink_sends:
                     await send.send(first)
                 task_status.started(turn)
-                streamed = await handler.run(_Downstream(accumulator, builder, turn, sink_sends))
+                downstream = _Downstream(accumulator, builder, turn, sink_sends, given)
+                streamed = await handler.run(downstream)
                 for send in sink_sends:
                     await send.aclose()
             # Only now has every batch reached the logs and the sinks: a cancel that comes
@@ -321,6 +347,9 @@ async def run_turn(
         try:
             await _finish_sinks(sinks, turn, given, cancelled=outcome is Outcome.CANCELLED)
         finally:
+            if not history:  # every sink has had its all (or its grace): nothing more is owed
+                for log in (turn._uni, turn._run):
+                    log.forget(log.base + len(log.items))
             if own_client:
                 with trio.CancelScope(shield=True), trio.move_on_after(_SINK_GRACE):
                     await http.aclose()
@@ -350,7 +379,7 @@ async def _finish_sinks(
     runs, shielded, within its own grace period."""
     grace = trio.current_time() + _SINK_GRACE
     for sink, sink_given in zip(sinks, given, strict=True):
-        batch = SinkBatch(turn._run.items[sink_given.run :], turn._uni.items[sink_given.uni :])
+        batch = SinkBatch(turn._run.since(sink_given.run), turn._uni.since(sink_given.uni))
         try:
             if cancelled:
                 with trio.CancelScope(shield=True, deadline=grace):
@@ -398,6 +427,7 @@ class _Downstream:
     builder: RunEventBuilder
     turn: Turn
     sinks: list[trio.MemorySendChannel[SinkBatch]]
+    given: list[_Given]
     _owed: list[tuple[trio.MemorySendChannel[SinkBatch], SinkBatch]] = attrs.field(factory=list)
 
     def offer(self, items: Batch) -> bool:
@@ -422,8 +452,17 @@ class _Downstream:
             _uni_events(items, accumulator, builder, unis, runs)  # type: ignore[arg-type]
         elif start < len(items):
             _uni_events(items[start:], accumulator, builder, unis, runs)  # type: ignore[arg-type]
-        self.turn._uni.extend(unis)
-        self.turn._run.extend(runs)
+        turn = self.turn
+        turn._uni.extend(unis)
+        turn._run.extend(runs)
+        if not turn.history:  # keep only what a sink has not been given yet
+            given = self.given
+            turn._uni.forget(
+                min((g.uni for g in given), default=len(turn._uni.items) + turn._uni.base)
+            )
+            turn._run.forget(
+                min((g.run for g in given), default=len(turn._run.items) + turn._run.base)
+            )
         if not self.sinks or not (runs or unis):
             return True
         out = SinkBatch(runs, unis)

@@ -10,6 +10,7 @@ RilletError
 ├── ConfigurationError         a provider cannot be configured as asked (local)
 ├── UnsupportedContentError    a message holds an item the provider cannot take (local)
 ├── UnsupportedOperationError  the provider has no such operation (local)
+├── NoHistoryError             a turn that keeps no history was asked to replay it (local)
 ├── StreamError                MMSP's stream errors: the provider's stream breaks the grammar
 │   ├── StreamProtocolError        a fragment for no open item, a second stop, two fidelities...
 │   ├── IncompleteStreamError      the stream ended without its finish reason and/or usage
@@ -46,6 +47,7 @@ __all__ = [
     "IncompleteStreamError",
     "InvalidRequestError",
     "MalformedFrameError",
+    "NoHistoryError",
     "OverloadedError",
     "ProviderError",
     "RateLimitError",
@@ -226,6 +228,21 @@ class UnsupportedOperationError(RilletError, ValueError):
         self.provider = provider
         self.operation = operation
         super().__init__(message)
+
+
+class NoHistoryError(RilletError, RuntimeError):
+    """A turn run with `history=False` was asked for `uni_events()` or `run_events()`: it keeps
+    no replay of its events (its sinks get every one).
+
+    Attributes:
+        run_id: the turn's run id.
+    """
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(
+            f"turn {run_id} keeps no history (history=False): read its events through a sink"
+        )
 
 
 # --- the grammar (MMSP's names) -----------------------------------------------------------------

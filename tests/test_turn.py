@@ -21,6 +21,7 @@ from pipeline._policy import Outcome
 from pipeline._ratelimit import RateLimiter
 from pipeline._runevents import (
     AnswerDelta,
+    AnswerDone,
     ReasoningDelta,
     RunDone,
     RunEvent,
@@ -28,6 +29,7 @@ from pipeline._runevents import (
     ToolCompleted,
 )
 from pipeline._turn import CallbackSink, SinkBatch, Turn, TurnResult, UniItem, open_turn, run_turn
+from pipeline.errors import NoHistoryError
 
 from .test_handler import (
     END_CANCELLED,
@@ -507,6 +509,58 @@ async def test_a_sink_stuck_on_the_final_batch_of_a_cancelled_turn_gets_a_grace_
         with trio.move_on_after(5.0):
             await run_turn(REQUEST, provider_for(), **options(client, sinks=[sink]))
     assert trio.current_time() == pytest.approx(5.0 + 2.0)
+    assert sink.closed == 1
+
+
+# --- history=False -------------------------------------------------------------------------------
+
+
+async def test_a_turn_without_history_gives_its_sinks_everything_and_keeps_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    runs: list[RunEvent] = []
+    unis: list[UniItem] = []
+    fake = FakeProvider([partial(2), ok()])
+    async with client_for(fake) as client, trio.open_nursery() as nursery:
+        turn: Turn = await nursery.start(
+            functools.partial(
+                run_turn,
+                REQUEST,
+                provider_for(),
+                **options(client, sinks=[CallbackSink(runs.append, unis.append)], history=False),
+            )
+        )
+        with pytest.raises(NoHistoryError) as caught:
+            turn.uni_events()
+        assert caught.value.run_id == turn.run_id
+        with pytest.raises(NoHistoryError):
+            turn.run_events()
+        result = await turn.result()
+    assert result.outcome is Outcome.COMPLETED
+    assert result.text == TEXT
+    assert seen(runs) == expect("start", "D*2", "reset", *OK_SEEN, END_OK)
+    assert sum(isinstance(item, AttemptReset) for item in unis) == 1
+    # what every sink was given is forgotten
+    assert turn._uni.items == []
+    assert turn._run.items == []
+    assert isinstance(runs[-2], AnswerDone)
+
+
+async def test_a_cancelled_turn_without_history_still_owes_its_slow_sink_every_event(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    sink = SlowSink(1.0)  # takes 1 s per batch: the channel holds what it has not taken
+    fake = FakeProvider([paced(partial(5, HANG), 0.1)])
+    async with client_for(fake) as client:
+        with trio.move_on_after(30.0):
+            await run_turn(
+                REQUEST,
+                provider_for(),
+                **options(client, sinks=[sink], history=False, policy=policy(channel_size=1)),
+            )
+    delivered = [e for batch in sink.batches for e in batch.run]
+    assert seen(delivered) == expect("start", "D*5", END_CANCELLED)
+    assert [e.seq for e in delivered] == list(range(1, len(delivered) + 1))  # gapless
     assert sink.closed == 1
 
 

@@ -515,11 +515,12 @@ def _ws_frames(batch: Sequence[Entry]) -> bytes:
 
 @attrs.define(eq=False)
 class _LastBatch:
-    """The bytes of the batch encoded last. The hub hands every subscriber it pushes to in one
-    round the same list: a run's events are encoded once for all of its subscribers."""
+    """The bytes of the batch encoded last, and when. The hub hands every subscriber it pushes
+    to in one sweep the same list: a run's events are encoded once for all of them."""
 
     batch: list[Entry] | None = None
     data: bytes = b""
+    at: float = 0.0
 
 
 @attrs.define(eq=False)
@@ -529,7 +530,9 @@ class _Pusher:
 
     Attributes:
         stream: the connection.
-        encode: a batch's bytes as they go on the wire.
+        encode: a batch's bytes as they go on the wire, the same for every connection of its
+            kind (SSE, WebSocket).
+        last: the last batch encoded, shared by the connections of that kind.
         ws: the WebSocket, if it is one (nothing is pushed once it is closing).
         scope: the task's wait, cancelled when a push left bytes parked (the task flushes them).
         written_at: when bytes last went out (a heartbeat is due `heartbeat` s after it).
@@ -537,17 +540,25 @@ class _Pusher:
 
     stream: _ConnectionStream
     encode: Callable[[list[Entry]], bytes]
+    last: _LastBatch
     ws: trio_websocket.WebSocketConnection | None = None
     scope: trio.CancelScope | None = None
     written_at: float = attrs.field(factory=trio.current_time)
 
+    def wire(self, batch: list[Entry]) -> bytes:
+        """The batch's bytes: encoded once for every connection handed the same list."""
+        last = self.last
+        if batch is not last.batch:
+            last.data, last.batch, last.at = self.encode(batch), batch, trio.current_time()
+        return last.data
+
     def __call__(self, batch: list[Entry]) -> bool:
         if self.ws is not None and self.ws.closed is not None:
             return False
-        if not self.stream.try_send(self.encode(batch)):
+        if not self.stream.try_send(self.wire(batch)):
             return False
-        self.written_at = trio.current_time()
-        if self.stream.parked and self.scope is not None:
+        self.written_at = self.last.at
+        if self.scope is not None and self.stream.parked:
             self.scope.cancel()
         return True
 
@@ -890,6 +901,7 @@ class _Server:
                 run_id=run_id,
                 reasoning=self.config.reasoning,
                 tool_arguments=self.config.tool_arguments,
+                history=False,  # the hub keeps the events; the turn need not keep a replay
                 task_status=task_status,
             )
 
@@ -1028,14 +1040,11 @@ class _Server:
         prefix = f"id: {run_id}:".encode()
         heartbeat = self.limits.heartbeat
         stream = http.stream
-        last = self._sse_last
 
         def encode(batch: list[Entry]) -> bytes:
-            if batch is not last.batch:
-                last.data, last.batch = http.body_chunk(_sse_events(prefix, batch)), batch
-            return last.data
+            return http.body_chunk(_sse_events(prefix, batch))
 
-        pusher = _Pusher(stream, encode)
+        pusher = _Pusher(stream, encode, self._sse_last)
         try:
             with sub.cancel_scope:
                 await http.send_data(_RETRY)
@@ -1056,7 +1065,7 @@ class _Server:
                     if not batch:
                         return
                     if http.chunked:
-                        await stream.send_all(encode(batch))
+                        await stream.send_all(pusher.wire(batch))
                     else:
                         await http.send_data(_sse_events(prefix, batch))
                     pusher.written_at = trio.current_time()
@@ -1154,14 +1163,7 @@ class _Server:
         """Write the run's events as text frames (built once per run, written to the stream
         directly, several in one write) until `run.done`, a drop, or the client's close."""
         heartbeat = self.limits.heartbeat
-        last = self._ws_last
-
-        def encode(batch: list[Entry]) -> bytes:
-            if batch is not last.batch:
-                last.data, last.batch = _ws_frames(batch), batch
-            return last.data
-
-        pusher = _Pusher(stream, encode, ws)
+        pusher = _Pusher(stream, _ws_frames, self._ws_last, ws)
         try:
             with sub.cancel_scope:
                 sub.push = pusher
@@ -1182,7 +1184,7 @@ class _Server:
                         return
                     if ws.closed is not None:  # closing: no more messages
                         return
-                    await stream.send_all(encode(batch))
+                    await stream.send_all(pusher.wire(batch))
                     pusher.written_at = trio.current_time()
         except SubscriberDropped:
             pass
@@ -1246,6 +1248,7 @@ class _Server:
                         sinks=[_ChannelSink(send)],
                         policy=policy,
                         client=self.client,
+                        history=False,  # the stream is written from the sink's channel
                     )
                 )
                 try:

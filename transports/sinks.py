@@ -639,9 +639,11 @@ class JSONLSink:
         if self.kind == "run":
             if not batch.run:
                 return b""
-            return b"\n".join(map(_run_encoder.encode, batch.run)) + b"\n"
+            return _run_encoder.encode_lines(batch.run)
         if not batch.uni:
             return b""
+        if not any(type(item) is AttemptReset for item in batch.uni):
+            return _run_encoder.encode_lines(batch.uni)  # one call for the whole batch
         return b"\n".join(map(_uni_line, batch.uni)) + b"\n"
 
     async def deliver(self, batch: SinkBatch) -> None:
