@@ -259,7 +259,7 @@ def _external(
 
 
 def _fanout(run: _Run) -> None:
-    _external(run, "fanout", "fanout", "run_fanout", {"n_ws": 100, "n_sse": 100, "events": 100})
+    _external(run, "fanout", "fanout", "run_fanout", {"n_ws": 500, "n_sse": 500, "events": 500})
 
 
 def _redis(run: _Run) -> None:

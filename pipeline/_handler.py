@@ -93,7 +93,8 @@ Batch = list[Item]
 
 class Outlet(Protocol):
     """Where the handler's batches go. `offer` takes a batch at once and says whether it went
-    all the way; when it did not, the handler awaits `drain` (backpressure) before the next."""
+    all the way; when it did not, the handler awaits `drain` (backpressure) before the next.
+    In a batch, the markers (`AttemptReset`, `Status`) come before every UniEvent."""
 
     def offer(self, items: Batch) -> bool:
         """Take the batch; False if part of it waits for room downstream."""
@@ -212,7 +213,7 @@ class Handler:
             if response.status_code >= 300:
                 return await self._status_failure(response, deadline)
             self._check_content_type(response)
-            chunks = response.aiter_bytes()
+            chunks = _body(response)
             # One scope guards every read; its deadline moves with each lane event and is lifted
             # while a batch waits for room downstream (a slow consumer is backpressure, not a
             # silent provider): the time spent blocked there is added back afterwards.
@@ -477,6 +478,15 @@ def _httpx_request(client: httpx.AsyncClient, http: HttpRequest) -> httpx.Reques
     return client.build_request(
         http.method, http.url, headers=http.headers, content=http.body, timeout=timeout
     )
+
+
+def _body(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The body's reads: raw when it has no content coding (httpx's decoding layer would only
+    copy them through), decoded otherwise."""
+    coding = response.headers.get("content-encoding", "identity").strip().lower()
+    if coding in ("", "identity"):
+        return response.aiter_raw()
+    return response.aiter_bytes()
 
 
 async def _read_bounded(response: httpx.Response, limit: int, provider: str) -> bytes:

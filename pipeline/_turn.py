@@ -435,23 +435,19 @@ class _Downstream:
         accumulator, builder = self.accumulator, self.builder
         runs: list[RunEvent] = []
         unis: list[UniItem] = []
-        start = 0  # the batch is cut at each reset or status; UniEvents go in runs of them
-        for i, item in enumerate(items):
-            if type(item) is UniEvent:
-                continue
-            if start < i:
-                _uni_events(items[start:i], accumulator, builder, unis, runs)  # type: ignore[arg-type]
-            start = i + 1
+        # markers (a reset, a status) come first in a batch (`Outlet`), UniEvents after them
+        first = 0
+        while first < len(items) and type(items[first]) is not UniEvent:
+            item = items[first]
             if type(item) is AttemptReset:
                 accumulator.reset()
                 unis.append(item)
                 runs.append(builder.reset(item.attempt))
             elif type(item) is Status:
                 runs.append(builder.status(item.phase, item.attempt, item.delay))
-        if start == 0:
-            _uni_events(items, accumulator, builder, unis, runs)  # type: ignore[arg-type]
-        elif start < len(items):
-            _uni_events(items[start:], accumulator, builder, unis, runs)  # type: ignore[arg-type]
+            first += 1
+        if first < len(items):
+            _uni_events(items[first:] if first else items, accumulator, builder, unis, runs)  # type: ignore[arg-type]
         turn = self.turn
         turn._uni.extend(unis)
         turn._run.extend(runs)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import functools
 import gc
+import gzip
+import zlib
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -307,6 +309,26 @@ async def test_uni_events_are_the_mmsp_stream_with_resets(
 
 
 # --- result() -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "identity"])
+async def test_a_content_coded_stream_is_decoded_before_framing(
+    autojump_clock: trio.testing.MockClock, coding: str
+) -> None:
+    raw = b"".join(OK)
+    packed = {
+        "gzip": gzip.compress(raw),
+        "deflate": zlib.compress(raw),
+        "identity": raw,
+    }[coding]
+    # cut the coded bytes anywhere: the decoder's reads are not the coder's blocks
+    body = [packed[i : i + 7] for i in range(0, len(packed), 7)]
+    fake = FakeProvider([Answer(body=body, headers={"content-encoding": coding})])
+    async with client_for(fake) as client:
+        result = await run_turn(REQUEST, provider_for(), **options(client))
+    assert result.outcome is Outcome.COMPLETED
+    assert result.text == TEXT
+    assert result.attempts == 1
 
 
 async def test_result_of_a_completed_turn(autojump_clock: trio.testing.MockClock) -> None:
