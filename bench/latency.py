@@ -66,6 +66,14 @@ class _Stamp:
         self.inner = inner
         self.at: float | None = None
 
+    def deliver_nowait(self, batch: SinkBatch) -> bool:
+        """Stamp on the turn's task (as the JSONL sink writes there)."""
+        if self.inner is not None:
+            self.inner.deliver_nowait(batch)
+        if self.at is None and _has_text(batch):
+            self.at = time.perf_counter()
+        return True
+
     async def deliver(self, batch: SinkBatch) -> None:
         if self.inner is not None:
             await self.inner.deliver(batch)

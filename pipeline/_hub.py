@@ -642,6 +642,11 @@ class HubSink:
     hub: Hub
     run_id: str
 
+    def deliver_nowait(self, batch: SinkBatch) -> bool:
+        """Append the batch's run events (on the turn's task: an append never waits)."""
+        self.hub.append(self.run_id, batch.run)
+        return True
+
     async def deliver(self, batch: SinkBatch) -> None:
         """Append the batch's run events."""
         self.hub.append(self.run_id, batch.run)

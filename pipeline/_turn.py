@@ -69,6 +69,10 @@ class Sink(Protocol):
 
     `deliver` may block: that is backpressure, and the turn waits. `close` is called once, after
     the last batch (which holds `run.done`), even when the turn is cancelled.
+
+    A sink that can take a batch without waiting may also have `deliver_nowait(batch) -> bool`:
+    the turn then calls it on its own task as each batch is decoded (no task of its own, no
+    hop), and falls back to `deliver` for a batch it returns False for.
     """
 
     async def deliver(self, batch: SinkBatch) -> None:
@@ -88,8 +92,16 @@ class CallbackSink:
     on_run_event: Callable[[RunEvent], object] | None = None
     on_uni_event: Callable[[UniItem], object] | None = None
 
+    def deliver_nowait(self, batch: SinkBatch) -> bool:
+        """Call the callbacks, in order, on the turn's task."""
+        self._call(batch)
+        return True
+
     async def deliver(self, batch: SinkBatch) -> None:
         """Call the callbacks, in order."""
+        self._call(batch)
+
+    def _call(self, batch: SinkBatch) -> None:
         if self.on_uni_event is not None:
             for item in batch.uni:
                 self.on_uni_event(item)
@@ -294,7 +306,7 @@ async def run_turn(
     handler = Handler(request, provider, http, policy, limiter or shared_limiter())
     start = trio.current_time()
     outcome = Outcome.CANCELLED
-    sink_sends: list[trio.MemorySendChannel[SinkBatch]] = []
+    routes: list[_Route] = []
     # per sink, how many run events and MMSP items it has been given: what a cancel leaves
     # undelivered is still owed to it, so its run events stay gapless up to `run.done`
     given = [_Given() for _ in sinks]
@@ -304,17 +316,23 @@ async def run_turn(
         with turn._cancel_scope:
             async with trio.open_nursery() as nursery:
                 for sink, sink_given in zip(sinks, given, strict=True):
+                    nowait = getattr(sink, "deliver_nowait", None)
+                    if nowait is not None:
+                        routes.append(_Route(sink, sink_given, None, nowait))
+                        continue
                     send, recv = trio.open_memory_channel[SinkBatch](policy.channel_size)
-                    sink_sends.append(send)
+                    routes.append(_Route(sink, sink_given, send, None))
                     nursery.start_soon(_sink_actor, sink, recv, sink_given)
                 first = SinkBatch(opened, ())
-                for send in sink_sends:
-                    await send.send(first)
+                for route in routes:
+                    if not route.offer(first):
+                        await route.wait(first)
                 task_status.started(turn)
-                downstream = _Downstream(accumulator, builder, turn, sink_sends, given)
+                downstream = _Downstream(accumulator, builder, turn, routes, given)
                 streamed = await handler.run(downstream)
-                for send in sink_sends:
-                    await send.aclose()
+                for route in routes:
+                    if route.send is not None:
+                        await route.send.aclose()
             # Only now has every batch reached the logs and the sinks: a cancel that comes
             # while they still hold some leaves the turn Cancelled, never "completed" with an
             # `answer.done` for a text its consumers did not get.
@@ -426,9 +444,9 @@ class _Downstream:
     accumulator: Accumulator
     builder: RunEventBuilder
     turn: Turn
-    sinks: list[trio.MemorySendChannel[SinkBatch]]
+    routes: list[_Route]
     given: list[_Given]
-    _owed: list[tuple[trio.MemorySendChannel[SinkBatch], SinkBatch]] = attrs.field(factory=list)
+    _owed: list[tuple[_Route, SinkBatch]] = attrs.field(factory=list)
 
     def offer(self, items: Batch) -> bool:
         """Take a batch; False if a sink's channel had no room for it (then `drain`)."""
@@ -451,6 +469,11 @@ class _Downstream:
         turn = self.turn
         turn._uni.extend(unis)
         turn._run.extend(runs)
+        if self.routes and (runs or unis):
+            out = SinkBatch(runs, unis)
+            for route in self.routes:
+                if not route.offer(out):
+                    self._owed.append((route, out))
         if not turn.history:  # keep only what a sink has not been given yet
             given = self.given
             turn._uni.forget(
@@ -459,22 +482,49 @@ class _Downstream:
             turn._run.forget(
                 min((g.run for g in given), default=len(turn._run.items) + turn._run.base)
             )
-        if not self.sinks or not (runs or unis):
-            return True
-        out = SinkBatch(runs, unis)
-        for send in self.sinks:
-            try:
-                send.send_nowait(out)
-            except trio.WouldBlock:
-                self._owed.append((send, out))
         return not self._owed
 
     async def drain(self) -> None:
-        """Wait until every sink's channel has taken what `offer` could not pass on."""
+        """Wait until every sink has taken what `offer` could not pass on."""
         while self._owed:
-            send, out = self._owed[0]
-            await send.send(out)
+            route, out = self._owed[0]
+            await route.wait(out)
             del self._owed[0]
+
+
+@attrs.define(eq=False)
+class _Route:
+    """How batches reach one sink: its channel to its actor, or its `deliver_nowait` called
+    on the turn's task (`send` None)."""
+
+    sink: Sink
+    given: _Given
+    send: trio.MemorySendChannel[SinkBatch] | None
+    nowait: Callable[[SinkBatch], bool] | None
+
+    def offer(self, batch: SinkBatch) -> bool:
+        """Pass the batch on without waiting; False if it must wait (then `wait`)."""
+        if self.send is not None:
+            try:
+                self.send.send_nowait(batch)
+            except trio.WouldBlock:
+                return False
+            return True
+        assert self.nowait is not None
+        if not self.nowait(batch):
+            return False
+        self.given.run += len(batch.run)
+        self.given.uni += len(batch.uni)
+        return True
+
+    async def wait(self, batch: SinkBatch) -> None:
+        """Pass the batch on, waiting as long as the sink makes us (backpressure)."""
+        if self.send is not None:
+            await self.send.send(batch)
+            return
+        await self.sink.deliver(batch)
+        self.given.run += len(batch.run)
+        self.given.uni += len(batch.uni)
 
 
 def _uni_events(

@@ -534,6 +534,49 @@ async def test_a_sink_stuck_on_the_final_batch_of_a_cancelled_turn_gets_a_grace_
     assert sink.closed == 1
 
 
+@attrs.define(eq=False)
+class HalfInlineSink:
+    """Takes every other batch on the turn's task; the rest through a slow `deliver`."""
+
+    batches: list[SinkBatch] = attrs.field(factory=list)
+    inline: int = 0
+    awaited: int = 0
+    closed: int = 0
+
+    def deliver_nowait(self, batch: SinkBatch) -> bool:
+        if (self.inline + self.awaited) % 2:
+            return False
+        self.inline += 1
+        self.batches.append(batch)
+        return True
+
+    async def deliver(self, batch: SinkBatch) -> None:
+        await trio.sleep(5.0)
+        self.awaited += 1
+        self.batches.append(batch)
+
+    async def close(self) -> None:
+        self.closed += 1
+
+
+async def test_a_sink_that_takes_batches_on_the_turns_task_gets_everything_in_order(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    sink = HalfInlineSink()
+    fake = FakeProvider([paced(partial(2), 0.5), paced(ok(), 0.5)])
+    async with client_for(fake) as client, trio.open_nursery() as nursery:
+        turn: Turn = await nursery.start(
+            functools.partial(run_turn, REQUEST, provider_for(), **options(client, sinks=[sink]))
+        )
+        events = await read_all(turn)
+    delivered = [e for batch in sink.batches for e in batch.run]
+    assert delivered == events  # every event, once, in order
+    assert seen(delivered) == expect("start", "D*2", "reset", *OK_SEEN, END_OK)
+    assert sink.inline > 0
+    assert sink.awaited > 0  # the refused ones waited: backpressure, not a drop
+    assert sink.closed == 1
+
+
 # --- history=False -------------------------------------------------------------------------------
 
 

@@ -646,17 +646,23 @@ class JSONLSink:
             return _run_encoder.encode_lines(batch.uni)  # one call for the whole batch
         return b"\n".join(map(_uni_line, batch.uni)) + b"\n"
 
-    async def deliver(self, batch: SinkBatch) -> None:
-        """Write one batch's lines and flush."""
+    def deliver_nowait(self, batch: SinkBatch) -> bool:
+        """Write one batch's lines and flush, on the turn's task (a file write does not yield
+        to trio wherever it is made)."""
         if self._closed or self.broken_pipe:
-            return
+            return True
         data = self._lines(batch)
         if not data:
-            return
+            return True
         try:
             self._write(data)
         except BrokenPipeError:
             self.broken_pipe = True
+        return True
+
+    async def deliver(self, batch: SinkBatch) -> None:
+        """Write one batch's lines and flush."""
+        self.deliver_nowait(batch)
 
     async def close(self) -> None:
         """Flush; close the file if the sink opened it."""
