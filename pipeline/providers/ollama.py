@@ -90,14 +90,15 @@ class _ToolCall(msgspec.Struct, frozen=True):
     id: str = ""
 
 
-class _Message(msgspec.Struct, frozen=True):
+class _Message(msgspec.Struct, frozen=True, gc=False):
     content: str = ""
     thinking: str = ""
     tool_calls: list[_ToolCall] | None = None
 
 
-class _Line(msgspec.Struct, frozen=True):
-    model: str = ""
+class _Frame(msgspec.Struct, frozen=True, gc=False):
+    """A line as read once the message has started (its model, in every line, is skipped)."""
+
     message: _Message | None = None
     done: bool = False
     done_reason: str | None = None
@@ -106,7 +107,14 @@ class _Line(msgspec.Struct, frozen=True):
     error: Any = None
 
 
+class _Line(_Frame, frozen=True, gc=False):
+    """A line before the message has started, or a whole reply."""
+
+    model: str = ""
+
+
 _decode_line = msgspec.json.Decoder(_Line)
+_decode_frame = msgspec.json.Decoder(_Frame)
 
 
 class _StreamDecoder:
@@ -123,19 +131,36 @@ class _StreamDecoder:
         self._started = False  # MessageStart went out
 
     def feed(self, frame: str) -> list[LaneEvent]:
+        if not self._started:
+            try:
+                first = _decode_line.decode(frame)
+            except msgspec.MsgspecError:
+                first = strict_decode(_decode_line, frame, NAME)
+            return self.line(first)
         try:  # the hot path: one call into msgspec; on error, strict_decode types it
-            decoded = _decode_line.decode(frame)
+            decoded = _decode_frame.decode(frame)
         except msgspec.MsgspecError:
-            decoded = strict_decode(_decode_line, frame, NAME)
+            decoded = strict_decode(_decode_frame, frame, NAME)
+        message = decoded.message
+        if (
+            message is not None
+            and message.content
+            and self._kind == "text"
+            and not message.thinking
+            and not message.tool_calls
+            and not decoded.done
+            and decoded.error is None
+        ):  # one more fragment of the text being streamed
+            return [PartDelta(self._index, "text", message.content)]
         return self.line(decoded)
 
     def close(self) -> list[LaneEvent]:
         return []
 
-    def line(self, line: _Line) -> list[LaneEvent]:
+    def line(self, line: _Frame) -> list[LaneEvent]:
         """The lane events of one decoded line."""
         out: list[LaneEvent] = []
-        if not self._started and line.model:
+        if not self._started and isinstance(line, _Line) and line.model:
             self._started = True
             out.append(MessageStart(model=line.model))
         message = line.message

@@ -162,11 +162,11 @@ class _Usage(msgspec.Struct, frozen=True, gc=False):
     prompt_cache_hit_tokens: int | None = None
 
 
-class _Chunk(msgspec.Struct, frozen=True, gc=False):
-    """A streamed chunk or a whole completion; also an error body (`error`, vLLM's `object`)."""
+class _Frame(msgspec.Struct, frozen=True, gc=False):
+    """A streamed chunk as read once the message has started (its id and model, the same in
+    every chunk, are skipped rather than decoded); also an error body (`error`, vLLM's
+    `object`)."""
 
-    id: str | None = None
-    model: str | None = None
     object: str | None = None
     choices: list[_Choice] | None = None
     usage: _Usage | None = None
@@ -176,7 +176,15 @@ class _Chunk(msgspec.Struct, frozen=True, gc=False):
     code: Any = None
 
 
+class _Chunk(_Frame, frozen=True, gc=False):
+    """A streamed chunk before the message has started, or a whole completion."""
+
+    id: str | None = None
+    model: str | None = None
+
+
 _decode_chunk = msgspec.json.Decoder(_Chunk)
+_decode_frame = msgspec.json.Decoder(_Frame)
 
 # Field codes: which wire field the open group came from.
 _NONE, _RC, _R, _DETAILS, _CONTENT, _TOOLS, _AUDIO = range(7)
@@ -201,7 +209,7 @@ def _usage(u: _Usage) -> RawUsage:
     )
 
 
-def _chunk_error(chunk: _Chunk) -> ProviderErrorEvent | None:
+def _chunk_error(chunk: _Frame) -> ProviderErrorEvent | None:
     """The in-stream error a chunk reports, if it reports one."""
     if chunk.error:
         return ProviderErrorEvent(
@@ -284,14 +292,22 @@ class _StreamDecoder:
         data = frame.data
         if data == "[DONE]":
             return [MessageStop()]
-        try:  # the hot path: one call into msgspec; on error, strict_decode types it
-            chunk: _Chunk = _decode_chunk.decode(data)
-        except msgspec.MsgspecError:
-            chunk = strict_decode(_decode_chunk, data, NAME)
         out: list[LaneEvent] = []
-        if not self._started and (chunk.id or chunk.model):
-            self._started = True
-            out.append(MessageStart(chunk.id or "", chunk.model or ""))
+        chunk: _Frame
+        if self._started:
+            try:  # the hot path: one call into msgspec; on error, strict_decode types it
+                chunk = _decode_frame.decode(data)
+            except msgspec.MsgspecError:
+                chunk = strict_decode(_decode_frame, data, NAME)
+        else:
+            try:
+                first: _Chunk = _decode_chunk.decode(data)
+            except msgspec.MsgspecError:
+                first = strict_decode(_decode_chunk, data, NAME)
+            if first.id or first.model:
+                self._started = True
+                out.append(MessageStart(first.id or "", first.model or ""))
+            chunk = first
         choice = _first_choice(chunk.choices)
         if choice is not None and choice.delta is not None:
             self.delta(choice.delta, out)
