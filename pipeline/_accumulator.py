@@ -17,7 +17,9 @@ from ._events import (
     InlineThinkingDone,
     TextDelta,
     TextDone,
+    ThinkingDelta,
     ThinkingDone,
+    ToolCallDelta,
     ToolCallDone,
     UniEvent,
     UniMessage,
@@ -26,6 +28,7 @@ from ._events import (
 
 __all__ = ["Accumulator"]
 
+_SKIPPED = frozenset({ThinkingDelta, ToolCallDelta})  # fragments whose `.done` is what counts
 _DONE_TYPES = (
     TextDone,
     ThinkingDone,
@@ -73,10 +76,14 @@ class Accumulator:
         text = self._text
         for event in events:
             items = event.content_items
-            if items and type(items[0]) is TextDelta:
-                text.append(items[0].text)
-            else:
-                self.feed(event)
+            if items:
+                kind = type(items[0])
+                if kind is TextDelta:
+                    text.append(items[0].text)  # type: ignore[union-attr]
+                    continue
+                if kind in _SKIPPED:
+                    continue
+            self.feed(event)
 
     def reset(self) -> None:
         """Void everything: the attempt that produced it is being retried."""

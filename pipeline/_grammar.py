@@ -270,6 +270,8 @@ class Grammar:
                         item: Any = TextDelta(text=value)
                     elif kind == "thinking":
                         item = ThinkingDelta(thinking=value)
+                    elif kind == "tool_call" and head.started:  # a later argument fragment
+                        item = ToolCallDelta(name="", arguments=value, tool_call_id="")
                     else:
                         self.feed(event, out)
                         continue

@@ -250,6 +250,8 @@ class RunEventBuilder:
                         )
                     )
                 continue
+            if items and type(items[0]) is ThinkingDelta and not self._reasoning:
+                continue  # reasoning stays out of the public stream unless opted in
             run = self.uni(event)
             if run is not None:
                 out.append(run)
