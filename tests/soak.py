@@ -440,13 +440,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=180.0, help="stop starting turns after")
     parser.add_argument("--concurrency", type=int, default=20, help="turns at once")
     parser.add_argument("--seed", type=int, default=None, help="the random seed")
+    parser.add_argument(
+        "--no-record", action="store_true", help="do not write the summary to bench/RESULTS.md"
+    )
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     print(f"soak: seed {seed}", file=sys.stderr)
     start = time.perf_counter()
     tally = trio.run(soak, args.turns, args.seconds, args.concurrency, seed)
-    print(summary(tally, time.perf_counter() - start))
-    return 1 if tally.mismatches or tally.leaks else 0
+    text = summary(tally, time.perf_counter() - start)
+    print(text)
+    failed = bool(tally.mismatches or tally.leaks)
+    if not args.no_record:  # the last run's summary, with every other figure of the project
+        from bench.report import replace_section
+
+        verdict = "FAILED" if failed else "passed"
+        replace_section(
+            "soak",
+            "## Chaos soak\n\n"
+            f"`make soak` (`python -m tests.soak --seed {seed}` reruns it), "
+            f"{time.strftime('%Y-%m-%d %H:%M')} UTC: {verdict}.\n\n```\n{text}\n```",
+        )
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

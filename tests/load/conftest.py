@@ -84,3 +84,19 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         *(rows[name] for name in sorted(rows)),
     ]
     RESULTS.write_text("\n".join(lines) + "\n")
+    # the same table in bench/RESULTS.md, where every figure of the project is gathered
+    from bench.report import replace_section
+
+    replace_section(
+        "load",
+        "\n".join(
+            [
+                "## Load tier",
+                "",
+                "`make test-load` (tests/load/, the load scenarios L1–L8 of the reliability",
+                "catalogue; each row from the last run of its test, dated).",
+                "",
+                *lines[-(len(rows) + 2) :],
+            ]
+        ),
+    )
