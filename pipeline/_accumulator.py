@@ -28,6 +28,7 @@ from ._events import (
 
 __all__ = ["Accumulator"]
 
+_PIECE = 256  # text fragments joined at a time
 _SKIPPED = frozenset({ThinkingDelta, ToolCallDelta})  # fragments whose `.done` is what counts
 _DONE_TYPES = (
     TextDone,
@@ -49,11 +50,12 @@ class Accumulator:
         stopped: whether the stop event came.
     """
 
-    __slots__ = ("_text", "finish_reason", "items", "stopped", "usage")
+    __slots__ = ("_pieces", "_text", "finish_reason", "items", "stopped", "usage")
 
     def __init__(self) -> None:
         self.items: list[ContentItem] = []
         self._text: list[str] = []
+        self._pieces = 0  # _text[:_pieces] are runs of fragments already joined
         self.usage: UsageMetadata | None = None
         self.finish_reason: FinishReason | None = None
         self.stopped = False
@@ -84,11 +86,15 @@ class Accumulator:
                 if kind in _SKIPPED:
                     continue
             self.feed(event)
+        if len(text) - self._pieces > _PIECE:  # a few long strings, not one per fragment
+            text[self._pieces :] = ["".join(text[self._pieces :])]
+            self._pieces += 1
 
     def reset(self) -> None:
         """Void everything: the attempt that produced it is being retried."""
         self.items = []
         self._text = []
+        self._pieces = 0
         self.usage = None
         self.finish_reason = None
         self.stopped = False
@@ -98,6 +104,7 @@ class Accumulator:
         """The answer text so far: every `text.delta` joined (thinking excluded)."""
         if len(self._text) > 1:
             self._text = ["".join(self._text)]
+            self._pieces = 1
         return self._text[0] if self._text else ""
 
     @property

@@ -136,6 +136,18 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+_PIECE = 256
+"""A lane's string fragments are joined 256 at a time as they come: a long reply keeps a few
+long strings rather than one object per fragment, and joining costs linear time overall."""
+
+
+def _join_tail(lane: _Lane) -> None:
+    """Join the fragments after the pieces already joined into one more piece."""
+    chunks = lane.chunks
+    chunks[lane.pieces :] = ["".join(chunks[lane.pieces :])]
+    lane.pieces += 1
+
+
 class _Lane:
     """One open item: its header, its fragments so far, and what is held while it waits."""
 
@@ -149,6 +161,7 @@ class _Lane:
         "kind",
         "mime_type",
         "name",
+        "pieces",
         "started",
     )
 
@@ -159,6 +172,7 @@ class _Lane:
         self.call_id = start.call_id
         self.mime_type = start.mime_type
         self.chunks: list[Any] = []
+        self.pieces = 0  # chunks[:pieces] are runs of fragments already joined (`_keep`)
         self.held: list[PartDelta] = []
         self.fidelity: dict[str, Any] | None = None
         self.started = False  # a fragment of it went out
@@ -276,7 +290,10 @@ class Grammar:
                         self.feed(event, out)
                         continue
                     head.started = True
-                    head.chunks.append(value)
+                    chunks = head.chunks
+                    chunks.append(value)
+                    if len(chunks) - head.pieces > _PIECE:
+                        _join_tail(head)
                     if now < 0:
                         now = self._clock()
                     out.append(UniEvent(event_type="delta", content_items=[item], created_at=now))
@@ -392,6 +409,8 @@ class Grammar:
             item = cls(data=value, mime_type=lane.mime_type, fidelity=fidelity)
         lane.started = True
         lane.chunks.append(value)
+        if len(lane.chunks) - lane.pieces > _PIECE and type(value) is str:
+            _join_tail(lane)
         return UniEvent(event_type="delta", content_items=[item], created_at=self._clock())
 
     def _done(self, lane: _Lane) -> UniEvent | None:

@@ -198,6 +198,7 @@ class RunEventBuilder:
         self._reasoning = reasoning
         self._tool_arguments = tool_arguments
         self._text: list[str] = []
+        self._pieces = 0  # _text[:_pieces] are runs of fragments already joined
         self.finish_reason: str | None = None
         self.done = False
 
@@ -214,6 +215,7 @@ class RunEventBuilder:
         """The answer text delivered since the last reset."""
         if len(self._text) > 1:
             self._text = ["".join(self._text)]
+            self._pieces = 1
         return self._text[0] if self._text else ""
 
     def started(self, provider: str, model: str) -> RunEvent:
@@ -228,6 +230,7 @@ class RunEventBuilder:
     def reset(self, attempt: int) -> RunEvent:
         """`attempt.reset`: the text so far is void."""
         self._text = []
+        self._pieces = 0
         self.finish_reason = None
         return AttemptResetEvent(**self._env(), attempt=attempt)
 
@@ -255,6 +258,9 @@ class RunEventBuilder:
             run = self.uni(event)
             if run is not None:
                 out.append(run)
+        if len(text) - self._pieces > 256:  # a few long strings, not one per fragment
+            text[self._pieces :] = ["".join(text[self._pieces :])]
+            self._pieces += 1
 
     def uni(self, event: UniEvent) -> RunEvent | None:
         """The run event a UniEvent shows as, if any."""

@@ -35,6 +35,7 @@ from pipeline import (
     encode_json,
     map_finish_reason,
 )
+from pipeline._events import TextDelta, TextDone, ThinkingDone, ToolCallDone
 
 USAGE = RawUsage(cached_tokens=0, prompt_tokens=10, thoughts_tokens=None, response_tokens=5)
 USAGE_JSON = {
@@ -1007,3 +1008,42 @@ def test_any_interleaving_of_well_formed_lanes_obeys_the_grammar(
         return
     out = run(events)
     assert [json.dumps(g) for g in _parse_groups(out)] == [json.dumps(g) for g in want]
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_long_lanes_keep_every_fragment_however_they_are_joined(batched: bool) -> None:
+    # more fragments than one joined piece holds, in the three string kinds, one lane held
+    # back while another streams: each `.done` is its lane's fragments joined, exactly once
+    n = 3 * grammar_module._PIECE + 7
+    words = [f"w{i} é " for i in range(n)]
+    args = [f'"k{i}": {i}, ' for i in range(n)]
+    events: list[LaneEvent] = [
+        PartStart(index=0, kind="thinking"),
+        PartStart(index=1, kind="text"),
+        *[PartDelta(1, "text", w) for w in words[: n // 2]],
+        *[PartDelta(0, "thinking", w) for w in words],
+        PartStop(0, "thinking"),
+        *[PartDelta(1, "text", w) for w in words[n // 2 :]],
+        PartStop(1, "text"),
+        PartStart(index=2, kind="tool_call", name="f", call_id="c1"),
+        PartDelta(2, "tool_call", "{"),
+        *[PartDelta(2, "tool_call", a) for a in args],
+        PartDelta(2, "tool_call", '"end": 0}'),
+        PartStop(2, "tool_call"),
+        MessageDelta(finish_reason="tool_use", usage=RawUsage(prompt_tokens=1, response_tokens=2)),
+        MessageStop(),
+    ]
+    g = Grammar("acme", clock=lambda: 0)
+    if batched:
+        out: list[UniEvent] = []
+        g.feed_many(events, out)
+    else:
+        out = feed_all(g, events)
+    out += g.close()
+    done = [e.content_items[0] for e in out if e.content_items and "done" in item(e)["type"]]
+    assert done[0] == ThinkingDone(thinking="".join(words))
+    assert done[1] == TextDone(text="".join(words))
+    assert isinstance(done[2], ToolCallDone)
+    assert done[2].arguments == json.loads("{" + "".join(args) + '"end": 0}')
+    firsts = [e.content_items[0] for e in out if e.content_items]
+    assert "".join(i.text for i in firsts if isinstance(i, TextDelta)) == "".join(words)
