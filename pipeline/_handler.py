@@ -113,6 +113,10 @@ _PERMANENT_ERRORS = (
     AuthenticationError,
 )
 _RATE_STATUSES = frozenset({429, 503, 529})
+_YIELD_EVERY = 32
+"""Reads handed on without waiting between two checkpoints: a body that is all in memory (a
+replay, a test transport) never yields on its own, and the turn must still let other tasks run
+and notice a cancel."""
 _DEADLINE_SLACK = 0.001
 """The per-event deadline moves only once it would move by this much (seconds): a burst of
 reads does not pay for moving it on each, and it fires at most this early."""
@@ -219,6 +223,7 @@ class Handler:
             # silent provider): the time spent blocked there is added back afterwards.
             with trio.CancelScope(deadline=deadline) as reading:
                 armed = deadline  # reading.deadline, kept here (moving it is not free)
+                quiet = 0  # reads since the last checkpoint of ours
                 while True:
                     chunk = await anext(chunks, b"")  # b"": end of body (httpx yields no empties)
                     batch: list[UniEvent] = []
@@ -251,6 +256,12 @@ class Handler:
                             blocked = trio.current_time() - blocked
                             self._total_deadline += blocked
                             reading.deadline = armed = min(armed + blocked, self._total_deadline)
+                            quiet = 0
+                        else:
+                            quiet += 1
+                            if quiet >= _YIELD_EVERY:
+                                quiet = 0
+                                await trio.lowlevel.checkpoint()
                     if error is not None:
                         return self._failure_of(error, emitted)
                     if not chunk:

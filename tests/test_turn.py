@@ -52,6 +52,7 @@ from .test_handler import (
     expect,
     ok,
     openai_chunk,
+    openai_events,
     partial,
     policy,
     provider_for,
@@ -575,6 +576,51 @@ async def test_a_sink_that_takes_batches_on_the_turns_task_gets_everything_in_or
     assert sink.inline > 0
     assert sink.awaited > 0  # the refused ones waited: backpressure, not a drop
     assert sink.closed == 1
+
+
+class EagerBody(httpx.AsyncByteStream):
+    """A body that is all in memory: its reads never yield to trio (a replay, a test
+    transport). Counts what the client pulled; hands over nothing more once closed."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+        self.pulled = 0
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self.chunks:
+            if self.closed:
+                return
+            self.pulled += 1
+            yield chunk
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_a_turn_over_a_body_that_never_yields_still_lets_others_run_and_is_cancellable(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    events = openai_events([f"w{i} " for i in range(5000)])
+    body = EagerBody(events)
+    client = httpx.AsyncClient(
+        transport=httpx.MockTransport(
+            lambda request: httpx.Response(
+                200, headers={"content-type": "text/event-stream"}, stream=body
+            )
+        )
+    )
+    async with client, trio.open_nursery() as nursery:
+        turn: Turn = await nursery.start(
+            functools.partial(run_turn, REQUEST, provider_for(), **options(client))
+        )
+        async for event in turn.run_events():
+            if isinstance(event, AnswerDelta):
+                turn.cancel()  # the consumer got to run while the body was still being read
+                break
+        result = await turn.result()
+    assert result.outcome is Outcome.CANCELLED
+    assert body.pulled < len(events) // 10
 
 
 # --- history=False -------------------------------------------------------------------------------
