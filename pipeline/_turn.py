@@ -387,6 +387,11 @@ class _Given:
     run: int = 0
     uni: int = 0
 
+    def took(self, batch: SinkBatch) -> None:
+        """The sink has taken `batch`."""
+        self.run += len(batch.run)
+        self.uni += len(batch.uni)
+
 
 async def _finish_sinks(
     sinks: Sequence[Sink], turn: Turn, given: list[_Given], *, cancelled: bool
@@ -513,8 +518,7 @@ class _Route:
         assert self.nowait is not None
         if not self.nowait(batch):
             return False
-        self.given.run += len(batch.run)
-        self.given.uni += len(batch.uni)
+        self.given.took(batch)
         return True
 
     async def wait(self, batch: SinkBatch) -> None:
@@ -523,8 +527,7 @@ class _Route:
             await self.send.send(batch)
             return
         await self.sink.deliver(batch)
-        self.given.run += len(batch.run)
-        self.given.uni += len(batch.uni)
+        self.given.took(batch)
 
 
 def _uni_events(
@@ -552,5 +555,4 @@ async def _sink_actor(
                     break
                 batch = SinkBatch([*batch.run, *more.run], [*batch.uni, *more.uni])
             await sink.deliver(batch)
-            given.run += len(batch.run)
-            given.uni += len(batch.uni)
+            given.took(batch)
