@@ -21,7 +21,7 @@ deps:
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy
+	$(BIN)/python scripts/typecheck.py
 
 test: lint deps
 	$(BIN)/pytest

@@ -60,7 +60,7 @@ def _done_line() -> None:
         print("\r\x1b[K", end="", file=sys.stderr, flush=True)
 
 
-class _Run:
+class RunState:
     """One invocation: the merged results, and what it writes."""
 
     def __init__(self, args: argparse.Namespace) -> None:
@@ -103,7 +103,7 @@ class _Run:
 # --- the benchmarks ---------------------------------------------------------------------------
 
 
-def _core(run: _Run) -> None:
+def _core(run: RunState) -> None:
     a = run.args
     fragments = a.fragments or (5_000 if a.quick else 20_000)
     rounds = a.rounds or (3 if a.quick else 7)
@@ -123,7 +123,7 @@ def _now() -> dict[str, Any]:
     return {"machine": report.machine()}
 
 
-def _throughput(run: _Run, *, every_kind: bool, peers: bool) -> None:
+def _throughput(run: RunState, *, every_kind: bool, peers: bool) -> None:
     """rillet's contestants on every stream kind (or only the peers' kinds), with the peers
     interleaved when asked; recorded as `pipeline` and/or `peers`."""
     from .contestants import RILLET
@@ -147,7 +147,7 @@ def _throughput(run: _Run, *, every_kind: bool, peers: bool) -> None:
         run.record("peers", dict(section), {"peers": report.peers_markdown({**section, **_now()})})
 
 
-def _ttfd(run: _Run) -> None:
+def _ttfd(run: RunState) -> None:
     from .latency import TTFD_KINDS, run_ttfd
 
     a = run.args
@@ -160,7 +160,7 @@ def _ttfd(run: _Run) -> None:
     run.record("ttfd", section, {"ttfd": report.ttfd_markdown({**section, **_now()})})
 
 
-def _turns(run: _Run) -> None:
+def _turns(run: RunState) -> None:
     a = run.args
     turns = a.turns or (200 if a.quick else 1000)
     events = a.events or (50 if a.quick else 100)
@@ -202,7 +202,7 @@ def _turns(run: _Run) -> None:
 
 
 def _external(
-    run: _Run,
+    run: RunState,
     key: str,
     module: str,
     function: str,
@@ -263,7 +263,7 @@ def _external(
     run.record(key, {"result": data}, {key: body} if body else {})
 
 
-def _fanout(run: _Run) -> None:
+def _fanout(run: RunState) -> None:
     # 1,000 subscribers, the target's; bench/fanout.py's own default is 1,000 WS + 1,000 SSE
     _external(
         run,
@@ -275,7 +275,7 @@ def _fanout(run: _Run) -> None:
     )
 
 
-def _redis(run: _Run) -> None:
+def _redis(run: RunState) -> None:
     _external(run, "redis", "redis_hub", "run_redis_bench", {"runs": 20, "events": 50})
 
 
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
         unknown = [k for k in args.kind if k not in CORE_KINDS]
         if unknown:
             parser.error(f"unknown stream kind(s) {unknown}; known: {', '.join(CORE_KINDS)}")
-    run = _Run(args)
+    run = RunState(args)
     c = args.command
     if c in ("core", "all"):
         _core(run)

@@ -26,8 +26,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import httpx
 import msgspec
-
-from pipeline import (
+from rillet import (
     Accumulator,
     TextDone,
     ThinkingDone,
@@ -39,8 +38,8 @@ from pipeline import (
     run_turn,
     user,
 )
-from pipeline.providers import Provider, Secret
-from transports.sinks import JSONLSink
+from rillet.providers import Provider, Secret
+from rillet.transports.sinks import JSONLSink
 
 from .transport import ChunkTransport
 from .wire import GENERATORS, digest
@@ -48,7 +47,7 @@ from .wire import GENERATORS, digest
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from pipeline.providers import Dialect
+    from rillet.providers import Dialect
 
     from .wire import Stream
 

@@ -22,8 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-
-from pipeline import Accumulator, WireDecoder
+from rillet import Accumulator, WireDecoder
 
 from .contestants import dialect_of, limit_loop, message_digest
 from .wire import STREAM_KINDS, build_stream
@@ -31,7 +30,7 @@ from .wire import STREAM_KINDS, build_stream
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from pipeline.providers import Dialect
+    from rillet.providers import Dialect
 
 __all__ = ["CORE_KINDS", "CoreResult", "cpu_time", "run_core"]
 

@@ -68,13 +68,12 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import httpx
 import trio
-
-from pipeline._hub import Entry, Hub, Subscription
-from pipeline._policy import Policy
-from pipeline.providers._base import Provider
-from pipeline.providers.openai_chat import OpenAIChatDialect
-from transports.server import Limits, ServerConfig, serve
-from transports.testing import openai_text_stream
+from rillet._hub import Entry, Hub, Subscription
+from rillet._policy import Policy
+from rillet.providers._base import Provider
+from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet.transports.server import Limits, ServerConfig, serve
+from rillet.transports.testing import openai_text_stream
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -27,9 +27,8 @@ from typing import IO, TYPE_CHECKING, Any
 
 import httpx
 import trio
-
-from pipeline import TextDelta, UniEvent, open_turn, run_turn
-from transports.sinks import JSONLSink
+from rillet import TextDelta, UniEvent, open_turn, run_turn
+from rillet.transports.sinks import JSONLSink
 
 from .contestants import dialect_of, limit_httpx, provider_for, request
 from .transport import ChunkTransport
@@ -38,7 +37,7 @@ from .wire import first_delta_stream
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from pipeline import SinkBatch
+    from rillet import SinkBatch
 
     from .wire import Stream
 

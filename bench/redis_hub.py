@@ -36,16 +36,15 @@ from typing import TYPE_CHECKING
 
 import attrs
 import trio
-
-from pipeline._redis_hub import RedisHub, open_redis_hub
-from pipeline._runevents import AnswerDelta, RunDone, RunEvent
-from pipeline._turn import SinkBatch
+from rillet._redis_hub import RedisHub, open_redis_hub
+from rillet._runevents import AnswerDelta, RunDone, RunEvent
+from rillet._turn import SinkBatch
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
-    from pipeline._hub import Subscription
-    from pipeline._turn import Sink
+    from rillet._hub import Subscription
+    from rillet._turn import Sink
 
 __all__ = ["PhaseResult", "RedisBenchResult", "run_redis_bench"]
 

@@ -32,8 +32,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import trio
-
-from pipeline import Policy, TurnResult, run_turn
+from rillet import Policy, TurnResult, run_turn
 
 from .contestants import http_client, message_digest, provider_for, request
 from .wire import build_stream

@@ -326,15 +326,15 @@ def _text_body(generate: Callable[[list[str]], bytes]) -> Callable[[list[str]], 
 
 # dialect module, class, generator (text streams: what the core benchmark decodes)
 GENERATORS: dict[str, tuple[str, str, Callable[[list[str]], bytes]]] = {
-    "openai-chat": ("pipeline.providers.openai_chat", "OpenAIChatDialect", openai_chat),
+    "openai-chat": ("rillet.providers._openai_chat", "OpenAIChatDialect", openai_chat),
     "openai-responses": (
-        "pipeline.providers.openai_responses",
+        "rillet.providers._openai_responses",
         "OpenAIResponsesDialect",
         openai_responses,
     ),
-    "anthropic": ("pipeline.providers.anthropic", "AnthropicDialect", anthropic),
-    "gemini": ("pipeline.providers.gemini", "GeminiDialect", gemini),
-    "ollama": ("pipeline.providers.ollama", "OllamaDialect", ollama),
+    "anthropic": ("rillet.providers._anthropic", "AnthropicDialect", anthropic),
+    "gemini": ("rillet.providers._gemini", "GeminiDialect", gemini),
+    "ollama": ("rillet.providers._ollama", "OllamaDialect", ollama),
 }
 
 

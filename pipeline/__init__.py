@@ -1,12 +1,40 @@
 """rillet: stream LLM responses from many providers through one checked trio pipeline.
 
-Layers, bottom up (each imports only from below): `errors`; the UniEvent model (`_events`) and
-the lane vocabulary (`_lanes`); the pure grammar and accumulator; `transports` (frame codecs);
-the dialects (`providers`); the wire decoder that composes them.
+Everything a host uses is here: the turn (`run_turn`, `open_turn`, `TurnRequest`, `Policy`), the
+three vocabularies (lane events, MMSP's UniEvents, the public run events), the grammar and the
+accumulator, the hub that fans run events out, and every typed error. Provider dialects and the
+registry are in `rillet.providers`; frame codecs, sinks, the server, replay and the loopback test
+provider in `rillet.transports`; the Redis hub in `rillet.redis`.
 """
 
-from . import errors as errors
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
+
 from ._accumulator import Accumulator as Accumulator
+from ._errors import AuthenticationError as AuthenticationError
+from ._errors import ConfigurationError as ConfigurationError
+from ._errors import EmptyResponseError as EmptyResponseError
+from ._errors import FallbackFailed as FallbackFailed
+from ._errors import FrameEncodingError as FrameEncodingError
+from ._errors import FrameError as FrameError
+from ._errors import FrameTooLarge as FrameTooLarge
+from ._errors import IncompleteStreamError as IncompleteStreamError
+from ._errors import InvalidRequestError as InvalidRequestError
+from ._errors import MalformedFrameError as MalformedFrameError
+from ._errors import NoHistoryError as NoHistoryError
+from ._errors import OverloadedError as OverloadedError
+from ._errors import ProviderError as ProviderError
+from ._errors import RateLimitError as RateLimitError
+from ._errors import RilletError as RilletError
+from ._errors import ServerError as ServerError
+from ._errors import SSEEncodeError as SSEEncodeError
+from ._errors import StreamError as StreamError
+from ._errors import StreamProtocolError as StreamProtocolError
+from ._errors import ToolCallArgumentParseError as ToolCallArgumentParseError
+from ._errors import TransportError as TransportError
+from ._errors import TurnTimeout as TurnTimeout
+from ._errors import UnsupportedContentError as UnsupportedContentError
+from ._errors import UnsupportedOperationError as UnsupportedOperationError
 from ._events import ContentItem as ContentItem
 from ._events import DeltaItem as DeltaItem
 from ._events import DoneItem as DoneItem
@@ -35,6 +63,23 @@ from ._events import encode_json as encode_json
 from ._grammar import Grammar as Grammar
 from ._grammar import map_finish_reason as map_finish_reason
 from ._handler import AttemptReset as AttemptReset
+from ._handler import Status as Status
+from ._hub import AppendConflict as AppendConflict
+from ._hub import CursorExpired as CursorExpired
+from ._hub import CursorInvalid as CursorInvalid
+from ._hub import Entry as Entry
+from ._hub import Hub as Hub
+from ._hub import HubError as HubError
+from ._hub import HubSink as HubSink
+from ._hub import HubUnavailable as HubUnavailable
+from ._hub import MemoryRunLog as MemoryRunLog
+from ._hub import RunExists as RunExists
+from ._hub import RunHub as RunHub
+from ._hub import RunLog as RunLog
+from ._hub import RunState as RunState
+from ._hub import SubscriberDropped as SubscriberDropped
+from ._hub import Subscription as Subscription
+from ._hub import UnknownRun as UnknownRun
 from ._lanes import LaneEvent as LaneEvent
 from ._lanes import LaneKind as LaneKind
 from ._lanes import MessageDelta as MessageDelta
@@ -48,59 +93,60 @@ from ._lanes import ProviderErrorEvent as ProviderErrorEvent
 from ._lanes import RawUsage as RawUsage
 from ._policy import Outcome as Outcome
 from ._policy import Policy as Policy
+from ._public import fixup_module_metadata as _fixup_module_metadata
 from ._ratelimit import RateLimiter as RateLimiter
 from ._request import ThinkingLevel as ThinkingLevel
 from ._request import ToolChoice as ToolChoice
 from ._request import ToolSpec as ToolSpec
 from ._request import TurnRequest as TurnRequest
 from ._request import user as user
+from ._runevents import AnswerDelta as AnswerDelta
+from ._runevents import AnswerDone as AnswerDone
+from ._runevents import AttemptResetEvent as AttemptResetEvent
+from ._runevents import ReasoningDelta as ReasoningDelta
+from ._runevents import RunDone as RunDone
 from ._runevents import RunEvent as RunEvent
+from ._runevents import RunStarted as RunStarted
+from ._runevents import StatusEvent as StatusEvent
+from ._runevents import ToolCompleted as ToolCompleted
+from ._runevents import ToolStarted as ToolStarted
+from ._runevents import UsageEvent as UsageEvent
 from ._runevents import decode_run_event as decode_run_event
 from ._turn import CallbackSink as CallbackSink
 from ._turn import Sink as Sink
 from ._turn import SinkBatch as SinkBatch
 from ._turn import Turn as Turn
 from ._turn import TurnResult as TurnResult
+from ._turn import UniItem as UniItem
 from ._turn import open_turn as open_turn
 from ._turn import run_turn as run_turn
 from ._wire import WireDecoder as WireDecoder
-from .errors import AuthenticationError as AuthenticationError
-from .errors import ConfigurationError as ConfigurationError
-from .errors import EmptyResponseError as EmptyResponseError
-from .errors import FallbackFailed as FallbackFailed
-from .errors import FrameEncodingError as FrameEncodingError
-from .errors import FrameError as FrameError
-from .errors import FrameTooLarge as FrameTooLarge
-from .errors import IncompleteStreamError as IncompleteStreamError
-from .errors import InvalidRequestError as InvalidRequestError
-from .errors import MalformedFrameError as MalformedFrameError
-from .errors import NoHistoryError as NoHistoryError
-from .errors import OverloadedError as OverloadedError
-from .errors import ProviderError as ProviderError
-from .errors import RateLimitError as RateLimitError
-from .errors import RilletError as RilletError
-from .errors import ServerError as ServerError
-from .errors import SSEEncodeError as SSEEncodeError
-from .errors import StreamError as StreamError
-from .errors import StreamProtocolError as StreamProtocolError
-from .errors import ToolCallArgumentParseError as ToolCallArgumentParseError
-from .errors import TransportError as TransportError
-from .errors import TurnTimeout as TurnTimeout
-from .errors import UnsupportedContentError as UnsupportedContentError
-from .errors import UnsupportedOperationError as UnsupportedOperationError
+
+try:
+    __version__: str = _version("rillet")
+    """The installed distribution's version (`rillet --version` prints it)."""
+except _PackageNotFoundError:  # pragma: no cover - only a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "Accumulator",
+    "AnswerDelta",
+    "AnswerDone",
+    "AppendConflict",
     "AttemptReset",
+    "AttemptResetEvent",
     "AuthenticationError",
     "CallbackSink",
     "ConfigurationError",
     "ContentItem",
+    "CursorExpired",
+    "CursorInvalid",
     "DeltaItem",
     "DoneItem",
     "EmbeddingDelta",
     "EmbeddingDone",
     "EmptyResponseError",
+    "Entry",
     "EventItem",
     "FallbackFailed",
     "FinishReason",
@@ -108,6 +154,10 @@ __all__ = [
     "FrameError",
     "FrameTooLarge",
     "Grammar",
+    "Hub",
+    "HubError",
+    "HubSink",
+    "HubUnavailable",
     "ImageUrlDone",
     "IncompleteStreamError",
     "InlineDataDelta",
@@ -118,6 +168,7 @@ __all__ = [
     "LaneEvent",
     "LaneKind",
     "MalformedFrameError",
+    "MemoryRunLog",
     "MessageDelta",
     "MessageStart",
     "MessageStop",
@@ -134,14 +185,25 @@ __all__ = [
     "RateLimitError",
     "RateLimiter",
     "RawUsage",
+    "ReasoningDelta",
     "RilletError",
+    "RunDone",
     "RunEvent",
+    "RunExists",
+    "RunHub",
+    "RunLog",
+    "RunStarted",
+    "RunState",
     "SSEEncodeError",
     "ServerError",
     "Sink",
     "SinkBatch",
+    "Status",
+    "StatusEvent",
     "StreamError",
     "StreamProtocolError",
+    "SubscriberDropped",
+    "Subscription",
     "TextDelta",
     "TextDone",
     "ThinkingDelta",
@@ -151,26 +213,32 @@ __all__ = [
     "ToolCallDelta",
     "ToolCallDone",
     "ToolChoice",
+    "ToolCompleted",
     "ToolResultDone",
     "ToolSpec",
+    "ToolStarted",
     "TransportError",
     "Turn",
     "TurnRequest",
     "TurnResult",
     "TurnTimeout",
     "UniEvent",
+    "UniItem",
     "UniMessage",
+    "UnknownRun",
     "UnsupportedContentError",
     "UnsupportedOperationError",
+    "UsageEvent",
     "UsageMetadata",
     "WireDecoder",
     "decode_run_event",
     "decode_uni_event",
     "decode_uni_message",
     "encode_json",
-    "errors",
     "map_finish_reason",
     "open_turn",
     "run_turn",
     "user",
 ]
+
+_fixup_module_metadata(__name__, globals())

@@ -1,4 +1,4 @@
-"""`python -m pipeline`: the `rillet` command line."""
+"""`python -m rillet`: the `rillet` command line."""
 
 from ._cli import main
 

@@ -1,4 +1,4 @@
-"""The `rillet` command line (also `python -m pipeline`).
+"""The `rillet` command line (also `python -m rillet`).
 
 `rillet run "question"` streams the answer to stdout as it arrives; progress and diagnostics go
 to stderr. Exit codes: 0 completed, 1 error, 3 approval required, 130 cancelled (Ctrl-C keeps the
@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import trio
 
+from ._errors import RilletError
 from ._policy import Outcome, Policy
 from ._request import ThinkingLevel, TurnRequest, user
-from .errors import RilletError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -48,12 +48,19 @@ class CliError(Exception):
         super().__init__(message)
 
 
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rillet",
         description="Stream LLM responses from many providers through one checked pipeline.",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--version", action="version", version=f"rillet {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     run = sub.add_parser("run", help="stream one answer to stdout")
@@ -171,7 +178,7 @@ def _request(args: argparse.Namespace) -> TurnRequest:
 
 
 def _sinks(output: str, *, show_reasoning: bool, no_stream: bool = False) -> list[Sink]:
-    from transports.sinks import JSONLSink, TerminalSink
+    from rillet.transports.sinks import JSONLSink, TerminalSink
 
     if output == "jsonl":
         return [JSONLSink(sys.stdout.buffer, kind="run")]
@@ -245,8 +252,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_replay(args: argparse.Namespace) -> int:
     import httpx
-
-    from transports.replay import ReplayTransport
+    from rillet.transports.replay import ReplayTransport
 
     from .providers._base import Provider
 
@@ -274,31 +280,20 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return _exit_code(trio.run(go), sinks)
 
 
-_DIALECTS = {
-    "openai-chat": ("pipeline.providers.openai_chat", "OpenAIChatDialect"),
-    "openai-responses": ("pipeline.providers.openai_responses", "OpenAIResponsesDialect"),
-    "anthropic": ("pipeline.providers.anthropic", "AnthropicDialect"),
-    "anthropic-messages": ("pipeline.providers.anthropic", "AnthropicDialect"),
-    "gemini": ("pipeline.providers.gemini", "GeminiDialect"),
-    "ollama": ("pipeline.providers.ollama", "OllamaDialect"),
-    "ollama-chat": ("pipeline.providers.ollama", "OllamaDialect"),
-    "openai-embeddings": ("pipeline.providers.embeddings", "OpenAIEmbeddingsDialect"),
-    "mmsp": ("pipeline.providers.mmsp", "MMSPDialect"),
-}
-
-
 def _dialect_by_name(name: str) -> Any:
-    import importlib
+    from ._errors import ConfigurationError
+    from .providers._registry import dialect_from_name
 
-    found = _DIALECTS.get(name)
-    if found is None:
-        raise CliError(f"unknown dialect {name!r}", f"use one of {', '.join(sorted(_DIALECTS))}")
-    module, cls = found
-    return getattr(importlib.import_module(module), cls)()
+    try:
+        return dialect_from_name(name)
+    except ConfigurationError as exc:
+        raise CliError(str(exc), "pass --dialect with one of those") from None
 
 
 def _guess_dialect(path: Path) -> str:
-    if path.parent.name in _DIALECTS:
+    from .providers._registry import DIALECT_NAMES
+
+    if path.parent.name in DIALECT_NAMES:
         return path.parent.name
     if path.suffix == ".ndjson":
         return "ollama"
@@ -331,7 +326,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from .providers._base import Secret
 
     try:
-        from transports.server import ServerConfig, serve
+        from rillet.transports.server import ServerConfig, serve
     except ImportError:  # pragma: no cover - the server ships with the package
         raise CliError("the server is not available in this installation") from None
     provider = _provider(args)

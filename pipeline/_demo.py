@@ -150,7 +150,7 @@ RETRIED = [
 
 
 def _script(pace: float) -> Any:
-    from transports.testing import Reply, openai_text_stream
+    from rillet.transports.testing import Reply, openai_text_stream
 
     state = {"chat": 0}
 
@@ -180,11 +180,10 @@ def _say(text: str) -> None:
 
 async def run_demo(*, keep_serving: bool = False, port: int = 0, fast: bool = False) -> int:
     """Run the scripted turns against the embedded provider; return the exit code."""
-    from transports.sinks import TerminalSink
-    from transports.testing import open_loopback_provider
+    from rillet.transports.sinks import TerminalSink
+    from rillet.transports.testing import open_loopback_provider
 
-    from .providers.anthropic import AnthropicDialect
-    from .providers.openai_chat import OpenAIChatDialect
+    from .providers import AnthropicDialect, OpenAIChatDialect
 
     pace = 0.0 if fast else 0.06
     policy = Policy(backoff_base=0.3)
@@ -258,7 +257,7 @@ async def run_demo(*, keep_serving: bool = False, port: int = 0, fast: bool = Fa
 
 async def _start_page(nursery: trio.Nursery, provider: Provider, port: int) -> str | None:
     try:
-        from transports.server import ServerConfig, serve
+        from rillet.transports.server import ServerConfig, serve
     except ImportError:
         return None
     config = ServerConfig(port=port, provider=provider, models=[provider.model], reasoning=True)

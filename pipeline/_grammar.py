@@ -35,6 +35,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ._errors import (
+    EmptyResponseError,
+    IncompleteStreamError,
+    StreamProtocolError,
+    ToolCallArgumentParseError,
+)
 from ._events import (
     EmbeddingDelta,
     EmbeddingDone,
@@ -65,12 +71,6 @@ from ._lanes import (
     Ping,
     ProviderErrorEvent,
     RawUsage,
-)
-from .errors import (
-    EmptyResponseError,
-    IncompleteStreamError,
-    StreamProtocolError,
-    ToolCallArgumentParseError,
 )
 
 if TYPE_CHECKING:

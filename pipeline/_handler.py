@@ -44,12 +44,7 @@ import httpx
 import msgspec
 import trio
 
-from ._events import UniEvent
-from ._policy import Outcome, Policy, Shape, backoff_delay, retry_after
-from ._ratelimit import RateLimiter
-from ._request import TurnRequest
-from ._wire import WireDecoder
-from .errors import (
+from ._errors import (
     AuthenticationError,
     EmptyResponseError,
     FrameError,
@@ -63,6 +58,11 @@ from .errors import (
     TransportError,
     TurnTimeout,
 )
+from ._events import UniEvent
+from ._policy import Outcome, Policy, Shape, backoff_delay, retry_after
+from ._ratelimit import RateLimiter
+from ._request import TurnRequest
+from ._wire import WireDecoder
 from .providers._base import Provider, provider_error
 
 if TYPE_CHECKING:

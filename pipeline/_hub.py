@@ -16,7 +16,7 @@ forgotten, and a cursor below what is kept is refused (`CursorExpired`, never a 
 kept `retention` seconds after its `run.done`, then forgotten (`UnknownRun`).
 
 Two implementations share one interface, `RunHub`, which is all a server uses: `Hub` keeps
-the logs in this process (`MemoryRunLog`, the default); `pipeline._redis_hub.RedisHub` keeps them
+the logs in this process (`MemoryRunLog`, the default); `rillet._redis_hub.RedisHub` keeps them
 in Redis Streams, so that any server sharing that Redis serves any run's subscribers. Both hand
 out the same `Subscription`: the same buffer allowance, drop reasons, resume and expiry rules.
 
@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING, Protocol
 import attrs
 import trio
 
+from ._errors import RilletError
 from ._events import encode_json
 from ._runevents import RunDone, RunEvent
-from .errors import RilletError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -60,6 +60,7 @@ __all__ = [
     "RunExists",
     "RunHub",
     "RunLog",
+    "RunState",
     "SubscriberDropped",
     "Subscription",
     "UnknownRun",
@@ -162,8 +163,8 @@ def parse_cursor(run_id: str, raw: str | None) -> int:
 _LEAD = 256  # pushes in one leader's turn (a few milliseconds of writing)
 
 
-class _Run:
-    """One run's log and its live subscribers."""
+class RunState:
+    """One run's kept log and its live subscribers: what a `RunLog` holds for each run."""
 
     __slots__ = (
         "_changed",
@@ -287,7 +288,7 @@ class RunLog(Protocol):
         """Append events whose seqs continue the log without a gap; the entries written."""
         ...
 
-    def get(self, run_id: str) -> _Run:
+    def get(self, run_id: str) -> RunState:
         """The run's log; `UnknownRun` if there is none."""
         ...
 
@@ -305,7 +306,7 @@ class MemoryRunLog:
     max_events: int = 100_000
     max_bytes: int = 64 * 1024 * 1024
     retention: float = 300.0
-    _runs: dict[str, _Run] = attrs.field(factory=dict)
+    _runs: dict[str, RunState] = attrs.field(factory=dict)
     _next_sweep: float = 0.0
 
     def create(self, run_id: str) -> None:
@@ -313,9 +314,9 @@ class MemoryRunLog:
         self._sweep()
         if run_id in self._runs:
             raise RunExists(f"run {run_id} exists")
-        self._runs[run_id] = _Run(run_id)
+        self._runs[run_id] = RunState(run_id)
 
-    def get(self, run_id: str) -> _Run:
+    def get(self, run_id: str) -> RunState:
         """The run's log."""
         run = self._runs.get(run_id)
         if run is None or self._expired(run, trio.current_time()):
@@ -347,7 +348,7 @@ class MemoryRunLog:
         """The ids of the runs kept now."""
         return list(self._runs)
 
-    def _trim(self, run: _Run) -> None:
+    def _trim(self, run: RunState) -> None:
         over = len(run.entries) - self.max_events
         if over <= 0 and run.nbytes <= self.max_bytes:
             return
@@ -365,7 +366,7 @@ class MemoryRunLog:
         run.base += n
         run.nbytes -= freed
 
-    def _expired(self, run: _Run, now: float) -> bool:
+    def _expired(self, run: RunState, now: float) -> bool:
         return run.done_at is not None and now - run.done_at > self.retention
 
     def _sweep(self) -> None:
@@ -404,7 +405,7 @@ class Subscription:
     """
 
     _hub: _Owner
-    _run: _Run
+    _run: RunState
     cursor: int
     buffer: int
     drop_reason: str | None = None

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from .errors import RilletError
+from ._errors import RilletError
 
 __all__ = [
     "LaneEvent",

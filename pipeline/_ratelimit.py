@@ -29,7 +29,7 @@ class RateLimiter:
 
     _buckets: dict[str, _Bucket] = attrs.field(factory=dict)
 
-    def bucket(self, key: str, requests_per_minute: float) -> _Bucket:
+    def _bucket(self, key: str, requests_per_minute: float) -> _Bucket:
         """The bucket for `key`, created (or re-rated) for this rate. Tokens earned before a
         change of rate are counted at the old rate; the new one applies from now on."""
         rate = requests_per_minute / 60.0
@@ -49,7 +49,7 @@ class RateLimiter:
         is cancelled while waiting, the token goes back."""
         if requests_per_minute <= 0:
             return 0.0
-        bucket = self.bucket(key, requests_per_minute)
+        bucket = self._bucket(key, requests_per_minute)
         now = trio.current_time()
         bucket.refill(now)
         bucket.tokens -= 1.0

@@ -54,10 +54,10 @@ from ._hub import (
     HubError,
     HubUnavailable,
     RunExists,
+    RunState,
     SubscriberDropped,
     Subscription,
     UnknownRun,
-    _Run,
 )
 from ._runevents import RunDone, decode_run_event
 
@@ -153,7 +153,7 @@ def _safe_url(url: str) -> str:
     return f"{scheme}://…@{rest.rpartition('@')[2]}"
 
 
-class _Tail(_Run):
+class _Tail(RunState):
     """One run as this hub follows it: a window of its newest entries, the subscribers here,
     and the task tailing the stream (none for a run read after its `run.done`)."""
 

@@ -18,6 +18,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
+from ._errors import (
+    EmptyResponseError,
+    FallbackFailed,
+    StreamProtocolError,
+    ToolCallArgumentParseError,
+)
 from ._events import (
     TextDelta,
     ThinkingDelta,
@@ -26,12 +32,6 @@ from ._events import (
     UniEvent,
 )
 from ._policy import Outcome
-from .errors import (
-    EmptyResponseError,
-    FallbackFailed,
-    StreamProtocolError,
-    ToolCallArgumentParseError,
-)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence

@@ -32,13 +32,13 @@ import httpx
 import trio
 
 from ._accumulator import Accumulator
+from ._errors import FallbackFailed, NoHistoryError
 from ._events import UniEvent, UniMessage
 from ._handler import AttemptReset, Batch, Handler, Status
 from ._policy import Outcome, Policy
 from ._ratelimit import RateLimiter, shared_limiter
 from ._request import TurnRequest
 from ._runevents import RunEvent, RunEventBuilder
-from .errors import FallbackFailed, NoHistoryError
 from .providers._base import Provider
 
 __all__ = [

@@ -36,10 +36,9 @@ import attrs
 import httpx
 import msgspec
 import trio
-
-from pipeline._hub import Hub, MemoryRunLog
-from pipeline._policy import Policy
-from pipeline._runevents import (
+from rillet._hub import Hub, MemoryRunLog
+from rillet._policy import Policy
+from rillet._runevents import (
     AnswerDelta,
     AnswerDone,
     AttemptResetEvent,
@@ -47,10 +46,10 @@ from pipeline._runevents import (
     RunEvent,
     decode_run_event,
 )
-from pipeline.providers._base import Provider, Secret
-from pipeline.providers.openai_chat import OpenAIChatDialect
-from transports.server import Limits, ServerConfig, serve
-from transports.testing import (
+from rillet.providers._base import Provider, Secret
+from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet.transports.server import Limits, ServerConfig, serve
+from rillet.transports.testing import (
     LoopbackProvider,
     RecordedRequest,
     Reply,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
-from pipeline import (
+from rillet import (
     Accumulator,
     EmbeddingDone,
     EventItem,
@@ -29,7 +29,7 @@ from pipeline import (
     UniMessage,
     UsageMetadata,
 )
-from pipeline._events import delta_event, stop_event
+from rillet._events import delta_event, stop_event
 
 USAGE = UsageMetadata(cached_tokens=1, prompt_tokens=2, thoughts_tokens=3, response_tokens=4)
 

@@ -23,8 +23,7 @@ import attrs
 import msgspec
 import pytest
 import trio
-
-from transports.testing import Reply, openai_text_stream
+from rillet.transports.testing import Reply, openai_text_stream
 
 from .test_server import serving
 

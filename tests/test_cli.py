@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 import trio
-
-from transports.testing import Reply, open_loopback_provider, openai_text_stream, split
+from rillet.transports.testing import Reply, open_loopback_provider, openai_text_stream, split
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -30,7 +29,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 async def _run_cli(args: list[str], url: str, **env: str) -> subprocess.CompletedProcess[bytes]:
-    cmd = [sys.executable, "-m", "pipeline", *args, "--provider", f"{url}/v1", "--model", "m"]
+    cmd = [sys.executable, "-m", "rillet", *args, "--provider", f"{url}/v1", "--model", "m"]
     return await trio.run_process(
         cmd, capture_stdout=True, capture_stderr=True, check=False, env=_env(**env), cwd=ROOT
     )
@@ -92,7 +91,7 @@ async def test_a_provider_error_exits_1_with_one_line() -> None:
 
 
 async def test_missing_key_is_one_line_with_a_hint() -> None:
-    cmd = [sys.executable, "-m", "pipeline", "run", "hi", "--provider", "openai"]
+    cmd = [sys.executable, "-m", "rillet", "run", "hi", "--provider", "openai"]
     done = await trio.run_process(
         cmd, capture_stdout=True, capture_stderr=True, check=False, env=_env(), cwd=ROOT
     )
@@ -103,7 +102,7 @@ async def test_missing_key_is_one_line_with_a_hint() -> None:
 
 @contextmanager
 def _popen(args: list[str], url: str) -> Iterator[subprocess.Popen[bytes]]:
-    cmd = [sys.executable, "-m", "pipeline", *args, "--provider", f"{url}/v1", "--model", "m"]
+    cmd = [sys.executable, "-m", "rillet", *args, "--provider", f"{url}/v1", "--model", "m"]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), cwd=ROOT
     )
@@ -156,7 +155,7 @@ async def test_closed_stdout_exits_141_without_noise() -> None:
 
 @pytest.mark.slow
 async def test_demo_runs_to_completion() -> None:
-    cmd = [sys.executable, "-m", "pipeline", "demo", "--fast"]
+    cmd = [sys.executable, "-m", "rillet", "demo", "--fast"]
     done = await trio.run_process(
         cmd, capture_stdout=True, capture_stderr=True, check=False, env=_env(), cwd=ROOT
     )
@@ -166,3 +165,27 @@ async def test_demo_runs_to_completion() -> None:
     assert "こんにちは" in out
     assert "every token exactly once." in out
     assert b"all turns completed" in done.stderr
+
+
+async def test_version_prints_the_installed_version() -> None:
+    import rillet
+
+    for cmd in (["rillet", "--version"], [sys.executable, "-m", "rillet", "--version"]):
+        if cmd[0] == "rillet":
+            cmd[0] = str(Path(sys.executable).with_name("rillet"))
+        done = await trio.run_process(cmd, capture_stdout=True, check=False, env=_env(), cwd=ROOT)
+        assert done.returncode == 0
+        assert done.stdout.decode().strip() == f"rillet {rillet.__version__}"
+
+
+async def test_replay_reads_every_dialect_name_from_the_one_registry(tmp_path: Path) -> None:
+    from rillet.providers import DIALECT_NAMES
+
+    cmd = [sys.executable, "-m", "rillet", "replay", "x.sse", "--dialect", "nope"]
+    (tmp_path / "x.sse").write_bytes(b"data: [DONE]\n\n")
+    done = await trio.run_process(cmd, capture_stderr=True, check=False, env=_env(), cwd=tmp_path)
+    assert done.returncode != 0
+    message = done.stderr.decode()
+    assert "unknown dialect 'nope'" in message
+    assert "gemini-embeddings" in message
+    assert all(n in message for n in DIALECT_NAMES)

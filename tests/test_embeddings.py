@@ -8,8 +8,7 @@ import struct
 from typing import Any
 
 import pytest
-
-from pipeline import (
+from rillet import (
     EmbeddingDelta,
     EmbeddingDone,
     ImageUrlDone,
@@ -23,9 +22,9 @@ from pipeline import (
     WireDecoder,
     user,
 )
-from pipeline._events import delta_event, stop_event
-from pipeline.providers import Provider, Secret
-from pipeline.providers.embeddings import (
+from rillet._events import delta_event, stop_event
+from rillet.providers import Provider, Secret
+from rillet.providers._embeddings import (
     GeminiEmbeddingsDialect,
     OpenAIEmbeddingsDialect,
     UnsupportedContentError,

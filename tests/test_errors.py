@@ -7,9 +7,7 @@ import json
 from typing import Any
 
 import pytest
-
-from pipeline import errors
-from pipeline.errors import (
+from rillet import (
     AuthenticationError,
     EmptyResponseError,
     FrameEncodingError,
@@ -27,11 +25,11 @@ from pipeline.errors import (
     StreamError,
     StreamProtocolError,
     ToolCallArgumentParseError,
-    preview,
 )
-from pipeline.providers import HttpRequest, Provider, Secret
-from pipeline.providers._base import error_from_body, provider_error
-from pipeline.providers.anthropic import AnthropicDialect
+from rillet import _errors as errors
+from rillet._errors import preview
+from rillet.providers import AnthropicDialect, HttpRequest, Provider, Secret
+from rillet.providers._base import error_from_body, provider_error
 
 KEY = "sk-ant-api03-TOPSECRET-0123456789abcdefWXYZ"
 

@@ -9,8 +9,7 @@ from typing import Any
 
 import msgspec
 import pytest
-
-from pipeline import (
+from rillet import (
     EmbeddingDelta,
     EmbeddingDone,
     ImageUrlDone,
@@ -32,7 +31,7 @@ from pipeline import (
     decode_uni_message,
     encode_json,
 )
-from pipeline._events import delta_event, stop_event
+from rillet._events import delta_event, stop_event
 
 DELTA_EXAMPLE = (
     '{"role": "assistant", "event_type": "delta", "content_items": [{"type": "text.delta", '

@@ -1,83 +1,267 @@
-"""The public surface: every exported name exists, every public class or function a package
-re-exports from its private modules is listed in its `__all__`, and both packages ship typed."""
+"""The public surface, in trio's manner: every public name is reachable from exactly one public
+module, its `__module__` is that module, every `__all__` lists only what exists, no public
+signature names a class that lives only in a private module, the installed package is `rillet`
+alone, and no rendered doc ever shows a key from the environment."""
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import pkgutil
+import pydoc
+import re
+import subprocess
+import sys
 import tomllib
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import attrs
 import pytest
+import rillet
 
 if TYPE_CHECKING:
     from types import ModuleType
 
-PACKAGES = ["pipeline", "pipeline.providers", "transports"]
 ROOT = Path(__file__).resolve().parent.parent
+CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))
+PACKAGES: list[str] = CONFIG["tool"]["setuptools"]["packages"]
 
 
-def _package(name: str) -> ModuleType:
-    return importlib.import_module(name)
+def _is_private(module: str) -> bool:
+    return any(part.startswith("_") and part != "__init__" for part in module.split("."))
 
 
-def _is_private_module_of(module: str, package: str) -> bool:
-    """Whether `module` lives inside `package` behind a leading-underscore name."""
-    if not module.startswith(package + "."):
-        return False
-    return any(part.startswith("_") for part in module[len(package) + 1 :].split("."))
+def _all_modules() -> list[ModuleType]:
+    """Every module the distribution installs (but `__main__`), imported."""
+    names: set[str] = set(PACKAGES)
+    for package in PACKAGES:
+        for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
+            if info.name != "__main__":
+                names.add(f"{package}.{info.name}")
+    return [importlib.import_module(n) for n in sorted(names)]
 
 
-@pytest.mark.parametrize("name", PACKAGES)
-def test_every_name_in_all_exists(name: str) -> None:
-    package = _package(name)
-    exported = package.__all__
+MODULES = _all_modules()
+PUBLIC = [m for m in MODULES if not _is_private(m.__name__)]
+
+
+def _exported(module: ModuleType) -> list[tuple[str, Any]]:
+    return [(n, getattr(module, n)) for n in getattr(module, "__all__", [])]
+
+
+def _defines(obj: object) -> bool:
+    return inspect.isclass(obj) or inspect.isfunction(obj)
+
+
+def test_the_modules_are_found() -> None:
+    names = {m.__name__ for m in PUBLIC}
+    assert {"rillet", "rillet.providers", "rillet.transports", "rillet.redis"} <= names
+    assert "rillet.transports.server" in names
+    assert any(_is_private(m.__name__) for m in MODULES)
+
+
+@pytest.mark.parametrize("module", PUBLIC, ids=lambda m: m.__name__)
+def test_every_public_module_lists_what_exists(module: ModuleType) -> None:
+    exported = getattr(module, "__all__", None)
+    assert exported is not None, f"{module.__name__} has no __all__"
     assert len(exported) == len(set(exported)), "a name is listed twice"
-    missing = [n for n in exported if not hasattr(package, n)]
-    assert missing == []
+    assert [n for n in exported if not hasattr(module, n)] == []
 
 
-@pytest.mark.parametrize("name", PACKAGES)
-def test_every_reexported_public_definition_is_listed(name: str) -> None:
-    package = _package(name)
-    unlisted = []
-    for attr, obj in vars(package).items():
-        if attr.startswith("_") or not (inspect.isclass(obj) or inspect.isfunction(obj)):
-            continue
-        if _is_private_module_of(getattr(obj, "__module__", ""), name) and (
-            attr not in package.__all__
-        ):
-            unlisted.append(attr)
-    assert unlisted == []
+@pytest.mark.parametrize("module", PUBLIC, ids=lambda m: m.__name__)
+def test_module_of_every_public_definition_is_where_it_is_exported(module: ModuleType) -> None:
+    wrong = [
+        f"{name}: {obj.__module__}"
+        for name, obj in _exported(module)
+        if _defines(obj) and obj.__module__ != module.__name__
+    ]
+    assert wrong == []
 
 
-def test_the_private_module_check_sees_what_it_should() -> None:
-    assert _is_private_module_of("pipeline._grammar", "pipeline")
-    assert _is_private_module_of("pipeline.providers._base", "pipeline")
-    assert not _is_private_module_of("pipeline.errors", "pipeline")
-    assert not _is_private_module_of("transports._sse", "pipeline")
+def test_every_public_name_has_exactly_one_public_home() -> None:
+    homes: dict[int, list[str]] = {}
+    for module in PUBLIC:
+        for name, obj in _exported(module):
+            if _defines(obj):
+                homes.setdefault(id(obj), []).append(f"{module.__name__}.{name}")
+    assert [h for h in homes.values() if len(h) > 1] == []
+
+
+def _classes_by_name() -> dict[str, list[type]]:
+    found: dict[str, list[type]] = {}
+    for module in MODULES:
+        for obj in vars(module).values():
+            if (
+                inspect.isclass(obj)
+                and obj.__module__.startswith("rillet")
+                and obj not in found.setdefault(obj.__name__, [])
+            ):
+                found[obj.__name__].append(obj)
+    return found
+
+
+def _annotations(obj: object) -> list[str]:
+    """The annotation texts of a public function or class (its fields, methods, properties)."""
+    texts: list[str] = []
+    # attrs names the parameter of a private field `_x` plainly `x`: still no one's surface
+    hidden: set[str] = set()
+    if inspect.isclass(obj) and attrs.has(obj):
+        hidden = {f.alias for f in attrs.fields(obj) if f.name.startswith("_")}
+
+    def of(function: object, skip: set[str] | None = None) -> None:
+        for key, value in getattr(function, "__annotations__", {}).items():
+            if key.startswith("_") or key in (skip or ()):  # a private field or parameter
+                continue
+            texts.append(value if isinstance(value, str) else repr(value))
+
+    if inspect.isclass(obj):
+        for klass in obj.__mro__:
+            if klass.__module__.startswith("rillet"):
+                of(klass)
+        for attr, value in vars(obj).items():
+            if attr.startswith("_") and attr != "__init__":
+                continue
+            if isinstance(value, property):
+                of(value.fget)
+            elif callable(value) or isinstance(value, (classmethod, staticmethod)):
+                of(getattr(value, "__func__", value), hidden if attr == "__init__" else None)
+    elif callable(obj):
+        of(obj)
+    return texts
+
+
+def _callables() -> list[tuple[str, object]]:
+    out: list[tuple[str, object]] = []
+    for module in PUBLIC:
+        for name, obj in _exported(module):
+            if callable(obj):
+                out.append((f"{module.__name__}.{name}", obj))
+    return out
+
+
+def _leaks(exports: list[tuple[str, object]], classes: dict[str, list[type]]) -> list[str]:
+    found: set[str] = set()
+    for where, obj in exports:
+        for text in _annotations(obj):
+            # a dotted name (`httpx.Request`) is another module's, not one of ours
+            for word in re.findall(r"(?<![\w.])[A-Za-z_]\w*", text):
+                for cls in classes.get(word, []):
+                    if _is_private(cls.__module__):
+                        found.add(f"{where} uses {cls.__module__}.{word}")
+    return sorted(found)
+
+
+def test_no_public_signature_names_a_class_that_only_a_private_module_has() -> None:
+    assert _leaks(_callables(), _classes_by_name()) == []
+
+
+def test_the_check_for_leaks_sees_a_private_class() -> None:
+    class Hidden:
+        pass
+
+    Hidden.__module__ = "rillet._hidden"
+
+    def shown(x: Hidden) -> None:
+        """Takes a class no public module exports."""
+
+    shown.__annotations__ = {"x": "Hidden | None", "return": "None"}
+    assert _leaks([("rillet.shown", shown)], {"Hidden": [Hidden]}) == [
+        "rillet.shown uses rillet._hidden.Hidden"
+    ]
+    Hidden.__module__ = "rillet"
+    assert _leaks([("rillet.shown", shown)], {"Hidden": [Hidden]}) == []
 
 
 def test_the_core_is_exported() -> None:
-    import pipeline
-    import transports
-
     for name in ("Grammar", "Accumulator", "UniEvent", "UniMessage", "WireDecoder", "RilletError"):
-        assert name in pipeline.__all__
-    for name in ("SSEDecoder", "NDJSONDecoder", "encode_sse", "SSEEvent", "DEFAULT_MAX_FRAME"):
-        assert name in transports.__all__
+        assert name in rillet.__all__
+    for name in ("Hub", "RunHub", "Subscription", "AnswerDelta", "RunDone", "UniItem"):
+        assert name in rillet.__all__
+    assert rillet.Turn.__module__ == "rillet"
+    assert rillet.TurnResult.__module__ == "rillet"
 
 
-@pytest.mark.parametrize("name", ["pipeline", "transports"])
+def test_structs_decode_after_their_module_was_renamed() -> None:
+    event = rillet.decode_uni_event(
+        b'{"role":"assistant","event_type":"stop","content_items":[],'
+        b'"usage_metadata":{"prompt_tokens":1},"finish_reason":"stop","created_at":1}'
+    )
+    assert event.finish_reason == "stop"
+    assert repr(event).startswith("UniEvent(")
+
+
+def test_version_comes_from_the_metadata() -> None:
+    from importlib.metadata import version
+
+    assert rillet.__version__ == version("rillet")
+    assert re.fullmatch(r"\d+\.\d+\.\d+.*", rillet.__version__)
+
+
+@pytest.mark.parametrize("name", ["rillet", "rillet.transports"])
 def test_py_typed_ships_in_the_package(name: str) -> None:
-    marker = resources.files(name).joinpath("py.typed")
-    assert marker.is_file()
-    assert (ROOT / name / "py.typed").is_file()
+    assert resources.files(name).joinpath("py.typed").is_file()
 
 
-def test_the_wheel_holds_both_packages() -> None:
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))
-    packages = config["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
-    assert {"pipeline", "transports"} <= set(packages)
+@pytest.mark.parametrize("name", ["pipeline", "transports", "tests", "bench"])
+def test_only_rillet_is_importable_from_the_install(name: str, tmp_path: Path) -> None:
+    # from a folder that is not the repository, as any program using the install would
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {name}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "ModuleNotFoundError" in done.stderr
+
+
+def test_rillet_and_its_transports_import_from_the_install(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", "import rillet, rillet.transports; print(rillet.__version__)"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.strip() == rillet.__version__
+
+
+def _doc(obj: object) -> str:
+    return pydoc.plain(pydoc.render_doc(obj))
+
+
+DUMMY_KEY = "sk-dummy-key-4f8e2b7c9d1a3e5f"
+
+
+def test_no_rendered_doc_shows_a_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "MMSP_API_KEY"):
+        monkeypatch.setenv(var, DUMMY_KEY)
+    rendered = 0
+    for name, obj in _callables():
+        text = _doc(obj)
+        assert DUMMY_KEY not in text, name
+        assert DUMMY_KEY[-8:] not in text, name
+        try:
+            signature = str(inspect.signature(obj))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            signature = ""
+        assert "environ" not in signature, name
+        rendered += 1
+    for module in PUBLIC:
+        assert DUMMY_KEY not in _doc(module)
+    assert rendered > 100
+
+
+def test_a_configured_provider_never_shows_its_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rillet.providers import describe_providers, provider_from_env
+
+    monkeypatch.setenv("OPENAI_API_KEY", DUMMY_KEY)
+    provider = provider_from_env("openai")
+    assert DUMMY_KEY not in repr(provider)
+    assert DUMMY_KEY not in str(describe_providers())
+    assert DUMMY_KEY not in _doc(provider_from_env)

@@ -11,16 +11,16 @@ import pytest
 from .wire_cases import FIXTURES, cases, chunkings, error_entry, expected, run, wire_path
 
 if TYPE_CHECKING:
-    from pipeline.providers import Dialect
+    from rillet.providers import Dialect
 
 # fixture folder -> (module, dialect class)
 DIALECTS = {
-    "anthropic-messages": ("pipeline.providers.anthropic", "AnthropicDialect"),
-    "openai-chat": ("pipeline.providers.openai_chat", "OpenAIChatDialect"),
-    "openai-responses": ("pipeline.providers.openai_responses", "OpenAIResponsesDialect"),
-    "gemini": ("pipeline.providers.gemini", "GeminiDialect"),
-    "ollama-chat": ("pipeline.providers.ollama", "OllamaDialect"),
-    "openai-embeddings": ("pipeline.providers.embeddings", "OpenAIEmbeddingsDialect"),
+    "anthropic-messages": ("rillet.providers._anthropic", "AnthropicDialect"),
+    "openai-chat": ("rillet.providers._openai_chat", "OpenAIChatDialect"),
+    "openai-responses": ("rillet.providers._openai_responses", "OpenAIResponsesDialect"),
+    "gemini": ("rillet.providers._gemini", "GeminiDialect"),
+    "ollama-chat": ("rillet.providers._ollama", "OllamaDialect"),
+    "openai-embeddings": ("rillet.providers._embeddings", "OpenAIEmbeddingsDialect"),
 }
 
 # HTTP error bodies among the fixtures, with the status they were served with

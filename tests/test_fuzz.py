@@ -26,11 +26,20 @@ import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from pipeline import WireDecoder
-from pipeline._events import TextDone, ToolCallDone, UniEvent
-from pipeline._grammar import Grammar
-from pipeline._lanes import (
+from rillet import (
+    EmptyResponseError,
+    FrameError,
+    IncompleteStreamError,
+    ProviderError,
+    RilletError,
+    ServerError,
+    StreamProtocolError,
+    ToolCallArgumentParseError,
+    WireDecoder,
+)
+from rillet._events import TextDone, ToolCallDone, UniEvent
+from rillet._grammar import Grammar
+from rillet._lanes import (
     LaneEvent,
     MessageDelta,
     MessageStart,
@@ -42,21 +51,11 @@ from pipeline._lanes import (
     ProviderErrorEvent,
     RawUsage,
 )
-from pipeline.errors import (
-    EmptyResponseError,
-    FrameError,
-    IncompleteStreamError,
-    ProviderError,
-    RilletError,
-    ServerError,
-    StreamProtocolError,
-    ToolCallArgumentParseError,
-)
-from pipeline.providers._base import Provider, Secret
-from pipeline.providers.openai_chat import OpenAIChatDialect
-from transports import NDJSONDecoder, SSEDecoder
-from transports.server import Limits, ServerConfig, serve
-from transports.testing import open_loopback_provider
+from rillet.providers._base import Provider, Secret
+from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet.transports import NDJSONDecoder, SSEDecoder
+from rillet.transports.server import Limits, ServerConfig, serve
+from rillet.transports.testing import open_loopback_provider
 
 from .test_fixtures import DIALECTS, dialect_for
 from .test_reliability_faults import text_reply

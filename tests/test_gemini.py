@@ -7,8 +7,7 @@ import json
 from typing import Any
 
 import pytest
-
-from pipeline import (
+from rillet import (
     Accumulator,
     AuthenticationError,
     FrameEncodingError,
@@ -31,9 +30,9 @@ from pipeline import (
     WireDecoder,
     user,
 )
-from pipeline.providers import Provider, Secret
-from pipeline.providers.gemini import GeminiDialect
-from transports import SSEEvent
+from rillet.providers import Provider, Secret
+from rillet.providers._gemini import GeminiDialect
+from rillet.transports import SSEEvent
 
 from .wire_cases import FIXTURES, run
 

@@ -9,11 +9,10 @@ import json
 from typing import Any
 
 import pytest
+import rillet._grammar as grammar_module
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import pipeline._grammar as grammar_module
-from pipeline import (
+from rillet import (
     EmptyResponseError,
     Grammar,
     IncompleteStreamError,
@@ -35,7 +34,7 @@ from pipeline import (
     encode_json,
     map_finish_reason,
 )
-from pipeline._events import TextDelta, TextDone, ThinkingDone, ToolCallDone
+from rillet._events import TextDelta, TextDone, ThinkingDone, ToolCallDone
 
 USAGE = RawUsage(cached_tokens=0, prompt_tokens=10, thoughts_tokens=None, response_tokens=5)
 USAGE_JSON = {

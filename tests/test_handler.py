@@ -30,23 +30,7 @@ import msgspec
 import pytest
 import trio
 import trio.testing
-
-from pipeline._events import TextDelta, TextDone, UniEvent
-from pipeline._handler import AttemptReset
-from pipeline._lanes import LaneEvent, MessageStart, PartDelta
-from pipeline._policy import Outcome, Policy
-from pipeline._ratelimit import RateLimiter
-from pipeline._request import TurnRequest, user
-from pipeline._runevents import (
-    AnswerDelta,
-    AnswerDone,
-    AttemptResetEvent,
-    RunDone,
-    RunEvent,
-    StatusEvent,
-)
-from pipeline._turn import Sink, SinkBatch, Turn, TurnResult, run_turn
-from pipeline.errors import (
+from rillet import (
     EmptyResponseError,
     FallbackFailed,
     FrameError,
@@ -59,15 +43,30 @@ from pipeline.errors import (
     TransportError,
     TurnTimeout,
 )
-from pipeline.providers._base import Dialect, HttpRequest, Provider, Secret, StreamDecoder
-from pipeline.providers.anthropic import AnthropicDialect
-from pipeline.providers.gemini import GeminiDialect
-from pipeline.providers.ollama import OllamaDialect
-from pipeline.providers.openai_chat import OpenAIChatDialect
-from transports.testing import openai_text_body, openai_text_stream, sse
+from rillet._events import TextDelta, TextDone, UniEvent
+from rillet._handler import AttemptReset
+from rillet._lanes import LaneEvent, MessageStart, PartDelta
+from rillet._policy import Outcome, Policy
+from rillet._ratelimit import RateLimiter
+from rillet._request import TurnRequest, user
+from rillet._runevents import (
+    AnswerDelta,
+    AnswerDone,
+    AttemptResetEvent,
+    RunDone,
+    RunEvent,
+    StatusEvent,
+)
+from rillet._turn import Sink, SinkBatch, Turn, TurnResult, run_turn
+from rillet.providers._anthropic import AnthropicDialect
+from rillet.providers._base import Dialect, HttpRequest, Provider, Secret, StreamDecoder
+from rillet.providers._gemini import GeminiDialect
+from rillet.providers._ollama import OllamaDialect
+from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet.transports.testing import openai_text_body, openai_text_stream, sse
 
 if TYPE_CHECKING:
-    from transports import SSEEvent
+    from rillet.transports import SSEEvent
 
 # --- the scripted provider --------------------------------------------------------------------
 

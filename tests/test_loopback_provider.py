@@ -14,9 +14,8 @@ import httpx
 import pytest
 import trio
 import trio.testing
-
-from transports import SSEDecoder
-from transports.testing import (
+from rillet.transports import SSEDecoder
+from rillet.transports.testing import (
     PING,
     LoopbackProvider,
     RecordedRequest,

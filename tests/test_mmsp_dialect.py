@@ -8,8 +8,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import pytest
-
-from pipeline import (
+from rillet import (
     AuthenticationError,
     EmptyResponseError,
     ImageUrlDone,
@@ -41,21 +40,21 @@ from pipeline import (
     encode_json,
     user,
 )
-from pipeline._events import EmbeddingDelta, EmbeddingDone, delta_event, stop_event
-from pipeline.providers import Provider, Secret
-from pipeline.providers.mmsp import (
+from rillet._events import EmbeddingDelta, EmbeddingDone, delta_event, stop_event
+from rillet.providers import Provider, Secret
+from rillet.providers._mmsp import (
     MMSPDialect,
     UnsupportedOperationError,
     error_from_wire,
     list_models_request,
     parse_model_list,
 )
-from transports import SSEEvent
+from rillet.transports import SSEEvent
 
 from .wire_cases import chunkings, entry_of, error_entry, run
 
 if TYPE_CHECKING:
-    from pipeline import EventItem
+    from rillet import EventItem
 
 KEY = "mmsp-secret-key-0123456789"
 BASE = "http://127.0.0.1:25752/v1"

@@ -29,15 +29,14 @@ import httpx
 import msgspec
 import pytest
 import trio
-
-from pipeline._events import UniEvent, UniMessage
-from pipeline._policy import Policy
-from pipeline._request import ToolSpec, TurnRequest
-from pipeline._turn import open_turn
-from pipeline.errors import FallbackFailed
-from pipeline.providers._base import Provider, Secret
-from transports.server import Limits, ServerConfig, serve
-from transports.testing import (
+from rillet import FallbackFailed
+from rillet._events import UniEvent, UniMessage
+from rillet._policy import Policy
+from rillet._request import ToolSpec, TurnRequest
+from rillet._turn import open_turn
+from rillet.providers._base import Provider, Secret
+from rillet.transports.server import Limits, ServerConfig, serve
+from rillet.transports.testing import (
     RecordedRequest,
     Reply,
     fixture_reply,
@@ -51,7 +50,7 @@ from .test_fixtures import dialect_for
 from .wire_cases import cases, wire_path
 
 if TYPE_CHECKING:
-    from transports.testing import LoopbackProvider
+    from rillet.transports.testing import LoopbackProvider
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,7 @@ import json
 from typing import Any
 
 import pytest
-
-from pipeline import (
+from rillet import (
     FrameEncodingError,
     ImageUrlDone,
     InvalidRequestError,
@@ -24,12 +23,12 @@ from pipeline import (
     ToolSpec,
     TurnRequest,
     UniMessage,
+    UnsupportedContentError,
     WireDecoder,
     user,
 )
-from pipeline.errors import UnsupportedContentError
-from pipeline.providers import Provider, Secret
-from pipeline.providers.ollama import OllamaDialect
+from rillet.providers import Provider, Secret
+from rillet.providers._ollama import OllamaDialect
 
 from .wire_cases import run
 

@@ -7,8 +7,7 @@ import json
 from typing import Any
 
 import pytest
-
-from pipeline import (
+from rillet import (
     AuthenticationError,
     ImageUrlDone,
     InlineDataDone,
@@ -28,8 +27,8 @@ from pipeline import (
     WireDecoder,
     user,
 )
-from pipeline.providers import Provider, Secret
-from pipeline.providers.openai_chat import OpenAIChatDialect, sniff_audio
+from rillet.providers import Provider, Secret
+from rillet.providers._openai_chat import OpenAIChatDialect, sniff_audio
 
 from .wire_cases import run
 

@@ -6,8 +6,7 @@ import json
 from typing import Any
 
 import pytest
-
-from pipeline import (
+from rillet import (
     AuthenticationError,
     ImageUrlDone,
     InlineDataDone,
@@ -27,8 +26,8 @@ from pipeline import (
     WireDecoder,
     user,
 )
-from pipeline.providers import Provider, Secret
-from pipeline.providers.openai_responses import OpenAIResponsesDialect
+from rillet.providers import Provider, Secret
+from rillet.providers._openai_responses import OpenAIResponsesDialect
 
 from .wire_cases import run
 

@@ -26,9 +26,8 @@ import coredis
 import httpx
 import pytest
 import trio
-
-from pipeline._events import encode_json
-from pipeline._hub import (
+from rillet._events import encode_json
+from rillet._hub import (
     AppendConflict,
     CursorExpired,
     CursorInvalid,
@@ -40,12 +39,12 @@ from pipeline._hub import (
     Subscription,
     UnknownRun,
 )
-from pipeline._redis_hub import RedisHub, RedisHubSink, open_redis_hub
-from pipeline._request import TurnRequest, user
-from pipeline._runevents import AnswerDelta, RunDone, RunEvent
-from pipeline._turn import SinkBatch, TurnResult, run_turn
-from transports.server import ServerConfig, serve
-from transports.testing import open_loopback_provider
+from rillet._redis_hub import RedisHub, RedisHubSink, open_redis_hub
+from rillet._request import TurnRequest, user
+from rillet._runevents import AnswerDelta, RunDone, RunEvent
+from rillet._turn import SinkBatch, TurnResult, run_turn
+from rillet.transports.server import ServerConfig, serve
+from rillet.transports.testing import open_loopback_provider
 
 from .test_server import POLICY, chat_provider, read_sse, text_reply, texts
 from .test_server_ws import connect, receive_all
@@ -268,7 +267,7 @@ async def test_a_second_producer_for_a_run_is_refused_and_the_log_keeps_the_firs
             with pytest.raises(HubError, match="expected seq 4, got 6") as gap:
                 await b.append(run_id, deltas(run_id, 6, 6))
             sink = RedisHubSink(b, run_id)
-            with caplog.at_level(logging.ERROR, logger="pipeline._redis_hub"):
+            with caplog.at_level(logging.ERROR, logger="rillet._redis_hub"):
                 await sink.deliver(SinkBatch(deltas(run_id, 3, 3), ()))  # logged, not raised
             reader = await b.follow(run_id)
             kept = await take(reader, 3)
@@ -411,7 +410,7 @@ async def test_redis_stopped_mid_turn_fails_delivery_loudly_yet_the_turn_returns
                 )
                 results.append(result)
 
-            with caplog.at_level(logging.ERROR, logger="pipeline._redis_hub"):
+            with caplog.at_level(logging.ERROR, logger="rillet._redis_hub"):
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(turn)
                     await take(remote, 5)
@@ -524,7 +523,7 @@ async def test_a_redis_outage_closes_subscribers_with_a_reason_and_refuses_new_r
                 return metrics["runs_active"] == 0
 
             await eventually(turn_over)
-    server_log = [r.getMessage() for r in caplog.records if r.name == "transports.server"]
+    server_log = [r.getMessage() for r in caplog.records if r.name == "rillet.transports.server"]
     caplog.clear()  # its records hold tracebacks of the failed connections: let them go now
     assert first
     assert (received.code, received.reason) == (1013, "log_unavailable")

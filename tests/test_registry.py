@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 from typing import TYPE_CHECKING
 
 import pytest
-
-from pipeline import TurnRequest, user
-from pipeline.providers._registry import (
+from rillet import TurnRequest, user
+from rillet.providers._registry import (
     PROVIDER_KINDS,
     ConfigurationError,
     describe_providers,
@@ -17,7 +17,7 @@ from pipeline.providers._registry import (
 )
 
 if TYPE_CHECKING:
-    from pipeline.providers import Provider
+    from rillet.providers import Provider
 
 OPENAI_KEY = "sk-openai-secret-0000000000001111"
 ANTHROPIC_KEY = "sk-ant-secret-0000000000002222"
@@ -82,7 +82,7 @@ KINDS = {
 
 def needs(module: str) -> None:
     """Skip while a dialect module does not exist yet."""
-    pytest.importorskip(f"pipeline.providers.{module}")
+    pytest.importorskip(f"rillet.providers._{module}")
 
 
 def key_of(provider: Provider) -> str | None:
@@ -95,7 +95,9 @@ def test_each_kind_has_its_dialect_endpoint_model_and_key(kind: str) -> None:
     needs(module)
     provider = provider_from_env(kind, env=ENV)
     assert type(provider.dialect).__name__ == cls
-    assert type(provider.dialect).__module__ == f"pipeline.providers.{module}"
+    defined = importlib.import_module(f"rillet.providers._{module}")
+    assert type(provider.dialect) is getattr(defined, cls)
+    assert type(provider.dialect).__module__ == "rillet.providers"  # its one public home
     assert (provider.base_url, provider.model, key_of(provider)) == (base_url, model, key)
 
 
@@ -305,7 +307,7 @@ def test_keys_never_appear_in_configuration_errors() -> None:
 
 
 def test_keys_never_appear_in_logs(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.DEBUG, logger="pipeline.providers._registry"):
+    with caplog.at_level(logging.DEBUG, logger="rillet.providers._registry"):
         provider_from_env("anthropic", env=ENV)
         provider_from_env("mmsp", model="m", env=ENV)
     assert caplog.records, "building a provider logs what it chose"
@@ -342,3 +344,21 @@ def test_describe_providers_masks_keys_and_says_what_is_missing() -> None:
     assert described["ollama"]["base_url_from"] == "OLLAMA_HOST"
     assert described["mmsp"]["missing"] == "--model"
     assert ANTHROPIC_KEY not in repr(described)
+
+
+@pytest.mark.parametrize(
+    "name", ["openai-chat", "anthropic-messages", "ollama-chat", *sorted(KINDS)]
+)
+def test_a_dialect_comes_by_kind_or_wire_name(name: str) -> None:
+    from rillet.providers import DIALECT_NAMES, dialect_from_name
+
+    assert name in DIALECT_NAMES
+    dialect = dialect_from_name(name)
+    assert dialect is not dialect_from_name(name)  # a fresh one each time
+
+
+def test_an_unknown_dialect_name_is_a_configuration_error() -> None:
+    from rillet.providers import dialect_from_name
+
+    with pytest.raises(ConfigurationError, match="unknown dialect 'nope'"):
+        dialect_from_name("nope")

@@ -2,17 +2,17 @@
 over real sockets (the loopback tier), and the fan-out scenarios F32-F38, F47-F49 through the
 real server.
 
-Loopback tier: the fault-injecting provider (`transports.testing`) on 127.0.0.1, httpx's own
+Loopback tier: the fault-injecting provider (`rillet.transports.testing`) on 127.0.0.1, httpx's own
 transport, the same scripts as the virtual-time tests. The clock is a `MockClock` that jumps only
 after 20 ms of real idleness, so bytes in flight on loopback are not mistaken for silence; the
 scripted delays stay off the client's deadlines, and each test runs under `trio.fail_after`.
 
-Fan-out: `transports.server.serve` on 127.0.0.1 port 0 in front of the loopback provider, with
-real clients (httpx for SSE, trio-websocket for WebSocket). Each scenario checks the provider's
-request times, how the run ended (`run.done` status, code, attempts), the exact events of the run
-in the catalogue's notation, that every reader got each event exactly once and in order (seq
-1..n, one `run.done`, last), and that the text rebuilt honouring `attempt.reset` is the
-provider's, exactly once. F32 and F33 also run on the hub alone, in exact virtual time.
+Fan-out: `rillet.transports.server.serve` on 127.0.0.1 port 0 in front of the loopback provider,
+with real clients (httpx for SSE, trio-websocket for WebSocket). Each scenario checks the provider's
+request times, how the run ended (`run.done` status, code, attempts), the exact events of the run in
+the catalogue's notation, that every reader got each event exactly once and in order (seq 1..n, one
+`run.done`, last), and that the text rebuilt honouring `attempt.reset` is the provider's, exactly
+once. F32 and F33 also run on the hub alone, in exact virtual time.
 
 The harness here (`site`, `read_sse`, `read_ws`, `check_site`) is shared with the security
 tests, the load tier and the soak.
@@ -42,20 +42,19 @@ import pytest
 import trio
 import trio.testing
 import trio_websocket
-
-from pipeline._handler import AttemptReset
-from pipeline._hub import Hub, MemoryRunLog, SubscriberDropped
-from pipeline._policy import Outcome, Policy
-from pipeline._ratelimit import RateLimiter
-from pipeline._runevents import AnswerDone, RunDone, RunEvent, StatusEvent, decode_run_event
-from pipeline._turn import Sink, Turn, TurnResult, run_turn
-from pipeline.providers._base import Dialect, Provider, Secret
-from pipeline.providers.ollama import OllamaDialect
-from pipeline.providers.openai_chat import OpenAIChatDialect
-from transports import SSEDecoder
-from transports.server import Limits, ServerConfig, serve
-from transports.sinks import JSONLSink
-from transports.testing import (
+from rillet._handler import AttemptReset
+from rillet._hub import Hub, MemoryRunLog, SubscriberDropped
+from rillet._policy import Outcome, Policy
+from rillet._ratelimit import RateLimiter
+from rillet._runevents import AnswerDone, RunDone, RunEvent, StatusEvent, decode_run_event
+from rillet._turn import Sink, Turn, TurnResult, run_turn
+from rillet.providers._base import Dialect, Provider, Secret
+from rillet.providers._ollama import OllamaDialect
+from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet.transports import SSEDecoder
+from rillet.transports.server import Limits, ServerConfig, serve
+from rillet.transports.sinks import JSONLSink
+from rillet.transports.testing import (
     LoopbackProvider,
     RecordedRequest,
     Reply,

@@ -34,21 +34,7 @@ import pytest
 import trio
 import trio.testing
 import trio_websocket
-
-from pipeline import WireDecoder, encode_json
-from pipeline._events import (
-    EmbeddingDone,
-    TextDelta,
-    ThinkingDelta,
-    ToolCallDone,
-    UniEvent,
-    delta_event,
-)
-from pipeline._grammar import MAX_ARGUMENT_DEPTH
-from pipeline._policy import Outcome
-from pipeline._request import TurnRequest, user
-from pipeline._runevents import AnswerDelta, RunDone
-from pipeline.errors import (
+from rillet import (
     FrameError,
     FrameTooLarge,
     InvalidRequestError,
@@ -57,18 +43,32 @@ from pipeline.errors import (
     RilletError,
     SSEEncodeError,
     ToolCallArgumentParseError,
+    WireDecoder,
+    encode_json,
 )
-from pipeline.providers._base import Dialect, Provider, Secret
-from pipeline.providers.anthropic import AnthropicDialect
-from pipeline.providers.embeddings import OpenAIEmbeddingsDialect
-from pipeline.providers.gemini import GeminiDialect
-from pipeline.providers.mmsp import MMSPDialect
-from pipeline.providers.ollama import OllamaDialect
-from pipeline.providers.openai_chat import OpenAIChatDialect
-from pipeline.providers.openai_responses import OpenAIResponsesDialect
-from transports import SSEDecoder, encode_sse
-from transports.server import Limits, ServerConfig, ServerConfigError, serve
-from transports.testing import Reply, openai_text_stream, status_reply
+from rillet._events import (
+    EmbeddingDone,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallDone,
+    UniEvent,
+    delta_event,
+)
+from rillet._grammar import MAX_ARGUMENT_DEPTH
+from rillet._policy import Outcome
+from rillet._request import TurnRequest, user
+from rillet._runevents import AnswerDelta, RunDone
+from rillet.providers._anthropic import AnthropicDialect
+from rillet.providers._base import Dialect, Provider, Secret
+from rillet.providers._embeddings import OpenAIEmbeddingsDialect
+from rillet.providers._gemini import GeminiDialect
+from rillet.providers._mmsp import MMSPDialect
+from rillet.providers._ollama import OllamaDialect
+from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet.providers._openai_responses import OpenAIResponsesDialect
+from rillet.transports import SSEDecoder, encode_sse
+from rillet.transports.server import Limits, ServerConfig, ServerConfigError, serve
+from rillet.transports.testing import Reply, openai_text_stream, status_reply
 
 from .test_handler import (
     END_OK,

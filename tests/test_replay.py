@@ -8,10 +8,9 @@ from pathlib import Path
 
 import httpx
 import trio
-
-from pipeline import Outcome, Policy, TurnRequest, encode_json, run_turn, user
-from pipeline.providers import AnthropicDialect, OllamaDialect, Provider
-from transports.replay import ReplayTransport, content_type_for
+from rillet import Outcome, Policy, TurnRequest, encode_json, run_turn, user
+from rillet.providers import AnthropicDialect, OllamaDialect, Provider
+from rillet.transports.replay import ReplayTransport, content_type_for
 
 from .wire_cases import FIXTURES, expected
 

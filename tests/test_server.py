@@ -21,10 +21,9 @@ import msgspec
 import pytest
 import trio
 import trio.testing
-
-from pipeline._hub import Hub, HubSink, MemoryRunLog
-from pipeline._policy import Policy
-from pipeline._runevents import (
+from rillet._hub import Hub, HubSink, MemoryRunLog
+from rillet._policy import Policy
+from rillet._runevents import (
     AnswerDelta,
     AnswerDone,
     AttemptResetEvent,
@@ -32,11 +31,11 @@ from pipeline._runevents import (
     RunEvent,
     decode_run_event,
 )
-from pipeline.providers._base import Provider, Secret
-from pipeline.providers.openai_chat import OpenAIChatDialect
-from transports import SSEDecoder, SSEEvent
-from transports.server import Limits, ServerConfig, ServerConfigError, serve
-from transports.testing import (
+from rillet.providers._base import Provider, Secret
+from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet.transports import SSEDecoder, SSEEvent
+from rillet.transports.server import Limits, ServerConfig, ServerConfigError, serve
+from rillet.transports.testing import (
     LoopbackProvider,
     Reply,
     Script,
@@ -49,7 +48,7 @@ from transports.testing import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
-    from pipeline._turn import SinkBatch
+    from rillet._turn import SinkBatch
 
 POLICY = Policy(backoff_base=0.01, random=lambda: 0.0)
 WORDS = ["Hello", ", ", "world", "!"]

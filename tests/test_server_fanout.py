@@ -12,13 +12,12 @@ from typing import TYPE_CHECKING
 import pytest
 import trio
 import trio.testing
+from rillet._runevents import AnswerDelta, decode_run_event
+from rillet.transports import SSEDecoder
+from rillet.transports._http11 import ConnectionStream
+from rillet.transports._ws import text_frame
+from rillet.transports.server import Limits
 from wsproto.frame_protocol import FrameProtocol
-
-from pipeline._runevents import AnswerDelta, decode_run_event
-from transports import SSEDecoder
-from transports._http11 import ConnectionStream
-from transports._ws import text_frame
-from transports.server import Limits
 
 from .test_server import Served, serving, text_reply
 from .test_server_ws import connect, ws_url

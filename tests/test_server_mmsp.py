@@ -13,15 +13,20 @@ import msgspec
 import pytest
 import trio
 import trio.testing
-
-from pipeline._events import UniEvent, decode_uni_event
-from pipeline._request import TurnRequest, user
-from pipeline._turn import open_turn, run_turn
-from pipeline.errors import IncompleteStreamError
-from pipeline.providers._base import Provider, Secret
-from pipeline.providers.mmsp import MMSPDialect, error_from_wire, parse_model_list
-from transports import SSEDecoder, SSEEvent
-from transports.testing import Reply, open_loopback_provider, openai_text_stream, sse, status_reply
+from rillet import IncompleteStreamError
+from rillet._events import UniEvent, decode_uni_event
+from rillet._request import TurnRequest, user
+from rillet._turn import open_turn, run_turn
+from rillet.providers._base import Provider, Secret
+from rillet.providers._mmsp import MMSPDialect, error_from_wire, parse_model_list
+from rillet.transports import SSEDecoder, SSEEvent
+from rillet.transports.testing import (
+    Reply,
+    open_loopback_provider,
+    openai_text_stream,
+    sse,
+    status_reply,
+)
 
 from .test_server import (
     POLICY,
@@ -35,8 +40,7 @@ from .test_server import (
 
 if TYPE_CHECKING:
     import httpx
-
-    from transports.testing import Script
+    from rillet.transports.testing import Script
 
 HI = {"role": "user", "content_items": [{"type": "text.done", "text": "Hi"}]}
 WORDS = ["Bonjour", ", ", "le monde", " ✓"]

@@ -23,17 +23,16 @@ import httpx
 import pytest
 import trio
 import trio_websocket
-
-from pipeline._hub import Hub, MemoryRunLog
-from pipeline._runevents import AnswerDelta, AttemptResetEvent, RunDone, decode_run_event
-from transports.server import Limits
+from rillet._hub import Hub, MemoryRunLog
+from rillet._runevents import AnswerDelta, AttemptResetEvent, RunDone, decode_run_event
+from rillet.transports.server import Limits
 
 from .test_server import Served, dropped_then_ok, read_sse, serving, text_reply, texts
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from pipeline._runevents import RunEvent
+    from rillet._runevents import RunEvent
 
 STALLED = [text_reply(["Hel", "lo"], stall_after=3)]  # a run that goes silent, never ends
 

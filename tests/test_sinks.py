@@ -16,9 +16,8 @@ import msgspec
 import pytest
 import trio
 import trio.testing
-
-from pipeline import CallbackSink, Policy, Sink, SinkBatch, TurnRequest, run_turn, user
-from pipeline._events import (
+from rillet import CallbackSink, Policy, Sink, SinkBatch, TurnRequest, run_turn, user
+from rillet._events import (
     TextDelta,
     ThinkingDelta,
     ToolCallDelta,
@@ -30,18 +29,18 @@ from pipeline._events import (
     encode_json,
     stop_event,
 )
-from pipeline._handler import AttemptReset
-from pipeline._policy import Outcome
-from pipeline._runevents import RunDone, RunEvent, RunEventBuilder, RunStarted, decode_run_event
-from pipeline.providers._base import Provider
-from pipeline.providers.openai_chat import OpenAIChatDialect
-from transports.sinks import JSONLSink, TerminalSink
-from transports.testing import Reply, open_loopback_provider, openai_text_stream, split
+from rillet._handler import AttemptReset
+from rillet._policy import Outcome
+from rillet._runevents import RunDone, RunEvent, RunEventBuilder, RunStarted, decode_run_event
+from rillet.providers._base import Provider
+from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet.transports.sinks import JSONLSink, TerminalSink
+from rillet.transports.testing import Reply, open_loopback_provider, openai_text_stream, split
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from pipeline._turn import UniItem
+    from rillet._turn import UniItem
 
 CLEAR_LINE = "\r\x1b[K"
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from pipeline.errors import FrameTooLarge, RilletError, SSEEncodeError
-from transports import DEFAULT_MAX_FRAME, SSEDecoder, SSEEvent, encode_sse
+from rillet import FrameTooLarge, RilletError, SSEEncodeError
+from rillet.transports import DEFAULT_MAX_FRAME, SSEDecoder, SSEEvent, encode_sse
 
 BOM = b"\xef\xbb\xbf"
 EMOJI = "😀".encode()  # four bytes

@@ -16,12 +16,12 @@ import httpx
 import pytest
 import trio
 import trio.testing
-
-from pipeline._events import TextDone, ToolCallDone, UniEvent
-from pipeline._handler import AttemptReset
-from pipeline._policy import Outcome
-from pipeline._ratelimit import RateLimiter
-from pipeline._runevents import (
+from rillet import NoHistoryError
+from rillet._events import TextDone, ToolCallDone, UniEvent
+from rillet._handler import AttemptReset
+from rillet._policy import Outcome
+from rillet._ratelimit import RateLimiter
+from rillet._runevents import (
     AnswerDelta,
     AnswerDone,
     ReasoningDelta,
@@ -30,8 +30,7 @@ from pipeline._runevents import (
     RunStarted,
     ToolCompleted,
 )
-from pipeline._turn import CallbackSink, SinkBatch, Turn, TurnResult, UniItem, open_turn, run_turn
-from pipeline.errors import NoHistoryError
+from rillet._turn import CallbackSink, SinkBatch, Turn, TurnResult, UniItem, open_turn, run_turn
 
 from .test_handler import (
     END_CANCELLED,

@@ -1,6 +1,6 @@
-"""Whole turns over real sockets: the fault-injecting loopback provider (`transports.testing`)
-on 127.0.0.1, httpx's own transport, the catalogue's scenarios F01, F04, F07, F09, F12, F13,
-F21, F26, F28 and F29.
+"""Whole turns over real sockets: the fault-injecting loopback provider
+(`rillet.transports.testing`) on 127.0.0.1, httpx's own transport, the catalogue's scenarios
+F01, F04, F07, F09, F12, F13, F21, F26, F28 and F29.
 
 The clock is a `MockClock` that jumps only after 20 ms of real time with every task blocked, so
 bytes in flight on loopback are not mistaken for idleness, and the scripted waits (180 s stalls)
@@ -21,15 +21,14 @@ import httpx
 import pytest
 import trio
 import trio.testing
-
-from pipeline._handler import AttemptReset
-from pipeline._policy import Outcome, Policy
-from pipeline._ratelimit import RateLimiter
-from pipeline._runevents import AnswerDelta, RunEvent
-from pipeline._turn import Turn, TurnResult, run_turn
-from pipeline.providers._base import Provider, Secret
-from pipeline.providers.openai_chat import OpenAIChatDialect
-from transports.testing import (
+from rillet._handler import AttemptReset
+from rillet._policy import Outcome, Policy
+from rillet._ratelimit import RateLimiter
+from rillet._runevents import AnswerDelta, RunEvent
+from rillet._turn import Turn, TurnResult, run_turn
+from rillet.providers._base import Provider, Secret
+from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet.transports.testing import (
     LoopbackProvider,
     RecordedRequest,
     Reply,

@@ -11,12 +11,12 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline import RilletError, UniEvent, WireDecoder, encode_json
+from rillet import RilletError, UniEvent, WireDecoder, encode_json
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from pipeline.providers import Dialect
+    from rillet.providers import Dialect
 
 FIXTURES = Path(__file__).parent / "fixtures" / "providers"
 WIRE_SUFFIXES = (".sse", ".ndjson", ".json")

@@ -4,6 +4,8 @@ The frame codecs here are sans-I/O (`feed(bytes) -> frames`, `close()`); the I/O
 (httpx streaming, WebSocket, replay files, servers and sinks) are built on them.
 """
 
+from rillet._public import fixup_module_metadata as _fixup_module_metadata
+
 from ._ndjson import NDJSONDecoder as NDJSONDecoder
 from ._sse import DEFAULT_MAX_FRAME as DEFAULT_MAX_FRAME
 from ._sse import SSEDecoder as SSEDecoder
@@ -11,3 +13,5 @@ from ._sse import SSEEvent as SSEEvent
 from ._sse import encode_sse as encode_sse
 
 __all__ = ["DEFAULT_MAX_FRAME", "NDJSONDecoder", "SSEDecoder", "SSEEvent", "encode_sse"]
+
+_fixup_module_metadata(__name__, globals())

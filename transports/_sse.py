@@ -32,11 +32,11 @@ _NAMES: dict[bytes, str] = {}  # event names seen, decoded once (bounded: names 
 
 
 def _errors() -> ModuleType:
-    """The error module, imported when first needed: `pipeline` imports this package while it
+    """The error module, imported when first needed: `rillet` imports this package while it
     initialises, so a module-level import would be circular."""
-    import pipeline.errors
+    import rillet._errors
 
-    return pipeline.errors
+    return rillet._errors
 
 
 class SSEEvent(msgspec.Struct, frozen=True, gc=False):

@@ -53,10 +53,19 @@ import httpx
 import msgspec
 import trio
 import trio_websocket
-
-from pipeline._events import UniEvent, UniMessage, encode_json
-from pipeline._handler import AttemptReset
-from pipeline._hub import (
+from rillet._errors import (
+    FallbackFailed,
+    FrameError,
+    InvalidRequestError,
+    ProviderError,
+    RilletError,
+    StreamError,
+    TransportError,
+    TurnTimeout,
+)
+from rillet._events import UniEvent, UniMessage, encode_json
+from rillet._handler import AttemptReset
+from rillet._hub import (
     CursorExpired,
     CursorInvalid,
     Entry,
@@ -69,20 +78,10 @@ from pipeline._hub import (
     UnknownRun,
     parse_cursor,
 )
-from pipeline._policy import Outcome, Policy
-from pipeline._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest, user
-from pipeline._turn import Sink, SinkBatch, Turn, TurnResult, UniItem, run_turn
-from pipeline.errors import (
-    FallbackFailed,
-    FrameError,
-    InvalidRequestError,
-    ProviderError,
-    RilletError,
-    StreamError,
-    TransportError,
-    TurnTimeout,
-)
-from pipeline.providers._base import Provider, Secret
+from rillet._policy import Outcome, Policy
+from rillet._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest, user
+from rillet._turn import Sink, SinkBatch, Turn, TurnResult, UniItem, run_turn
+from rillet.providers._base import Provider, Secret
 
 from ._http11 import BodyTooLarge, HttpConnection, Request, RequestTimeout
 from ._http11 import ConnectionStream as _ConnectionStream
@@ -226,7 +225,7 @@ async def serve(
     config.check()
     limits = config.limits
     if hub is None and config.redis_url is not None:
-        from pipeline._redis_hub import open_redis_hub
+        from rillet._redis_hub import open_redis_hub
 
         async with open_redis_hub(
             config.redis_url, max_subscribers_per_run=limits.max_subscribers_per_run
@@ -394,7 +393,7 @@ def _stream_request(body: _StreamBody) -> TurnRequest:
 
 
 @attrs.define(eq=False)
-class _Run:
+class RunState:
     """A run: who may read it (`access`: its token's digest, which the hub shares with other
     servers), and its turn while this server runs it."""
 
@@ -575,7 +574,7 @@ class _Server:
     hub: RunHub
     client: httpx.AsyncClient
     nursery: trio.Nursery
-    runs: dict[str, _Run] = attrs.field(factory=dict)
+    runs: dict[str, RunState] = attrs.field(factory=dict)
     metrics: _Metrics = attrs.field(factory=_Metrics)
     per_run: collections.Counter[str] = attrs.field(factory=collections.Counter)
     per_client: collections.Counter[str] = attrs.field(factory=collections.Counter)
@@ -854,7 +853,7 @@ class _Server:
         provider = self._provider(body.model, mmsp=False)
         self._check_capacity(mmsp=False)
         run_id = secrets.token_hex(12)
-        record = _Run(token=secrets.token_urlsafe(24))
+        record = RunState(token=secrets.token_urlsafe(24))
         try:
             await self._prune()
             sink = _HubFeed(await self.hub.open_run(run_id, access=record.access), self.metrics)
@@ -882,7 +881,7 @@ class _Server:
         provider: Provider,
         run_id: str,
         sink: _HubFeed,
-        record: _Run,
+        record: RunState,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """One run, in the server's nursery: it goes on whoever watches, or nobody. Started
@@ -934,7 +933,7 @@ class _Server:
             return f"http://{self.config.host}:{self.config.port}"
         return f"http://{host}"
 
-    async def _authorized(self, request: Request, run_id: str) -> _Run | None:
+    async def _authorized(self, request: Request, run_id: str) -> RunState | None:
         """The run when the request carries its token; None for an unknown run or a wrong
         token alike (one constant-time comparison either way). A run another server started
         is known by the access the shared hub keeps; `_Refused` (503) when it cannot be asked."""
@@ -944,7 +943,7 @@ class _Server:
                 access = await self.hub.access(run_id)
             except HubUnavailable:
                 raise _log_unavailable() from None
-            record = _Run(token="", access=access) if access is not None else None
+            record = RunState(token="", access=access) if access is not None else None
         given = _token_digest(request.bearer() or request.query.get("token", ""))
         expected = record.access if record is not None else _token_digest(self._decoy)
         if hmac.compare_digest(given, expected) and record is not None:
@@ -1413,7 +1412,7 @@ def _scrub(text: str, provider: Provider) -> str:
 def _load_page() -> tuple[bytes, str]:
     """The page, and a Content-Security-Policy that allows its own inline script and style
     (by hash) and nothing else."""
-    page = resources.files("transports").joinpath("static/index.html").read_bytes()
+    page = resources.files("rillet.transports").joinpath("static/index.html").read_bytes()
     text = page.decode("utf-8")
     hashes: dict[str, list[str]] = {"script": [], "style": []}
     for tag in hashes:

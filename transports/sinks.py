@@ -1,6 +1,6 @@
 """Output sinks a turn delivers to: a terminal, and JSON Lines files.
 
-Both take the turn's `SinkBatch`es (see `pipeline.Sink`) and write synchronously, flushing once
+Both take the turn's `SinkBatch`es (see `rillet.Sink`) and write synchronously, flushing once
 per batch. Plain buffered writes are deliberate: writing and flushing a batch to a local file or
 to a pipe with a reader costs 5-10 µs, against ~400 µs for a hop through
 `trio.to_thread.run_sync`, and a batch holds everything that arrived together, so one flush per
@@ -26,10 +26,9 @@ from typing import IO, TYPE_CHECKING, Literal, TextIO, cast
 
 import msgspec
 import trio
-
-from pipeline._events import UniEvent, encode_json
-from pipeline._handler import AttemptReset
-from pipeline._runevents import (
+from rillet._events import UniEvent, encode_json
+from rillet._handler import AttemptReset
+from rillet._runevents import (
     AnswerDelta,
     AttemptResetEvent,
     ReasoningDelta,
@@ -41,7 +40,7 @@ from pipeline._runevents import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from pipeline._turn import SinkBatch
+    from rillet._turn import SinkBatch
 
 __all__ = ["JSONLSink", "TerminalSink"]
 

@@ -1,24 +1,28 @@
 """Provider dialects: one module per provider wire, all sans-I/O, and the registry that turns a
 kind and the environment into a configured `Provider`."""
 
+from .._public import fixup_module_metadata as _fixup_module_metadata
+from ._anthropic import AnthropicDialect as AnthropicDialect
 from ._base import Dialect as Dialect
 from ._base import HttpRequest as HttpRequest
 from ._base import Provider as Provider
 from ._base import Secret as Secret
 from ._base import StreamDecoder as StreamDecoder
+from ._embeddings import GeminiEmbeddingsDialect as GeminiEmbeddingsDialect
+from ._embeddings import OpenAIEmbeddingsDialect as OpenAIEmbeddingsDialect
+from ._gemini import GeminiDialect as GeminiDialect
+from ._mmsp import MMSPDialect as MMSPDialect
+from ._ollama import OllamaDialect as OllamaDialect
+from ._openai_chat import OpenAIChatDialect as OpenAIChatDialect
+from ._openai_responses import OpenAIResponsesDialect as OpenAIResponsesDialect
+from ._registry import DIALECT_NAMES as DIALECT_NAMES
 from ._registry import PROVIDER_KINDS as PROVIDER_KINDS
 from ._registry import describe_providers as describe_providers
+from ._registry import dialect_from_name as dialect_from_name
 from ._registry import provider_from_env as provider_from_env
-from .anthropic import AnthropicDialect as AnthropicDialect
-from .embeddings import GeminiEmbeddingsDialect as GeminiEmbeddingsDialect
-from .embeddings import OpenAIEmbeddingsDialect as OpenAIEmbeddingsDialect
-from .gemini import GeminiDialect as GeminiDialect
-from .mmsp import MMSPDialect as MMSPDialect
-from .ollama import OllamaDialect as OllamaDialect
-from .openai_chat import OpenAIChatDialect as OpenAIChatDialect
-from .openai_responses import OpenAIResponsesDialect as OpenAIResponsesDialect
 
 __all__ = [
+    "DIALECT_NAMES",
     "PROVIDER_KINDS",
     "AnthropicDialect",
     "Dialect",
@@ -34,5 +38,8 @@ __all__ = [
     "Secret",
     "StreamDecoder",
     "describe_providers",
+    "dialect_from_name",
     "provider_from_env",
 ]
+
+_fixup_module_metadata(__name__, globals())

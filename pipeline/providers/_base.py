@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import attrs
 import msgspec
-
-from pipeline.errors import (
+from rillet._errors import (
     AuthenticationError,
     InvalidRequestError,
     MalformedFrameError,
@@ -25,11 +24,11 @@ from pipeline.errors import (
     RateLimitError,
     ServerError,
 )
-from transports import SSEEvent
+from rillet.transports import SSEEvent
 
 if TYPE_CHECKING:
-    from pipeline._lanes import LaneEvent
-    from pipeline._request import TurnRequest
+    from rillet._lanes import LaneEvent
+    from rillet._request import TurnRequest
 
 __all__ = [
     "Dialect",

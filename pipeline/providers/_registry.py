@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import attrs
-
-from pipeline.errors import ConfigurationError
+from rillet._errors import ConfigurationError
 
 from ._base import Provider, Secret
 
@@ -35,9 +34,11 @@ if TYPE_CHECKING:
     from ._base import Dialect
 
 __all__ = [
+    "DIALECT_NAMES",
     "PROVIDER_KINDS",
     "ConfigurationError",
     "describe_providers",
+    "dialect_from_name",
     "ollama_base_url",
     "provider_from_env",
 ]
@@ -75,17 +76,17 @@ _GEMINI = _Kind(
     base_url_env="GEMINI_BASE_URL",
     key_required=True,
 )
-_P = "pipeline.providers."
+_P = "rillet.providers."
 
 _KINDS: dict[str, _Kind] = {
     "openai": attrs.evolve(
-        _OPENAI, module=_P + "openai_chat", cls="OpenAIChatDialect", model="gpt-4.1-mini"
+        _OPENAI, module=_P + "_openai_chat", cls="OpenAIChatDialect", model="gpt-4.1-mini"
     ),
     "openai-responses": attrs.evolve(
-        _OPENAI, module=_P + "openai_responses", cls="OpenAIResponsesDialect", model="gpt-4.1-mini"
+        _OPENAI, module=_P + "_openai_responses", cls="OpenAIResponsesDialect", model="gpt-4.1-mini"
     ),
     "anthropic": _Kind(
-        _P + "anthropic",
+        _P + "_anthropic",
         "AnthropicDialect",
         base_url="https://api.anthropic.com",
         key_envs=("ANTHROPIC_API_KEY",),
@@ -94,17 +95,17 @@ _KINDS: dict[str, _Kind] = {
         key_required=True,
     ),
     "gemini": attrs.evolve(
-        _GEMINI, module=_P + "gemini", cls="GeminiDialect", model="gemini-2.5-flash"
+        _GEMINI, module=_P + "_gemini", cls="GeminiDialect", model="gemini-2.5-flash"
     ),
     "ollama": _Kind(
-        _P + "ollama",
+        _P + "_ollama",
         "OllamaDialect",
         base_url="http://127.0.0.1:11434",
         base_url_env="OLLAMA_HOST",
         model="llama3.2",
     ),
     "mmsp": _Kind(
-        _P + "mmsp",
+        _P + "_mmsp",
         "MMSPDialect",
         base_url="http://127.0.0.1:25752/v1",
         key_envs=("MMSP_API_KEY",),
@@ -113,13 +114,13 @@ _KINDS: dict[str, _Kind] = {
     ),
     "openai-embeddings": attrs.evolve(
         _OPENAI,
-        module=_P + "embeddings",
+        module=_P + "_embeddings",
         cls="OpenAIEmbeddingsDialect",
         model="text-embedding-3-small",
     ),
     "gemini-embeddings": attrs.evolve(
         _GEMINI,
-        module=_P + "embeddings",
+        module=_P + "_embeddings",
         cls="GeminiEmbeddingsDialect",
         model="gemini-embedding-001",
     ),
@@ -237,13 +238,34 @@ def _load(spec: _Kind) -> Dialect:
     return getattr(module, spec.cls)()  # type: ignore[no-any-return]
 
 
+# The names a recording's folder or a `--dialect` flag may use for a kind's wire.
+_WIRE_NAMES = {
+    "openai-chat": "openai",
+    "anthropic-messages": "anthropic",
+    "ollama-chat": "ollama",
+}
+DIALECT_NAMES = tuple(sorted({*_KINDS, *_WIRE_NAMES}))
+"""The names `dialect_from_name` takes: every kind, and the wire names recordings use."""
+
+
+def dialect_from_name(name: str) -> Dialect:
+    """A fresh dialect for a kind (`"anthropic"`) or a wire name (`"anthropic-messages"`), with
+    no endpoint or key: for reading recordings. Raises `ConfigurationError` for an unknown name."""
+    spec = _KINDS.get(_WIRE_NAMES.get(name, name))
+    if spec is None:
+        raise ConfigurationError(
+            name, None, f"unknown dialect {name!r}: use one of {', '.join(DIALECT_NAMES)}"
+        )
+    return _load(spec)
+
+
 def provider_from_env(
     kind: str,
     *,
     model: str | None = None,
     base_url: str | None = None,
     api_key: str | None = None,
-    env: Mapping[str, str] = os.environ,
+    env: Mapping[str, str] | None = None,
 ) -> Provider:
     """The provider of a kind (one of `PROVIDER_KINDS`, or an http(s) URL meaning an
     OpenAI-compatible server there), configured from the arguments, then the environment, then
@@ -252,8 +274,11 @@ def provider_from_env(
     The base URL is `base_url`, else the kind's override variable, else its default. The key is
     `api_key`, else the kind's key variable, but only when the base URL is the default or the one
     the override variable names; no key at all is an error only at the kind's default endpoint
-    where it needs one. Raises `ConfigurationError` for what cannot work.
+    where it needs one. `env` is `os.environ` unless given (a mapping, for tests and hosts that
+    keep their settings elsewhere). Raises `ConfigurationError` for what cannot work.
     """
+    if env is None:
+        env = os.environ
     name = ""
     if _is_url(kind):
         url = _checked_url(kind, kind, None)
@@ -313,14 +338,17 @@ def provider_from_env(
     return provider
 
 
-def describe_providers(env: Mapping[str, str] = os.environ) -> list[dict[str, Any]]:
+def describe_providers(env: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """What each named kind would be configured as from `env` alone, keys masked (`…abcd`).
 
     Each entry: `kind`; `base_url` and `base_url_from` (its variable, or None for the default);
     `model` (the default, None when the kind has none); `api_key` (masked, or None) and
     `api_key_from`; `ready` (whether `provider_from_env(kind)` would succeed without arguments)
     and `missing` (what to set or pass when it would not). Dialect modules are not imported.
+    `env` is `os.environ` unless given.
     """
+    if env is None:
+        env = os.environ
     out: list[dict[str, Any]] = []
     for kind, spec in _KINDS.items():
         env_url = _env_base_url(spec, env)

@@ -15,8 +15,7 @@ import argparse
 import sys
 
 import trio
-
-from transports.testing import (
+from rillet.transports.testing import (
     RecordedRequest,
     Reply,
     open_loopback_provider,

@@ -29,13 +29,12 @@ import httpx
 import pytest
 import trio
 import trio.testing
-
-from pipeline import Accumulator, WireDecoder
-from pipeline._hub import Hub, MemoryRunLog
-from pipeline._policy import Outcome, Policy
-from pipeline._ratelimit import RateLimiter
-from pipeline._request import TurnRequest, user
-from pipeline._runevents import (
+from rillet import Accumulator, WireDecoder
+from rillet._hub import Hub, MemoryRunLog
+from rillet._policy import Outcome, Policy
+from rillet._ratelimit import RateLimiter
+from rillet._request import TurnRequest, user
+from rillet._runevents import (
     AnswerDelta,
     RunDone,
     RunEvent,
@@ -43,11 +42,11 @@ from pipeline._runevents import (
     StatusEvent,
     decode_run_event,
 )
-from pipeline._turn import CallbackSink, SinkBatch, run_turn
-from pipeline.providers._base import Provider, Secret
-from pipeline.providers.openai_chat import OpenAIChatDialect
-from transports import SSEDecoder
-from transports.server import Limits
+from rillet._turn import CallbackSink, SinkBatch, run_turn
+from rillet.providers._base import Provider, Secret
+from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet.transports import SSEDecoder
+from rillet.transports.server import Limits
 
 from ..test_handler import FakeProvider, openai_events, policy, provider_for, rescue_ok, status
 from ..test_reliability_faults import (

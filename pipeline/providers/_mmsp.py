@@ -19,8 +19,23 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-
-from pipeline._events import (
+from rillet._errors import (
+    AuthenticationError,
+    EmptyResponseError,
+    IncompleteStreamError,
+    InvalidRequestError,
+    MalformedFrameError,
+    OverloadedError,
+    ProviderError,
+    RateLimitError,
+    RilletError,
+    ServerError,
+    StreamProtocolError,
+    ToolCallArgumentParseError,
+    UnsupportedOperationError,
+    preview,
+)
+from rillet._events import (
     EmbeddingDelta,
     EmbeddingDone,
     InlineDataDelta,
@@ -37,7 +52,7 @@ from pipeline._events import (
     UsageMetadata,
     decode_uni_event,
 )
-from pipeline._lanes import (
+from rillet._lanes import (
     LaneEvent,
     LaneKind,
     MessageDelta,
@@ -48,30 +63,16 @@ from pipeline._lanes import (
     ProviderErrorEvent,
     RawUsage,
 )
-from pipeline.errors import (
-    AuthenticationError,
-    EmptyResponseError,
-    IncompleteStreamError,
-    InvalidRequestError,
-    MalformedFrameError,
-    OverloadedError,
-    ProviderError,
-    RateLimitError,
-    RilletError,
-    ServerError,
-    StreamProtocolError,
-    ToolCallArgumentParseError,
-    UnsupportedOperationError,
-    preview,
-)
 
 from ._base import Framing, HttpRequest, Provider, provider_error, strict_decode
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from pipeline._request import TurnRequest
-    from transports import SSEEvent
+    from rillet._request import TurnRequest
+    from rillet.transports import SSEEvent
+
+    from ._base import StreamDecoder
 
 __all__ = [
     "DEFAULT_BASE_URL",
@@ -422,7 +423,7 @@ class MMSPDialect:
             url=provider.url("/stream"), headers=headers, body=msgspec.json.encode(body)
         )
 
-    def stream_decoder(self) -> _StreamDecoder:
+    def stream_decoder(self) -> StreamDecoder:
         """A fresh decoder for one attempt's events."""
         return _StreamDecoder()
 

@@ -19,9 +19,9 @@ from base64 import b64decode
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
-
-from pipeline._events import TextDone, UniMessage
-from pipeline._lanes import (
+from rillet._errors import MalformedFrameError, ProviderError, UnsupportedContentError
+from rillet._events import TextDone, UniMessage
+from rillet._lanes import (
     LaneEvent,
     MessageDelta,
     MessageStart,
@@ -31,14 +31,15 @@ from pipeline._lanes import (
     PartStop,
     RawUsage,
 )
-from pipeline.errors import MalformedFrameError, ProviderError, UnsupportedContentError
 
 from ._base import Framing, HttpRequest, Provider, error_from_body, strict_decode
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from pipeline._request import TurnRequest
+    from rillet._request import TurnRequest
+
+    from ._base import StreamDecoder
 
 __all__ = [
     "GeminiEmbeddingsDialect",
@@ -181,7 +182,7 @@ class OpenAIEmbeddingsDialect:
             url=provider.url("/embeddings"), headers=headers, body=msgspec.json.encode(body)
         )
 
-    def stream_decoder(self) -> _NoStream:
+    def stream_decoder(self) -> StreamDecoder:
         """A decoder with nothing to do: the reply is one body, see `decode_response`."""
         return _NoStream()
 
@@ -245,7 +246,7 @@ class GeminiEmbeddingsDialect:
             body=msgspec.json.encode(body),
         )
 
-    def stream_decoder(self) -> _NoStream:
+    def stream_decoder(self) -> StreamDecoder:
         """A decoder with nothing to do: the reply is one body, see `decode_response`."""
         return _NoStream()
 

@@ -26,8 +26,8 @@ import operator
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
-
-from pipeline._events import (
+from rillet._errors import MalformedFrameError, ProviderError
+from rillet._events import (
     ImageUrlDone,
     InlineDataDone,
     TextDone,
@@ -36,7 +36,7 @@ from pipeline._events import (
     ToolResultDone,
     UniMessage,
 )
-from pipeline._lanes import (
+from rillet._lanes import (
     LaneEvent,
     LaneKind,
     MessageDelta,
@@ -48,16 +48,17 @@ from pipeline._lanes import (
     ProviderErrorEvent,
     RawUsage,
 )
-from pipeline.errors import MalformedFrameError, ProviderError
 
 from ._base import HttpRequest, Provider, dumps_arguments, error_from_body, strict_decode
-from .openai_chat import data_url, http_error, reasoning_effort
+from ._openai_chat import data_url, http_error, reasoning_effort
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from pipeline._request import ToolChoice, ToolSpec, TurnRequest
-    from transports import SSEEvent
+    from rillet._request import ToolChoice, ToolSpec, TurnRequest
+    from rillet.transports import SSEEvent
+
+    from ._base import StreamDecoder
 
 __all__ = ["OpenAIResponsesDialect"]
 
@@ -613,7 +614,7 @@ class OpenAIResponsesDialect:
             url=provider.url("responses"), headers=headers, body=msgspec.json.encode(body)
         )
 
-    def stream_decoder(self) -> _StreamDecoder:
+    def stream_decoder(self) -> StreamDecoder:
         """A fresh decoder for one attempt's events."""
         return _StreamDecoder()
 

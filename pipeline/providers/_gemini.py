@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes
 
 import msgspec
-
-from pipeline._events import (
+from rillet._errors import FrameEncodingError, MalformedFrameError, ProviderError
+from rillet._events import (
     ImageUrlDone,
     InlineDataDone,
     InlineThinkingDone,
@@ -49,7 +49,7 @@ from pipeline._events import (
     ToolResultDone,
     UniMessage,
 )
-from pipeline._lanes import (
+from rillet._lanes import (
     LaneEvent,
     LaneKind,
     MessageDelta,
@@ -61,7 +61,6 @@ from pipeline._lanes import (
     ProviderErrorEvent,
     RawUsage,
 )
-from pipeline.errors import FrameEncodingError, MalformedFrameError, ProviderError
 
 from ._base import (
     Framing,
@@ -77,8 +76,10 @@ from ._base import (
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from pipeline._request import TurnRequest
-    from transports import SSEEvent
+    from rillet._request import TurnRequest
+    from rillet.transports import SSEEvent
+
+    from ._base import StreamDecoder
 
 __all__ = ["GeminiDialect"]
 
@@ -457,7 +458,7 @@ class GeminiDialect:
             body=msgspec.json.encode(body),
         )
 
-    def stream_decoder(self) -> _StreamDecoder:
+    def stream_decoder(self) -> StreamDecoder:
         """A fresh decoder for one attempt's chunks."""
         return _StreamDecoder()
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
-
-from pipeline._events import (
+from rillet._errors import MalformedFrameError, ProviderError
+from rillet._events import (
     ImageUrlDone,
     TextDone,
     ThinkingDone,
@@ -23,7 +23,7 @@ from pipeline._events import (
     ToolResultDone,
     UniMessage,
 )
-from pipeline._lanes import (
+from rillet._lanes import (
     LaneEvent,
     LaneKind,
     MessageDelta,
@@ -36,15 +36,16 @@ from pipeline._lanes import (
     ProviderErrorEvent,
     RawUsage,
 )
-from pipeline.errors import MalformedFrameError, ProviderError
 
 from ._base import HttpRequest, Provider, error_from_body, strict_decode
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from pipeline._request import TurnRequest
-    from transports import SSEEvent
+    from rillet._request import TurnRequest
+    from rillet.transports import SSEEvent
+
+    from ._base import StreamDecoder
 
 __all__ = ["AnthropicDialect"]
 
@@ -380,7 +381,7 @@ class AnthropicDialect:
             url=provider.url("/v1/messages"), headers=headers, body=msgspec.json.encode(body)
         )
 
-    def stream_decoder(self) -> _StreamDecoder:
+    def stream_decoder(self) -> StreamDecoder:
         """A fresh decoder for one attempt's events."""
         return _StreamDecoder()
 

@@ -26,8 +26,13 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes
 
 import msgspec
-
-from pipeline._events import (
+from rillet._errors import (
+    FrameEncodingError,
+    MalformedFrameError,
+    ProviderError,
+    UnsupportedContentError,
+)
+from rillet._events import (
     ImageUrlDone,
     InlineDataDone,
     TextDone,
@@ -36,7 +41,7 @@ from pipeline._events import (
     ToolResultDone,
     UniMessage,
 )
-from pipeline._lanes import (
+from rillet._lanes import (
     LaneEvent,
     LaneKind,
     MessageDelta,
@@ -47,12 +52,6 @@ from pipeline._lanes import (
     PartStop,
     ProviderErrorEvent,
     RawUsage,
-)
-from pipeline.errors import (
-    FrameEncodingError,
-    MalformedFrameError,
-    ProviderError,
-    UnsupportedContentError,
 )
 
 from ._base import (
@@ -69,7 +68,9 @@ from ._base import (
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from pipeline._request import TurnRequest
+    from rillet._request import TurnRequest
+
+    from ._base import StreamDecoder
 
 __all__ = ["OllamaDialect"]
 
@@ -351,7 +352,7 @@ class OllamaDialect:
             url=provider.url("/api/chat"), headers=headers, body=msgspec.json.encode(body)
         )
 
-    def stream_decoder(self) -> _StreamDecoder:
+    def stream_decoder(self) -> StreamDecoder:
         """A fresh decoder for one attempt's lines."""
         return _StreamDecoder()
 

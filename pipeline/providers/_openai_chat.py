@@ -38,8 +38,14 @@ import binascii
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
-
-from pipeline._events import (
+from rillet._errors import (
+    AuthenticationError,
+    MalformedFrameError,
+    OverloadedError,
+    ProviderError,
+    RateLimitError,
+)
+from rillet._events import (
     ImageUrlDone,
     InlineDataDone,
     TextDone,
@@ -48,7 +54,7 @@ from pipeline._events import (
     ToolResultDone,
     UniMessage,
 )
-from pipeline._lanes import (
+from rillet._lanes import (
     LaneEvent,
     LaneKind,
     MessageDelta,
@@ -60,21 +66,16 @@ from pipeline._lanes import (
     ProviderErrorEvent,
     RawUsage,
 )
-from pipeline.errors import (
-    AuthenticationError,
-    MalformedFrameError,
-    OverloadedError,
-    ProviderError,
-    RateLimitError,
-)
 
 from ._base import HttpRequest, Provider, ToolIds, dumps_arguments, error_from_body, strict_decode
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from pipeline._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
-    from transports import SSEEvent
+    from rillet._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
+    from rillet.transports import SSEEvent
+
+    from ._base import StreamDecoder
 
 __all__ = [
     "OpenAIChatDialect",
@@ -770,7 +771,7 @@ class OpenAIChatDialect:
             url=provider.url("chat/completions"), headers=headers, body=msgspec.json.encode(body)
         )
 
-    def stream_decoder(self) -> _StreamDecoder:
+    def stream_decoder(self) -> StreamDecoder:
         """A fresh decoder for one attempt's chunks."""
         return _StreamDecoder()
 
