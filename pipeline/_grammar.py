@@ -21,7 +21,9 @@ A lane's `.done` is its first fragment with the growing field replaced by the jo
 them: text and thinking concatenated, bytes concatenated, tool arguments parsed once from the
 joined string (`""` parses to `{}`), plus the lane's one fidelity. A finish reason closes every
 lane still open; `MessageStop` ends the reply: the stop event goes out with the merged usage and
-the finish reason mapped onto `stop | length | tool_call | unknown`.
+the finish reason mapped onto `stop | length | tool_call | unknown`. A reply that reached its
+terminal event is complete even when the provider gave no usage (the counts are all null) or no
+finish reason (`unknown`); anything after the stop is ignored.
 
 A lane still open when the stream ends without `MessageStop`, or when the provider reports an
 error, gets no `.done`: a `.done` promises a complete item.
@@ -92,6 +94,9 @@ _FINISH: dict[str, FinishReason] = {
     "max_output_tokens": "length",
 }
 
+_NO_USAGE = UsageMetadata(
+    cached_tokens=None, prompt_tokens=None, thoughts_tokens=None, response_tokens=None
+)
 _THINKING_KINDS = frozenset({"thinking", "inline_thinking"})
 _decode_arguments = msgspec.json.Decoder().decode
 
@@ -183,8 +188,9 @@ class Grammar:
     """Turns one attempt's lane events into MMSP UniEvents, enforcing the grammar.
 
     `feed` takes one lane event and returns the UniEvents it releases (often one, sometimes none,
-    several when a held lane is released). `close` is called at end of input. Violations raise
-    `StreamProtocolError`; a stream that ends without its terminal event raises
+    several when a held lane is released). `close` is called at end of input. Lane events after
+    the stop are ignored. Violations raise `StreamProtocolError`; a stream that ends without its
+    terminal event raises
     `IncompleteStreamError`; a reply of thinking only raises `EmptyResponseError`; a closed tool
     call whose arguments do not parse raises `ToolCallArgumentParseError` in place of its `.done`.
     After any error the grammar is spent.
@@ -229,7 +235,7 @@ class Grammar:
         if out is None:
             out = []
         if self._stopped:
-            raise self._violation(f"{type(event).__name__} after the stop")
+            return out  # the reply is over: nothing after its terminal event matters
         if type(event) is PartDelta:
             lane = self._lanes.get((event.kind, event.index))
             if lane is None:
@@ -269,7 +275,9 @@ class Grammar:
         queue = self._queue
         now = -1  # the batch's stamp, read once: its events arrived together
         for event in events:
-            if type(event) is PartDelta and queue and not self._stopped:
+            if self._stopped:
+                return  # the reply is over: the rest of the batch is ignored
+            if type(event) is PartDelta and queue:
                 head = queue[0]
                 value = event.value
                 if (
@@ -478,16 +486,12 @@ class Grammar:
             self._close_all(out)
 
     def _message_stop(self, out: list[UniEvent]) -> None:
-        missing = self._missing()
-        usage = self._usage_metadata()
-        finish = self._mapped_finish()
-        if missing:
-            # checked before closing what is still open: a reply without its finish reason is
-            # cut off, and its open lanes get no `.done` (a cut tool call is not a parse error)
-            raise IncompleteStreamError(self.provider, missing, finish, usage)
+        # the terminal event makes the reply complete, whatever it lacks: usage never reported
+        # is all null, a finish reason never given is `unknown` (many compatible servers ignore
+        # `include_usage`; some gateways never set a finish reason)
         self._close_all(out)
-        assert usage is not None
-        assert finish is not None
+        usage = self._usage_metadata() or _NO_USAGE
+        finish = self._mapped_finish() or "unknown"
         if not self._content_seen:
             raise EmptyResponseError(self.provider, finish, usage)
         self._stopped = True

@@ -28,9 +28,11 @@ from rillet import (
     Ping,
     ProviderErrorEvent,
     RawUsage,
+    ServerError,
     StreamProtocolError,
     ToolCallArgumentParseError,
     UniEvent,
+    UsageMetadata,
     encode_json,
     map_finish_reason,
 )
@@ -691,24 +693,40 @@ def test_a_fragment_value_of_the_wrong_type_is_a_protocol_error(kind: LaneKind, 
     )
 
 
-def test_a_second_message_stop_is_a_protocol_error() -> None:
-    _protocol_error([*text_lane(0, "x"), *END, MessageStop()])
-
-
 @pytest.mark.parametrize(
     "late",
     [
-        PartStart(index=5, kind="text"),
-        PartDelta(0, "text", "x"),
-        PartStop(),
-        MessageDelta(finish_reason="stop"),
-        MessageStart(),
-        Ping(),
+        [MessageStop()],
+        [PartStart(index=5, kind="text"), PartDelta(5, "text", "late"), PartStop(5, "text")],
+        [PartDelta(0, "text", "x")],
+        [PartStop()],
+        [MessageDelta(finish_reason="length", usage=RawUsage(prompt_tokens=99))],
+        [MessageStart()],
+        [Ping()],
+        [ProviderErrorEvent(ServerError("acme", "late", in_stream=True))],
     ],
+    ids=["message-stop", "a-lane", "a-fragment", "part-stop", "usage", "start", "ping", "error"],
 )
-def test_anything_after_the_stop_is_a_protocol_error(late: LaneEvent) -> None:
-    error = _protocol_error([*text_lane(0, "x"), *END, late])
-    assert "after the stop" in str(error)
+def test_anything_after_the_stop_is_ignored(late: list[LaneEvent]) -> None:
+    # a second `[DONE]`, chunks after it, events after `message_stop`: the reply is complete
+    g = Grammar("acme", clock=lambda: 0)
+    out = feed_all(g, [*text_lane(0, "x"), *END])
+    assert feed_all(g, late) == []
+    batch: list[UniEvent] = []
+    g.feed_many(late, batch)
+    assert batch == []
+    assert g.close() == []
+    assert out[-1].event_type == "stop"
+    assert out[-1].finish_reason == "stop"
+    assert out[-1].usage_metadata is not None
+    assert out[-1].usage_metadata.prompt_tokens == 10
+
+
+def test_the_rest_of_a_batch_after_the_stop_is_ignored() -> None:
+    g = Grammar("acme", clock=lambda: 0)
+    out: list[UniEvent] = []
+    g.feed_many([*text_lane(0, "x"), *END, PartDelta(0, "text", "y"), MessageStop()], out)
+    assert [e.event_type for e in out] == ["delta", "delta", "stop"]
 
 
 def test_close_after_the_stop_returns_nothing() -> None:
@@ -765,33 +783,38 @@ def test_eof_after_finish_and_usage_but_without_message_stop_is_incomplete() -> 
     assert info.value.usage_metadata.prompt_tokens == 10
 
 
-def test_message_stop_without_usage_is_incomplete() -> None:
-    g = Grammar("acme", clock=lambda: 0)
-    feed_all(g, [*text_lane(0, "x"), MessageDelta(finish_reason="length")])
-    with pytest.raises(IncompleteStreamError) as info:
-        g.feed(MessageStop())
-    assert info.value.missing == ("usage_metadata",)
-    assert info.value.finish_reason == "length"
-    assert info.value.usage_metadata is None
-    assert "usage_metadata" in str(info.value)
+def test_message_stop_without_usage_is_complete_with_null_usage() -> None:
+    out = run([*text_lane(0, "x"), MessageDelta(finish_reason="length"), MessageStop()])
+    stop = out[-1]
+    assert stop.event_type == "stop"
+    assert stop.finish_reason == "length"
+    assert stop.usage_metadata == UsageMetadata(
+        cached_tokens=None, prompt_tokens=None, thoughts_tokens=None, response_tokens=None
+    )
+    assert [i["type"] for i in items(out)] == ["text.delta", "text.done"]
 
 
-def test_message_stop_without_finish_reason_is_incomplete() -> None:
-    g = Grammar("acme", clock=lambda: 0)
-    feed_all(g, [*text_lane(0, "x"), MessageDelta(usage=USAGE)])
-    with pytest.raises(IncompleteStreamError) as info:
-        g.feed(MessageStop())
-    assert info.value.missing == ("finish_reason",)
-    assert info.value.finish_reason is None
-    assert info.value.usage_metadata.response_tokens == 5
+def test_message_stop_without_finish_reason_finishes_unknown() -> None:
+    out = run([*text_lane(0, "x", stop=False), MessageDelta(usage=USAGE), MessageStop()])
+    stop = out[-1]
+    assert stop.finish_reason == "unknown"
+    assert stop.usage_metadata is not None
+    assert stop.usage_metadata.response_tokens == 5
+    # the terminal event closes what is still open
+    assert [i["type"] for i in items(out)] == ["text.delta", "text.done"]
 
 
-def test_message_stop_without_finish_reason_reports_a_cut_tool_call_as_incomplete() -> None:
+def test_message_stop_alone_after_text_is_complete() -> None:
+    out = run([*text_lane(0, "x", stop=False), MessageStop()])
+    assert out[-1].finish_reason == "unknown"
+    assert out[-1].usage_metadata == UsageMetadata()
+
+
+def test_message_stop_without_finish_reason_closes_a_tool_call_and_parses_it() -> None:
     g = Grammar("acme", clock=lambda: 0)
     out = feed_all(g, [*tool_lane(0, "f", "c", '{"loc', stop=False), MessageDelta(usage=USAGE)])
-    with pytest.raises(IncompleteStreamError) as info:
+    with pytest.raises(ToolCallArgumentParseError):
         g.feed(MessageStop(), out)
-    assert info.value.missing == ("finish_reason",)
     assert [i["type"] for i in items(out)] == ["tool_call.delta"]
 
 

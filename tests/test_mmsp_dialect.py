@@ -170,12 +170,11 @@ def test_frames_after_done_are_not_read() -> None:
     assert run(MMSPDialect(), [body])[-1] == entry_of(stop_event(USAGE, "stop", 0))
 
 
-def test_a_stop_without_usage_is_an_incomplete_stream() -> None:
+def test_a_stop_without_usage_is_a_stop_with_null_usage() -> None:
+    # the stop is MMSP's terminal event: the reply is complete, usage unreported
     stop = UniEvent(event_type="stop", content_items=[], finish_reason="stop")
-    decoder = WireDecoder(MMSPDialect(), clock=lambda: 0)
-    with pytest.raises(IncompleteStreamError) as info:
-        decoder.feed(sse(*CONVERSATION[4:7], stop, "[DONE]"))
-    assert info.value.missing == ("usage_metadata",)
+    got = run(MMSPDialect(), [sse(*CONVERSATION[4:7], stop, "[DONE]")])
+    assert got[-1] == entry_of(stop_event(UsageMetadata(), "stop", 0))
 
 
 def test_an_error_event_ends_the_stream_after_what_came_before() -> None:

@@ -7,6 +7,8 @@ import json
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
 from rillet import (
     AuthenticationError,
     ImageUrlDone,
@@ -27,14 +29,28 @@ from rillet import (
     WireDecoder,
     user,
 )
+from rillet._policy import Outcome
 from rillet.providers import Provider, Secret
 from rillet.providers._openai_chat import OpenAIChatDialect, sniff_audio
 
-from .wire_cases import run
+from .wire_cases import run, turn_over_loopback
+
+
+@pytest.fixture
+def loop_clock() -> trio.testing.MockClock:
+    """Virtual time for whole turns over loopback sockets (jumps only when all is idle)."""
+    return trio.testing.MockClock(autojump_threshold=0.02)
+
 
 KEY = "sk-test-0000000000000000000000secretkey"
 BASE = "https://api.openai.com/v1"
 USAGE = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+USAGE_JSON = {
+    "cached_tokens": None,
+    "prompt_tokens": 10,
+    "thoughts_tokens": None,
+    "response_tokens": 5,
+}
 TOOLS = [
     ToolSpec(
         name="get_weather",
@@ -477,9 +493,193 @@ def test_deepseek_cache_hits_count_as_cached_without_prompt_details() -> None:
     }
 
 
-def test_done_without_usage_is_incomplete() -> None:
+NULL_USAGE = {
+    "cached_tokens": None,
+    "prompt_tokens": None,
+    "thoughts_tokens": None,
+    "response_tokens": None,
+}
+
+
+def test_done_without_usage_is_a_stop_with_null_usage() -> None:
     data = sse(chunk({"content": "Hi"}), chunk(finish="stop"), "[DONE]")
+    assert decode(data)[-2:] == [
+        {"type": "text.done", "text": "Hi"},
+        {"type": "stop", "finish_reason": "stop", "usage_metadata": NULL_USAGE},
+    ]
+
+
+def test_done_without_a_finish_reason_finishes_unknown() -> None:
+    data = sse(chunk({"content": "Hi"}), chunk(usage=USAGE), "[DONE]")
+    assert decode(data)[-2:] == [
+        {"type": "text.done", "text": "Hi"},
+        {"type": "stop", "finish_reason": "unknown", "usage_metadata": USAGE_JSON},
+    ]
+
+
+def test_eof_before_done_is_still_incomplete() -> None:
+    data = sse(chunk({"content": "Hi"}), chunk(finish="stop", usage=USAGE))
     assert decode(data)[-1] == {"type": "error", "error": "IncompleteStreamError"}
+
+
+def test_groq_usage_is_read_from_x_groq() -> None:
+    groq = {"id": "req_01", "usage": {**USAGE, "prompt_tokens_details": {"cached_tokens": 4}}}
+    last = {**chunk(finish="stop"), "x_groq": groq}
+    first = {**chunk({"role": "assistant", "content": ""}), "x_groq": {"id": "req_01"}}
+    data = sse(first, chunk({"content": "Hi"}), last, "[DONE]")
+    assert decode(data)[-1]["usage_metadata"] == {
+        "cached_tokens": 4,
+        "prompt_tokens": 6,
+        "thoughts_tokens": None,
+        "response_tokens": 5,
+    }
+
+
+def test_top_level_usage_wins_over_x_groq() -> None:
+    last = {**chunk(finish="stop", usage=USAGE), "x_groq": {"usage": {"prompt_tokens": 99}}}
+    assert decode(sse(chunk({"content": "Hi"}), last, "[DONE]"))[-1]["usage_metadata"] == (
+        USAGE_JSON
+    )
+
+
+async def test_f51_done_without_usage_or_finish_reason_completes_in_one_request(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    for data in (
+        sse(chunk({"content": "Hi"}), chunk(finish="stop"), "[DONE]"),  # no usage chunk
+        sse(chunk({"content": "Hi"}), "[DONE]"),  # no finish reason either
+    ):
+        result, requests = await turn_over_loopback(OpenAIChatDialect(), data)
+        assert requests == 1
+        assert result.outcome is Outcome.COMPLETED
+        assert result.text == "Hi"
+    groq = {**chunk(finish="stop"), "x_groq": {"usage": USAGE}}
+    result, requests = await turn_over_loopback(
+        OpenAIChatDialect(), sse(chunk({"content": "Hi"}), groq, "[DONE]")
+    )
+    assert (requests, result.outcome) == (1, Outcome.COMPLETED)
+    assert result.message.usage_metadata is not None
+    assert result.message.usage_metadata.response_tokens == 5
+
+
+# --- anything after `[DONE]` ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "after",
+    [
+        ["[DONE]"],
+        [chunk({"content": " more"})],
+        [chunk({"content": " more"}), chunk(finish="length", usage=USAGE), "[DONE]"],
+        ["not json at all", "{"],
+        [{"error": {"message": "late", "type": "server_error"}}],
+    ],
+    ids=["second-done", "a-chunk", "a-whole-reply", "not-json", "an-error"],
+)
+def test_anything_after_done_is_ignored(after: list[Any]) -> None:
+    data = sse(chunk({"content": "Hi"}), chunk(finish="stop", usage=USAGE), "[DONE]", *after)
+    assert decode(data) == [
+        {"type": "text.delta", "text": "Hi"},
+        {"type": "text.done", "text": "Hi"},
+        {"type": "stop", "finish_reason": "stop", "usage_metadata": USAGE_JSON},
+    ]
+
+
+async def test_f52_a_second_done_and_chunks_after_done_complete_in_one_request(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    data = sse(
+        chunk({"content": "Hi"}),
+        chunk(finish="stop", usage=USAGE),
+        "[DONE]",
+        chunk({"content": " late"}),
+        "[DONE]",
+    )
+    result, requests = await turn_over_loopback(OpenAIChatDialect(), data)
+    assert (requests, result.outcome, result.text) == (1, Outcome.COMPLETED, "Hi")
+
+
+# --- Mistral's content chunks -----------------------------------------------------------------
+
+
+def thinking_chunk(*texts: str) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": [{"type": "text", "text": t} for t in texts]}
+
+
+def test_f57_mistral_content_list_gives_thinking_then_text() -> None:
+    data = sse(
+        chunk({"role": "assistant", "content": [thinking_chunk("Let me ")]}),
+        chunk({"content": [thinking_chunk("think.")]}),
+        chunk({"content": [{"type": "text", "text": "The answer"}]}),
+        chunk({"content": " is 4."}),
+        chunk(finish="stop", usage=USAGE),
+        "[DONE]",
+    )
+    fid = {"reasoning_field": "content"}
+    assert decode(data) == [
+        {"type": "thinking.delta", "thinking": "Let me ", "fidelity": fid},
+        {"type": "thinking.delta", "thinking": "think."},
+        {"type": "thinking.done", "thinking": "Let me think.", "fidelity": fid},
+        {"type": "text.delta", "text": "The answer"},
+        {"type": "text.delta", "text": " is 4."},
+        {"type": "text.done", "text": "The answer is 4."},
+        {"type": "stop", "finish_reason": "stop", "usage_metadata": USAGE_JSON},
+    ]
+
+
+def test_mistral_mixed_chunks_in_one_delta_keep_their_order_and_skip_unknown_types() -> None:
+    content = [
+        thinking_chunk("a", "b"),
+        {"type": "reference", "reference_ids": [1, 2], "text": {"odd": True}},
+        {"type": "text", "text": "x"},
+        {"type": "text", "text": ""},
+        {"type": "text", "text": "y"},
+    ]
+    data = sse(chunk({"content": content}), chunk(finish="stop", usage=USAGE), "[DONE]")
+    assert [e.get("thinking", e.get("text")) for e in decode(data)[:-1]] == [
+        "a",
+        "b",
+        "ab",
+        "x",
+        "y",
+        "xy",
+    ]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        [{"type": "text", "text": 5}],
+        [{"type": "thinking", "thinking": 5}],
+        [{"type": "thinking", "thinking": [{"type": "text", "text": None}]}],
+        [{"type": "thinking", "thinking": ["x"]}],
+        5,
+    ],
+)
+def test_a_known_content_chunk_of_the_wrong_shape_is_malformed(content: Any) -> None:
+    decoder = WireDecoder(OpenAIChatDialect(), clock=lambda: 0)
+    with pytest.raises(MalformedFrameError) as info:
+        decoder.feed(sse(chunk({"content": "Hi"}), chunk({"content": content})))
+    assert info.value.provider == "openai-chat"
+    assert info.value.frame_index == 1
+
+
+def test_mistral_thinking_goes_back_as_content_chunks() -> None:
+    message = UniMessage(
+        role="assistant",
+        content_items=[
+            ThinkingDone(thinking="hmm", fidelity={"reasoning_field": "content"}),
+            TextDone(text="4"),
+        ],
+    )
+    sent = body(TurnRequest(messages=[user("2+2?"), message, user("sure?")]))
+    assert sent["messages"][1] == {
+        "role": "assistant",
+        "content": [
+            {"type": "thinking", "thinking": [{"type": "text", "text": "hmm"}]},
+            {"type": "text", "text": "4"},
+        ],
+    }
 
 
 def test_non_json_frame_is_malformed_with_provider_and_position() -> None:

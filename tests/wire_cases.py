@@ -11,7 +11,14 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rillet import RilletError, UniEvent, WireDecoder, encode_json
+import httpx
+import trio
+from rillet import RilletError, TurnRequest, UniEvent, WireDecoder, encode_json, user
+from rillet._policy import Policy
+from rillet._ratelimit import RateLimiter
+from rillet._turn import TurnResult, run_turn
+from rillet.providers import Provider, Secret
+from rillet.transports.testing import Reply, open_loopback_provider, split
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -89,3 +96,24 @@ def run(dialect: Dialect, chunks: list[bytes], *, stream: bool = True) -> list[s
     except RilletError as exc:
         error.append(error_entry(exc))
     return [entry_of(e) for e in events] + error
+
+
+async def turn_over_loopback(
+    dialect: Dialect, body: bytes, *, content_type: str = "text/event-stream"
+) -> tuple[TurnResult, int]:
+    """One whole turn of `dialect` against the loopback provider, which answers every request
+    with `body` (in 64-byte chunks): the turn's result and how many requests it made. Run it
+    under a `MockClock` with a small autojump threshold (real sockets, virtual backoff)."""
+    reply = Reply(chunks=split(body, 64), content_type=content_type)
+    with trio.fail_after(60):
+        async with open_loopback_provider([reply] * 8) as server:
+            provider = Provider(dialect, f"{server.url}/v1", "test-model", api_key=Secret("k" * 16))
+            async with httpx.AsyncClient() as client:
+                result = await run_turn(
+                    TurnRequest(messages=[user("hi")]),
+                    provider,
+                    client=client,
+                    policy=Policy(random=lambda: 0.0),
+                    limiter=RateLimiter(),
+                )
+            return result, len(server.requests)

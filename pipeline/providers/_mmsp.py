@@ -11,7 +11,8 @@ The events are already UniEvents, but they are turned back into lane events so t
 the server's stream like any other: each group gets a lane of its own (a new index per group),
 its first `K.delta` opens it (a tool call's carries the name and the call id), every delta is a
 fragment, and `K.done` closes it; the stop event is the finish reason and the usage, then the
-end. `[DONE]` without a stop adds nothing, so the grammar reports the stream incomplete.
+end. `[DONE]` without a stop adds nothing, so the grammar reports the stream incomplete; a stop
+without usage is a complete reply whose counts are all null.
 """
 
 from __future__ import annotations

@@ -13,6 +13,10 @@ wire field starts (the lanes of the previous field close):
   `reasoning.encrypted` an empty fragment with `fidelity {"encrypted_content", "format",
   "reasoning_id"}`. A detail with another `index` starts another thinking group.
 * `content` is text; empty strings are not content (the role chunk's `""` opens nothing).
+  Mistral's reasoning models send it as a list of chunks: `{"type": "text", "text"}` is text,
+  `{"type": "thinking", "thinking": [{"type": "text", "text"}]}` is thinking with
+  `fidelity {"reasoning_field": "content"}` (sent back as such chunks); other chunk types are
+  skipped.
 * `tool_calls`: one tool lane per call, told apart by the call's `index` (and by a new `id` at
   an index already in use, as servers that send whole calls at index 0 do). Earlier calls stay
   open when a later index appears, since fragments of parallel calls may interleave; the grammar
@@ -25,7 +29,10 @@ wire field starts (the lanes of the previous field close):
   non-streaming body's audio is sniffed (WAV, MP3, FLAC, Ogg) and falls back to `audio/pcm`.
 
 A `finish_reason` closes every lane; `stop` after a tool call is passed as `tool_call` (some
-compatible servers say `stop` there). Usage may come on any chunk. Errors inside the stream (a
+compatible servers say `stop` there). Usage may come on any chunk (Groq's only in `x_groq.usage`),
+or never: many compatible servers ignore `include_usage`, and some never set a finish reason;
+`[DONE]` ends the reply all the same (the grammar gives null usage, finish `unknown`), and
+nothing after it is read. Errors inside the stream (a
 top-level `error` object, vLLM's `{"object": "error", ...}`, OpenRouter's `error` with
 `finish_reason: "error"`) become the typed error; a bare `finish_reason: "error"` is a
 `ProviderError`.
@@ -129,10 +136,21 @@ class _Audio(msgspec.Struct, frozen=True, gc=False):
     transcript: str | None = None
 
 
+class _ContentPart(msgspec.Struct, frozen=True, gc=False):
+    """One chunk of a `content` list (Mistral's reasoning models): `{"type": "text", "text"}` or
+    `{"type": "thinking", "thinking": [{"type": "text", "text"}]}`. The fields are read loosely
+    and checked for the known types only, so a chunk of another type is skipped whatever it
+    holds."""
+
+    type: str = ""
+    text: Any = None
+    thinking: Any = None
+
+
 class _Delta(msgspec.Struct, frozen=True, gc=False):
     """A streamed `delta`, and also a non-streaming `message` (same fields, whole values)."""
 
-    content: str | None = None
+    content: str | list[_ContentPart] | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
     reasoning_details: list[_Detail] | None = None
@@ -163,6 +181,12 @@ class _Usage(msgspec.Struct, frozen=True, gc=False):
     prompt_cache_hit_tokens: int | None = None
 
 
+class _Groq(msgspec.Struct, frozen=True, gc=False):
+    """Groq's `x_groq`: where it reports usage (same fields) instead of a top-level `usage`."""
+
+    usage: _Usage | None = None
+
+
 class _Frame(msgspec.Struct, frozen=True, gc=False):
     """A streamed chunk as read once the message has started (its id and model, the same in
     every chunk, are skipped rather than decoded); also an error body (`error`, vLLM's
@@ -171,6 +195,7 @@ class _Frame(msgspec.Struct, frozen=True, gc=False):
     object: str | None = None
     choices: list[_Choice] | None = None
     usage: _Usage | None = None
+    x_groq: _Groq | None = None
     error: Any = None
     message: str | None = None
     type: str | None = None
@@ -187,8 +212,9 @@ class _Chunk(_Frame, frozen=True, gc=False):
 _decode_chunk = msgspec.json.Decoder(_Chunk)
 _decode_frame = msgspec.json.Decoder(_Frame)
 
-# Field codes: which wire field the open group came from.
-_NONE, _RC, _R, _DETAILS, _CONTENT, _TOOLS, _AUDIO = range(7)
+# Field codes: which wire field the open group came from (_THINK_PART: a thinking chunk of a
+# `content` list).
+_NONE, _RC, _R, _DETAILS, _CONTENT, _TOOLS, _AUDIO, _THINK_PART = range(8)
 
 
 def _usage(u: _Usage) -> RawUsage:
@@ -243,6 +269,30 @@ def _b64(text: str) -> bytes:
         raise MalformedFrameError(f"audio data is not base64: {exc}", text, provider=NAME) from None
 
 
+def _thinking_texts(thinking: Any) -> list[str]:
+    """The texts of a thinking chunk's `thinking` (a list of text chunks, or a plain string)."""
+    if type(thinking) is str:
+        return [thinking] if thinking else []
+    if not isinstance(thinking, list):
+        raise MalformedFrameError("a thinking chunk without a list", str(thinking), provider=NAME)
+    texts = []
+    for chunk in thinking:
+        if not isinstance(chunk, dict):
+            raise MalformedFrameError(
+                "a thinking chunk that is no object", str(chunk), provider=NAME
+            )
+        if chunk.get("type", "text") != "text":
+            continue
+        text = chunk.get("text")
+        if type(text) is not str:
+            raise MalformedFrameError(
+                "a thinking text chunk without text", str(chunk), provider=NAME
+            )
+        if text:
+            texts.append(text)
+    return texts
+
+
 def _first_choice(choices: list[_Choice] | None) -> _Choice | None:
     """Choice 0 (with `n > 1` several choices share the stream; only the first is read)."""
     if not choices:
@@ -258,6 +308,7 @@ class _StreamDecoder:
 
     __slots__ = (
         "_audio_lane",
+        "_done",
         "_field",
         "_ids",
         "_keys",
@@ -287,11 +338,15 @@ class _StreamDecoder:
         self._transcript_lane = -1
         self._tool_seen = False
         self._started = False
+        self._done = False  # `[DONE]` came: nothing after it is read
         self._ids = ToolIds()
 
     def feed(self, frame: SSEEvent) -> list[LaneEvent]:
         data = frame.data
+        if self._done:
+            return []  # a second `[DONE]`, chunks after it: the reply is over
         if data == "[DONE]":
+            self._done = True
             return [MessageStop()]
         out: list[LaneEvent] = []
         chunk: _Frame
@@ -318,8 +373,11 @@ class _StreamDecoder:
             out.append(error)
             return out
         reason = choice.finish_reason if choice is not None else None
-        if reason or chunk.usage is not None:
-            self.finish(reason, chunk.usage, out)
+        usage = chunk.usage
+        if usage is None and chunk.x_groq is not None:
+            usage = chunk.x_groq.usage
+        if reason or usage is not None:
+            self.finish(reason, usage, out)
         return out
 
     def close(self) -> list[LaneEvent]:
@@ -363,7 +421,8 @@ class _StreamDecoder:
         """The lane events of one delta (or one whole message), in wire-field order."""
         content = delta.content
         if (
-            content
+            type(content) is str
+            and content
             and self._field == _CONTENT
             and delta.reasoning_content is None
             and delta.reasoning is None
@@ -384,15 +443,34 @@ class _StreamDecoder:
                 self._thinking(_RC, rc, "reasoning_content", out)
             elif r:
                 self._thinking(_R, r, "reasoning", out)
-        if content:
-            if self._field != _CONTENT:
-                self._switch(_CONTENT, out)
-                self._lane = self._start("text", out)
-            out.append(PartDelta(self._lane, "text", content))
+        if isinstance(content, str):
+            if content:
+                self._text(content, out)
+        elif content:
+            self._content_parts(content, out)
         if delta.tool_calls:
             self._tool_calls(delta.tool_calls, out)
         if delta.audio is not None:
             self._audio(delta.audio, out)
+
+    def _text(self, text: str, out: list[LaneEvent]) -> None:
+        if self._field != _CONTENT:
+            self._switch(_CONTENT, out)
+            self._lane = self._start("text", out)
+        out.append(PartDelta(self._lane, "text", text))
+
+    def _content_parts(self, parts: list[_ContentPart], out: list[LaneEvent]) -> None:
+        """A `content` list (Mistral's reasoning models): text chunks are text, thinking chunks
+        thinking (sent back in `content`, so `reasoning_field` says so); other types are skipped."""
+        for part in parts:
+            if part.type == "text":
+                if type(part.text) is not str:
+                    raise MalformedFrameError("a text chunk without text", str(part), provider=NAME)
+                if part.text:
+                    self._text(part.text, out)
+            elif part.type == "thinking":
+                for text in _thinking_texts(part.thinking):
+                    self._thinking(_THINK_PART, text, "content", out)
 
     def _thinking(self, field: int, text: str, wire_name: str, out: list[LaneEvent]) -> None:
         """A reasoning fragment; a group's first carries the wire field it came in, if one."""
@@ -634,6 +712,7 @@ def _assistant_message(message: UniMessage) -> dict[str, Any]:
     `reasoning_details` for a signature or encrypted reasoning); thinking without such a
     fidelity is not sent back. Audio is sent back by its id."""
     text: list[str] = []
+    chunks: list[dict[str, Any]] = []  # `content` as chunks, when reasoning came in it
     calls: list[dict[str, Any]] = []
     fields: dict[str, list[str]] = {}
     details: list[dict[str, Any]] = []
@@ -641,6 +720,7 @@ def _assistant_message(message: UniMessage) -> dict[str, Any]:
     for item in message.content_items:
         if type(item) is TextDone:
             text.append(item.text)
+            chunks.append({"type": "text", "text": item.text})
         elif type(item) is ToolCallDone:
             calls.append(
                 {
@@ -652,7 +732,10 @@ def _assistant_message(message: UniMessage) -> dict[str, Any]:
         elif type(item) is ThinkingDone:
             fidelity = item.fidelity or {}
             field = fidelity.get("reasoning_field")
-            if isinstance(field, str) and field:
+            if field == "content":
+                thought = [{"type": "text", "text": item.thinking}]
+                chunks.append({"type": "thinking", "thinking": thought})
+            elif isinstance(field, str) and field:
                 fields.setdefault(field, []).append(item.thinking)
             elif "signature" in fidelity:
                 details.append(
@@ -679,10 +762,12 @@ def _assistant_message(message: UniMessage) -> dict[str, Any]:
             if isinstance(audio, str) and audio:
                 audio_id = audio
     out: dict[str, Any] = {"role": "assistant"}
-    if text or not (calls or audio_id):
+    if any(chunk["type"] == "thinking" for chunk in chunks):
+        out["content"] = chunks  # Mistral's reasoning models take their thinking back there
+    elif text or not (calls or audio_id):
         out["content"] = "".join(text)
-    for field, chunks in fields.items():
-        out[field] = "".join(chunks)
+    for field, fragments in fields.items():
+        out[field] = "".join(fragments)
     if details:
         out["reasoning_details"] = details
     if calls:
