@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
 from rillet import (
     AuthenticationError,
     ImageUrlDone,
@@ -26,10 +28,18 @@ from rillet import (
     WireDecoder,
     user,
 )
+from rillet._policy import Outcome
 from rillet.providers import Provider, Secret
 from rillet.providers._openai_responses import OpenAIResponsesDialect
 
-from .wire_cases import run
+from .wire_cases import run, turn_over_loopback
+
+
+@pytest.fixture
+def loop_clock() -> trio.testing.MockClock:
+    """Virtual time for whole turns over loopback sockets (jumps only when all is idle)."""
+    return trio.testing.MockClock(autojump_threshold=0.02)
+
 
 KEY = "sk-test-1111111111111111111111secretkey"
 BASE = "https://api.openai.com/v1"
@@ -357,7 +367,7 @@ def test_reasoning_with_encrypted_content_only_is_a_fidelity_only_group() -> Non
     ]
 
 
-def test_summary_parts_form_one_group_joined_by_a_blank_line() -> None:
+def test_summary_parts_form_one_group_joined_as_they_come() -> None:
     reasoning = {"id": "rs_1", "type": "reasoning", "summary": []}
     final = reasoning | {
         "summary": [{"type": "summary_text", "text": "A"}, {"type": "summary_text", "text": "B"}]
@@ -373,12 +383,21 @@ def test_summary_parts_form_one_group_joined_by_a_blank_line() -> None:
         completed(),
     )
     entries = decode(data)
-    assert entries[:5] == [
+    # nothing that is not on the wire is inserted between the parts (MMSP does the same)
+    assert entries[:4] == [
         {"type": "thinking.delta", "thinking": "A"},
-        {"type": "thinking.delta", "thinking": "\n\n"},
         {"type": "thinking.delta", "thinking": "B"},
         {"type": "thinking.delta", "thinking": "", "fidelity": {"channel": "summary"}},
-        {"type": "thinking.done", "thinking": "A\n\nB", "fidelity": {"channel": "summary"}},
+        {"type": "thinking.done", "thinking": "AB", "fidelity": {"channel": "summary"}},
+    ]
+
+
+def test_summary_parts_of_a_whole_reasoning_item_are_joined_as_they_are() -> None:
+    parts = [{"type": "summary_text", "text": "A."}, {"type": "summary_text", "text": "B."}]
+    body = response(output=[{"id": "rs_1", "type": "reasoning", "summary": parts}, message("ok")])
+    assert decode_body(body)[:2] == [
+        {"type": "thinking.delta", "thinking": "A.B."},
+        {"type": "thinking.delta", "thinking": "", "fidelity": {"channel": "summary"}},
     ]
 
 
@@ -466,19 +485,116 @@ def test_documented_events_we_do_not_stream_are_skipped() -> None:
     ]
 
 
-def test_unknown_event_type_is_a_malformed_frame() -> None:
-    data = sse(("response.telepathy.delta", '{"type": "response.telepathy.delta"}'))
+OK_ENTRIES = [
+    {"type": "text.delta", "text": "Hi"},
+    {"type": "text.done", "text": "Hi"},
+    {"type": "stop", "finish_reason": "stop", "usage_metadata": USAGE_METADATA},
+]
+
+
+def hi(*extra: dict[str, Any] | tuple[str, str], after: tuple[Any, ...] = ()) -> bytes:
+    """A reply saying "Hi", with `extra` events inside it and `after` events after its end."""
+    return sse(
+        added(0, message()), *extra, text_delta(0, "Hi"), done(0, message("Hi")), completed()
+    ) + sse(*after)
+
+
+def test_f53_unknown_event_types_are_skipped_named_or_not() -> None:
+    data = (
+        hi(
+            ("response.telepathy.delta", '{"type": "response.telepathy.delta", "delta": 5}'),
+            ("response.foo.delta", "not even json"),  # skipped by its name: its data is not read
+        )
+        + b""
+    )
+    assert decode(data) == OK_ENTRIES
+    unnamed = b'data: {"type": "response.telepathy.delta", "output_index": "x"}\n\n'
+    assert decode(unnamed + hi()) == OK_ENTRIES
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        {"id": "ts_1", "type": "tool_search_call", "arguments": {}, "status": "completed"},
+        {"id": "ws_1", "type": "web_search_call", "action": {"type": "search", "query": "q"}},
+        {"id": "ci_1", "type": "code_interpreter_call", "code": "1+1", "outputs": [{"a": 1}]},
+        {"id": "ig_1", "type": "image_generation_call", "result": "aGk=", "content": 7},
+        {"id": "mcp_1", "type": "mcp_call", "arguments": {"x": 1}, "name": ["odd"]},
+        {"id": "fs_1", "type": "file_search_call", "queries": ["q"], "summary": "text"},
+    ],
+    ids=lambda item: item["type"],
+)
+def test_hosted_tool_items_are_skipped_whole_whatever_their_fields(item: dict[str, Any]) -> None:
+    data = sse(
+        added(0, item),
+        done(0, item),
+        added(1, message()),
+        text_delta(1, "Hi"),
+        done(1, message("Hi")),
+        completed([item, message("Hi")]),
+    )
+    assert decode(data) == OK_ENTRIES
+    assert decode_body(response(output=[item, message("Hi")])) == OK_ENTRIES
+
+
+def test_a_known_item_of_the_wrong_shape_is_still_malformed() -> None:
+    call = {"id": "fc_1", "type": "function_call", "call_id": "c", "name": "f", "arguments": {}}
     decoder = WireDecoder(OpenAIResponsesDialect(), clock=lambda: 0)
     with pytest.raises(MalformedFrameError) as info:
-        decoder.feed(data)
-    assert "response.telepathy.delta" in str(info.value)
+        decoder.feed(sse(added(0, message()), added(1, call)))
     assert info.value.provider == "openai-responses"
-    assert info.value.frame_index == 0
+    assert info.value.frame_index == 1
 
 
-def test_unknown_type_in_an_unnamed_frame_is_a_malformed_frame() -> None:
-    data = b'data: {"type": "response.telepathy.delta"}\n\n'
-    assert decode(data) == [{"type": "error", "error": "MalformedFrameError"}]
+def test_a_known_event_of_the_wrong_shape_is_still_malformed() -> None:
+    decoder = WireDecoder(OpenAIResponsesDialect(), clock=lambda: 0)
+    bad = {"type": "response.output_text.delta", "output_index": 0, "delta": 5}
+    with pytest.raises(MalformedFrameError) as info:
+        decoder.feed(sse(added(0, message()), bad))
+    assert info.value.frame_index == 1
+    unnamed = WireDecoder(OpenAIResponsesDialect(), clock=lambda: 0)
+    with pytest.raises(MalformedFrameError):
+        unnamed.feed(b"data: " + json.dumps(bad).encode() + b"\n\n")
+
+
+@pytest.mark.parametrize(
+    "after",
+    [
+        (("message", "[DONE]"),),  # OpenRouter
+        (("message", "[DONE]"), ("message", "[DONE]")),
+        (text_delta(0, " late"), completed()),
+        (("response.output_text.delta", "{broken"),),
+        ({"type": "error", "code": "server_error", "message": "late"},),
+    ],
+    ids=["done", "two-dones", "a-second-reply", "broken", "an-error"],
+)
+def test_anything_after_the_terminal_event_is_ignored(after: tuple[Any, ...]) -> None:
+    assert decode(hi(after=after)) == OK_ENTRIES
+
+
+async def test_f52_done_after_response_completed_completes_in_one_request(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    data = hi(after=(("message", "[DONE]"),))
+    result, requests = await turn_over_loopback(OpenAIResponsesDialect(), data)
+    assert (requests, result.outcome, result.text) == (1, Outcome.COMPLETED, "Hi")
+
+
+async def test_f53_unknown_events_and_hosted_tool_items_complete_in_one_request(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    tool = {"id": "ts_1", "type": "tool_search_call", "arguments": {}}
+    data = sse(
+        ("response.foo.delta", '{"type": "response.foo.delta"}'),
+        added(0, tool),
+        done(0, tool),
+        added(1, message()),
+        text_delta(1, "Hi"),
+        done(1, message("Hi")),
+        completed([tool, message("Hi")]),
+    )
+    result, requests = await turn_over_loopback(OpenAIResponsesDialect(), data)
+    assert (requests, result.outcome, result.text) == (1, Outcome.COMPLETED, "Hi")
 
 
 def test_non_json_frame_is_malformed_with_provider_and_position() -> None:

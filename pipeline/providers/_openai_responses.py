@@ -3,19 +3,22 @@
 One group per output item, its lane named by the item's `output_index`: a `message` item is text
 (its `phase`, when it has one, rides first as an empty fragment with `fidelity {"phase"}`), a
 `function_call` item is a tool call (`tool_call_id` = `call_id`), and a `reasoning` item is
-thinking: all its `reasoning_summary_text` deltas (summary parts joined by a blank line) and its
-raw `reasoning_text` deltas, then, at its `output_item.done`, an empty fragment whose fidelity
-carries what the done item says (`channel: "summary"` when it has a summary, its final
-`encrypted_content`, and `signature` / `format` where a server sends them). An item whose
-deltas never came (some compatible servers only send the done item) gets its whole value at its
-`output_item.done`. Items of other types (hosted tools...) have no lane.
+thinking: all its `reasoning_summary_text` deltas (summary parts joined as they come, nothing
+inserted between them) and its raw `reasoning_text` deltas, then, at its `output_item.done`, an
+empty fragment whose fidelity carries what the done item says (`channel: "summary"` when it has a
+summary, its final `encrypted_content`, and `signature` / `format` where a server sends them). An
+item whose deltas never came (some compatible servers only send the done item) gets its whole value
+at its `output_item.done`. Items of other types (hosted tools: `web_search_call`,
+`tool_search_call`, `code_interpreter_call`...) have no lane and are skipped whole, whatever their
+fields hold.
 
 There is no `[DONE]`: `response.completed` (finish `tool_call` when the reply called a function,
 else `completed`, i.e. stop), `response.incomplete` (its `incomplete_details.reason`:
 `max_output_tokens` is length, `content_filter` is unknown), `response.failed` and `error` end
-the stream; the last two with the typed error they name. Events the API documents that carry
-nothing we stream (`response.created` aside, which names the reply) are skipped; an event type
-the API does not document is a `MalformedFrameError`.
+the stream; the last two with the typed error they name. Nothing after them is read (OpenRouter
+adds a `data: [DONE]`). Events of any other type, documented or not, are skipped by their
+`event:` name without decoding their data (an unnamed frame by a peek at its `type`); a known
+event whose fields have the wrong shape is a `MalformedFrameError`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ import operator
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
-from rillet._errors import MalformedFrameError, ProviderError
 from rillet._events import (
     ImageUrlDone,
     InlineDataDone,
@@ -55,6 +57,7 @@ from ._openai_chat import data_url, http_error, reasoning_effort
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from rillet._errors import ProviderError
     from rillet._request import ToolChoice, ToolSpec, TurnRequest
     from rillet.transports import SSEEvent
 
@@ -63,7 +66,6 @@ if TYPE_CHECKING:
 __all__ = ["OpenAIResponsesDialect"]
 
 NAME = "openai-responses"
-SUMMARY_SEPARATOR = "\n\n"
 _EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 
@@ -75,7 +77,17 @@ class _Text(msgspec.Struct, frozen=True, gc=False):
     text: str = ""
 
 
+class _Type(msgspec.Struct, frozen=True, gc=False):
+    """Only the `type` of an event or output item: what decides whether the rest is read."""
+
+    type: str = ""
+
+
 class _Item(msgspec.Struct, frozen=True):
+    """A `message`, `reasoning` or `function_call` output item. Items of other types (hosted
+    tools: `web_search_call`, `tool_search_call`...) are never decoded as this: their fields
+    may hold anything (`"arguments": {}`)."""
+
     type: str = ""
     id: str = ""
     phase: str | None = None
@@ -112,7 +124,7 @@ class _Response(msgspec.Struct, frozen=True):
     id: str = ""
     model: str = ""
     status: str | None = None
-    output: list[_Item] = []
+    output: list[msgspec.Raw] = []  # each item decoded only if it is of a type we read
     usage: _Usage | None = None
     incomplete_details: _IncompleteDetails | None = None
     error: Any = None
@@ -124,12 +136,12 @@ class _Created(msgspec.Struct, frozen=True, tag="response.created"):
 
 class _ItemAdded(msgspec.Struct, frozen=True, tag="response.output_item.added"):
     output_index: int
-    item: _Item
+    item: msgspec.Raw
 
 
 class _ItemDone(msgspec.Struct, frozen=True, tag="response.output_item.done"):
     output_index: int
-    item: _Item
+    item: msgspec.Raw
 
 
 class _TextDelta(msgspec.Struct, frozen=True, gc=False, tag="response.output_text.delta"):
@@ -142,7 +154,6 @@ class _SummaryDelta(
 ):
     output_index: int
     delta: str
-    summary_index: int = 0
 
 
 class _ReasoningDelta(msgspec.Struct, frozen=True, gc=False, tag="response.reasoning_text.delta"):
@@ -175,63 +186,6 @@ class _Error(msgspec.Struct, frozen=True, tag="error"):
     error: Any = None
 
 
-# Documented events that carry nothing we stream: decoded (so a broken frame is still caught)
-# into an empty struct each, then skipped.
-_SKIPPED_TYPES = (
-    "response.queued",
-    "response.in_progress",
-    "response.content_part.added",
-    "response.content_part.done",
-    "response.output_text.done",
-    "response.output_text.annotation.added",
-    "response.refusal.delta",
-    "response.refusal.done",
-    "response.function_call_arguments.done",
-    "response.reasoning_summary_part.added",
-    "response.reasoning_summary_part.done",
-    "response.reasoning_summary_text.done",
-    "response.reasoning_text.done",
-    "response.audio.delta",
-    "response.audio.done",
-    "response.audio.transcript.delta",
-    "response.audio.transcript.done",
-    "response.custom_tool_call_input.delta",
-    "response.custom_tool_call_input.done",
-    "response.web_search_call.in_progress",
-    "response.web_search_call.searching",
-    "response.web_search_call.completed",
-    "response.file_search_call.in_progress",
-    "response.file_search_call.searching",
-    "response.file_search_call.completed",
-    "response.code_interpreter_call.in_progress",
-    "response.code_interpreter_call.interpreting",
-    "response.code_interpreter_call.completed",
-    "response.code_interpreter_call_code.delta",
-    "response.code_interpreter_call_code.done",
-    "response.image_generation_call.in_progress",
-    "response.image_generation_call.generating",
-    "response.image_generation_call.partial_image",
-    "response.image_generation_call.completed",
-    "response.mcp_call_arguments.delta",
-    "response.mcp_call_arguments.done",
-    "response.mcp_call.in_progress",
-    "response.mcp_call.completed",
-    "response.mcp_call.failed",
-    "response.mcp_list_tools.in_progress",
-    "response.mcp_list_tools.completed",
-    "response.mcp_list_tools.failed",
-    "response.shell_call_command.added",
-    "response.shell_call_command.delta",
-    "response.shell_call_command.done",
-    "response.shell_call_output_content.delta",
-    "response.shell_call_output_content.done",
-)
-_Skipped: tuple[type[msgspec.Struct], ...] = tuple(
-    msgspec.defstruct(f"_Skipped{i}", [], frozen=True, tag=tag)
-    for i, tag in enumerate(_SKIPPED_TYPES)
-)
-_SKIPPED = frozenset(_Skipped)
-
 _HANDLED: tuple[type[msgspec.Struct], ...] = (
     _Created,
     _ItemAdded,
@@ -246,10 +200,15 @@ _HANDLED: tuple[type[msgspec.Struct], ...] = (
     _Error,
 )
 _decode_event: msgspec.json.Decoder[Any] = msgspec.json.Decoder(
-    functools.reduce(operator.or_, (*_HANDLED, *_Skipped))
+    functools.reduce(operator.or_, _HANDLED)
 )
 _decode_response = msgspec.json.Decoder(_Response)
-_DOCUMENTED = frozenset({*(str(t.__struct_config__.tag) for t in _HANDLED), *_SKIPPED_TYPES})
+_decode_item = msgspec.json.Decoder(_Item)
+_decode_type = msgspec.json.Decoder(_Type)
+# The event types we read; every other one (documented events that carry nothing we stream,
+# hosted-tool progress, types added later) is skipped by its name, without decoding its data.
+_HANDLED_TYPES = frozenset(str(t.__struct_config__.tag) for t in _HANDLED)
+_TERMINAL = (_Completed, _Incomplete, _Failed, _Error)
 
 _ITEM_KINDS: dict[str, LaneKind] = {
     "message": "text",
@@ -271,6 +230,15 @@ def _usage(u: _Usage) -> RawUsage:
         thoughts_tokens=reasoning,
         response_tokens=response,
     )
+
+
+def _item(raw: msgspec.Raw) -> _Item | None:
+    """An output item of a type we stream, decoded; None (undecoded) for any other type."""
+    head: _Type = strict_decode(_decode_type, raw, NAME)
+    if head.type not in _ITEM_KINDS:
+        return None
+    item: _Item = strict_decode(_decode_item, raw, NAME)
+    return item
 
 
 def _open_item(index: int, item: _Item, out: list[LaneEvent]) -> LaneKind | None:
@@ -317,7 +285,7 @@ def _close_item(
                 out.append(PartDelta(index, kind, item.arguments))
         else:
             parts = item.summary or [p for p in item.content or () if p.type == "reasoning_text"]
-            text = SUMMARY_SEPARATOR.join(p.text for p in parts if p.text)
+            text = "".join(p.text for p in parts)  # parts joined as they are, as when streamed
             if text:
                 out.append(PartDelta(index, kind, text))
     if kind == "thinking":
@@ -333,12 +301,17 @@ def _error_event(error: Any, in_stream: bool = True) -> ProviderErrorEvent:
     )
 
 
+def _is_call(raw: msgspec.Raw) -> bool:
+    head: _Type = strict_decode(_decode_type, raw, NAME)
+    return head.type == "function_call"
+
+
 def _finish(response: _Response, status: str | None, tool_seen: bool) -> list[LaneEvent]:
     """The end of a reply: its terminal status (`completed`, `incomplete`, `failed`) and the
     final Response object's usage."""
     reason: str | None = None
     if status == "completed":
-        tool_seen = tool_seen or any(i.type == "function_call" for i in response.output)
+        tool_seen = tool_seen or any(_is_call(raw) for raw in response.output)
         reason = "tool_call" if tool_seen else "completed"
     elif status == "incomplete":
         details = response.incomplete_details
@@ -352,22 +325,27 @@ def _finish(response: _Response, status: str | None, tool_seen: bool) -> list[La
 class _StreamDecoder:
     """One attempt's Responses events."""
 
-    __slots__ = ("_kinds", "_streamed", "_summary", "_tool_seen")
+    __slots__ = ("_done", "_kinds", "_streamed", "_tool_seen")
 
     def __init__(self) -> None:
         self._kinds: dict[int, LaneKind] = {}  # open output_index -> its lane's kind
         self._streamed: set[int] = set()  # output indexes a delta came for
-        self._summary: dict[int, int] = {}  # reasoning lane -> its current summary part
         self._tool_seen = False
+        self._done = False  # a terminal event came: nothing after it is read
 
     def feed(self, frame: SSEEvent) -> list[LaneEvent]:
+        if self._done:
+            return []  # OpenRouter's `[DONE]` after `response.completed`, and anything else
         name = frame.event
-        if name != "message" and name not in _DOCUMENTED:
-            raise MalformedFrameError(f"unknown event type {name!r}", frame.data, provider=NAME)
-        try:  # the hot path: one call into msgspec; on error, strict_decode types it
-            event = _decode_event.decode(frame.data)
+        if name not in _HANDLED_TYPES and name != "message":
+            return []  # an event we do not read, known or not: skipped by its name alone
+        data = frame.data
+        try:  # the hot path: one call into msgspec
+            event = _decode_event.decode(data)
         except msgspec.MsgspecError:
-            event = strict_decode(_decode_event, frame.data, NAME)
+            if name == "message" and self._unread(data):
+                return []  # an unnamed frame of a type we do not read
+            event = strict_decode(_decode_event, data, NAME)  # types the error
         kind = type(event)
         if kind is _TextDelta:
             self._streamed.add(event.output_index)
@@ -375,16 +353,14 @@ class _StreamDecoder:
         if kind is _ArgumentsDelta:
             self._streamed.add(event.output_index)
             return [PartDelta(event.output_index, "tool_call", event.delta)]
-        if kind is _SummaryDelta:
-            return self._summary_delta(event)
-        if kind is _ReasoningDelta:
+        if kind is _SummaryDelta or kind is _ReasoningDelta:
+            # summary parts are joined as they come, nothing inserted between them
             self._streamed.add(event.output_index)
             return [PartDelta(event.output_index, "thinking", event.delta)]
-        if kind in _SKIPPED:
-            return []
         if kind is _ItemAdded:
             out: list[LaneEvent] = []
-            lane = _open_item(event.output_index, event.item, out)
+            item = _item(event.item)
+            lane = None if item is None else _open_item(event.output_index, item, out)
             if lane is not None:
                 self._kinds[event.output_index] = lane
                 self._tool_seen = self._tool_seen or lane == "tool_call"
@@ -393,6 +369,7 @@ class _StreamDecoder:
             return self._item_done(event)
         if kind is _Created:
             return [MessageStart(event.response.id, event.response.model)]
+        self._done = kind in _TERMINAL
         if kind is _Completed:
             return _finish(event.response, "completed", self._tool_seen)
         if kind is _Incomplete:
@@ -406,33 +383,33 @@ class _StreamDecoder:
             )
         ]
 
-    def _summary_delta(self, event: _SummaryDelta) -> list[LaneEvent]:
-        index = event.output_index
-        self._streamed.add(index)
-        last = self._summary.get(index)
-        if last == event.summary_index:
-            return [PartDelta(index, "thinking", event.delta)]
-        self._summary[index] = event.summary_index
-        if last is None:
-            return [PartDelta(index, "thinking", event.delta)]
-        return [
-            PartDelta(index, "thinking", SUMMARY_SEPARATOR),
-            PartDelta(index, "thinking", event.delta),
-        ]
+    @staticmethod
+    def _unread(data: str) -> bool:
+        """Whether an unnamed frame that did not decode is of a type we do not read (or the
+        `[DONE]` some servers add), so it is skipped rather than an error."""
+        if data == "[DONE]":
+            return True
+        try:
+            head = _decode_type.decode(data)
+        except msgspec.MsgspecError:
+            return False
+        return head.type not in _HANDLED_TYPES
 
     def _item_done(self, event: _ItemDone) -> list[LaneEvent]:
         index = event.output_index
         out: list[LaneEvent] = []
+        item = _item(event.item)
+        if item is None:
+            return out  # a hosted tool's item...: nothing we stream
         lane = self._kinds.pop(index, None)
         if lane is None:  # a done item whose added event never came: the whole item now
-            lane = _open_item(index, event.item, out)
+            lane = _open_item(index, item, out)
             if lane is None:
                 return out
             self._tool_seen = self._tool_seen or lane == "tool_call"
         streamed = index in self._streamed
         self._streamed.discard(index)
-        self._summary.pop(index, None)
-        _close_item(index, lane, event.item, streamed=streamed, out=out)
+        _close_item(index, lane, item, streamed=streamed, out=out)
         return out
 
     def close(self) -> list[LaneEvent]:
@@ -623,7 +600,10 @@ class OpenAIResponsesDialect:
         response: _Response = strict_decode(_decode_response, body, NAME)
         out: list[LaneEvent] = [MessageStart(response.id, response.model)]
         tool_seen = False
-        for index, item in enumerate(response.output):
+        for index, raw in enumerate(response.output):
+            item = _item(raw)
+            if item is None:
+                continue
             kind = _open_item(index, item, out)
             if kind is not None:
                 tool_seen = tool_seen or kind == "tool_call"
