@@ -7,6 +7,19 @@ One lane per content block, named by the block's index: `text`, `thinking` (its
 a sign of life; `event: error` ends the stream with the typed error it names. Usage comes from
 `message_start` and is overridden by a `message_delta` that repeats the input side: cached tokens
 are `cache_read_input_tokens`, the prompt is `input_tokens + cache_creation_input_tokens`.
+
+Server tools' blocks (`server_tool_use`, `mcp_tool_use` and every `*_tool_result`) must go back
+unchanged for a turn Anthropic paused (`pause_turn`, which finishes `unknown`: neither done nor
+cut by a limit) to go on, so each is kept whole: an empty text item whose fidelity
+`{"block": <the block's JSON>}` is echoed as the block itself when the message is sent back (a
+streamed `server_tool_use` gets its `input` from its `input_json_delta`s). A text block's
+`citations_delta`s ride as `fidelity {"citations": [...]}` on an empty fragment at its end, and
+go back as the block's `citations`.
+
+Types added later are skipped, never an error: events by their `event:` name without decoding
+their data (an unnamed frame by a peek at its `type`), blocks whole (their deltas with them), and
+deltas of other types. A known event whose fields have the wrong shape is a
+`MalformedFrameError`. Nothing after `message_stop` (or `error`) is read.
 """
 
 from __future__ import annotations
@@ -14,7 +27,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
-from rillet._errors import MalformedFrameError, ProviderError
 from rillet._events import (
     ImageUrlDone,
     TextDone,
@@ -42,6 +54,7 @@ from ._base import HttpRequest, Provider, error_from_body, strict_decode
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from rillet._errors import ProviderError
     from rillet._request import TurnRequest
     from rillet.transports import SSEEvent
 
@@ -67,7 +80,22 @@ class _Usage(msgspec.Struct, frozen=True):
     output_tokens_details: dict[str, Any] | None = None
 
 
+class _Type(msgspec.Struct, frozen=True, gc=False):
+    """Only the `type` of a block or delta: what decides whether the rest is read."""
+
+    type: str = ""
+
+
+class _Head(msgspec.Struct, frozen=True, gc=False):
+    """Only the types of an event that did not decode: its own, and its delta's."""
+
+    type: str = ""
+    delta: _Type | None = None
+
+
 class _Block(msgspec.Struct, frozen=True):
+    """A block of a type we stream (`text`, `thinking`, `redacted_thinking`, `tool_use`)."""
+
     type: str
     text: str = ""
     thinking: str = ""
@@ -76,20 +104,39 @@ class _Block(msgspec.Struct, frozen=True):
     id: str = ""
     name: str = ""
     input: Any = None
+    citations: list[Any] | None = None
 
 
-class _Delta(msgspec.Struct, frozen=True):
-    type: str
-    text: str = ""
-    thinking: str = ""
-    signature: str = ""
-    partial_json: str = ""
+class _TextDelta(msgspec.Struct, frozen=True, gc=False, tag="text_delta"):
+    text: str
+
+
+class _ThinkingDelta(msgspec.Struct, frozen=True, gc=False, tag="thinking_delta"):
+    thinking: str
+
+
+class _SignatureDelta(msgspec.Struct, frozen=True, gc=False, tag="signature_delta"):
+    signature: str
+
+
+class _JsonDelta(msgspec.Struct, frozen=True, gc=False, tag="input_json_delta"):
+    partial_json: str
+
+
+class _CitationsDelta(msgspec.Struct, frozen=True, tag="citations_delta"):
+    citation: Any
+
+
+_Delta = _TextDelta | _ThinkingDelta | _SignatureDelta | _JsonDelta | _CitationsDelta
+_DELTA_TYPES = frozenset(
+    {"text_delta", "thinking_delta", "signature_delta", "input_json_delta", "citations_delta"}
+)
 
 
 class _Message(msgspec.Struct, frozen=True):
     id: str = ""
     model: str = ""
-    content: list[_Block] = []
+    content: list[msgspec.Raw] = []  # each block decoded only if it is of a type we read
     stop_reason: str | None = None
     usage: _Usage | None = None
 
@@ -100,7 +147,7 @@ class _MessageStart(msgspec.Struct, frozen=True, tag="message_start"):
 
 class _BlockStart(msgspec.Struct, frozen=True, tag="content_block_start"):
     index: int
-    content_block: _Block
+    content_block: msgspec.Raw
 
 
 class _BlockDelta(msgspec.Struct, frozen=True, tag="content_block_delta"):
@@ -138,8 +185,13 @@ _Event = (
 ) | _Error
 _decode_event = msgspec.json.Decoder(_Event)
 _decode_message = msgspec.json.Decoder(_Message)
+_decode_block = msgspec.json.Decoder(_Block)
+_decode_type = msgspec.json.Decoder(_Type)
+_decode_head = msgspec.json.Decoder(_Head)
+_decode_any = msgspec.json.Decoder()
 
-# Events the API documents as ignorable additions; anything else unknown is a malformed frame.
+# The event types we read; every other one is skipped by its name, without decoding its data
+# (Anthropic's versioning policy: new event types may appear in a stream).
 _KNOWN_EVENTS = frozenset(
     {
         "message_start",
@@ -152,6 +204,13 @@ _KNOWN_EVENTS = frozenset(
         "error",
     }
 )
+
+
+def _kept(block_type: str) -> bool:
+    """Whether a block of this type is kept whole for the round trip: server tools' calls and
+    results (`server_tool_use`, `web_search_tool_result`, `mcp_tool_use`, `mcp_tool_result`,
+    `code_execution_tool_result`...), which must be sent back for a paused turn to go on."""
+    return block_type in ("server_tool_use", "mcp_tool_use") or block_type.endswith("_tool_result")
 
 
 def _usage(u: _Usage) -> RawUsage:
@@ -179,6 +238,28 @@ _BLOCK_KINDS: dict[str, LaneKind] = {
     "redacted_thinking": "thinking",
     "tool_use": "tool_call",
 }
+BLOCK = "block"
+"""The fidelity key of a kept server-tool block: the block's JSON, echoed as is when the message
+goes back to Anthropic."""
+
+
+def _kept_lanes(index: int, block: Any) -> list[LaneEvent]:
+    """A kept block as an empty text item carrying the whole block as its fidelity."""
+    return [
+        PartStart(index=index, kind="text"),
+        PartDelta(index, "text", "", {BLOCK: block}),
+        PartStop(index, "text"),
+    ]
+
+
+def _whole_block(index: int, raw: msgspec.Raw) -> list[LaneEvent]:
+    """A block of a non-streaming body: its lanes, kept whole, or nothing for another type."""
+    head: _Type = strict_decode(_decode_type, raw, NAME)
+    if head.type in _BLOCK_KINDS:
+        return _block_lanes(index, strict_decode(_decode_block, raw, NAME), whole=True)
+    if _kept(head.type):
+        return _kept_lanes(index, strict_decode(_decode_any, raw, NAME))
+    return []
 
 
 def _block_lanes(index: int, block: _Block, *, whole: bool) -> list[LaneEvent]:
@@ -191,6 +272,8 @@ def _block_lanes(index: int, block: _Block, *, whole: bool) -> list[LaneEvent]:
         out: list[LaneEvent] = [PartStart(index=index, kind="text")]
         if block.text:
             out.append(PartDelta(index, "text", block.text))
+        if whole and block.citations:
+            out.append(PartDelta(index, "text", "", {"citations": block.citations}))
     elif block.type == "thinking":
         out = [PartStart(index=index, kind="thinking")]
         if block.thinking:
@@ -216,50 +299,47 @@ def _block_lanes(index: int, block: _Block, *, whole: bool) -> list[LaneEvent]:
     return out
 
 
+class _Kept:
+    """A server-tool block being streamed: the block as it started, and its input's JSON."""
+
+    __slots__ = ("block", "json")
+
+    def __init__(self, block: Any) -> None:
+        self.block = block
+        self.json: list[str] = []
+
+
 class _StreamDecoder:
     """One attempt's Messages stream."""
 
-    __slots__ = ("_kinds", "_quiet")
+    __slots__ = ("_citations", "_done", "_kept", "_kinds", "_quiet")
 
     def __init__(self) -> None:
         self._kinds: dict[int, LaneKind] = {}  # open block index -> its lane's kind
-        self._quiet: set[int] = set()  # open blocks of types we do not stream
+        self._quiet: set[int] = set()  # open blocks of types we skip
+        self._kept: dict[int, _Kept] = {}  # open server-tool blocks, kept whole
+        self._citations: dict[int, list[Any]] = {}  # citations of open text blocks
+        self._done = False  # `message_stop` (or an error) came: nothing after it is read
 
     def feed(self, frame: SSEEvent) -> list[LaneEvent]:
-        if frame.event not in _KNOWN_EVENTS and frame.event != "message":
-            raise MalformedFrameError(f"unknown event type {frame.event!r}", frame.data)
-        try:  # the hot path: one call into msgspec; on error, strict_decode types it
-            event = _decode_event.decode(frame.data)
+        if self._done:
+            return []
+        name = frame.event
+        if name not in _KNOWN_EVENTS and name != "message":
+            return []  # an event type added later: skipped by its name alone
+        data = frame.data
+        try:  # the hot path: one call into msgspec
+            event = _decode_event.decode(data)
         except msgspec.MsgspecError:
-            event = strict_decode(_decode_event, frame.data, NAME)
+            if _skipped(name, data):
+                return []
+            event = strict_decode(_decode_event, data, NAME)  # types the error
         if type(event) is _BlockDelta:
-            kind = self._kinds.get(event.index)
-            delta = event.delta
-            if kind is None:
-                if event.index in self._quiet:
-                    return []
-                # a delta for a block that never started: the grammar refuses it as such
-                return [PartDelta(event.index, "text", delta.text)]
-            if delta.type == "text_delta":
-                return [PartDelta(event.index, "text", delta.text)]
-            if delta.type == "thinking_delta":
-                return [PartDelta(event.index, "thinking", delta.thinking)]
-            if delta.type == "signature_delta":
-                return [PartDelta(event.index, "thinking", "", {"signature": delta.signature})]
-            if delta.type == "input_json_delta":
-                return [PartDelta(event.index, "tool_call", delta.partial_json)]
-            return []  # citations and other additions
+            return self._delta(event.index, event.delta)
         if type(event) is _BlockStart:
-            kind = _BLOCK_KINDS.get(event.content_block.type)
-            if kind is not None:
-                self._kinds[event.index] = kind
-            else:
-                self._quiet.add(event.index)
-            return _block_lanes(event.index, event.content_block, whole=False)
+            return self._start(event.index, event.content_block)
         if type(event) is _BlockStop:
-            kind = self._kinds.pop(event.index, None)
-            self._quiet.discard(event.index)
-            return [] if kind is None else [PartStop(event.index, kind)]
+            return self._stop(event.index)
         if type(event) is _MessageStart:
             message = event.message
             out: list[LaneEvent] = [MessageStart(message.id, message.model)]
@@ -270,23 +350,108 @@ class _StreamDecoder:
             usage = _usage(event.usage) if event.usage is not None else None
             return [MessageDelta(finish_reason=event.delta.stop_reason, usage=usage)]
         if type(event) is _MessageStop:
+            self._done = True
             return [MessageStop()]
         if type(event) is _Ping:
             return [Ping()]
         assert type(event) is _Error
+        self._done = True
         return [
             ProviderErrorEvent(error_from_body(NAME, None, {"error": event.error}, in_stream=True))
         ]
 
+    def _delta(self, index: int, delta: _Delta) -> list[LaneEvent]:
+        kind = self._kinds.get(index)
+        if kind is None:
+            kept = self._kept.get(index)
+            if kept is not None:
+                if type(delta) is _JsonDelta:
+                    kept.json.append(delta.partial_json)
+                return []
+            if index in self._quiet:
+                return []
+            # a delta for a block that never started: the grammar refuses it as such
+            return [PartDelta(index, "text", getattr(delta, "text", ""))]
+        if type(delta) is _TextDelta:
+            return [PartDelta(index, "text", delta.text)]
+        if type(delta) is _ThinkingDelta:
+            return [PartDelta(index, "thinking", delta.thinking)]
+        if type(delta) is _SignatureDelta:
+            return [PartDelta(index, "thinking", "", {"signature": delta.signature})]
+        if type(delta) is _JsonDelta:
+            return [PartDelta(index, "tool_call", delta.partial_json)]
+        assert type(delta) is _CitationsDelta
+        if kind == "text":
+            self._citations.setdefault(index, []).append(delta.citation)
+        return []
+
+    def _start(self, index: int, raw: msgspec.Raw) -> list[LaneEvent]:
+        head: _Type = strict_decode(_decode_type, raw, NAME)
+        kind = _BLOCK_KINDS.get(head.type)
+        if kind is not None:
+            self._kinds[index] = kind
+            return _block_lanes(index, strict_decode(_decode_block, raw, NAME), whole=False)
+        if _kept(head.type):
+            self._kept[index] = _Kept(strict_decode(_decode_any, raw, NAME))
+        else:
+            self._quiet.add(index)  # a block type added later: skipped whole
+        return []
+
+    def _stop(self, index: int) -> list[LaneEvent]:
+        kind = self._kinds.pop(index, None)
+        if kind is not None:
+            citations = self._citations.pop(index, None)
+            if citations:
+                return [
+                    PartDelta(index, "text", "", {"citations": citations}),
+                    PartStop(index, kind),
+                ]
+            return [PartStop(index, kind)]
+        kept = self._kept.pop(index, None)
+        if kept is not None:
+            block = kept.block
+            if kept.json and isinstance(block, dict):
+                joined = "".join(kept.json)
+                block["input"] = strict_decode(_decode_any, joined or "{}", NAME)
+            return _kept_lanes(index, block)
+        self._quiet.discard(index)
+        return []
+
     def close(self) -> list[LaneEvent]:
         return []
+
+
+def _skipped(name: str, data: str) -> bool:
+    """Whether a frame that did not decode is one we skip rather than a known event of the wrong
+    shape: an unnamed frame of an event type we do not read, or a delta of a delta type we do
+    not read (types added later)."""
+    try:
+        head = _decode_head.decode(data)
+    except msgspec.MsgspecError:
+        return False
+    if head.type not in _KNOWN_EVENTS:
+        return name == "message"
+    delta = head.delta
+    return (
+        head.type == "content_block_delta"
+        and delta is not None
+        and (delta.type not in _DELTA_TYPES)
+    )
 
 
 def _content(message: UniMessage) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
     for item in message.content_items:
         if type(item) is TextDone:
-            blocks.append({"type": "text", "text": item.text})
+            fidelity = item.fidelity or {}
+            kept = fidelity.get(BLOCK)
+            if isinstance(kept, dict):
+                blocks.append(kept)  # a server tool's block, echoed as it came
+                continue
+            text: dict[str, Any] = {"type": "text", "text": item.text}
+            if fidelity.get("citations"):
+                text["citations"] = fidelity["citations"]
+            blocks.append(text)
         elif type(item) is ThinkingDone:
             signature = (item.fidelity or {}).get("signature", "")
             if item.thinking == REDACTED:
@@ -389,8 +554,8 @@ class AnthropicDialect:
         """A non-streaming Message as the stream the API would have sent."""
         message = strict_decode(_decode_message, body, NAME)
         out: list[LaneEvent] = [MessageStart(message.id, message.model)]
-        for index, block in enumerate(message.content):
-            out.extend(_block_lanes(index, block, whole=True))
+        for index, raw in enumerate(message.content):
+            out.extend(_whole_block(index, raw))
         out.append(
             MessageDelta(
                 finish_reason=message.stop_reason,
