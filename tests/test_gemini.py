@@ -587,3 +587,182 @@ def test_rate_limit_carries_the_retry_delay() -> None:
         .retry_after
         is None
     )
+
+
+RETRY_INFO = {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "37s"}
+
+
+def test_a_rate_limit_body_wrapped_in_an_array_carries_the_retry_delay() -> None:
+    raw = b"[" + error_body(429, "RESOURCE_EXHAUSTED", details=[RETRY_INFO]) + b"]"
+    error = GeminiDialect().error_from_response(429, {}, raw)
+    assert isinstance(error, RateLimitError)
+    assert error.retry_after == 37.0
+    assert error.error_type == "RESOURCE_EXHAUSTED"
+    assert error.provider_message
+
+
+def test_an_in_stream_rate_limit_carries_the_retry_delay() -> None:
+    error = {"code": 429, "message": "quota", "status": "RESOURCE_EXHAUSTED"}
+    data = sse(chunk({"text": "Hi"}), {"error": error | {"details": [RETRY_INFO]}})
+    decoder = WireDecoder(GeminiDialect(), clock=lambda: 0)
+    with pytest.raises(RateLimitError) as info:
+        decoder.feed(data)
+    assert info.value.retry_after == 37.0
+    assert info.value.in_stream
+    plain = WireDecoder(GeminiDialect(), clock=lambda: 0)
+    with pytest.raises(RateLimitError) as without:
+        plain.feed(sse({"error": error}))
+    assert without.value.retry_after is None
+
+
+# --- usage is merged field by field -----------------------------------------------------------
+
+
+def test_a_last_chunk_without_candidates_count_keeps_the_earlier_count() -> None:
+    data = sse(
+        chunk({"text": "Hi"}, usage={"promptTokenCount": 10, "candidatesTokenCount": 5}),
+        chunk(
+            {"text": "!"}, finish="STOP", usage={"promptTokenCount": 10, "thoughtsTokenCount": 3}
+        ),
+    )
+    assert stop(decode(data))["usage_metadata"] == {
+        "cached_tokens": None,
+        "prompt_tokens": 10,
+        "thoughts_tokens": 3,
+        "response_tokens": 5,
+    }
+
+
+def test_usage_after_the_finish_reason_is_merged_too() -> None:
+    data = sse(
+        chunk({"text": "Hi"}, finish="STOP", usage={"promptTokenCount": 10}),
+        {"candidates": [], "usageMetadata": {"candidatesTokenCount": 7}},
+    )
+    assert stop(decode(data))["usage_metadata"]["response_tokens"] == 7
+    assert stop(decode(data))["usage_metadata"]["prompt_tokens"] == 10
+
+
+# --- streamed function-call arguments (Gemini 3, Vertex AI) -------------------------------------
+
+
+def call_part(**call: Any) -> dict[str, Any]:
+    return {"functionCall": call}
+
+
+def partial(path: str, will_continue: bool = False, **value: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"jsonPath": path, **value}
+    if will_continue:
+        out["willContinue"] = True
+    return out
+
+
+def streamed_weather() -> bytes:
+    return sse(
+        chunk({"text": "Checking."}),
+        chunk(call_part(name="set_light", willContinue=True) | {"thoughtSignature": SIG}),
+        chunk(
+            call_part(
+                partialArgs=[partial("$.location", True, stringValue="Bos")], willContinue=True
+            )
+        ),
+        chunk(
+            call_part(partialArgs=[partial("$.location", stringValue="ton, MA")], willContinue=True)
+        ),
+        chunk(
+            call_part(
+                partialArgs=[
+                    partial("$.brightness", numberValue=50),
+                    partial("$.on", boolValue=True),
+                    partial("$.scene", nullValue="NULL_VALUE"),
+                    partial("$.stops[1].name", stringValue="b"),
+                    partial("$.stops[0]['odd key']", stringValue="a"),
+                ],
+                willContinue=True,
+            )
+        ),
+        chunk(call_part()),
+        chunk(finish="STOP"),
+    )
+
+
+def test_streamed_function_call_arguments_become_one_whole_tool_call() -> None:
+    entries = decode(streamed_weather())
+    arguments = {
+        "location": "Boston, MA",
+        "brightness": 50,
+        "on": True,
+        "scene": None,
+        "stops": [{"odd key": "a"}, {"name": "b"}],
+    }
+    assert entries[2:] == [
+        {
+            "type": "tool_call.delta",
+            "name": "set_light",
+            "arguments": json.dumps(arguments, ensure_ascii=False),
+            "tool_call_id": "set_light",
+            "fidelity": {"signature": SIG},
+        },
+        {
+            "type": "tool_call.done",
+            "name": "set_light",
+            "arguments": arguments,
+            "tool_call_id": "set_light",
+            "fidelity": {"signature": SIG},
+        },
+        {
+            "type": "stop",
+            "finish_reason": "tool_call",
+            "usage_metadata": {
+                "cached_tokens": None,
+                "prompt_tokens": 10,
+                "thoughts_tokens": None,
+                "response_tokens": 5,
+            },
+        },
+    ]
+
+
+def test_a_streamed_call_is_complete_at_the_next_call_or_the_finish_reason() -> None:
+    data = sse(
+        chunk(call_part(name="f", id="c1", willContinue=True)),
+        chunk(call_part(partialArgs=[partial("$.a", numberValue=1)], willContinue=True)),
+        chunk(call_part(name="g", args={"b": 2})),
+        chunk(
+            call_part(name="f", willContinue=True, partialArgs=[partial("$.x", stringValue="y")])
+        ),
+        chunk(finish="STOP"),
+    )
+    dones = [e for e in decode(data) if e["type"] == "tool_call.done"]
+    assert [(d["name"], d["tool_call_id"], d["arguments"]) for d in dones] == [
+        ("f", "c1", {"a": 1}),
+        ("g", "g", {"b": 2}),
+        ("f", "f", {"x": "y"}),
+    ]
+
+
+def test_a_streamed_call_cut_off_before_its_end_is_incomplete() -> None:
+    data = sse(chunk(call_part(name="f", willContinue=True)))
+    assert decode(data)[-1] == {"type": "error", "error": "IncompleteStreamError"}
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        call_part(args={"a": 1}),  # no name, no call streaming
+        call_part(name="f", partialArgs=[partial("location", stringValue="x")]),
+        call_part(name="f", partialArgs=[partial("$.a[x]", stringValue="x")]),
+        call_part(name="f", partialArgs=[partial("$.a", stringValue=5)]),
+        call_part(name="f", partialArgs=[{"stringValue": "x"}]),
+        call_part(
+            name="f", partialArgs=[partial("$.a", numberValue=1), partial("$.a.b", numberValue=2)]
+        ),
+        call_part(name="f", partialArgs=[partial("$[0]", numberValue=1)]),
+        call_part(name="f", partialArgs=[partial("$.a[99999999]", numberValue=1)]),
+    ],
+)
+def test_a_function_call_of_the_wrong_shape_is_malformed(part: dict[str, Any]) -> None:
+    decoder = WireDecoder(GeminiDialect(), clock=lambda: 0)
+    with pytest.raises(MalformedFrameError) as info:
+        decoder.feed(sse(chunk({"text": "Hi"}), chunk(part)))
+    assert info.value.provider == "gemini"
+    assert info.value.frame_index == 1

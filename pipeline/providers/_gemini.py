@@ -11,16 +11,20 @@ decoded to bytes; a thought image is `inline_thinking`). Other parts (`executabl
 becomes `fidelity {"signature"}` on the fragment of the part that carried it, so a final empty
 text part with a signature gives an empty text fragment carrying it.
 
-Tool-call ids are `functionCall.id` when Gemini sends one, else the function's name (`name#2`,
-`name#3`... for later calls of the same function, see `ToolIds`). There is no terminal event: the
-reply is complete after a chunk whose candidate has a `finishReason`, so the stop is emitted at
-end of input only if one came (otherwise the grammar reports the truncation). `STOP` after a
-function call is `tool_call`. Usage is cumulative on every chunk: cached tokens are
+A call whose arguments stream in (`streamFunctionCallArguments`: a part with the name and
+`willContinue`, parts of `partialArgs`, an empty `functionCall` to end it) is put together by
+`StreamedCall` and goes out as one whole tool call when it ends (or when the next call, another part
+or the finish reason comes). Tool-call ids are `functionCall.id` when Gemini sends one, else the
+function's name (`name#2`, `name#3`... for later calls of the same function, see `ToolIds`). There
+is no terminal event: the reply is complete after a chunk whose candidate has a `finishReason`, so
+the stop is emitted at end of input only if one came (otherwise the grammar reports the truncation).
+`STOP` after a function call is `tool_call`. Usage is cumulative on every chunk: cached tokens are
 `cachedContentTokenCount`, the prompt is `promptTokenCount` minus them, thoughts are
-`thoughtsTokenCount` (reported apart from `candidatesTokenCount`). A prompt blocked before any
-candidate (`promptFeedback.blockReason`) finishes with the block reason, so the grammar reports
-an empty reply rather than a cut-off one. An `{"error": ...}` chunk ends the stream with the
-typed error.
+`thoughtsTokenCount` (reported apart from `candidatesTokenCount`), merged field by field (a chunk
+without `candidatesTokenCount` keeps the count an earlier one gave). A prompt blocked before any
+candidate (`promptFeedback.blockReason`) finishes with the block reason, so the grammar reports an
+empty reply rather than a cut-off one. An `{"error": ...}` chunk ends the stream with the typed
+error; a `RetryInfo.retryDelay` in it (or in an HTTP error body) becomes the error's `retry_after`.
 
 Replaying a conversation: a tool result goes back as a `functionResponse` named after its call.
 The call's name is read from the replayed assistant `tool_call.done` with the same id; an id is a
@@ -72,6 +76,7 @@ from ._base import (
     strict_decode,
     strip_call_suffix,
 )
+from ._partial_args import PartialArg, StreamedCall
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -92,10 +97,14 @@ _CHOICE_MODES = {"auto": "AUTO", "required": "ANY", "none": "NONE"}
 # --- wire shapes ----------------------------------------------------------------------------------
 
 
-class _FunctionCall(msgspec.Struct, frozen=True):
-    name: str
+class _FunctionCall(msgspec.Struct, frozen=True, rename="camel"):
+    """A whole call; or, with streamed arguments, one piece of one (`_partial_args`)."""
+
+    name: str = ""
     args: Any = None
     id: str = ""
+    partial_args: list[PartialArg] | None = None
+    will_continue: bool = False
 
 
 class _InlineData(msgspec.Struct, frozen=True, rename="camel"):
@@ -143,6 +152,24 @@ class _Chunk(msgspec.Struct, frozen=True, rename="camel"):
 _decode_chunk = msgspec.json.Decoder(_Chunk)
 
 
+def _merge_usage(old: _Usage | None, new: _Usage) -> _Usage:
+    """Field by field: a count the new chunk leaves out keeps the value an earlier one gave."""
+    if old is None:
+        return new
+    return _Usage(
+        prompt_token_count=_later(old.prompt_token_count, new.prompt_token_count),
+        candidates_token_count=_later(old.candidates_token_count, new.candidates_token_count),
+        cached_content_token_count=_later(
+            old.cached_content_token_count, new.cached_content_token_count
+        ),
+        thoughts_token_count=_later(old.thoughts_token_count, new.thoughts_token_count),
+    )
+
+
+def _later(old: int | None, new: int | None) -> int | None:
+    return old if new is None else new
+
+
 def _usage(u: _Usage) -> RawUsage:
     cached = u.cached_content_token_count
     prompt = u.prompt_token_count
@@ -169,6 +196,7 @@ class _StreamDecoder:
         "_last_usage",
         "_signature",
         "_started",
+        "_streamed",
     )
 
     def __init__(self) -> None:
@@ -181,6 +209,7 @@ class _StreamDecoder:
         self._finished = False  # a finish reason was seen
         self._started = False  # MessageStart went out
         self._last_usage: _Usage | None = None
+        self._streamed: StreamedCall | None = None  # a call whose arguments are streaming in
 
     def feed(self, frame: SSEEvent) -> list[LaneEvent]:
         try:  # the hot path: one call into msgspec; on error, strict_decode types it
@@ -217,9 +246,12 @@ class _StreamDecoder:
         # with the finish reason (or at the end of a stream cut off before one)
         u = chunk.usage_metadata
         if u is not None:
+            u = _merge_usage(self._last_usage, u)  # a count missing here keeps its last value
             if self._finished and u != self._last_usage:  # usage after the finish reason
                 out.append(MessageDelta(usage=_usage(u)))
             self._last_usage = u
+        if finish is not None and self._streamed is not None:
+            self._flush(out)  # the reply is over: so is the call streaming in
         if finish is not None:
             self._finished = True
             last = self._last_usage
@@ -228,6 +260,7 @@ class _StreamDecoder:
             )
         if chunk.error is not None:
             error = error_from_body(NAME, None, {"error": chunk.error}, in_stream=True)
+            error.retry_after = _retry_delay(chunk.error)
             out.append(ProviderErrorEvent(error))
         return out
 
@@ -235,7 +268,13 @@ class _StreamDecoder:
         signature = part.thought_signature
         fidelity = {"signature": signature} if signature else None
         text = part.text
-        if text is not None and part.function_call is None and part.inline_data is None:
+        call = part.function_call
+        if call is not None:
+            self._call(call, fidelity, out)
+            return
+        if self._streamed is not None and (text or part.inline_data is not None):
+            self._flush(out)
+        if text is not None and part.inline_data is None:
             kind: LaneKind = "thinking" if part.thought else "text"
             if kind != self._kind or (
                 signature and self._signature and signature != self._signature
@@ -249,16 +288,6 @@ class _StreamDecoder:
                 self._signature = signature
             out.append(PartDelta(self._index, kind, text, fidelity))
             return
-        call = part.function_call
-        if call is not None:
-            self._called = True
-            call_id = call.id or self._ids.next(call.name)
-            index = self._whole(out)
-            out.append(PartStart(index=index, kind="tool_call", name=call.name, call_id=call_id))
-            arguments = dumps_arguments(call.args if call.args is not None else {})
-            out.append(PartDelta(index, "tool_call", arguments, fidelity))
-            out.append(PartStop(index, "tool_call"))
-            return
         data = part.inline_data
         if data is not None:
             media: LaneKind = "inline_thinking" if part.thought else "inline_data"
@@ -267,6 +296,61 @@ class _StreamDecoder:
             out.append(PartDelta(index, media, data.data, fidelity))
             out.append(PartStop(index, media))
         # executableCode, codeExecutionResult, fileData...: nothing to stream
+
+    def _call(
+        self, call: _FunctionCall, fidelity: dict[str, Any] | None, out: list[LaneEvent]
+    ) -> None:
+        """A `functionCall` part: a whole call, or the start, a piece or the end of a call whose
+        arguments stream in (a part without a name goes on with the call streaming now)."""
+        streamed = self._streamed
+        if streamed is not None and not call.name:
+            if streamed.fidelity is None:
+                streamed.fidelity = fidelity
+            if isinstance(call.args, dict):
+                streamed.arguments.update(call.args)
+            for partial in call.partial_args or ():
+                streamed.apply(partial)
+            if not call.will_continue:
+                self._flush(out)
+            return
+        if streamed is not None:
+            self._flush(out)  # another call began: the one before is complete
+        if not call.name:
+            raise MalformedFrameError("a function call without a name", str(call), provider=NAME)
+        self._called = True
+        if call.will_continue or call.partial_args:
+            streamed = StreamedCall(call.name, call.id, fidelity, NAME, call.args)
+            for partial in call.partial_args or ():
+                streamed.apply(partial)
+            self._streamed = streamed
+            if not call.will_continue:
+                self._flush(out)
+            return
+        args = call.args if call.args is not None else {}
+        self._whole_call(call.name, call.id, args, fidelity, out)
+
+    def _flush(self, out: list[LaneEvent]) -> None:
+        """The call whose arguments streamed in is complete: one tool call with them all."""
+        streamed = self._streamed
+        assert streamed is not None
+        self._streamed = None
+        self._whole_call(
+            streamed.name, streamed.call_id, streamed.arguments, streamed.fidelity, out
+        )
+
+    def _whole_call(
+        self,
+        name: str,
+        call_id: str,
+        args: Any,
+        fidelity: dict[str, Any] | None,
+        out: list[LaneEvent],
+    ) -> None:
+        call_id = call_id or self._ids.next(name)
+        index = self._whole(out)
+        out.append(PartStart(index=index, kind="tool_call", name=name, call_id=call_id))
+        out.append(PartDelta(index, "tool_call", dumps_arguments(args), fidelity))
+        out.append(PartStop(index, "tool_call"))
 
     def _open(self, kind: LaneKind, out: list[LaneEvent]) -> None:
         """Close the open text/thinking lane, if any, and open a new one of `kind`."""
@@ -386,11 +470,25 @@ def _retry_after(headers: Mapping[str, str], body: bytes) -> float | None:
                 return float(value)
             except ValueError:
                 break
+    error = _error_object(body)
+    return None if error is None else _retry_delay(error)
+
+
+def _error_object(body: bytes) -> Any:
+    """The `error` object of an error body: `{"error": ...}`, or that inside a one-element JSON
+    array (what the streaming endpoint answers without `alt=sse`); None if neither."""
     try:
         data = msgspec.json.decode(body)
-        details = data["error"]["details"]
-    except (msgspec.DecodeError, KeyError, TypeError):
+    except (msgspec.DecodeError, RecursionError):
         return None
+    if isinstance(data, list) and len(data) == 1:
+        data = data[0]
+    return data.get("error") if isinstance(data, dict) else None
+
+
+def _retry_delay(error: Any) -> float | None:
+    """The wait an error object's `google.rpc.RetryInfo` detail asks for (`"37s"` -> 37.0)."""
+    details = error.get("details") if isinstance(error, dict) else None
     if not isinstance(details, list):
         return None
     for detail in details:
@@ -398,9 +496,10 @@ def _retry_after(headers: Mapping[str, str], body: bytes) -> float | None:
             delay = detail.get("retryDelay")
             if isinstance(delay, str) and delay.endswith("s"):
                 try:
-                    return float(delay[:-1])
+                    seconds = float(delay[:-1])
                 except ValueError:
                     return None
+                return seconds if seconds >= 0 else None
     return None
 
 
@@ -483,7 +582,9 @@ class GeminiDialect:
     ) -> ProviderError:
         """`{"error": {"code", "message", "status"}}` typed by its status word, with the wait a
         429 asks for (`retry-after`, or the body's `RetryInfo`)."""
-        error = error_from_body(NAME, status, body)
+        error_object = _error_object(body)
+        wrapped = error_object is not None and body.lstrip()[:1] == b"["
+        error = error_from_body(NAME, status, {"error": error_object} if wrapped else body)
         if error.retry_after is None:
             error.retry_after = _retry_after(headers, body)
         return error
