@@ -264,8 +264,8 @@ class Handler:
                                 await trio.lowlevel.checkpoint()
                     if error is not None:
                         return self._failure_of(error, emitted)
-                    if not chunk:
-                        return None
+                    if not chunk or decoder.grammar.stopped:
+                        return None  # the end of the body, or of the reply: nothing more to read
             return self._timed_out(emitted)  # the deadline cut a read short
         except httpx.TransportError as exc:
             return self._note(

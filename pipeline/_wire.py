@@ -85,9 +85,12 @@ class WireDecoder:
     def feed(self, chunk: bytes, out: list[UniEvent] | None = None) -> list[UniEvent]:
         """Take the next bytes of the body; append the UniEvents they complete to `out` (a new
         list if None) and return it. If it raises, `out` still holds every event released before
-        the error, so a caller that passes its own list loses nothing."""
+        the error, so a caller that passes its own list loses nothing. Bytes after the reply's
+        stop are ignored."""
         if out is None:
             out = []
+        if self.grammar.stopped:
+            return out  # the reply is over: what follows is not even framed
         framer = self._framer
         if framer is None:
             self._body.append(chunk)

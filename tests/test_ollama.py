@@ -7,6 +7,8 @@ import json
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
 from rillet import (
     FrameEncodingError,
     ImageUrlDone,
@@ -27,10 +29,18 @@ from rillet import (
     WireDecoder,
     user,
 )
+from rillet._policy import Outcome
 from rillet.providers import Provider, Secret
 from rillet.providers._ollama import OllamaDialect
 
-from .wire_cases import run
+from .wire_cases import run, turn_over_loopback
+
+
+@pytest.fixture
+def loop_clock() -> trio.testing.MockClock:
+    """Virtual time for whole turns over loopback sockets (jumps only when all is idle)."""
+    return trio.testing.MockClock(autojump_threshold=0.02)
+
 
 BASE = "http://127.0.0.1:11434"
 KEY = "ollama-proxy-key-0000secret"
@@ -230,6 +240,46 @@ def test_last_line_without_trailing_newline_is_complete() -> None:
             },
         },
     ]
+
+
+HI_ENTRIES = [
+    {"type": "text.delta", "text": "Hi"},
+    {"type": "text.done", "text": "Hi"},
+    {
+        "type": "stop",
+        "finish_reason": "stop",
+        "usage_metadata": {
+            "cached_tokens": None,
+            "prompt_tokens": 9,
+            "thoughts_tokens": None,
+            "response_tokens": 4,
+        },
+    },
+]
+
+
+@pytest.mark.parametrize(
+    "after",
+    [
+        b'{"model": "qwen3:8b", "message": {"role": "assistant", "content": " more"}}\n',
+        ndjson({**line(), **DONE, "done_reason": "length"}),
+        b"not json\n",
+        b'{"error": "late"}\n',
+    ],
+    ids=["a-line", "a-second-done", "not-json", "an-error"],
+)
+def test_lines_after_done_are_ignored(after: bytes) -> None:
+    assert decode(ndjson(line("Hi"), {**line(), **DONE}) + after) == HI_ENTRIES
+
+
+async def test_f52_lines_after_done_complete_in_one_request(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    data = ndjson(line("Hi"), {**line(), **DONE}, line(" late"), {**line(), **DONE})
+    result, requests = await turn_over_loopback(
+        OllamaDialect(), data, content_type="application/x-ndjson"
+    )
+    assert (requests, result.outcome, result.text) == (1, Outcome.COMPLETED, "Hi")
 
 
 def test_final_line_cut_mid_json_is_a_truncation() -> None:

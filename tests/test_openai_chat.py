@@ -6,6 +6,7 @@ import base64
 import json
 from typing import Any
 
+import httpx
 import pytest
 import trio
 import trio.testing
@@ -29,9 +30,12 @@ from rillet import (
     WireDecoder,
     user,
 )
-from rillet._policy import Outcome
+from rillet._policy import Outcome, Policy
+from rillet._ratelimit import RateLimiter
+from rillet._turn import run_turn
 from rillet.providers import Provider, Secret
 from rillet.providers._openai_chat import OpenAIChatDialect, sniff_audio
+from rillet.transports.testing import Reply, open_loopback_provider
 
 from .wire_cases import run, turn_over_loopback
 
@@ -597,6 +601,33 @@ async def test_f52_a_second_done_and_chunks_after_done_complete_in_one_request(
     )
     result, requests = await turn_over_loopback(OpenAIChatDialect(), data)
     assert (requests, result.outcome, result.text) == (1, Outcome.COMPLETED, "Hi")
+
+
+async def test_f52_a_provider_that_keeps_the_body_open_after_done_is_not_waited_for(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    # the body never ends after `[DONE]`: reading stops at the reply's end, no deadline is spent
+    data = sse(chunk({"content": "Hi"}), chunk(finish="stop", usage=USAGE), "[DONE]")
+    reply = Reply(chunks=(data,), stall_after=1)
+    with trio.fail_after(60):
+        async with open_loopback_provider([reply]) as server:
+            provider = Provider(OpenAIChatDialect(), f"{server.url}/v1", "m", api_key=Secret(KEY))
+            async with httpx.AsyncClient() as client:
+                result = await run_turn(
+                    hello(), provider, client=client, policy=Policy(), limiter=RateLimiter()
+                )
+            assert len(server.requests) == 1
+    assert (result.outcome, result.text) == (Outcome.COMPLETED, "Hi")
+    assert result.total_time < 1.0
+
+
+def test_bytes_after_the_stop_are_not_even_framed() -> None:
+    decoder = WireDecoder(OpenAIChatDialect(), max_frame=1024, clock=lambda: 0)
+    events = decoder.feed(sse(chunk({"content": "Hi"}), chunk(finish="stop", usage=USAGE)))
+    events += decoder.feed(b"data: [DONE]\n\n")
+    assert events[-1].event_type == "stop"
+    assert decoder.feed(b"data: " + b"x" * 4096) == []  # past the frame cap: never looked at
+    assert decoder.close() == []
 
 
 # --- Mistral's content chunks -----------------------------------------------------------------

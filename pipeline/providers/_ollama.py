@@ -1,15 +1,15 @@
 """Ollama's native chat API (`POST /api/chat`), streamed as NDJSON: one JSON object per line.
 
 Each line carries a piece of the assistant `message`: `thinking` is thinking (Ollama has no
-signature, so no fidelity), `content` is text, and consecutive pieces of one kind continue one
-group (a change of kind closes the open lane and opens a new one). Tool calls arrive whole: each
-is its own lane with one fragment, its `arguments` object written as `json.dumps` does; its id is
-the call's `id`, else the function's name (`name#2`... for later calls of the same function, see
+signature, so no fidelity), `content` is text, and consecutive pieces of one kind continue one group
+(a change of kind closes the open lane and opens a new one). Tool calls arrive whole: each is its
+own lane with one fragment, its `arguments` object written as `json.dumps` does; its id is the
+call's `id`, else the function's name (`name#2`... for later calls of the same function, see
 `ToolIds`). The last line has `done: true` with `done_reason` (`stop` after a tool call is
 `tool_call`; a server too old to send a reason finished normally, so it is `stop`) and the token
-counts: the prompt is `prompt_eval_count`, the response `eval_count`; Ollama reports neither
-cached nor thinking tokens apart. A `{"error": "..."}` line ends the stream with a
-`ProviderError`.
+counts: the prompt is `prompt_eval_count`, the response `eval_count`; Ollama reports neither cached
+nor thinking tokens apart. Nothing after that line is read. A `{"error": "..."}` line ends the
+stream with a `ProviderError`.
 
 Replaying a conversation: the system prompt is a `system` message; images go as base64 in
 `images` (only `data:` URLs: Ollama does not fetch URLs); each tool result is a `tool` message
@@ -121,7 +121,7 @@ _decode_frame = msgspec.json.Decoder(_Frame)
 class _StreamDecoder:
     """One attempt's lines (also used once for a non-streaming body)."""
 
-    __slots__ = ("_called", "_count", "_ids", "_index", "_kind", "_started")
+    __slots__ = ("_called", "_count", "_done", "_ids", "_index", "_kind", "_started")
 
     def __init__(self) -> None:
         self._kind: LaneKind | None = None  # the open text or thinking lane, if any
@@ -130,8 +130,11 @@ class _StreamDecoder:
         self._ids = ToolIds()
         self._called = False  # a tool call was seen
         self._started = False  # MessageStart went out
+        self._done = False  # the `done: true` line (or an error) came: nothing after is read
 
     def feed(self, frame: str) -> list[LaneEvent]:
+        if self._done:
+            return []
         if not self._started:
             try:
                 first = _decode_line.decode(frame)
@@ -174,9 +177,11 @@ class _StreamDecoder:
                 for call in message.tool_calls:
                     self._call(call, out)
         if line.error is not None:
+            self._done = True
             error = error_from_body(NAME, None, {"error": line.error}, in_stream=True)
             out.append(ProviderErrorEvent(error))
         elif line.done:
+            self._done = True
             reason = line.done_reason or "stop"
             if self._called and reason == "stop":
                 reason = "tool_call"
