@@ -630,6 +630,23 @@ def test_bytes_after_the_stop_are_not_even_framed() -> None:
     assert decoder.close() == []
 
 
+def test_f53_unknown_fields_at_every_level_are_ignored() -> None:
+    plain = sse(
+        chunk(
+            {"content": "Hi", "tool_calls": [{"index": 0, "id": "c", "function": {"name": "f"}}]}
+        ),
+        chunk(finish="tool_calls", usage=USAGE),
+        "[DONE]",
+    )
+    odd = {"nested": {"deep": [1, {"x": None}]}, "n": 5}
+    call = {"index": 0, "id": "c", "type": "function", "zz": odd, "function": {"name": "f", "q": 1}}
+    first = chunk({"content": "Hi", "tool_calls": [call], "new_field": odd})
+    first |= {"obfuscation": "X9w9", "brand_new": odd}
+    first["choices"][0] |= {"logprobs": None, "extra": odd}
+    last = chunk(finish="tool_calls", usage={**USAGE, "cost": 0.1, "cost_details": odd})
+    assert decode(sse(first, last, "[DONE]")) == decode(plain)
+
+
 # --- Mistral's content chunks -----------------------------------------------------------------
 
 

@@ -154,8 +154,13 @@ _decode_chunk = msgspec.json.Decoder(_Chunk)
 
 def _merge_usage(old: _Usage | None, new: _Usage) -> _Usage:
     """Field by field: a count the new chunk leaves out keeps the value an earlier one gave."""
-    if old is None:
-        return new
+    if old is None or (
+        (new.prompt_token_count is not None or old.prompt_token_count is None)
+        and (new.candidates_token_count is not None or old.candidates_token_count is None)
+        and (new.cached_content_token_count is not None or old.cached_content_token_count is None)
+        and (new.thoughts_token_count is not None or old.thoughts_token_count is None)
+    ):
+        return new  # the common case: nothing to keep from before
     return _Usage(
         prompt_token_count=_later(old.prompt_token_count, new.prompt_token_count),
         candidates_token_count=_later(old.candidates_token_count, new.candidates_token_count),
