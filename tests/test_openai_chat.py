@@ -841,6 +841,39 @@ def test_openrouter_encrypted_reasoning_becomes_fidelity() -> None:
     ]
 
 
+def test_reasoning_details_of_unknown_types_are_skipped_whatever_they_hold() -> None:
+    odd = {"type": "reasoning.image", "data": {"png": [1, 2]}, "index": "zero", "text": 5}
+    text = {"type": "reasoning.text", "text": "Hmm", "index": 0}
+    data = sse(
+        chunk({"reasoning_details": [odd, text]}),
+        chunk({"content": "Hi"}),
+        chunk(finish="stop", usage=USAGE),
+        "[DONE]",
+    )
+    assert [e.get("thinking", e.get("text")) for e in decode(data)[:4]] == [
+        "Hmm",
+        "Hmm",
+        "Hi",
+        "Hi",
+    ]
+
+
+@pytest.mark.parametrize(
+    "detail",
+    [
+        {"type": "reasoning.text", "text": 5},
+        {"type": "reasoning.text", "text": "x", "signature": {"s": 1}},
+        {"type": "reasoning.encrypted", "data": ["x"]},
+        {"type": "reasoning.summary", "summary": "x", "index": "0"},
+    ],
+)
+def test_a_known_reasoning_detail_of_the_wrong_shape_is_malformed(detail: dict[str, Any]) -> None:
+    decoder = WireDecoder(OpenAIChatDialect(), clock=lambda: 0)
+    with pytest.raises(MalformedFrameError) as info:
+        decoder.feed(sse(chunk({"content": "Hi"}), chunk({"reasoning_details": [detail]})))
+    assert info.value.frame_index == 1
+
+
 def test_reasoning_details_of_another_index_start_another_group() -> None:
     data = sse(
         chunk({"reasoning_details": [{"type": "reasoning.text", "text": "One", "index": 0}]}),

@@ -120,14 +120,34 @@ class _ToolCall(msgspec.Struct, frozen=True, gc=False):
 
 
 class _Detail(msgspec.Struct, frozen=True, gc=False):
+    """A `reasoning_details` entry. Its fields are read loosely and checked for the known types
+    only (`_checked`), so an entry of another type is skipped whatever it holds."""
+
     type: str = ""
-    text: str | None = None
-    summary: str | None = None
-    signature: str | None = None
-    data: str | None = None
-    id: str | None = None
-    format: str | None = None
-    index: int | None = None
+    text: Any = None
+    summary: Any = None
+    signature: Any = None
+    data: Any = None
+    id: Any = None
+    format: Any = None
+    index: Any = None
+
+
+_DETAIL_TYPES = frozenset({"reasoning.text", "reasoning.summary", "reasoning.encrypted"})
+
+
+def _checked(detail: _Detail) -> _Detail:
+    """A known detail, its fields checked: strings (or null), and an integer index."""
+    for value in (detail.text, detail.summary, detail.signature, detail.data, detail.id):
+        if value is not None and type(value) is not str:
+            raise MalformedFrameError(
+                f"a {detail.type} detail with a field of the wrong type", str(detail), provider=NAME
+            )
+    if detail.format is not None and type(detail.format) is not str:
+        raise MalformedFrameError("a detail whose format is no string", str(detail), provider=NAME)
+    if detail.index is not None and type(detail.index) is not int:
+        raise MalformedFrameError("a detail whose index is no integer", str(detail), provider=NAME)
+    return detail
 
 
 class _Audio(msgspec.Struct, frozen=True, gc=False):
@@ -484,8 +504,11 @@ class _StreamDecoder:
 
     def _details(self, details: list[_Detail], out: list[LaneEvent]) -> None:
         for detail in details:
-            fragments: list[tuple[str, dict[str, Any] | None]] = []
             kind = detail.type
+            if kind not in _DETAIL_TYPES:
+                continue  # a type added later
+            _checked(detail)
+            fragments: list[tuple[str, dict[str, Any] | None]] = []
             if kind == "reasoning.text":
                 if detail.text:
                     fragments.append((detail.text, None))
