@@ -1,0 +1,601 @@
+"""How a Chat Completions stream (`POST {base}/chat/completions`, OpenAI and every compatible
+server) maps to lane events.
+
+The stream is SSE `data:` chunks ending in `data: [DONE]` (the terminal event). Only
+`choices[0]` is read. A delta's wire fields map to lanes, and a new group starts whenever another
+wire field starts (the lanes of the previous field close):
+
+* `reasoning_content` (DeepSeek, vLLM, llama.cpp) and `reasoning` (OpenRouter, newer vLLM) are
+  thinking; the first fragment carries `fidelity {"reasoning_field": <field>}` so the reasoning
+  can be sent back in the same field (no fidelity when both fields come in one delta).
+* `reasoning_details` (OpenRouter, MiniMax) are thinking too, and win over `reasoning` when both
+  come (they carry the same text): `reasoning.text` / `reasoning.summary` give text, a
+  `reasoning.text` `signature` an empty fragment with `fidelity {"signature"}`, and
+  `reasoning.encrypted` an empty fragment with `fidelity {"encrypted_content", "format",
+  "reasoning_id"}`. A detail with another `index` starts another thinking group.
+* `content` is text; empty strings are not content (the role chunk's `""` opens nothing).
+  Mistral's reasoning models send it as a list of chunks: `{"type": "text", "text"}` is text,
+  `{"type": "thinking", "thinking": [{"type": "text", "text"}]}` is thinking with
+  `fidelity {"reasoning_field": "content"}` (sent back as such chunks); other chunk types are
+  skipped.
+* `tool_calls`: one tool lane per call, told apart by the call's `index` (and by a new `id` at
+  an index already in use, as servers that send whole calls at index 0 do). Earlier calls stay
+  open when a later index appears, since fragments of parallel calls may interleave; the grammar
+  holds later calls back until earlier ones close. A call without an id gets its function's name
+  (`name#2`... for repeats).
+* `audio` (OpenAI audio output): its base64 `data` fragments are decoded into one inline_data
+  lane (`fidelity {"audio_id"}` carries the id to send back), its `transcript` fragments are a
+  text lane after it. The audio lane opens first so the audio streams live. Streamed audio is
+  always `pcm16` (24 kHz mono, little-endian) on OpenAI, so its mime type is `audio/pcm`; a
+  non-streaming body's audio is sniffed (WAV, MP3, FLAC, Ogg) and falls back to `audio/pcm`.
+
+A `finish_reason` closes every lane; `stop` after a tool call is passed as `tool_call` (some
+compatible servers say `stop` there). Usage may come on any chunk (Groq's only in `x_groq.usage`),
+or never: many compatible servers ignore `include_usage`, and some never set a finish reason;
+`[DONE]` ends the reply all the same (the grammar gives null usage, finish `unknown`), and nothing
+after it is read. Errors inside the stream (a top-level `error` object, vLLM's `{"object": "error",
+...}`, OpenRouter's `error` with `finish_reason: "error"`) become the typed error; a bare
+`finish_reason: "error"` is a `ProviderError`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from rillet._errors import MalformedFrameError, ProviderError
+from rillet._lanes import (
+    LaneEvent,
+    LaneKind,
+    MessageDelta,
+    MessageStart,
+    MessageStop,
+    PartDelta,
+    PartStart,
+    PartStop,
+    ProviderErrorEvent,
+    RawUsage,
+)
+
+from ._base import ToolIds, error_from_body, strict_decode
+
+if TYPE_CHECKING:
+    from rillet.transports import SSEEvent
+
+__all__ = ["NAME", "ChatStreamDecoder", "decode_completion", "sniff_audio"]
+
+NAME = "openai-chat"
+STREAM_AUDIO_MIME = "audio/pcm"
+
+
+# --- wire shapes ----------------------------------------------------------------------------------
+
+
+class _Function(msgspec.Struct, frozen=True, gc=False):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _ToolCall(msgspec.Struct, frozen=True, gc=False):
+    index: int | None = None
+    id: str | None = None
+    function: _Function | None = None
+
+
+class _Detail(msgspec.Struct, frozen=True, gc=False):
+    """A `reasoning_details` entry. Its fields are read loosely and checked for the known types
+    only (`_checked`), so an entry of another type is skipped whatever it holds."""
+
+    type: str = ""
+    text: Any = None
+    summary: Any = None
+    signature: Any = None
+    data: Any = None
+    id: Any = None
+    format: Any = None
+    index: Any = None
+
+
+_DETAIL_TYPES = frozenset({"reasoning.text", "reasoning.summary", "reasoning.encrypted"})
+
+
+def _checked(detail: _Detail) -> _Detail:
+    """A known detail, its fields checked: strings (or null), and an integer index."""
+    for value in (detail.text, detail.summary, detail.signature, detail.data, detail.id):
+        if value is not None and type(value) is not str:
+            raise MalformedFrameError(
+                f"a {detail.type} detail with a field of the wrong type", str(detail), provider=NAME
+            )
+    if detail.format is not None and type(detail.format) is not str:
+        raise MalformedFrameError("a detail whose format is no string", str(detail), provider=NAME)
+    if detail.index is not None and type(detail.index) is not int:
+        raise MalformedFrameError("a detail whose index is no integer", str(detail), provider=NAME)
+    return detail
+
+
+class _Audio(msgspec.Struct, frozen=True, gc=False):
+    id: str | None = None
+    data: str | None = None
+    transcript: str | None = None
+
+
+class _ContentPart(msgspec.Struct, frozen=True, gc=False):
+    """One chunk of a `content` list (Mistral's reasoning models): `{"type": "text", "text"}` or
+    `{"type": "thinking", "thinking": [{"type": "text", "text"}]}`. The fields are read loosely
+    and checked for the known types only, so a chunk of another type is skipped whatever it
+    holds."""
+
+    type: str = ""
+    text: Any = None
+    thinking: Any = None
+
+
+class _Delta(msgspec.Struct, frozen=True, gc=False):
+    """A streamed `delta`, and also a non-streaming `message` (same fields, whole values)."""
+
+    content: str | list[_ContentPart] | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    reasoning_details: list[_Detail] | None = None
+    tool_calls: list[_ToolCall] | None = None
+    audio: _Audio | None = None
+
+
+class _Choice(msgspec.Struct, frozen=True, gc=False):
+    index: int | None = None
+    delta: _Delta | None = None
+    message: _Delta | None = None
+    finish_reason: str | None = None
+
+
+class _PromptDetails(msgspec.Struct, frozen=True, gc=False):
+    cached_tokens: int | None = None
+
+
+class _CompletionDetails(msgspec.Struct, frozen=True, gc=False):
+    reasoning_tokens: int | None = None
+
+
+class _Usage(msgspec.Struct, frozen=True, gc=False):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    prompt_tokens_details: _PromptDetails | None = None
+    completion_tokens_details: _CompletionDetails | None = None
+    prompt_cache_hit_tokens: int | None = None
+
+
+class _Groq(msgspec.Struct, frozen=True, gc=False):
+    """Groq's `x_groq`: where it reports usage (same fields) instead of a top-level `usage`."""
+
+    usage: _Usage | None = None
+
+
+class _Frame(msgspec.Struct, frozen=True, gc=False):
+    """A streamed chunk as read once the message has started (its id and model, the same in
+    every chunk, are skipped rather than decoded); also an error body (`error`, vLLM's
+    `object`)."""
+
+    object: str | None = None
+    choices: list[_Choice] | None = None
+    usage: _Usage | None = None
+    x_groq: _Groq | None = None
+    error: Any = None
+    message: str | None = None
+    type: str | None = None
+    code: Any = None
+
+
+class _Chunk(_Frame, frozen=True, gc=False):
+    """A streamed chunk before the message has started, or a whole completion."""
+
+    id: str | None = None
+    model: str | None = None
+
+
+_decode_chunk = msgspec.json.Decoder(_Chunk)
+_decode_frame = msgspec.json.Decoder(_Frame)
+
+# Field codes: which wire field the open group came from (_THINK_PART: a thinking chunk of a
+# `content` list).
+_NONE, _RC, _R, _DETAILS, _CONTENT, _TOOLS, _AUDIO, _THINK_PART = range(8)
+
+
+def _usage(u: _Usage) -> RawUsage:
+    cached = None
+    if u.prompt_tokens_details is not None:
+        cached = u.prompt_tokens_details.cached_tokens
+    elif u.prompt_cache_hit_tokens is not None:  # DeepSeek without prompt_tokens_details
+        cached = u.prompt_cache_hit_tokens
+    reasoning = None
+    if u.completion_tokens_details is not None:
+        reasoning = u.completion_tokens_details.reasoning_tokens
+    prompt = None if u.prompt_tokens is None else u.prompt_tokens - (cached or 0)
+    response = None if u.completion_tokens is None else u.completion_tokens - (reasoning or 0)
+    return RawUsage(
+        cached_tokens=cached,
+        prompt_tokens=prompt,
+        thoughts_tokens=reasoning,
+        response_tokens=response,
+    )
+
+
+def _chunk_error(chunk: _Frame) -> ProviderErrorEvent | None:
+    """The in-stream error a chunk reports, if it reports one."""
+    if chunk.error:
+        return ProviderErrorEvent(
+            error_from_body(NAME, None, {"error": chunk.error}, in_stream=True)
+        )
+    if chunk.object == "error":
+        body = {"object": "error", "message": chunk.message, "type": chunk.type, "code": chunk.code}
+        return ProviderErrorEvent(error_from_body(NAME, None, body, in_stream=True))
+    return None
+
+
+def sniff_audio(data: bytes) -> str:
+    """The mime type of a whole audio file from its first bytes; `audio/pcm` (headerless PCM,
+    what OpenAI streams) when no known header is there."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WAVE":
+        return "audio/wav"
+    if data[:3] == b"ID3" or (len(data) > 1 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0):
+        return "audio/mpeg"
+    if data[:4] == b"fLaC":
+        return "audio/flac"
+    if data[:4] == b"OggS":
+        return "audio/ogg"
+    return STREAM_AUDIO_MIME
+
+
+def _b64(text: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise MalformedFrameError(f"audio data is not base64: {exc}", text, provider=NAME) from None
+
+
+def _thinking_texts(thinking: Any) -> list[str]:
+    """The texts of a thinking chunk's `thinking` (a list of text chunks, or a plain string)."""
+    if type(thinking) is str:
+        return [thinking] if thinking else []
+    if not isinstance(thinking, list):
+        raise MalformedFrameError("a thinking chunk without a list", str(thinking), provider=NAME)
+    texts = []
+    for chunk in thinking:
+        if not isinstance(chunk, dict):
+            raise MalformedFrameError(
+                "a thinking chunk that is no object", str(chunk), provider=NAME
+            )
+        if chunk.get("type", "text") != "text":
+            continue
+        text = chunk.get("text")
+        if type(text) is not str:
+            raise MalformedFrameError(
+                "a thinking text chunk without text", str(chunk), provider=NAME
+            )
+        if text:
+            texts.append(text)
+    return texts
+
+
+def _first_choice(choices: list[_Choice] | None) -> _Choice | None:
+    """Choice 0 (with `n > 1` several choices share the stream; only the first is read)."""
+    if not choices:
+        return None
+    first = choices[0]
+    if first.index is None or first.index == 0:
+        return first
+    return next((c for c in choices if c.index == 0), None)
+
+
+class ChatStreamDecoder:
+    """One attempt's Chat Completions stream (also replays a whole completion in one go)."""
+
+    __slots__ = (
+        "_audio_lane",
+        "_done",
+        "_field",
+        "_ids",
+        "_keys",
+        "_lane",
+        "_last_key",
+        "_next",
+        "_open",
+        "_started",
+        "_think_fid",
+        "_think_key",
+        "_tool_seen",
+        "_tools",
+        "_transcript_lane",
+    )
+
+    def __init__(self) -> None:
+        self._field = _NONE
+        self._lane = 0  # the lane of a one-lane field (text, thinking)
+        self._next = 0  # the next lane index to hand out
+        self._open: list[tuple[LaneKind, int]] = []  # lanes of the current field
+        self._tools: dict[int, tuple[int, str]] = {}  # wire key -> (lane, call id)
+        self._keys = 0  # keys for calls that come without an index
+        self._last_key: int | None = None
+        self._think_key: int | None = None
+        self._think_fid: dict[str, Any] | None = None
+        self._audio_lane = -1
+        self._transcript_lane = -1
+        self._tool_seen = False
+        self._started = False
+        self._done = False  # `[DONE]` came: nothing after it is read
+        self._ids = ToolIds()
+
+    def feed(self, frame: SSEEvent) -> list[LaneEvent]:
+        """The lane events of one chunk; nothing once `[DONE]` came."""
+        data = frame.data
+        if self._done:
+            return []  # a second `[DONE]`, chunks after it: the reply is over
+        if data == "[DONE]":
+            self._done = True
+            return [MessageStop()]
+        out: list[LaneEvent] = []
+        chunk: _Frame
+        if self._started:
+            try:  # the hot path: one call into msgspec; on error, strict_decode types it
+                chunk = _decode_frame.decode(data)
+            except msgspec.MsgspecError:
+                chunk = strict_decode(_decode_frame, data, NAME)
+        else:
+            try:
+                first: _Chunk = _decode_chunk.decode(data)
+            except msgspec.MsgspecError:
+                first = strict_decode(_decode_chunk, data, NAME)
+            if first.id or first.model:
+                self._started = True
+                out.append(MessageStart(first.id or "", first.model or ""))
+            chunk = first
+        choice = _first_choice(chunk.choices)
+        if choice is not None and choice.delta is not None:
+            self.delta(choice.delta, out)
+        if chunk.error or chunk.object == "error":
+            error = _chunk_error(chunk)
+            assert error is not None
+            out.append(error)
+            return out
+        reason = choice.finish_reason if choice is not None else None
+        usage = chunk.usage
+        if usage is None and chunk.x_groq is not None:
+            usage = chunk.x_groq.usage
+        if reason or usage is not None:
+            self.finish(reason, usage, out)
+        return out
+
+    def close(self) -> list[LaneEvent]:
+        """Nothing is owed at the end: `[DONE]` is the stream's own end."""
+        return []
+
+    # --- groups -----------------------------------------------------------------------------------
+
+    def _switch(self, field: int, out: list[LaneEvent]) -> None:
+        """Another wire field starts: close every lane of the current one."""
+        for kind, index in self._open:
+            out.append(PartStop(index, kind))
+        self._open.clear()
+        self._tools.clear()
+        self._last_key = None
+        self._think_key = None
+        self._think_fid = None
+        self._field = field
+
+    def _start(
+        self,
+        kind: LaneKind,
+        out: list[LaneEvent],
+        *,
+        name: str = "",
+        call_id: str = "",
+        mime_type: str = "",
+    ) -> int:
+        index = self._next
+        self._next += 1
+        self._open.append((kind, index))
+        out.append(
+            PartStart(index=index, kind=kind, name=name, call_id=call_id, mime_type=mime_type)
+        )
+        return index
+
+    def _stop(self, kind: LaneKind, index: int, out: list[LaneEvent]) -> None:
+        self._open.remove((kind, index))
+        out.append(PartStop(index, kind))
+
+    def delta(self, delta: _Delta, out: list[LaneEvent]) -> None:
+        """The lane events of one delta (or one whole message), in wire-field order."""
+        content = delta.content
+        if (
+            type(content) is str
+            and content
+            and self._field == _CONTENT
+            and delta.reasoning_content is None
+            and delta.reasoning is None
+            and delta.reasoning_details is None
+            and delta.tool_calls is None
+            and delta.audio is None
+        ):  # the hot path: one more fragment of the text being streamed
+            out.append(PartDelta(self._lane, "text", content))
+            return
+        if delta.reasoning_details:
+            self._details(delta.reasoning_details, out)
+        else:
+            rc = delta.reasoning_content
+            r = delta.reasoning
+            if rc and r:
+                self._thinking(_RC, rc, "", out)
+            elif rc:
+                self._thinking(_RC, rc, "reasoning_content", out)
+            elif r:
+                self._thinking(_R, r, "reasoning", out)
+        if isinstance(content, str):
+            if content:
+                self._text(content, out)
+        elif content:
+            self._content_parts(content, out)
+        if delta.tool_calls:
+            self._tool_calls(delta.tool_calls, out)
+        if delta.audio is not None:
+            self._audio(delta.audio, out)
+
+    def _text(self, text: str, out: list[LaneEvent]) -> None:
+        if self._field != _CONTENT:
+            self._switch(_CONTENT, out)
+            self._lane = self._start("text", out)
+        out.append(PartDelta(self._lane, "text", text))
+
+    def _content_parts(self, parts: list[_ContentPart], out: list[LaneEvent]) -> None:
+        """A `content` list (Mistral's reasoning models): text chunks are text, thinking chunks
+        thinking (sent back in `content`, so `reasoning_field` says so); other types are skipped."""
+        for part in parts:
+            if part.type == "text":
+                if type(part.text) is not str:
+                    raise MalformedFrameError("a text chunk without text", str(part), provider=NAME)
+                if part.text:
+                    self._text(part.text, out)
+            elif part.type == "thinking":
+                for text in _thinking_texts(part.thinking):
+                    self._thinking(_THINK_PART, text, "content", out)
+
+    def _thinking(self, field: int, text: str, wire_name: str, out: list[LaneEvent]) -> None:
+        """A reasoning fragment; a group's first carries the wire field it came in, if one."""
+        if self._field != field:
+            self._switch(field, out)
+            self._lane = self._start("thinking", out)
+            fidelity = {"reasoning_field": wire_name} if wire_name else None
+            out.append(PartDelta(self._lane, "thinking", text, fidelity))
+        else:
+            out.append(PartDelta(self._lane, "thinking", text))
+
+    def _details(self, details: list[_Detail], out: list[LaneEvent]) -> None:
+        for detail in details:
+            kind = detail.type
+            if kind not in _DETAIL_TYPES:
+                continue  # a type added later
+            _checked(detail)
+            fragments: list[tuple[str, dict[str, Any] | None]] = []
+            if kind == "reasoning.text":
+                if detail.text:
+                    fragments.append((detail.text, None))
+                if detail.signature:
+                    fragments.append(("", {"signature": detail.signature}))
+            elif kind == "reasoning.summary":
+                if detail.summary:
+                    fragments.append((detail.summary, None))
+            elif kind == "reasoning.encrypted" and detail.data:
+                fidelity: dict[str, Any] = {"encrypted_content": detail.data}
+                if detail.format:
+                    fidelity["format"] = detail.format
+                if detail.id:
+                    fidelity["reasoning_id"] = detail.id
+                fragments.append(("", fidelity))
+            if not fragments:
+                continue
+            key = detail.index if detail.index is not None else self._think_key
+            if self._field != _DETAILS:
+                self._switch(_DETAILS, out)
+                self._lane = self._start("thinking", out)
+            elif key != self._think_key:  # another reasoning block
+                self._restart_thinking(out)
+            self._think_key = key
+            for value, fid in fragments:
+                if fid is not None:
+                    if self._think_fid is not None and fid != self._think_fid:
+                        self._restart_thinking(out)  # a block carries one fidelity
+                    self._think_fid = fid
+                out.append(PartDelta(self._lane, "thinking", value, fid))
+
+    def _restart_thinking(self, out: list[LaneEvent]) -> None:
+        self._stop("thinking", self._lane, out)
+        self._lane = self._start("thinking", out)
+        self._think_fid = None
+
+    def _tool_calls(self, calls: list[_ToolCall], out: list[LaneEvent]) -> None:
+        if self._field != _TOOLS:
+            self._switch(_TOOLS, out)
+        tools = self._tools
+        for call in calls:
+            function = call.function
+            arguments = function.arguments if function is not None else None
+            name = (function.name if function is not None else None) or ""
+            key = call.index
+            if key is None:  # no index: an id or a name starts a call, else it continues one
+                if call.id or name or self._last_key is None:
+                    self._keys += 1
+                    key = -self._keys  # keyed apart from indexed calls
+                else:
+                    key = self._last_key
+            self._last_key = key
+            current = tools.get(key)
+            if current is not None and not (call.id and call.id != current[1]):
+                if arguments:
+                    out.append(PartDelta(current[0], "tool_call", arguments))
+                continue
+            if current is not None:  # a new call at an index in use: the old one is complete
+                self._stop("tool_call", current[0], out)
+            call_id = call.id or (self._ids.next(name) if name else "")
+            lane = self._start("tool_call", out, name=name, call_id=call_id)
+            tools[key] = (lane, call_id)
+            self._tool_seen = True
+            out.append(PartDelta(lane, "tool_call", arguments or ""))
+
+    def _audio(self, audio: _Audio, out: list[LaneEvent]) -> None:
+        data = _b64(audio.data) if audio.data else b""
+        if self._field != _AUDIO:
+            self._switch(_AUDIO, out)
+            mime = sniff_audio(data) if data else STREAM_AUDIO_MIME
+            self._audio_lane = self._start("inline_data", out, mime_type=mime)
+            self._transcript_lane = -1
+        if data or audio.id:
+            fidelity = {"audio_id": audio.id} if audio.id else None
+            out.append(PartDelta(self._audio_lane, "inline_data", data, fidelity))
+        if audio.transcript:
+            if self._transcript_lane < 0:
+                self._transcript_lane = self._start("text", out)
+            out.append(PartDelta(self._transcript_lane, "text", audio.transcript))
+
+    def finish(self, reason: str | None, usage: _Usage | None, out: list[LaneEvent]) -> None:
+        """The finish reason and/or usage of a chunk (a finish reason closes every lane)."""
+        if reason == "error":
+            out.append(
+                ProviderErrorEvent(
+                    ProviderError(
+                        NAME, "the reply ended with finish_reason 'error'", in_stream=True
+                    )
+                )
+            )
+            return
+        if reason:
+            if reason == "stop" and self._tool_seen:
+                reason = "tool_call"
+            self._open.clear()  # the finish reason closes them all
+            self._switch(_NONE, out)
+        else:
+            reason = None
+        if reason is not None or usage is not None:
+            out.append(
+                MessageDelta(
+                    finish_reason=reason, usage=_usage(usage) if usage is not None else None
+                )
+            )
+
+
+def decode_completion(body: bytes) -> list[LaneEvent]:
+    """A non-streaming completion as the lane events of the stream the API would have sent."""
+    completion: _Chunk = strict_decode(_decode_chunk, body, NAME)
+    error = _chunk_error(completion)
+    if error is not None:
+        return [error]
+    decoder = ChatStreamDecoder()
+    out: list[LaneEvent] = [MessageStart(completion.id or "", completion.model or "")]
+    choice = _first_choice(completion.choices)
+    reason = None
+    if choice is not None:
+        if choice.message is not None:
+            decoder.delta(choice.message, out)
+        reason = choice.finish_reason
+    decoder.finish(reason, completion.usage, out)
+    out.append(MessageStop())
+    return out
