@@ -6,10 +6,16 @@ completes. It decodes UTF-8 incrementally (a character split across chunks is re
 invalid bytes become U+FFFD, as the standard says, never an exception), strips one leading BOM,
 ends lines at CR, LF or CRLF (a CRLF split across chunks counts once), skips comments, removes
 one leading space from a value, joins multi-line data with LF, ignores an `id` containing NUL,
-resets the id on an empty `id`, accepts `retry` only when all ASCII digits, commits the id of a
-block even when it has no data, resets the event name after each dispatch, and discards an
-unfinished event at end of input. It holds at most one frame: a pending line or event larger
-than `max_frame` characters raises `FrameTooLarge`.
+resets the id on an empty `id`, accepts `retry` only when all ASCII digits (a `retry` line counts
+as soon as its line ends, even in an event that never completes), commits the id of a block even
+when it has no data, resets the event name after each dispatch, and discards an unfinished event
+at end of input. Comment lines are dropped as they arrive, so keep-alives never pile up in a
+pending event.
+
+It holds at most one frame: a pending event larger than `max_frame` bytes (32 MiB by default)
+raises `FrameTooLarge`, and the rest is never looked at. The events completed before the
+oversized one in the same chunk are still returned; the error is raised by the next call (and
+every one after it), so what a caller receives does not depend on how the bytes were cut.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_MAX_FRAME", "SSEDecoder", "SSEEvent", "encode_sse"]
 
-DEFAULT_MAX_FRAME = 64 * 1024
+DEFAULT_MAX_FRAME = 32 * 1024 * 1024
+"""The cap on one incoming frame: real frames repeat a whole answer or carry an inline image."""
 _LINE_END = re.compile(r"\r\n|\r|\n")
 _FORBIDDEN = re.compile(r"[\r\n\x00]")
 _BOM = b"\xef\xbb\xbf"
@@ -60,11 +67,13 @@ class SSEDecoder:
 
     __slots__ = (
         "_data",
+        "_error",
         "_event",
         "_held",
         "_held_lf",
         "_held_size",
         "_id",
+        "_in_comment",
         "_skip_lf",
         "_started",
         "comments",
@@ -83,6 +92,8 @@ class SSEDecoder:
         self._held_size = 0
         self._held_lf = False  # the held bytes end in LF: a LF next would end the block
         self._skip_lf = False  # the last chunk ended in CR: a LF starting the next one is its pair
+        self._in_comment = False  # the last chunk ended inside a comment line (being dropped)
+        self._error: Exception | None = None  # an oversized frame, raised by every later call
         self._started = False  # the stream's first bytes were seen (and a BOM stripped)
         self._data: list[bytes] = []
         self._event = ""
@@ -101,6 +112,8 @@ class SSEDecoder:
         # is decoded on its own, which is the standard's stream-wide UTF-8 decode with
         # replacement: LF is ASCII, so no character spans a line end, and an invalid sequence cut
         # by one is replaced the same either way.
+        if self._error is not None:
+            raise self._error
         self.offset += len(chunk)
         if self._skip_lf:
             if not chunk:
@@ -125,15 +138,27 @@ class SSEDecoder:
         if 0x0D in chunk:
             self._skip_lf = chunk[-1] == 0x0D
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if self._in_comment:  # the rest of a comment line: dropped up to its end
+            nl = chunk.find(b"\n")
+            if nl < 0:
+                return []
+            self._in_comment = False
+            chunk = chunk[nl + 1 :]
+            if not chunk:
+                return []
         held = self._held
         if b"\n\n" not in chunk and not (self._held_lf and chunk[0] == 0x0A):
             # no block ends here: hold the piece (joined once when the block ends, so a long
-            # event arriving in many small chunks costs linear time)
+            # event arriving in many small chunks costs linear time), without its comment lines
+            if chunk[0] == 0x3A or b"\n:" in chunk:
+                chunk = self._uncommented(chunk, self._held_lf or not held)
+                if not chunk:
+                    return []
             held.append(chunk)
             self._held_size += len(chunk)
             self._held_lf = chunk[-1] == 0x0A
             if self._held_size > self.max_frame:
-                self._too_large(self._held_size)
+                raise self._too_large(self._held_size)
             return []
         if held:
             held.append(chunk)
@@ -141,6 +166,8 @@ class SSEDecoder:
             held.clear()
         blocks = chunk.split(b"\n\n")
         tail = blocks.pop()
+        if tail and (tail[0] == 0x3A or b"\n:" in tail):
+            tail = self._uncommented(tail, True)
         if tail:
             held.append(tail)
         self._held_size = len(tail)
@@ -150,8 +177,9 @@ class SSEDecoder:
         event_id = self._id
         fast = 0  # events dispatched by the fast paths (they change no state but the count)
         for block in blocks:
-            if len(block) > cap:
-                self._too_large(len(block))
+            if len(block) > cap and _uncommented_size(block) > cap:
+                self._error = self._too_large(len(block))
+                break
             if block[:6] == b"data: ":
                 if 0x0A not in block:
                     # the commonest block by far: one `data:` line, no name, no id
@@ -177,18 +205,53 @@ class SSEDecoder:
         if fast:
             self.frames += fast
             self.last_event_id = event_id
-        if self._held_size > cap:
-            self._too_large(self._held_size)
+        if self._error is None and self._held_size > cap:
+            self._error = self._too_large(self._held_size)
+        if self._error is not None:
+            held.clear()  # the rest is never looked at
+            self._held_size = 0
+            if not out:
+                raise self._error
         return out
 
     def close(self) -> list[SSEEvent]:
-        """End of input: an event not ended by a blank line is discarded, as the standard says."""
+        """End of input: an event not ended by a blank line is discarded, as the standard says,
+        but a `retry` line of it whose line ended still sets the reconnection time. Raises the
+        `FrameTooLarge` a previous call deferred."""
+        if self._error is not None:
+            raise self._error
+        held = b"".join(self._held)
+        for line in held[: held.rfind(b"\n") + 1].split(b"\n"):
+            if line.startswith(b"retry:"):
+                self._field(line.decode("utf-8", "replace"))
         self._held.clear()
         self._held_size = 0
         self._held_lf = False
+        self._in_comment = False
         self._data.clear()
         self._event = ""
         return []
+
+    def _uncommented(self, piece: bytes, line_start: bool) -> bytes:
+        """`piece` (no blank line in it) without its comment lines, counted; `line_start` says
+        whether it starts a line. A comment line it does not end is dropped as it goes on."""
+        kept: list[bytes] = []
+        at = 0
+        end = len(piece)
+        while at < end:
+            nl = piece.find(b"\n", at)
+            if line_start and piece[at] == 0x3A:
+                self.comments += 1
+                if nl < 0:
+                    self._in_comment = True
+                    break
+            else:
+                kept.append(piece[at:] if nl < 0 else piece[at : nl + 1])
+                if nl < 0:
+                    break
+            at = nl + 1
+            line_start = True
+        return b"".join(kept)
 
     def _block(self, block: bytes, out: list[SSEEvent]) -> None:
         """Parse a complete block's lines, then dispatch it (a blank line ended it)."""
@@ -235,8 +298,14 @@ class SSEDecoder:
         elif name == "retry" and value.isascii() and value.isdigit():
             self.retry = int(value)
 
-    def _too_large(self, size: int) -> None:
-        raise _errors().FrameTooLarge(self.max_frame, size, offset=self.offset)
+    def _too_large(self, size: int) -> Exception:
+        error: Exception = _errors().FrameTooLarge(self.max_frame, size, offset=self.offset)
+        return error
+
+
+def _uncommented_size(block: bytes) -> int:
+    """A block's size without its comment lines: what the cap counts, however it was chunked."""
+    return sum(len(line) + 1 for line in block.split(b"\n") if line[:1] != b":")
 
 
 def encode_sse(

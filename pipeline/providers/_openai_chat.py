@@ -54,6 +54,7 @@ from rillet._events import (
     ToolResultDone,
     UniMessage,
 )
+from rillet._failures import PERMANENT_CODES
 from rillet._lanes import (
     LaneEvent,
     LaneKind,
@@ -562,7 +563,9 @@ def http_error(
     for 401/403/429/503, whose status is more specific than the body (OpenAI answers a bad key
     with 401 and `type: "invalid_request_error"`). `retry-after-ms` / `retry-after` are read."""
     error = error_from_body(provider, status, body)
-    cls = _STATUS_WINS.get(status, type(error))
+    # a quota code outranks the status: a 429 `insufficient_quota` is no rate limit
+    quota = (error.error_type or "").lower() in PERMANENT_CODES
+    cls = type(error) if quota else _STATUS_WINS.get(status, type(error))
     return cls(
         provider,
         error.provider_message,
