@@ -259,9 +259,8 @@ class Handler:
                         return None
             return self._timed_out(emitted)  # the deadline cut a read short
         except httpx.TransportError as exc:
-            return self._note(
-                _Failure(Shape.TRANSPORT, _transport_error(exc, self.provider.label)), emitted
-            )
+            error = _transport_error(exc, self.provider.label)
+            return self._note(_Failure(error_shape(error), error), emitted)
         except RilletError as exc:
             return self._failure_of(exc, emitted)
         finally:
@@ -331,14 +330,12 @@ class Handler:
         now = trio.current_time()
         if now >= self._total_deadline:
             error = TurnTimeout(self.provider.label, "total", self.policy.total_timeout)
-            return self._note(_Failure(Shape.TOTAL, error), emitted)
-        limit = (
-            self.policy.per_event_timeout if self._ever_event else self.policy.initial_event_timeout
-        )
-        kind = "per-event" if self._ever_event else "initial-event"
-        return self._note(
-            _Failure(Shape.STALL, TurnTimeout(self.provider.label, kind, limit)), emitted
-        )
+        else:
+            policy = self.policy
+            limit = policy.per_event_timeout if self._ever_event else policy.initial_event_timeout
+            kind = "per-event" if self._ever_event else "initial-event"
+            error = TurnTimeout(self.provider.label, kind, limit)
+        return self._note(_Failure(error_shape(error), error), emitted)  # total, or a stall
 
     def _scrubbed(self, error: _E) -> _E:
         """The error with our credential masked, should a provider have echoed it back."""
