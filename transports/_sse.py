@@ -112,8 +112,6 @@ class SSEDecoder:
         # is decoded on its own, which is the standard's stream-wide UTF-8 decode with
         # replacement: LF is ASCII, so no character spans a line end, and an invalid sequence cut
         # by one is replaced the same either way.
-        if self._error is not None:
-            raise self._error
         self.offset += len(chunk)
         if self._skip_lf:
             if not chunk:
@@ -122,6 +120,8 @@ class SSEDecoder:
             if chunk[0] == 0x0A:
                 chunk = chunk[1:]
         if not self._started:
+            if self._error is not None:  # a failed decoder is never started (off the hot path)
+                raise self._error
             chunk = b"".join(self._held) + chunk
             self._held.clear()
             self._held_size = 0
@@ -143,6 +143,7 @@ class SSEDecoder:
             if nl < 0:
                 return []
             self._in_comment = False
+            self.comments += 1  # a comment counts once its line ends
             chunk = chunk[nl + 1 :]
             if not chunk:
                 return []
@@ -158,16 +159,14 @@ class SSEDecoder:
             self._held_size += len(chunk)
             self._held_lf = chunk[-1] == 0x0A
             if self._held_size > self.max_frame:
-                raise self._too_large(self._held_size)
+                raise self._fail(self._too_large(self._held_size))
             return []
         if held:
             held.append(chunk)
             chunk = b"".join(held)
             held.clear()
         blocks = chunk.split(b"\n\n")
-        tail = blocks.pop()
-        if tail and (tail[0] == 0x3A or b"\n:" in tail):
-            tail = self._uncommented(tail, True)
+        tail = blocks.pop()  # its comment lines, if any, are bounded by this chunk
         if tail:
             held.append(tail)
         self._held_size = len(tail)
@@ -176,9 +175,10 @@ class SSEDecoder:
         cap = self.max_frame
         event_id = self._id
         fast = 0  # events dispatched by the fast paths (they change no state but the count)
+        failed: Exception | None = None
         for block in blocks:
             if len(block) > cap and _uncommented_size(block) > cap:
-                self._error = self._too_large(len(block))
+                failed = self._too_large(len(block))
                 break
             if block[:6] == b"data: ":
                 if 0x0A not in block:
@@ -205,25 +205,25 @@ class SSEDecoder:
         if fast:
             self.frames += fast
             self.last_event_id = event_id
-        if self._error is None and self._held_size > cap:
-            self._error = self._too_large(self._held_size)
-        if self._error is not None:
-            held.clear()  # the rest is never looked at
-            self._held_size = 0
+        if self._held_size > cap and failed is None:
+            failed = self._too_large(self._held_size)
+        if failed is not None:
+            self._fail(failed)
             if not out:
-                raise self._error
+                raise failed
         return out
 
     def close(self) -> list[SSEEvent]:
         """End of input: an event not ended by a blank line is discarded, as the standard says,
-        but a `retry` line of it whose line ended still sets the reconnection time. Raises the
+        but a `retry` line of it whose line ended still sets the reconnection time (and a comment
+        line that ended counts). Raises the
         `FrameTooLarge` a previous call deferred."""
         if self._error is not None:
             raise self._error
         held = b"".join(self._held)
         for line in held[: held.rfind(b"\n") + 1].split(b"\n"):
-            if line.startswith(b"retry:"):
-                self._field(line.decode("utf-8", "replace"))
+            if line.startswith(b"retry:") or line.startswith(b":"):
+                self._field(line.decode("utf-8", "replace"))  # sets the time, counts a comment
         self._held.clear()
         self._held_size = 0
         self._held_lf = False
@@ -241,10 +241,10 @@ class SSEDecoder:
         while at < end:
             nl = piece.find(b"\n", at)
             if line_start and piece[at] == 0x3A:
-                self.comments += 1
                 if nl < 0:
                     self._in_comment = True
                     break
+                self.comments += 1
             else:
                 kept.append(piece[at:] if nl < 0 else piece[at : nl + 1])
                 if nl < 0:
@@ -297,6 +297,15 @@ class SSEDecoder:
                 self._id = value
         elif name == "retry" and value.isascii() and value.isdigit():
             self.retry = int(value)
+
+    def _fail(self, error: Exception) -> Exception:
+        """Refuse the rest: every later call raises `error`, and nothing more is held."""
+        self._error = error
+        self._started = False  # routes the next call to the check for `_error`
+        self._skip_lf = False
+        self._held.clear()
+        self._held_size = 0
+        return error
 
     def _too_large(self, size: int) -> Exception:
         error: Exception = _errors().FrameTooLarge(self.max_frame, size, offset=self.offset)
