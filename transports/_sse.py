@@ -6,11 +6,11 @@ completes. It decodes UTF-8 incrementally (a character split across chunks is re
 invalid bytes become U+FFFD, as the standard says, never an exception), strips one leading BOM,
 ends lines at CR, LF or CRLF (a CRLF split across chunks counts once), skips comments, removes
 one leading space from a value, joins multi-line data with LF, ignores an `id` containing NUL,
-resets the id on an empty `id`, accepts `retry` only when all ASCII digits (a `retry` line counts
-as soon as its line ends, even in an event that never completes), commits the id of a block even
-when it has no data, resets the event name after each dispatch, and discards an unfinished event
-at end of input. Comment lines are dropped as they arrive, so keep-alives never pile up in a
-pending event.
+resets the id on an empty `id`, accepts `retry` only when all ASCII digits (a `retry` line whose
+line ended counts even in an event that never completes: at end of input), commits the id of a
+block even when it has no data, resets the event name after each dispatch, and discards an
+unfinished event at end of input. Comment lines are dropped as they arrive (those at the
+unfinished end of a chunk wait with it), so keep-alives never pile up in a pending event.
 
 It holds at most one frame: a pending event larger than `max_frame` bytes (32 MiB by default)
 raises `FrameTooLarge`, and the rest is never looked at. The events completed before the
