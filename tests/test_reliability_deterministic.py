@@ -293,6 +293,21 @@ async def test_f54_without_the_rescue_the_wrong_shape_costs_one_request(
     assert speaks.name in str(error)
 
 
+async def test_f54_after_a_transport_retry_the_wrong_shape_still_goes_to_the_rescue(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    _, broken = wrong_shape_stream("openai")
+    run = await play([status(500), broken, ok()], rescue=rescue_ok())
+    check(
+        run,
+        at=[0.0, 0.1, 0.1],  # a 500 is retried; the wrong shape is not
+        outcome=Outcome.FALLBACK_TO_NON_STREAMING,
+        saw=expect("start", "D", "reset", *RESCUE_SEEN, END_OK),
+        text=RESCUE_TEXT,
+    )
+    assert [s.stream for s in run.fake.sent] == [True, True, False]
+
+
 async def test_f54_a_failed_rescue_after_the_wrong_shape_keeps_both_errors(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
