@@ -20,6 +20,7 @@ RilletError
 ├── TurnTimeout                a deadline blew: initial-event, per-event, total, or the rescue's
 ├── FallbackFailed             streaming was hopeless and the rescue failed too (carries both)
 └── ProviderError              an error the provider reported, in the stream or as a status
+    │                              (a quota code such as insufficient_quota: this class itself)
     ├── RateLimitError             429, rate_limit_error, RESOURCE_EXHAUSTED
     ├── OverloadedError            529, overloaded_error, UNAVAILABLE
     ├── ServerError                500/502/504, api_error, server_error, INTERNAL
@@ -458,6 +459,11 @@ class ProviderError(RilletError):
         if self.provider_message:
             text += f": {self.provider_message}"
         super().__init__(text)
+
+
+QUOTA_CODES = frozenset({"insufficient_quota", "billing_hard_limit_reached", "billing_error"})
+"""Provider error codes no wait or retry cures, the account must change first: an error with one
+is a plain `ProviderError` carrying the code, never a `RateLimitError`, even sent with a 429."""
 
 
 class RateLimitError(ProviderError):

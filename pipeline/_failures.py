@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._errors import (
+    QUOTA_CODES,
     AuthenticationError,
     ConfigurationError,
     EmptyResponseError,
@@ -99,7 +100,7 @@ ERROR_SHAPES: Mapping[type[RilletError], Shape] = {
 }
 """The shape of each error class (its own, before any cause)."""
 
-PERMANENT_CODES = frozenset({"insufficient_quota", "billing_hard_limit_reached", "billing_error"})
+PERMANENT_CODES = QUOTA_CODES
 """Provider error codes that no retry or wait cures: the account must change first (F55)."""
 
 CAUSE_SHAPES: Mapping[tuple[type[RilletError], str], Shape] = {

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import attrs
 import msgspec
 from rillet._errors import (
+    QUOTA_CODES,
     AuthenticationError,
     InvalidRequestError,
     MalformedFrameError,
@@ -24,7 +25,6 @@ from rillet._errors import (
     RateLimitError,
     ServerError,
 )
-from rillet._failures import PERMANENT_CODES
 from rillet.transports import DEFAULT_MAX_FRAME, SSEEvent
 
 if TYPE_CHECKING:
@@ -268,7 +268,7 @@ def provider_error(
     A quota code (`insufficient_quota`, sent with a 429 or in the stream) is a plain
     `ProviderError` carrying the code, whatever the status: no wait or retry cures it, so it must
     not pass for a rate limit."""
-    quota = next((t for t in error_types if t and t.lower() in PERMANENT_CODES), None)
+    quota = next((t for t in error_types if t and t.lower() in QUOTA_CODES), None)
     if quota is not None:
         return ProviderError(
             provider,

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 from rillet._errors import (
+    QUOTA_CODES,
     AuthenticationError,
     MalformedFrameError,
     OverloadedError,
@@ -54,7 +55,6 @@ from rillet._events import (
     ToolResultDone,
     UniMessage,
 )
-from rillet._failures import PERMANENT_CODES
 from rillet._lanes import (
     LaneEvent,
     LaneKind,
@@ -564,7 +564,7 @@ def http_error(
     with 401 and `type: "invalid_request_error"`). `retry-after-ms` / `retry-after` are read."""
     error = error_from_body(provider, status, body)
     # a quota code outranks the status: a 429 `insufficient_quota` is no rate limit
-    quota = (error.error_type or "").lower() in PERMANENT_CODES
+    quota = (error.error_type or "").lower() in QUOTA_CODES
     cls = type(error) if quota else _STATUS_WINS.get(status, type(error))
     return cls(
         provider,
