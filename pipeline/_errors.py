@@ -20,6 +20,7 @@ RilletError
 ├── TurnTimeout                a deadline blew: initial-event, per-event, total, or the rescue's
 ├── FallbackFailed             streaming was hopeless and the rescue failed too (carries both)
 └── ProviderError              an error the provider reported, in the stream or as a status
+    │                              (a quota code such as insufficient_quota: this class itself)
     ├── RateLimitError             429, rate_limit_error, RESOURCE_EXHAUSTED
     ├── OverloadedError            529, overloaded_error, UNAVAILABLE
     ├── ServerError                500/502/504, api_error, server_error, INTERNAL
@@ -34,7 +35,10 @@ sent about the failure and from our own words.
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+import msgspec
 
 __all__ = [
     "AuthenticationError",
@@ -87,7 +91,8 @@ class RilletError(Exception):
 
 
 class FrameError(RilletError):
-    """The provider's bytes could not be turned into frames; the attempt is transport-shaped.
+    """The provider's bytes could not be turned into frames (how each kind is retried is in the
+    failure taxonomy, `rillet._failures`).
 
     Attributes:
         provider: the dialect name, or "" where the decoder was used on its own.
@@ -129,7 +134,8 @@ class FrameError(RilletError):
 
 
 class FrameTooLarge(FrameError):
-    """One frame grew past the decoder's cap before it ended.
+    """One frame grew past the decoder's cap before it ended. Permanent: the same request would
+    get the same frame back.
 
     Attributes:
         limit: the cap in bytes.
@@ -157,6 +163,10 @@ class MalformedFrameError(FrameError):
 
     Attributes:
         frame_preview: a bounded preview of the offending frame.
+        not_json: whether the frame is not JSON at all (cut short or corrupted on the way: worth
+            another request), rather than valid JSON of the wrong shape (which the same request
+            would only get back). When the raiser does not say, it is read from the decode
+            error the frame error was raised from.
     """
 
     def __init__(
@@ -167,9 +177,21 @@ class MalformedFrameError(FrameError):
         provider: str = "",
         offset: int | None = None,
         frame_index: int | None = None,
+        not_json: bool | None = None,
     ) -> None:
         self.frame_preview = preview(frame)
+        self._not_json = not_json
         super().__init__(message, provider=provider, offset=offset, frame_index=frame_index)
+
+    @property
+    def not_json(self) -> bool:
+        """True for bytes that are not JSON, False for JSON of the wrong shape (see the class)."""
+        if self._not_json is not None:
+            return self._not_json
+        cause = self.__cause__ or self.__context__
+        if isinstance(cause, msgspec.ValidationError):
+            return False  # decoded fine, into the wrong shape
+        return isinstance(cause, msgspec.DecodeError | json.JSONDecodeError)
 
 
 class SSEEncodeError(RilletError, ValueError):
@@ -437,6 +459,11 @@ class ProviderError(RilletError):
         if self.provider_message:
             text += f": {self.provider_message}"
         super().__init__(text)
+
+
+QUOTA_CODES = frozenset({"insufficient_quota", "billing_hard_limit_reached", "billing_error"})
+"""Provider error codes no wait or retry cures, the account must change first: an error with one
+is a plain `ProviderError` carrying the code, never a `RateLimitError`, even sent with a 429."""
 
 
 class RateLimitError(ProviderError):

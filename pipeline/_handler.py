@@ -11,17 +11,21 @@ the last lane event (SSE comments do not count); never past the total deadline. 
 by a slow consumer is backpressure, not silence: the time it spends blocked moves the per-event
 and total deadlines by as much.
 
-An attempt that fails is classified (`Shape`) and handled by its ladder:
+An attempt that fails is classified (`Shape`) by the failure taxonomy (`_failures`, the one
+table of what is retried) and handled by its ladder:
 
-- permanent (other 4xx, grammar breaches, invalid tool arguments): the turn fails at once;
-- rate-limit-shaped (429/503/529, `RateLimitError` in the stream): wait as the server says
-  (default 5 s); a wait over 60 s, or past the total deadline, or a spent budget ends the turn
-  RateLimited at once; never rescued;
-- transport-shaped (connect/read errors, 408, other 5xx, truncation, frame errors, in-stream
-  overloaded/server errors, stalls): back off and retry. A stall also counts a timeout;
-  streaming is hopeless at the first budget spent (transport retries, consecutive timeouts)
-  or when the total deadline blows, and then one non-streaming rescue request may bring the
-  reply home.
+- permanent (4xx, grammar breaches, invalid tool arguments, quota errors, a frame over the cap):
+  the turn fails at once, no rescue: the same request would get the same answer;
+- wrong shape (valid JSON of the wrong shape for a known event): no second streamed attempt,
+  which would get the same frame again; the non-streaming rescue may still bring the reply home;
+- rate-limit-shaped (429/503/529, `RateLimitError` in the stream): wait as the server says (a
+  header, else the error body's hint, else 5 s); a wait over 60 s, or past the total deadline,
+  or a spent budget ends the turn RateLimited at once; never rescued;
+- transport-shaped (connect/read errors, 408, other 5xx, truncation, a frame that is not JSON,
+  in-stream overloaded/server errors, stalls): back off and retry. A stall also counts a
+  timeout; streaming is hopeless at the first budget spent (transport retries, consecutive
+  timeouts) or when the total deadline blows, and then one non-streaming rescue request may
+  bring the reply home.
 
 `x-should-retry: false` keeps the class but stops retry and rescue; `true` sends a permanent
 status down the transport ladder.
@@ -45,20 +49,15 @@ import msgspec
 import trio
 
 from ._errors import (
-    AuthenticationError,
-    EmptyResponseError,
     FrameError,
     FrameTooLarge,
-    InvalidRequestError,
     ProviderError,
-    RateLimitError,
     RilletError,
-    StreamProtocolError,
-    ToolCallArgumentParseError,
     TransportError,
     TurnTimeout,
 )
 from ._events import UniEvent
+from ._failures import error_shape, http_shape
 from ._policy import Outcome, Policy, Shape, backoff_delay, retry_after
 from ._ratelimit import RateLimiter
 from ._request import TurnRequest
@@ -105,14 +104,6 @@ class Outlet(Protocol):
         ...
 
 
-_PERMANENT_ERRORS = (
-    StreamProtocolError,
-    ToolCallArgumentParseError,
-    EmptyResponseError,
-    InvalidRequestError,
-    AuthenticationError,
-)
-_RATE_STATUSES = frozenset({429, 503, 529})
 _YIELD_EVERY = 32
 """Reads handed on without waiting between two checkpoints: a body that is all in memory (a
 replay, a test transport) never yields on its own, and the turn must still let other tasks run
@@ -198,7 +189,7 @@ class Handler:
         try:
             http = self.provider.dialect.build_request(self.request, self.provider, stream=True)
         except RilletError as exc:  # the request cannot be sent as it is: no attempt helps
-            return _Failure(Shape.PERMANENT, exc)
+            return _Failure(error_shape(exc), exc)
         decoder = WireDecoder(
             self.provider.dialect, max_frame=policy.max_frame, provider=self.provider.label
         )
@@ -268,9 +259,8 @@ class Handler:
                         return None  # the end of the body, or of the reply: nothing more to read
             return self._timed_out(emitted)  # the deadline cut a read short
         except httpx.TransportError as exc:
-            return self._note(
-                _Failure(Shape.TRANSPORT, _transport_error(exc, self.provider.label)), emitted
-            )
+            error = _transport_error(exc, self.provider.label)
+            return self._note(_Failure(error_shape(error), error), emitted)
         except RilletError as exc:
             return self._failure_of(exc, emitted)
         finally:
@@ -316,16 +306,14 @@ class Handler:
         status = response.status_code
         headers = {k.lower(): v for k, v in response.headers.items()}
         error = self._scrubbed(self._error_from_response(status, headers, body))
-        error.retry_after = retry_after(headers, self.policy.wall_clock())
+        # the wait: a header wins over the hint the dialect read from the body (Gemini's
+        # `RetryInfo`), which wins over the default; an unusable hint counts as none
+        told = retry_after(headers, self.policy.wall_clock())
+        if told is None:
+            told = _usable_wait(error.retry_after)
+        error.retry_after = told
         should = headers.get("x-should-retry", "").strip().lower()
-        if status in _RATE_STATUSES:
-            shape = Shape.RATE_LIMIT
-        elif status == 408 or status >= 500:
-            shape = Shape.TRANSPORT
-        else:
-            shape = Shape.PERMANENT
-        if should == "true" and shape is Shape.PERMANENT:
-            shape = Shape.TRANSPORT
+        shape = http_shape(status, error, should)
         return _Failure(shape, error, status, headers, no_retry=should == "false")
 
     def _error_from_response(
@@ -342,14 +330,12 @@ class Handler:
         now = trio.current_time()
         if now >= self._total_deadline:
             error = TurnTimeout(self.provider.label, "total", self.policy.total_timeout)
-            return self._note(_Failure(Shape.TOTAL, error), emitted)
-        limit = (
-            self.policy.per_event_timeout if self._ever_event else self.policy.initial_event_timeout
-        )
-        kind = "per-event" if self._ever_event else "initial-event"
-        return self._note(
-            _Failure(Shape.STALL, TurnTimeout(self.provider.label, kind, limit)), emitted
-        )
+        else:
+            policy = self.policy
+            limit = policy.per_event_timeout if self._ever_event else policy.initial_event_timeout
+            kind = "per-event" if self._ever_event else "initial-event"
+            error = TurnTimeout(self.provider.label, kind, limit)
+        return self._note(_Failure(error_shape(error), error), emitted)  # total, or a stall
 
     def _scrubbed(self, error: _E) -> _E:
         """The error with our credential masked, should a provider have echoed it back."""
@@ -365,13 +351,9 @@ class Handler:
 
     def _failure_of(self, error: RilletError, emitted: int) -> _Failure:
         error = self._scrubbed(error)
-        if isinstance(error, RateLimitError):
-            shape = Shape.RATE_LIMIT
-        elif isinstance(error, _PERMANENT_ERRORS):
-            shape = Shape.PERMANENT
-        else:  # frame errors, truncation, in-stream overloaded/server/other provider errors
-            shape = Shape.TRANSPORT
-        return self._note(_Failure(shape, error), emitted)
+        if isinstance(error, ProviderError):
+            error.retry_after = _usable_wait(error.retry_after)
+        return self._note(_Failure(error_shape(error), error), emitted)
 
     def _note(self, failure: _Failure, emitted: int) -> _Failure:
         if emitted:
@@ -383,8 +365,8 @@ class Handler:
     async def _next(self, failure: _Failure, out: Outlet) -> Outcome | None:
         """None to retry (after any wait), or the outcome that ends streaming."""
         policy = self.policy
-        if failure.shape is Shape.PERMANENT:
-            return self._failed()
+        if failure.shape is Shape.PERMANENT or failure.shape is Shape.WRONG_SHAPE:
+            return self._failed()  # the same request would get the same answer
         if failure.shape is Shape.RATE_LIMIT:
             wait = failure.error.retry_after if isinstance(failure.error, ProviderError) else None
             wait = wait if wait is not None else policy.retry_after_default
@@ -542,6 +524,13 @@ async def _stop_reading(response: httpx.Response, chunks: AsyncIterator[bytes] |
                     count += 1
                     if count >= _DRAIN_LIMIT:
                         break
+
+
+def _usable_wait(seconds: float | None) -> float | None:
+    """A server-directed wait that can be honoured: positive and finite, else None (D5)."""
+    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
+        return None
+    return seconds
 
 
 def _frame_error(message: str, provider: str) -> FrameError:

@@ -4,7 +4,8 @@ server-directed waits. No I/O: the handler (`_handler.py`) applies these rules.
 Defaults are the design's: deadlines 120 s to the first event, 180 s between events, 300 s for
 the whole turn; at most 10 consecutive timeouts (2 while no event ever came); 3 transport
 retries backing off from 100 ms to 10 s with 10 % jitter; 5 rate-limit retries honouring
-`retry-after-ms` / `Retry-After` (default 5 s, at most 60 s); one non-streaming rescue. A turn
+`retry-after-ms` / `Retry-After` (default 5 s, at most 60 s); one non-streaming rescue. Which
+failure takes which ladder is the failure taxonomy's (`_failures`). A turn
 without a policy gets these defaults: an unguarded stream is never the default.
 """
 
@@ -48,11 +49,12 @@ class Outcome(enum.IntEnum):
 class Shape(enum.Enum):
     """What kind of failure an attempt ended with: it decides the ladder that handles it."""
 
-    TRANSPORT = "transport"  # connect/read errors, 5xx, 408, truncation, frame errors
+    TRANSPORT = "transport"  # connect/read errors, 5xx, 408, truncation, a frame not JSON
     STALL = "stall"  # a deadline between events blew (transport-shaped, and counts a timeout)
     TOTAL = "total"  # the turn's total deadline blew
     RATE_LIMIT = "rate_limit"  # 429, 503, 529, RateLimitError
-    PERMANENT = "permanent"  # other 4xx, grammar breaches, invalid tool arguments
+    PERMANENT = "permanent"  # 4xx, grammar breaches, bad tool arguments, quota, oversized frames
+    WRONG_SHAPE = "wrong_shape"  # valid JSON of the wrong shape: no 2nd streamed attempt, rescue
 
 
 def _check_channel(_: object, __: object, value: int) -> None:
@@ -80,7 +82,8 @@ class Policy:
         requests_per_minute: the proactive token bucket per base URL (0 = off).
         limiter_max_wait: the longest an attempt waits for a token before sending anyway.
         channel_size: the capacity of each bounded channel between actors (1..1024).
-        max_frame: the frame-size cap for the provider's stream, in bytes.
+        max_frame: the cap on one incoming frame of the provider's stream, in bytes (32 MiB:
+            real frames repeat a whole answer or carry an image); past it, `FrameTooLarge`.
         max_body: the cap on a non-streaming (rescue) or error body, in bytes.
         random: the jitter source, `u` in [0, 1) (inject a constant for deterministic tests).
         wall_clock: Unix time, for `Retry-After` HTTP-dates (the trio clock stays separate).
@@ -102,7 +105,7 @@ class Policy:
     requests_per_minute: float = 0.0
     limiter_max_wait: float = 30.0
     channel_size: int = attrs.field(default=64, validator=_check_channel)
-    max_frame: int = 64 * 1024
+    max_frame: int = 32 * 1024 * 1024
     max_body: int = 16 * 1024 * 1024
     random: Callable[[], float] = attrs.field(default=random.random, eq=False, repr=False)
     wall_clock: Callable[[], float] = attrs.field(default=time.time, eq=False, repr=False)

@@ -132,11 +132,15 @@ class AnswerDone(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="
 
 
 class RunDone(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="run.done"):
-    """The run is over; exactly one, always last. `code` is a safe code, never prose."""
+    """The run is over; exactly one, always last. `code` is a safe code, never prose.
+
+    `attempts` counts the attempts (the rescue included); `requests` the HTTP requests the
+    provider got for them, so a reader sees what the turn cost."""
 
     status: Literal["completed", "error", "cancelled"]
     code: str
     attempts: int = 0
+    requests: int = 0
     retry_after_ms: int | None = None
 
 
@@ -308,11 +312,13 @@ class RunEventBuilder:
         error: BaseException | None,
         *,
         attempts: int,
+        requests: int | None = None,
         retry_after: float | None = None,
     ) -> list[RunEvent]:
         """The closing events: `answer.done` when a complete answer arrived, then `run.done`.
 
-        A reply cut by the length limit ends `error` / `provider_length`, keeping its partial
+        `requests` (the HTTP requests sent) defaults to `attempts`. A reply cut by the length
+        limit ends `error` / `provider_length`, keeping its partial
         text and without `answer.done`; so does one without visible text (`empty_response`).
         """
         out: list[RunEvent] = []
@@ -344,6 +350,7 @@ class RunEventBuilder:
                 status=status,  # type: ignore[arg-type]
                 code=code,
                 attempts=attempts,
+                requests=attempts if requests is None else requests,
                 retry_after_ms=retry_ms,
             )
         )

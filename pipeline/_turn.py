@@ -197,7 +197,10 @@ class TurnResult:
             that failed, what the last attempt completed.
         outcome: the one outcome.
         text: the answer text as delivered (since the last reset).
-        attempts: requests made, the rescue included.
+        attempts: attempts made, the rescue included (one whose request could not even be
+            built counts too).
+        requests: HTTP requests sent to the provider, streamed attempts and the rescue: what
+            the turn cost (a deterministic failure costs one).
         events: UniEvents delivered.
         time_to_first_event: seconds from the start to the first lane event, if one came.
         total_time: seconds from the start to the end.
@@ -210,6 +213,7 @@ class TurnResult:
     outcome: Outcome
     text: str
     attempts: int
+    requests: int
     events: int
     time_to_first_event: float | None
     total_time: float
@@ -344,7 +348,11 @@ async def run_turn(
         if outcome.succeeded:
             error = None
         final = builder.finish(
-            outcome, error, attempts=handler.attempts, retry_after=handler.retry_after
+            outcome,
+            error,
+            attempts=handler.attempts,
+            requests=handler.requests,
+            retry_after=handler.retry_after,
         )
         turn._run.extend(final)
         turn._run.close()
@@ -354,6 +362,7 @@ async def run_turn(
             outcome=outcome,
             text=builder.text,
             attempts=handler.attempts,
+            requests=handler.requests,
             events=handler.events,
             time_to_first_event=handler.first_event_at,
             total_time=trio.current_time() - start,

@@ -270,10 +270,10 @@ SHAPES: list[tuple[str, int | None, Any, type[ProviderError], str | None, str]] 
         "Rate limit reached",
     ),
     (
-        "openai 429 quota",
+        "openai 429 quota",  # no wait cures it: a plain (permanent) ProviderError, not a rate limit
         429,
         {"error": {"message": "quota", "type": "insufficient_quota", "code": "insufficient_quota"}},
-        RateLimitError,
+        ProviderError,
         "insufficient_quota",
         "quota",
     ),

@@ -541,6 +541,10 @@ def check(
     assert run.times == pytest.approx(at, abs=1e-6)
     assert run.result.outcome is outcome
     assert run.result.attempts == len(at)
+    assert run.result.requests == len(at)  # what the turn cost, on the result and in run.done
+    final = run.live[-1]
+    assert isinstance(final, RunDone)
+    assert (final.attempts, final.requests) == (len(at), len(at))
     assert seen(run.live) == list(saw)
     assert run.events == run.live
     check_envelope(run.events, run.turn.run_id)
@@ -1275,15 +1279,16 @@ async def test_f21_html_always_without_rescue_is_init_failed_with_a_frame_error(
     assert "text/html" in str(run.result.error)
 
 
-BAD_FRAMES = [b'data: {"delta": "x"\n\n', b'data: {"choices": "x"}\n\n']
+NOT_JSON = b'data: {"delta": "x"\n\n'  # cut short or corrupted on the way: transport-shaped
+WRONG_SHAPE = b'data: {"choices": "x"}\n\n'  # the same request gets it again: no 2nd stream
+BAD_FRAMES = [NOT_JSON, WRONG_SHAPE]
 
 
-@pytest.mark.parametrize("bad", BAD_FRAMES, ids=["not-json", "wrong-shape"])
 async def test_f22_a_malformed_frame_is_never_skipped(
-    autojump_clock: trio.testing.MockClock, bad: bytes
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
     # the bad frame and the next delta come in one chunk: the delta must not get through
-    broken = Answer(body=[ROLE, OK[1], bad + OK[2], *OK[3:]])
+    broken = Answer(body=[ROLE, OK[1], NOT_JSON + OK[2], *OK[3:]])
     run = await play([broken, ok()])
     check(
         run,
@@ -1294,21 +1299,38 @@ async def test_f22_a_malformed_frame_is_never_skipped(
     )
 
 
-@pytest.mark.parametrize("bad", BAD_FRAMES, ids=["not-json", "wrong-shape"])
+async def test_f22_a_frame_of_the_wrong_shape_is_never_skipped_nor_streamed_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    broken = Answer(body=[ROLE, OK[1], WRONG_SHAPE + OK[2], *OK[3:]])
+    run = await play([broken, ok()], rescue=rescue_ok())
+    check(
+        run,
+        at=[0.0, 0.0],  # the rescue, at once: a second streamed request would get it again
+        outcome=Outcome.FALLBACK_TO_NON_STREAMING,
+        saw=expect("start", "D", "reset", "D", "usage", "done", END_OK),
+        text=RESCUE_TEXT,
+    )
+    assert [s.stream for s in run.fake.sent] == [True, False]
+
+
+@pytest.mark.parametrize(
+    ("bad", "at", "saw"),
+    [
+        (NOT_JSON, [0.0, 0.1, 0.3, 0.7], ["start", *["D", "reset"] * 3, "D", END_PROVIDER]),
+        (WRONG_SHAPE, [0.0], ["start", "D", END_PROVIDER]),
+    ],
+    ids=["not-json", "wrong-shape"],
+)
 async def test_f22_the_frame_error_names_the_provider_and_the_frame(
-    autojump_clock: trio.testing.MockClock, bad: bytes
+    autojump_clock: trio.testing.MockClock, bad: bytes, at: list[float], saw: list[str]
 ) -> None:
     broken = Answer(body=[ROLE, OK[1], bad + OK[2], *OK[3:]])
     run = await play([broken], pol=policy(fallback=False))
-    check(
-        run,
-        at=[0.0, 0.1, 0.3, 0.7],
-        outcome=Outcome.FAILED,
-        saw=expect("start", *["D", "reset"] * 3, "D", END_PROVIDER),
-        text=FRAGMENTS[0],
-    )
+    check(run, at=at, outcome=Outcome.FAILED, saw=saw, text=FRAGMENTS[0])
     error = run.result.error
     assert isinstance(error, MalformedFrameError)
+    assert error.not_json is (bad is NOT_JSON)
     assert error.provider == "openai-chat"
     assert error.frame_index == 2
     assert "openai-chat" in str(error)
@@ -1422,22 +1444,25 @@ async def test_f25_a_lone_cr_ends_its_line_at_once(
     assert deltas == [0, 10_000, 10_000, 10_000, 10_000]
 
 
+CAP = 64 * 1024  # a small cap keeps these scenarios quick; the default (32 MiB) is tested too
+
+
 def oversized_sse() -> Answer:
     """One delta, then a 70,000-byte line in 4 KiB chunks."""
     line = b"data: " + b"x" * 70_000 + b"\n\n"
     return Answer(body=[ROLE, OK[1], *[line[i : i + 4096] for i in range(0, len(line), 4096)]])
 
 
-async def test_f26_an_oversized_line_is_a_frame_error_and_the_rest_is_unread(
+async def test_f26_an_oversized_line_is_permanent_and_the_rest_is_unread(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    run = await play([oversized_sse(), ok()])
+    run = await play([oversized_sse(), ok()], rescue=rescue_ok(), pol=policy(max_frame=CAP))
     check(
         run,
-        at=[0.0, 0.1],
-        outcome=Outcome.COMPLETED,
-        saw=expect("start", "D", "reset", *OK_SEEN, END_OK),
-        text=TEXT,
+        at=[0.0],  # the same frame would come back: neither a retry nor the rescue
+        outcome=Outcome.FAILED,
+        saw=expect("start", "D", END_PROVIDER),
+        text=FRAGMENTS[0],
     )
     first = run.fake.bodies[0]
     assert first.pulled == 2 + 17  # 17 x 4 KiB is the first past 64 KiB; the 18th is unread
@@ -1446,7 +1471,7 @@ async def test_f26_an_oversized_line_is_a_frame_error_and_the_rest_is_unread(
 async def test_f26_the_frame_error_is_bounded_and_typed(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    run = await play([oversized_sse()], pol=policy(fallback=False))
+    run = await play([oversized_sse()], pol=policy(fallback=False, max_frame=CAP))
     assert run.result.outcome is Outcome.FAILED
     error = run.result.error
     assert isinstance(error, FrameTooLarge)
@@ -1455,7 +1480,7 @@ async def test_f26_the_frame_error_is_bounded_and_typed(
     assert error.provider == "openai-chat"
 
 
-async def test_f26_a_1_mib_ndjson_line_is_refused_after_64_kib(
+async def test_f26_a_1_mib_ndjson_line_is_refused_after_the_cap(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     lines = ollama_lines()
@@ -1467,14 +1492,16 @@ async def test_f26_a_1_mib_ndjson_line_is_refused_after_64_kib(
             Answer(body=lines, content_type=NDJSON_TYPE),
         ],
         dialect=OllamaDialect(),
+        pol=policy(max_frame=CAP),
     )
     check(
         run,
-        at=[0.0, 0.1],
-        outcome=Outcome.COMPLETED,
-        saw=expect("start", "D", "reset", *OK_SEEN, END_OK),
-        text=TEXT,
+        at=[0.0],
+        outcome=Outcome.FAILED,
+        saw=expect("start", "D", END_PROVIDER),
+        text=FRAGMENTS[0],
     )
+    assert isinstance(run.result.error, FrameTooLarge)
     assert run.fake.bodies[0].pulled == 1 + 17
     assert len(chunks) > 250
 

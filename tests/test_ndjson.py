@@ -84,8 +84,9 @@ def test_a_final_whitespace_line_is_nothing() -> None:
 def test_invalid_utf8_in_a_line_raises_with_its_position() -> None:
     decoder = NDJSONDecoder()
     stream = b'{"a":1}\n\n{"b":"\xff"}\n{"c":3}\n'
+    assert decoder.feed(stream) == ['{"a":1}']  # the line before it still arrives
     with pytest.raises(FrameEncodingError) as info:
-        decoder.feed(stream)
+        decoder.feed(b'{"d":4}\n')
     assert info.value.offset == stream.index(b'{"b"')
     assert info.value.frame_index == 1
     assert isinstance(info.value, RilletError)
@@ -136,8 +137,9 @@ def test_a_long_unterminated_line_raises_before_it_ends() -> None:
 
 def test_a_long_unterminated_line_in_a_chunk_with_a_newline_raises() -> None:
     decoder = NDJSONDecoder(max_frame=100)
+    assert decoder.feed(b'{"a":1}\n' + b"y" * 150) == ['{"a":1}']
     with pytest.raises(FrameTooLarge) as info:
-        decoder.feed(b'{"a":1}\n' + b"y" * 150)
+        decoder.close()
     assert info.value.offset == 8
 
 
@@ -149,8 +151,8 @@ def test_a_long_line_in_small_chunks_arrives_whole() -> None:
     assert out == [line[:-1].decode()]
 
 
-def test_the_default_cap_is_64_kib_and_configurable() -> None:
-    assert NDJSONDecoder().max_frame == DEFAULT_MAX_FRAME == 64 * 1024
+def test_the_default_cap_is_32_mib_and_configurable() -> None:
+    assert NDJSONDecoder().max_frame == DEFAULT_MAX_FRAME == 32 * 1024 * 1024
     line = json.dumps({"x": "y" * (DEFAULT_MAX_FRAME - 20)}).encode()
     assert decode(line + b"\n") == [line.decode()]
     with pytest.raises(FrameTooLarge):
@@ -222,3 +224,50 @@ def test_every_chunking_yields_the_same_lines(stream: bytes, data: st.DataObject
     assert chunked_error == error
     if error is None:
         assert chunked == whole
+
+
+# --- what a chunk completes before an oversized line (F26) --------------------------------------
+
+
+def test_lines_before_an_oversized_line_in_the_same_chunk_arrive_first() -> None:
+    decoder = NDJSONDecoder(max_frame=100)
+    chunk = b'{"a":1}\n{"b":2}\n' + b"y" * 200 + b'\n{"c":3}\n'
+    assert decoder.feed(chunk) == ['{"a":1}', '{"b":2}']
+    with pytest.raises(FrameTooLarge) as info:
+        decoder.feed(b'{"d":4}\n')
+    assert info.value.offset == 16
+    with pytest.raises(FrameTooLarge):  # and every call after it
+        decoder.close()
+
+
+def _until_error(chunks: list[bytes], cap: int) -> tuple[list[str], type[Exception] | None]:
+    decoder = NDJSONDecoder(max_frame=cap)
+    lines: list[str] = []
+    try:
+        for chunk in chunks:
+            lines += decoder.feed(chunk)
+        lines += decoder.close()
+    except RilletError as exc:
+        return lines, type(exc)
+    return lines, None
+
+
+@pytest.mark.parametrize(
+    "bad", [b"y" * 200 + b"\n", b'{"b":"\xff"}\n'], ids=["too-large", "invalid-utf8"]
+)
+def test_what_arrives_before_a_bad_line_does_not_depend_on_the_chunking(bad: bytes) -> None:
+    stream = b'{"a":1}\n{"b":2}\n' + bad + b'{"c":3}\n'
+    whole = _until_error([stream], 100)
+    assert whole[0] == ['{"a":1}', '{"b":2}']
+    assert whole[1] in (FrameTooLarge, FrameEncodingError)
+    assert _until_error([stream[i : i + 1] for i in range(len(stream))], 100) == whole
+    for cut in range(len(stream)):
+        assert _until_error([stream[:cut], stream[cut:]], 100) == whole
+
+
+@pytest.mark.parametrize("size", [100_000, 5 * 1024 * 1024])
+def test_a_large_line_under_the_default_cap_passes(size: int) -> None:
+    line = json.dumps({"images": ["A" * size]}).encode() + b"\n"
+    decoder = NDJSONDecoder()
+    out = [x for i in range(0, len(line), 4096) for x in decoder.feed(line[i : i + 4096])]
+    assert out == [line[:-1].decode()]

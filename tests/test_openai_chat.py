@@ -978,7 +978,7 @@ def openai_error(message: str, type_: str | None, code: str | None = None) -> by
             openai_error(
                 "You exceeded your current quota", "insufficient_quota", "insufficient_quota"
             ),
-            RateLimitError,
+            ProviderError,  # no wait cures it: permanent, not a rate limit
             "insufficient_quota",
         ),
         (

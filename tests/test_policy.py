@@ -145,7 +145,7 @@ def test_the_default_policy_is_the_design() -> None:
     assert (p.rate_limit_retries, p.retry_after_default, p.retry_after_max) == (5, 5, 60)
     assert p.fallback
     assert (p.requests_per_minute, p.limiter_max_wait) == (0, 30)
-    assert (p.channel_size, p.max_frame) == (64, 64 * 1024)
+    assert (p.channel_size, p.max_frame) == (64, 32 * 1024 * 1024)
     assert 0.0 <= p.random() < 1.0
 
 

@@ -73,13 +73,13 @@ from rillet.transports.testing import Reply, openai_text_stream, status_reply
 from .test_handler import (
     END_OK,
     OK,
-    OK_SEEN,
+    RESCUE_TEXT,
     ROLE,
-    TEXT,
     Answer,
     check,
     expect,
     play,
+    rescue_ok,
     tool_stream,
 )
 from .test_reliability_faults import (
@@ -509,18 +509,22 @@ async def test_s02_a_refusal_with_lone_surrogates_ends_the_turn_cleanly(
 # --- S03: deep nesting in a whole turn, and in tool arguments (F44) -----------------------------
 
 
-async def test_s03_a_deeply_nested_frame_is_retried_like_any_frame_error(
+async def test_s03_a_deeply_nested_frame_is_a_frame_error_never_streamed_again(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
+    # valid JSON the decoder refuses every time: one streamed request, then the rescue
     deep = b'data: {"zz": ' + b"[" * 30_000 + b"]" * 30_000 + b', "choices": []}\n\n'
-    run = await play([Answer(body=[ROLE, OK[1], deep, *OK[2:]]), Answer(body=OK)])
+    run = await play(
+        [Answer(body=[ROLE, OK[1], deep, *OK[2:]]), Answer(body=OK)], rescue=rescue_ok()
+    )
     check(
         run,
-        at=[0.0, 0.1],
-        outcome=Outcome.COMPLETED,
-        saw=expect("start", "D", "reset", *OK_SEEN, END_OK),
-        text=TEXT,
+        at=[0.0, 0.0],
+        outcome=Outcome.FALLBACK_TO_NON_STREAMING,
+        saw=expect("start", "D", "reset", "D", "usage", "done", END_OK),
+        text=RESCUE_TEXT,
     )
+    assert [s.stream for s in run.fake.sent] == [True, False]
 
 
 async def test_s03_a_deeply_nested_error_body_is_typed_by_its_status(
@@ -1084,7 +1088,16 @@ async def test_s16_run_done_and_errors_carry_codes_only(
     assert isinstance(done, RunDone)
     assert (done.status, done.code) == ("error", code)
     wire = msgspec.json.decode(read.data[-1])
-    assert set(wire) <= {"type", "run_id", "seq", "elapsed_ms", "status", "code", "attempts"}
+    assert set(wire) <= {
+        "type",
+        "run_id",
+        "seq",
+        "elapsed_ms",
+        "status",
+        "code",
+        "attempts",
+        "requests",
+    }
     body = b"\n".join(read.data)
     for word in (b"Traceback", b'File "', b"Error", b"secret plan", b"Par", b"upstream"):
         assert word not in body, word

@@ -277,8 +277,8 @@ def test_a_truncated_character_at_eof_does_not_raise() -> None:
 # --- the frame-size cap -----------------------------------------------------------------------
 
 
-def test_the_default_cap_is_64_kib() -> None:
-    assert DEFAULT_MAX_FRAME == 64 * 1024
+def test_the_default_cap_is_32_mib() -> None:
+    assert DEFAULT_MAX_FRAME == 32 * 1024 * 1024
     assert SSEDecoder().max_frame == DEFAULT_MAX_FRAME
 
 
@@ -294,13 +294,13 @@ def test_a_long_line_over_the_default_cap_raises() -> None:
     assert info.value.size > DEFAULT_MAX_FRAME
 
 
-@pytest.mark.parametrize("field", [b"data: ", b"event: ", b"id: ", b": ", b"other: ", b"data"])
+@pytest.mark.parametrize("field", [b"data: ", b"event: ", b"id: ", b"other: ", b"data"])
 def test_a_long_complete_line_of_any_field_raises(field: bytes) -> None:
     with pytest.raises(FrameTooLarge):
         decode(field + b"x" * 200 + b"\n\n", max_frame=100)
 
 
-@pytest.mark.parametrize("field", [b"data: ", b"event: ", b"id: ", b": ", b"other: "])
+@pytest.mark.parametrize("field", [b"data: ", b"event: ", b"id: ", b"other: "])
 def test_a_long_unfinished_line_raises(field: bytes) -> None:
     decoder = SSEDecoder(max_frame=100)
     with pytest.raises(FrameTooLarge):
@@ -526,3 +526,126 @@ def test_arbitrary_bytes_raise_only_typed_errors(
         decoder.close()
     except RilletError:
         pass
+
+
+# --- what a chunk completes before an oversized frame (F26) -------------------------------------
+
+
+def test_events_before_an_oversized_frame_in_the_same_chunk_arrive_first() -> None:
+    decoder = SSEDecoder(max_frame=100)
+    chunk = b"data: a\n\ndata: b\n\ndata: " + b"x" * 200 + b"\n\ndata: c\n\n"
+    assert decoder.feed(chunk) == [SSEEvent("a"), SSEEvent("b")]
+    with pytest.raises(FrameTooLarge) as info:
+        decoder.feed(b"data: d\n\n")
+    assert info.value.limit == 100
+    with pytest.raises(FrameTooLarge):  # and every call after it
+        decoder.close()
+
+
+def test_events_before_an_oversized_unfinished_frame_in_the_same_chunk_arrive_first() -> None:
+    decoder = SSEDecoder(max_frame=100)
+    assert decoder.feed(b"data: a\n\ndata: " + b"x" * 200) == [SSEEvent("a")]
+    with pytest.raises(FrameTooLarge):
+        decoder.close()
+
+
+def _until_too_large(chunks: list[bytes], cap: int) -> tuple[list[SSEEvent], bool]:
+    decoder = SSEDecoder(max_frame=cap)
+    events: list[SSEEvent] = []
+    try:
+        for chunk in chunks:
+            events += decoder.feed(chunk)
+        events += decoder.close()
+    except FrameTooLarge:
+        return events, True
+    return events, False
+
+
+@settings(max_examples=100, deadline=None)
+@given(cuts=st.lists(st.integers(0, 260), max_size=8))
+def test_what_arrives_before_an_oversized_frame_does_not_depend_on_the_chunking(
+    cuts: list[int],
+) -> None:
+    stream = b"data: a\n\nevent: e\ndata: b\n\ndata: " + b"x" * 200 + b"\n\ndata: c\n\n"
+    whole = _until_too_large([stream], 100)
+    assert whole == ([SSEEvent("a"), SSEEvent("b", "e")], True)
+    assert _until_too_large(bytewise(stream), 100) == whole
+    assert _until_too_large(_split(stream, cuts), 100) == whole
+
+
+@pytest.mark.parametrize("size", [100_000, 5 * 1024 * 1024])
+def test_a_large_frame_under_the_default_cap_passes(size: int) -> None:
+    # a Responses `response.completed` repeating a long answer, a Gemini inline image
+    payload = b"A" * size
+    stream = b"data: " + payload + b"\n\n"
+    decoder = SSEDecoder()
+    events = [e for i in range(0, len(stream), 4096) for e in decoder.feed(stream[i : i + 4096])]
+    assert [len(e.data) for e in events] == [size]
+
+
+# --- comments never pile up, a `retry` line counts when its line ends (F58) ---------------------
+
+
+def test_keep_alive_comments_without_blank_lines_do_not_accumulate() -> None:
+    decoder = SSEDecoder(max_frame=100)
+    for _ in range(10_000):
+        assert decoder.feed(b": ping\n") == []
+    assert decoder.comments == 10_000
+    assert decoder.feed(b"data: a\n\n") == [SSEEvent("a")]
+
+
+def test_keep_alive_comments_after_a_field_line_do_not_accumulate() -> None:
+    decoder = SSEDecoder(max_frame=100)
+    assert decoder.feed(b"data: a\n") == []
+    for _ in range(10_000):
+        assert decoder.feed(b": keep-alive\n") == []
+    assert decoder.feed(b"data: b\n\n") == [SSEEvent("a\nb")]
+    assert decoder.comments == 10_000
+
+
+def test_comments_dripped_one_byte_at_a_time_do_not_accumulate() -> None:
+    decoder = SSEDecoder(max_frame=16)
+    for byte in bytewise(b": a longer keep-alive comment\n" * 50 + b"data: x\n\n"):
+        out = decoder.feed(byte)
+    assert out == [SSEEvent("x")]
+    assert decoder.comments == 50
+
+
+def test_a_long_unfinished_comment_line_is_dropped_as_it_arrives() -> None:
+    decoder = SSEDecoder(max_frame=100)
+    decoder.feed(b": ")
+    for _ in range(1000):
+        assert decoder.feed(b"xxxxx") == []
+    assert decoder.feed(b"\ndata: a\n\n") == [SSEEvent("a")]
+    assert decoder.comments == 1
+
+
+def test_comments_inside_a_block_do_not_count_toward_the_cap() -> None:
+    stream = b"data: a\n" + b": " + b"c" * 200 + b"\ndata: b\n\n"
+    assert decode(stream, max_frame=100) == [SSEEvent("a\nb")]
+    assert decode(*bytewise(stream), max_frame=100) == [SSEEvent("a\nb")]
+
+
+def test_f58_a_retry_line_in_a_block_that_never_completes_sets_the_reconnection_time() -> None:
+    decoder = SSEDecoder()
+    assert decoder.feed(b"data: a\n\nretry: 3000\ndata: never dispatched") == [SSEEvent("a")]
+    assert decoder.close() == []
+    assert decoder.retry == 3000
+
+
+def test_f58_a_retry_line_not_ended_at_eof_is_not_a_line() -> None:
+    decoder = SSEDecoder()
+    decoder.feed(b"retry: 1000\n\ndata: x\nretry: 3000")
+    decoder.close()
+    assert decoder.retry == 1000
+
+
+@pytest.mark.parametrize("cut", range(1, 20))
+def test_f58_the_retry_line_counts_however_the_block_was_cut(cut: int) -> None:
+    stream = b"retry: 3000\nid: 4\ndata: x"
+    decoder = SSEDecoder()
+    decoder.feed(stream[:cut])
+    decoder.feed(stream[cut:])
+    decoder.close()
+    assert decoder.retry == 3000
+    assert decoder.last_event_id == ""  # an id is committed only by a dispatch

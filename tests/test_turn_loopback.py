@@ -21,6 +21,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
+from rillet import FrameTooLarge
 from rillet._handler import AttemptReset
 from rillet._policy import Outcome, Policy
 from rillet._ratelimit import RateLimiter
@@ -329,16 +330,18 @@ async def test_f21_html_over_loopback(loop_clock: trio.testing.MockClock) -> Non
 
 
 async def test_f26_oversized_line_over_loopback(loop_clock: trio.testing.MockClock) -> None:
+    # over a 64 KiB cap (the default is 32 MiB): permanent, the same frame would come back
     line = b"data: " + b"x" * 70_000 + b"\n\n"
     oversized = Reply(chunks=(OK[0], OK[1], *split(line, 4096), *OK[2:]))
-    run = await play_loop([oversized, OK_REPLY])
+    run = await play_loop([oversized, OK_REPLY], pol=policy(max_frame=64 * 1024))
     check_loop(
         run,
-        at=[0.0, 0.1],
-        outcome=Outcome.COMPLETED,
-        saw=expect("start", "D", "reset", *OK_SEEN, END_OK),
-        text=TEXT,
+        at=[0.0],
+        outcome=Outcome.FAILED,
+        saw=expect("start", "D", END_PROVIDER),
+        text=FRAGMENTS[0],
     )
+    assert isinstance(run.result.error, FrameTooLarge)
 
 
 async def test_f28_cancel_while_the_provider_holds_the_request_over_loopback(

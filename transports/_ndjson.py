@@ -5,7 +5,11 @@ a line that is not raises `FrameEncodingError` (unlike SSE, NDJSON has no replac
 a corrupted JSON object must not pass as data). At end of input a final line without its LF is
 kept only if it parses as JSON; otherwise it is a truncated line and is discarded, so the dialect
 sees a stream that ended early. The decoder holds at most one line: a line longer than
-`max_frame` bytes raises `FrameTooLarge`.
+`max_frame` bytes (32 MiB by default) raises `FrameTooLarge`, and the rest is never looked at.
+
+A chunk whose lines end in an error (an oversized line, invalid UTF-8) still returns the lines
+before it; the error is raised by the next call (and every one after it), so what a caller
+receives does not depend on how the bytes were cut.
 """
 
 from __future__ import annotations
@@ -27,7 +31,16 @@ class NDJSONDecoder:
         offset: how many bytes were fed so far.
     """
 
-    __slots__ = ("_held", "_held_size", "_tail", "_tail_offset", "frames", "max_frame", "offset")
+    __slots__ = (
+        "_error",
+        "_held",
+        "_held_size",
+        "_tail",
+        "_tail_offset",
+        "frames",
+        "max_frame",
+        "offset",
+    )
 
     def __init__(self, *, max_frame: int = DEFAULT_MAX_FRAME) -> None:
         if max_frame < 1:
@@ -37,11 +50,14 @@ class NDJSONDecoder:
         self._tail_offset = 0  # the stream offset of the first byte of `_tail`
         self._held: list[bytes] = []  # later pieces of the tail, from chunks without a LF
         self._held_size = 0
+        self._error: Exception | None = None  # raised by every call once the lines broke
         self.frames = 0
         self.offset = 0
 
     def feed(self, chunk: bytes) -> list[str]:
         """Take the next bytes; return the lines they complete, in order."""
+        if self._error is not None:
+            raise self._error
         self.offset += len(chunk)
         if b"\n" not in chunk:
             # hold the piece: a long line in many small chunks costs linear time, not a copy
@@ -50,7 +66,12 @@ class NDJSONDecoder:
             self._held_size += len(chunk)
             size = len(self._tail) + self._held_size
             if size > self.max_frame:
-                raise _errors().FrameTooLarge(self.max_frame, size, offset=self._tail_offset)
+                self._error = _errors().FrameTooLarge(
+                    self.max_frame, size, offset=self._tail_offset
+                )
+                self._tail = b""
+                self._held.clear()
+                raise self._error
             return []
         if self._held:
             self._tail += b"".join(self._held)
@@ -61,29 +82,42 @@ class NDJSONDecoder:
         out: list[str] = []
         at = self._tail_offset
         cap = self.max_frame
+        error: Exception | None = None
         for raw in lines:
             size = len(raw)
-            if size > cap or raw[-1:] == b"\r" or not raw or raw.isspace():
-                out_line = self._line(raw, at)  # the rare cases, one at a time
-                if out_line is not None:
-                    out.append(out_line)
-            else:
-                try:
-                    out.append(raw.decode("utf-8"))
-                except UnicodeDecodeError:
-                    self.frames += len(out)
-                    self._line(raw, at)  # raises FrameEncodingError with its position
-                    raise
+            try:
+                if size > cap or raw[-1:] == b"\r" or not raw or raw.isspace():
+                    out_line = self._line(raw, at, len(out))  # the rare cases, one at a time
+                    if out_line is not None:
+                        out.append(out_line)
+                else:
+                    try:
+                        out.append(raw.decode("utf-8"))
+                    except UnicodeDecodeError:
+                        self._line(raw, at, len(out))  # raises FrameEncodingError, located
+                        raise
+            except _errors().FrameError as exc:
+                error = exc
+                break
             at += size + 1
+        if error is None and len(tail) > cap:
+            error = _errors().FrameTooLarge(cap, len(tail), offset=at)
         self.frames += len(out)
+        if error is not None:
+            self._error = error
+            self._tail = b""  # the rest is never looked at
+            if not out:
+                raise error
+            return out
         self._tail = tail
         self._tail_offset = at
-        if len(tail) > self.max_frame:
-            raise _errors().FrameTooLarge(self.max_frame, len(tail), offset=at)
         return out
 
     def close(self) -> list[str]:
-        """End of input: the last unterminated line, if it is a whole JSON value."""
+        """End of input: the last unterminated line, if it is a whole JSON value. Raises the
+        error a previous call deferred."""
+        if self._error is not None:
+            raise self._error
         tail, self._tail = self._tail + b"".join(self._held), b""
         self._held.clear()
         self._held_size = 0
@@ -96,7 +130,7 @@ class NDJSONDecoder:
         except UnicodeDecodeError as exc:
             if exc.end == len(tail) and exc.reason == "unexpected end of data":
                 return []  # cut off inside a character: a truncation, not bad data
-        line = self._line(tail, self._tail_offset)  # invalid UTF-8 inside it still raises
+        line = self._line(tail, self._tail_offset, 0)  # invalid UTF-8 inside it still raises
         if line is None:
             return []
         try:
@@ -106,7 +140,8 @@ class NDJSONDecoder:
         self.frames += 1
         return [line]
 
-    def _line(self, raw: bytes, offset: int) -> str | None:
+    def _line(self, raw: bytes, offset: int, done: int) -> str | None:
+        """One line's text (None for a blank one); `done` lines of this chunk came before it."""
         if len(raw) > self.max_frame:
             raise _errors().FrameTooLarge(self.max_frame, len(raw), offset=offset)
         if raw.endswith(b"\r"):
@@ -119,6 +154,6 @@ class NDJSONDecoder:
             raise _errors().FrameEncodingError(
                 f"NDJSON line is not valid UTF-8 (byte {exc.start} of the line)",
                 offset=offset,
-                frame_index=self.frames,
+                frame_index=self.frames + done,
             ) from None
         return line

@@ -6,10 +6,16 @@ completes. It decodes UTF-8 incrementally (a character split across chunks is re
 invalid bytes become U+FFFD, as the standard says, never an exception), strips one leading BOM,
 ends lines at CR, LF or CRLF (a CRLF split across chunks counts once), skips comments, removes
 one leading space from a value, joins multi-line data with LF, ignores an `id` containing NUL,
-resets the id on an empty `id`, accepts `retry` only when all ASCII digits, commits the id of a
+resets the id on an empty `id`, accepts `retry` only when all ASCII digits (a `retry` line whose
+line ended counts even in an event that never completes: at end of input), commits the id of a
 block even when it has no data, resets the event name after each dispatch, and discards an
-unfinished event at end of input. It holds at most one frame: a pending line or event larger
-than `max_frame` characters raises `FrameTooLarge`.
+unfinished event at end of input. Comment lines are dropped as they arrive (those at the
+unfinished end of a chunk wait with it), so keep-alives never pile up in a pending event.
+
+It holds at most one frame: a pending event larger than `max_frame` bytes (32 MiB by default)
+raises `FrameTooLarge`, and the rest is never looked at. The events completed before the
+oversized one in the same chunk are still returned; the error is raised by the next call (and
+every one after it), so what a caller receives does not depend on how the bytes were cut.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_MAX_FRAME", "SSEDecoder", "SSEEvent", "encode_sse"]
 
-DEFAULT_MAX_FRAME = 64 * 1024
+DEFAULT_MAX_FRAME = 32 * 1024 * 1024
+"""The cap on one incoming frame: real frames repeat a whole answer or carry an inline image."""
 _LINE_END = re.compile(r"\r\n|\r|\n")
 _FORBIDDEN = re.compile(r"[\r\n\x00]")
 _BOM = b"\xef\xbb\xbf"
@@ -60,11 +67,13 @@ class SSEDecoder:
 
     __slots__ = (
         "_data",
+        "_error",
         "_event",
         "_held",
         "_held_lf",
         "_held_size",
         "_id",
+        "_in_comment",
         "_skip_lf",
         "_started",
         "comments",
@@ -83,6 +92,8 @@ class SSEDecoder:
         self._held_size = 0
         self._held_lf = False  # the held bytes end in LF: a LF next would end the block
         self._skip_lf = False  # the last chunk ended in CR: a LF starting the next one is its pair
+        self._in_comment = False  # the last chunk ended inside a comment line (being dropped)
+        self._error: Exception | None = None  # an oversized frame, raised by every later call
         self._started = False  # the stream's first bytes were seen (and a BOM stripped)
         self._data: list[bytes] = []
         self._event = ""
@@ -109,6 +120,8 @@ class SSEDecoder:
             if chunk[0] == 0x0A:
                 chunk = chunk[1:]
         if not self._started:
+            if self._error is not None:  # a failed decoder is never started (off the hot path)
+                raise self._error
             chunk = b"".join(self._held) + chunk
             self._held.clear()
             self._held_size = 0
@@ -125,22 +138,35 @@ class SSEDecoder:
         if 0x0D in chunk:
             self._skip_lf = chunk[-1] == 0x0D
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if self._in_comment:  # the rest of a comment line: dropped up to its end
+            nl = chunk.find(b"\n")
+            if nl < 0:
+                return []
+            self._in_comment = False
+            self.comments += 1  # a comment counts once its line ends
+            chunk = chunk[nl + 1 :]
+            if not chunk:
+                return []
         held = self._held
         if b"\n\n" not in chunk and not (self._held_lf and chunk[0] == 0x0A):
             # no block ends here: hold the piece (joined once when the block ends, so a long
-            # event arriving in many small chunks costs linear time)
+            # event arriving in many small chunks costs linear time), without its comment lines
+            if chunk[0] == 0x3A or b"\n:" in chunk:
+                chunk = self._uncommented(chunk, self._held_lf or not held)
+                if not chunk:
+                    return []
             held.append(chunk)
             self._held_size += len(chunk)
             self._held_lf = chunk[-1] == 0x0A
             if self._held_size > self.max_frame:
-                self._too_large(self._held_size)
+                raise self._fail(self._too_large(self._held_size))
             return []
         if held:
             held.append(chunk)
             chunk = b"".join(held)
             held.clear()
         blocks = chunk.split(b"\n\n")
-        tail = blocks.pop()
+        tail = blocks.pop()  # its comment lines, if any, are bounded by this chunk
         if tail:
             held.append(tail)
         self._held_size = len(tail)
@@ -149,9 +175,11 @@ class SSEDecoder:
         cap = self.max_frame
         event_id = self._id
         fast = 0  # events dispatched by the fast paths (they change no state but the count)
+        failed: Exception | None = None
         for block in blocks:
-            if len(block) > cap:
-                self._too_large(len(block))
+            if len(block) > cap and _uncommented_size(block) > cap:
+                failed = self._too_large(len(block))
+                break
             if block[:6] == b"data: ":
                 if 0x0A not in block:
                     # the commonest block by far: one `data:` line, no name, no id
@@ -177,18 +205,53 @@ class SSEDecoder:
         if fast:
             self.frames += fast
             self.last_event_id = event_id
-        if self._held_size > cap:
-            self._too_large(self._held_size)
+        if self._held_size > cap and failed is None:
+            failed = self._too_large(self._held_size)
+        if failed is not None:
+            self._fail(failed)
+            if not out:
+                raise failed
         return out
 
     def close(self) -> list[SSEEvent]:
-        """End of input: an event not ended by a blank line is discarded, as the standard says."""
+        """End of input: an event not ended by a blank line is discarded, as the standard says,
+        but a `retry` line of it whose line ended still sets the reconnection time (and a comment
+        line that ended counts). Raises the
+        `FrameTooLarge` a previous call deferred."""
+        if self._error is not None:
+            raise self._error
+        held = b"".join(self._held)
+        for line in held[: held.rfind(b"\n") + 1].split(b"\n"):
+            if line.startswith(b"retry:") or line.startswith(b":"):
+                self._field(line.decode("utf-8", "replace"))  # sets the time, counts a comment
         self._held.clear()
         self._held_size = 0
         self._held_lf = False
+        self._in_comment = False
         self._data.clear()
         self._event = ""
         return []
+
+    def _uncommented(self, piece: bytes, line_start: bool) -> bytes:
+        """`piece` (no blank line in it) without its comment lines, counted; `line_start` says
+        whether it starts a line. A comment line it does not end is dropped as it goes on."""
+        kept: list[bytes] = []
+        at = 0
+        end = len(piece)
+        while at < end:
+            nl = piece.find(b"\n", at)
+            if line_start and piece[at] == 0x3A:
+                if nl < 0:
+                    self._in_comment = True
+                    break
+                self.comments += 1
+            else:
+                kept.append(piece[at:] if nl < 0 else piece[at : nl + 1])
+                if nl < 0:
+                    break
+            at = nl + 1
+            line_start = True
+        return b"".join(kept)
 
     def _block(self, block: bytes, out: list[SSEEvent]) -> None:
         """Parse a complete block's lines, then dispatch it (a blank line ended it)."""
@@ -235,8 +298,23 @@ class SSEDecoder:
         elif name == "retry" and value.isascii() and value.isdigit():
             self.retry = int(value)
 
-    def _too_large(self, size: int) -> None:
-        raise _errors().FrameTooLarge(self.max_frame, size, offset=self.offset)
+    def _fail(self, error: Exception) -> Exception:
+        """Refuse the rest: every later call raises `error`, and nothing more is held."""
+        self._error = error
+        self._started = False  # routes the next call to the check for `_error`
+        self._skip_lf = False
+        self._held.clear()
+        self._held_size = 0
+        return error
+
+    def _too_large(self, size: int) -> Exception:
+        error: Exception = _errors().FrameTooLarge(self.max_frame, size, offset=self.offset)
+        return error
+
+
+def _uncommented_size(block: bytes) -> int:
+    """A block's size without its comment lines: what the cap counts, however it was chunked."""
+    return sum(len(line) + 1 for line in block.split(b"\n") if line[:1] != b":")
 
 
 def encode_sse(

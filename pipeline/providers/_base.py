@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import attrs
 import msgspec
 from rillet._errors import (
+    QUOTA_CODES,
     AuthenticationError,
     InvalidRequestError,
     MalformedFrameError,
@@ -24,7 +25,7 @@ from rillet._errors import (
     RateLimitError,
     ServerError,
 )
-from rillet.transports import SSEEvent
+from rillet.transports import DEFAULT_MAX_FRAME, SSEEvent
 
 if TYPE_CHECKING:
     from rillet._lanes import LaneEvent
@@ -145,7 +146,7 @@ class Provider:
         api_key: the credential, masked everywhere but the request header.
         name: what to call it in messages (defaults to the dialect's name).
         headers: extra request headers.
-        max_frame: the frame-size cap for its streams, in bytes.
+        max_frame: the cap on one frame of its streams, in bytes (32 MiB).
     """
 
     dialect: Dialect
@@ -154,7 +155,7 @@ class Provider:
     api_key: Secret | None = None
     name: str = ""
     headers: Mapping[str, str] = attrs.field(factory=dict)
-    max_frame: int = 64 * 1024
+    max_frame: int = DEFAULT_MAX_FRAME
 
     @property
     def label(self) -> str:
@@ -204,13 +205,15 @@ def strict_decode(decoder: msgspec.json.Decoder[Any], data: str | bytes, provide
         return decoder.decode(data)
     except msgspec.ValidationError as exc:
         raise MalformedFrameError(
-            f"frame has the wrong shape: {exc}", data, provider=provider
+            f"frame has the wrong shape: {exc}", data, provider=provider, not_json=False
         ) from None
     except msgspec.DecodeError as exc:
-        raise MalformedFrameError(f"frame is not JSON: {exc}", data, provider=provider) from None
+        raise MalformedFrameError(
+            f"frame is not JSON: {exc}", data, provider=provider, not_json=True
+        ) from None
     except RecursionError:
         raise MalformedFrameError(
-            "frame is nested too deeply to decode", data, provider=provider
+            "frame is nested too deeply to decode", data, provider=provider, not_json=False
         ) from None
 
 
@@ -260,7 +263,21 @@ def provider_error(
     retry_after: float | None = None,
 ) -> ProviderError:
     """The typed error for what a provider reported: the first of `error_types` we know (the
-    provider's error type, code or status word) decides, else the status, else `ProviderError`."""
+    provider's error type, code or status word) decides, else the status, else `ProviderError`.
+
+    A quota code (`insufficient_quota`, sent with a 429 or in the stream) is a plain
+    `ProviderError` carrying the code, whatever the status: no wait or retry cures it, so it must
+    not pass for a rate limit."""
+    quota = next((t for t in error_types if t and t.lower() in QUOTA_CODES), None)
+    if quota is not None:
+        return ProviderError(
+            provider,
+            message,
+            status=status,
+            error_type=quota,
+            retry_after=retry_after,
+            in_stream=in_stream,
+        )
     cls: type[ProviderError] = ProviderError
     known: str | None = next((t for t in error_types if t), None)
     for error_type in error_types:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 from rillet._errors import (
+    QUOTA_CODES,
     AuthenticationError,
     OverloadedError,
     ProviderError,
@@ -103,7 +104,9 @@ def http_error(
     for 401/403/429/503, whose status is more specific than the body (OpenAI answers a bad key
     with 401 and `type: "invalid_request_error"`). `retry-after-ms` / `retry-after` are read."""
     error = error_from_body(provider, status, body)
-    cls = _STATUS_WINS.get(status, type(error))
+    # a quota code outranks the status: a 429 `insufficient_quota` is no rate limit
+    quota = (error.error_type or "").lower() in QUOTA_CODES
+    cls = type(error) if quota else _STATUS_WINS.get(status, type(error))
     return cls(
         provider,
         error.provider_message,

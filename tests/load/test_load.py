@@ -123,7 +123,7 @@ async def test_l1_1000_concurrent_turns_of_500_chunks(figures: dict[str, Any]) -
     assert len(results) == turns
     assert all(r.outcome is Outcome.COMPLETED for r in results)
     assert all(r.text == text for r in results)  # every turn's text, exact
-    assert all(r.attempts == 1 for r in results)
+    assert all(r.attempts == 1 and r.requests == 1 for r in results)
     events = sum(r.events for r in results)
     per_turn = (ticker.peak_rss - base) / turns
     figures.update(
@@ -589,12 +589,14 @@ async def test_l5_a_retry_storm_is_exact_and_held_by_the_limiter(
         times = [t - start for t in turn.fake.times]
         assert times == pytest.approx([0, 5, 10, 15, 20, 25], abs=1e-6)
         assert all(s.stream for s in turn.fake.sent)  # never rescued
+        assert turn.result.requests == 6
     start = trio.current_time()
     for turn in await storm([status(500)], turns, policy(), RateLimiter(), rescue_ok()):
         assert turn.result.outcome is Outcome.FALLBACK_TO_NON_STREAMING
         times = [t - start for t in turn.fake.times]
         assert times == pytest.approx([0, 0.1, 0.3, 0.7, 0.7], abs=1e-6)
         assert [s.stream for s in turn.fake.sent] == [True] * 4 + [False]  # 4, then the rescue
+        assert turn.result.requests == 5
     # the limiter on: 600 requests a minute for the provider's base URL, shared by every turn
     rpm = 600.0
     start = trio.current_time()

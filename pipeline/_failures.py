@@ -1,0 +1,181 @@
+"""The failure taxonomy: for every error and every HTTP status, the ladder that handles it.
+
+One table, consulted by the handler for every attempt that fails, so that no two places can
+disagree about what is retried. The shapes (`Shape`, in `_policy`):
+
+- transport (`TRANSPORT`, and `STALL` for a deadline between events): the bytes did not arrive
+  whole (connect or read error, reset, EOF before the terminal marker, a frame that is not
+  JSON, 408, 5xx but 503/529, an in-stream overloaded or server error). Back off and retry;
+  when the budget is spent, the rescue.
+- rate limit (`RATE_LIMIT`): 429, 503, 529, `RateLimitError`. Wait as the server says.
+- permanent (`PERMANENT`): the same request would get the same answer (400, 401, 403, 404,
+  409, 413, 422, grammar breaches, invalid tool arguments, a frame over the cap, quota errors
+  such as `insufficient_quota`, and every local error). One attempt, no rescue.
+- wrong shape (`WRONG_SHAPE`): valid JSON of the wrong shape for a known event. The same
+  streaming request would get it again, so there is no second streamed attempt; the
+  non-streaming rescue asks in another wire shape and may still bring the reply home.
+
+Lookups walk an error's class hierarchy: the most specific class with an entry decides, and an
+entry for a (class, cause) pair outranks the class alone. The cause is what the error says
+about itself: a provider error's code (`insufficient_quota`), whether a malformed frame was JSON
+at all, which deadline blew. For an HTTP error status the status decides, a quota code in the
+body outranks it, and `x-should-retry: true` sends a permanent answer down the transport ladder
+(`false` keeps the shape and stops retry and rescue: the handler's `no_retry`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._errors import (
+    QUOTA_CODES,
+    AuthenticationError,
+    ConfigurationError,
+    EmptyResponseError,
+    FallbackFailed,
+    FrameEncodingError,
+    FrameError,
+    FrameTooLarge,
+    IncompleteStreamError,
+    InvalidRequestError,
+    MalformedFrameError,
+    NoHistoryError,
+    OverloadedError,
+    ProviderError,
+    RateLimitError,
+    RilletError,
+    ServerError,
+    SSEEncodeError,
+    StreamError,
+    StreamProtocolError,
+    ToolCallArgumentParseError,
+    TransportError,
+    TurnTimeout,
+    UnsupportedContentError,
+    UnsupportedOperationError,
+)
+from ._policy import Shape
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+__all__ = [
+    "CAUSE_SHAPES",
+    "ERROR_SHAPES",
+    "PERMANENT_CODES",
+    "STATUS_SHAPES",
+    "cause_of",
+    "error_shape",
+    "http_shape",
+    "status_shape",
+]
+
+T, R, P, W = Shape.TRANSPORT, Shape.RATE_LIMIT, Shape.PERMANENT, Shape.WRONG_SHAPE
+
+ERROR_SHAPES: Mapping[type[RilletError], Shape] = {
+    RilletError: P,  # an error of ours we did not foresee: never paid for twice
+    FrameError: T,  # bytes that cannot be framed (a non-stream Content-Type, F21)
+    FrameTooLarge: P,  # the same frame would come back (F26)
+    FrameEncodingError: T,  # invalid UTF-8 in an NDJSON line: corrupted on the way (F24)
+    MalformedFrameError: W,  # valid JSON of the wrong shape, nesting past the decoder (F54)
+    SSEEncodeError: P,
+    ConfigurationError: P,
+    UnsupportedContentError: P,
+    UnsupportedOperationError: P,
+    NoHistoryError: P,
+    StreamError: P,
+    StreamProtocolError: P,  # the grammar breached (F43)
+    IncompleteStreamError: T,  # EOF before the terminal marker (F07)
+    EmptyResponseError: P,  # a reply of thinking only (F45)
+    ToolCallArgumentParseError: P,  # arguments that do not parse (F44)
+    TransportError: T,  # connect, read, reset (F09, F10)
+    TurnTimeout: Shape.STALL,  # a deadline between events (F03-F05)
+    FallbackFailed: P,  # a turn's end, never an attempt's
+    ProviderError: T,  # an in-stream error of no known type
+    RateLimitError: R,  # in-stream rate limits (F17)
+    OverloadedError: T,  # in-stream overloaded (F17); as a status, 503/529 are rate limits
+    ServerError: T,  # in-stream server errors (F17)
+    InvalidRequestError: P,  # in-stream invalid request (F17)
+    AuthenticationError: P,
+}
+"""The shape of each error class (its own, before any cause)."""
+
+PERMANENT_CODES = QUOTA_CODES
+"""Provider error codes that no retry or wait cures: the account must change first (F55)."""
+
+CAUSE_SHAPES: Mapping[tuple[type[RilletError], str], Shape] = {
+    (MalformedFrameError, "not_json"): T,  # cut short or corrupted on the way (F22)
+    (TurnTimeout, "total"): Shape.TOTAL,  # the turn's total deadline (F06)
+    **{(ProviderError, code): P for code in sorted(PERMANENT_CODES)},
+}
+"""Causes that outrank their class's shape."""
+
+STATUS_SHAPES: Mapping[int, Shape] = {
+    400: P,
+    401: P,
+    403: P,
+    404: P,
+    408: T,  # request timeout: the server gave up waiting, another try may pass
+    409: P,
+    413: P,
+    422: P,
+    429: R,
+    500: T,
+    502: T,
+    503: R,
+    504: T,
+    529: R,
+}
+"""The statuses named by the rules; any other 5xx is transport-shaped, any other status
+(a 3xx not followed, another 4xx) permanent (D6)."""
+
+
+def status_shape(status: int) -> Shape:
+    """The shape an HTTP error status names."""
+    shape = STATUS_SHAPES.get(status)
+    if shape is not None:
+        return shape
+    return T if 500 <= status <= 599 else P
+
+
+def cause_of(error: BaseException) -> str | None:
+    """What the error says about itself that can change its shape: a provider error's code, a
+    malformed frame's `not_json` / `wrong_shape`, a timeout's deadline."""
+    if isinstance(error, MalformedFrameError):
+        return "not_json" if error.not_json else "wrong_shape"
+    if isinstance(error, TurnTimeout):
+        return error.deadline
+    if isinstance(error, ProviderError) and error.error_type:
+        return error.error_type.lower()
+    return None
+
+
+def error_shape(error: BaseException) -> Shape:
+    """The shape of an attempt that ended with `error` (raised while streaming or sending)."""
+    if not isinstance(error, RilletError):
+        return T
+    cause = cause_of(error)
+    mro = type(error).__mro__
+    if cause is not None:
+        for cls in mro:
+            shape = CAUSE_SHAPES.get((cls, cause))
+            if shape is not None:
+                return shape
+    for cls in mro:
+        shape = ERROR_SHAPES.get(cls)
+        if shape is not None:
+            return shape
+    return P  # not reached: every RilletError has RilletError in its hierarchy
+
+
+def http_shape(status: int, error: ProviderError, should_retry: str = "") -> Shape:
+    """The shape of an HTTP error answer: its status, unless the body's code is a permanent one;
+    then `x-should-retry: true` sends a permanent one down the transport ladder."""
+    cause = cause_of(error)
+    if cause is not None and (ProviderError, cause) in CAUSE_SHAPES:
+        shape = CAUSE_SHAPES[ProviderError, cause]
+    else:
+        shape = status_shape(status)
+    if should_retry == "true" and shape is Shape.PERMANENT:
+        shape = Shape.TRANSPORT
+    return shape

@@ -1,0 +1,232 @@
+"""The failure taxonomy (`rillet._failures`): every error class and every HTTP status has its
+ladder, the rules of RELIABILITY.md hold line by line, and docs/reliability.md shows the same
+table the handler consults."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import msgspec
+import pytest
+import rillet._errors as errors
+from rillet._errors import (
+    AuthenticationError,
+    ConfigurationError,
+    EmptyResponseError,
+    FrameEncodingError,
+    FrameError,
+    FrameTooLarge,
+    IncompleteStreamError,
+    InvalidRequestError,
+    MalformedFrameError,
+    OverloadedError,
+    ProviderError,
+    RateLimitError,
+    RilletError,
+    ServerError,
+    StreamProtocolError,
+    ToolCallArgumentParseError,
+    TransportError,
+    TurnTimeout,
+)
+from rillet._failures import (
+    CAUSE_SHAPES,
+    ERROR_SHAPES,
+    PERMANENT_CODES,
+    STATUS_SHAPES,
+    error_shape,
+    http_shape,
+    status_shape,
+)
+from rillet._policy import Shape
+from rillet.providers._base import error_from_body, strict_decode
+
+T, R, P, W = Shape.TRANSPORT, Shape.RATE_LIMIT, Shape.PERMANENT, Shape.WRONG_SHAPE
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "reliability.md"
+
+
+def error_classes() -> list[type[RilletError]]:
+    """Every error class the error module defines (its public names, and any other class)."""
+    named = [getattr(errors, name) for name in errors.__all__]
+    others = [obj for _, obj in inspect.getmembers(errors, inspect.isclass)]
+    return list(
+        {obj for obj in named + others if inspect.isclass(obj) and issubclass(obj, RilletError)}
+    )
+
+
+def test_every_error_class_has_its_own_entry() -> None:
+    classes = error_classes()
+    assert len(classes) >= 20
+    assert set(classes) == set(ERROR_SHAPES)
+
+
+@pytest.mark.parametrize("status", range(300, 600))
+def test_every_error_status_has_a_shape(status: int) -> None:
+    shape = status_shape(status)
+    if status in STATUS_SHAPES:
+        assert shape is STATUS_SHAPES[status]
+    elif 500 <= status <= 599:
+        assert shape is T  # D6: other 5xx are transport-shaped
+    else:
+        assert shape is P  # D6: other 4xx (and a 3xx not followed) are permanent
+
+
+RULE_STATUSES = {
+    **dict.fromkeys([408, 500, 502, 504, 599], T),  # rule 1
+    **dict.fromkeys([429, 503, 529], R),  # rule 2
+    **dict.fromkeys([400, 401, 403, 404, 409, 413, 422, 418], P),  # rule 4, D6
+}
+
+
+@pytest.mark.parametrize(("status", "shape"), sorted(RULE_STATUSES.items()))
+def test_the_statuses_follow_the_rules(status: int, shape: Shape) -> None:
+    assert status_shape(status) is shape
+
+
+def not_json() -> MalformedFrameError:
+    try:
+        strict_decode(msgspec.json.Decoder(dict[str, int]), b'{"a": 1', "prov")
+    except MalformedFrameError as exc:
+        return exc
+    raise AssertionError("decoded")
+
+
+def wrong_shape() -> MalformedFrameError:
+    try:
+        strict_decode(msgspec.json.Decoder(dict[str, int]), b'{"a": "x"}', "prov")
+    except MalformedFrameError as exc:
+        return exc
+    raise AssertionError("decoded")
+
+
+def raised_from(cause: Exception) -> MalformedFrameError:
+    """A frame error raised while handling `cause`, as a dialect raises one."""
+    try:
+        try:
+            raise cause
+        except Exception:
+            raise MalformedFrameError("bad frame", "{}") from None
+    except MalformedFrameError as exc:
+        return exc
+
+
+def decode_error(decoder: msgspec.json.Decoder[object], data: bytes) -> Exception:
+    try:
+        decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        return exc
+    raise AssertionError("decoded")
+
+
+CASES: list[tuple[str, BaseException, Shape]] = [
+    ("connect/read error", TransportError("p", "ReadError"), T),
+    ("EOF before the terminal marker", IncompleteStreamError("p", ("finish_reason",)), T),
+    ("a stall", TurnTimeout("p", "per-event", 180), Shape.STALL),
+    ("no first event", TurnTimeout("p", "initial-event", 120), Shape.STALL),
+    ("the total deadline", TurnTimeout("p", "total", 300), Shape.TOTAL),
+    ("in-stream overloaded", OverloadedError("p", in_stream=True), T),
+    ("in-stream server error", ServerError("p", in_stream=True), T),
+    ("in-stream error of no known type", ProviderError("p", in_stream=True), T),
+    ("a frame that is not JSON", not_json(), T),
+    ("a non-stream Content-Type", FrameError("text/html"), T),
+    ("invalid UTF-8 in an NDJSON line", FrameEncodingError("bad"), T),
+    ("RateLimitError", RateLimitError("p", in_stream=True), R),
+    ("ToolCallArgumentParseError", ToolCallArgumentParseError("p", "f", "c", "{", "cut"), P),
+    ("StreamProtocolError", StreamProtocolError("p", "a second stop"), P),
+    ("EmptyResponseError", EmptyResponseError("p", "stop"), P),
+    ("in-stream invalid request", InvalidRequestError("p", in_stream=True), P),
+    ("authentication", AuthenticationError("p", status=401), P),
+    ("FrameTooLarge", FrameTooLarge(100, 200), P),
+    ("a local error", ConfigurationError("openai", None, "no key"), P),
+    ("insufficient_quota in the stream", ProviderError("p", error_type="insufficient_quota"), P),
+    ("a quota code on a rate limit", RateLimitError("p", error_type="insufficient_quota"), P),
+    ("a quota code in capitals", ProviderError("p", error_type="INSUFFICIENT_QUOTA"), P),
+    ("valid JSON of the wrong shape", wrong_shape(), W),
+    ("a wrong shape the dialect noticed", raised_from(ValueError("not base64")), W),
+    (
+        "a dialect's not-JSON",
+        raised_from(decode_error(msgspec.json.Decoder(), b"{")),
+        T,
+    ),
+    (
+        "a dialect's wrong shape",
+        raised_from(decode_error(msgspec.json.Decoder(list[int]), b"5")),
+        W,
+    ),
+    ("nesting past the decoder", raised_from(RecursionError()), W),
+    ("not ours at all", ValueError("x"), T),
+]
+
+
+@pytest.mark.parametrize(("name", "error", "shape"), CASES, ids=[c[0] for c in CASES])
+def test_every_cause_follows_the_rules(name: str, error: BaseException, shape: Shape) -> None:
+    assert error_shape(error) is shape
+
+
+def test_every_quota_code_is_permanent_for_every_provider_error() -> None:
+    for code in PERMANENT_CODES:
+        for cls in (ProviderError, RateLimitError, OverloadedError, ServerError):
+            assert error_shape(cls("p", error_type=code)) is P
+            assert (ProviderError, code) in CAUSE_SHAPES
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "should", "shape"),
+    [
+        (429, {"error": {"type": "rate_limit_exceeded"}}, "", R),
+        (429, {"error": {"type": "insufficient_quota", "code": "insufficient_quota"}}, "", P),
+        (400, {"error": {"type": "billing_hard_limit_reached"}}, "", P),
+        (503, {}, "", R),
+        (503, {}, "false", R),  # false keeps the shape (the handler stops retry and rescue)
+        (500, {}, "", T),
+        (401, {}, "true", T),  # true sends a permanent status down the transport ladder
+        (404, {}, "", P),
+        (404, {}, "true", T),
+        (429, {}, "true", R),
+    ],
+)
+def test_an_http_answer_takes_its_status_unless_the_body_or_the_header_says_otherwise(
+    status: int, body: dict[str, object], should: str, shape: Shape
+) -> None:
+    error = error_from_body("p", status, msgspec.json.encode(body))
+    assert http_shape(status, error, should) is shape
+
+
+def test_an_http_quota_error_is_a_plain_provider_error_with_its_code() -> None:
+    body = {"error": {"message": "q", "type": "insufficient_quota", "code": "insufficient_quota"}}
+    error = error_from_body("p", 429, msgspec.json.encode(body))
+    assert type(error) is ProviderError
+    assert (error.status, error.error_type) == (429, "insufficient_quota")
+
+
+# --- the page shows the same table ---------------------------------------------------------------
+
+_ROW = re.compile(r"^\| `(\w+)`(?: \(([^)]*)\))? \| (\w[\w -]*?) \|", re.M)
+_WORDS = {
+    "transport": T,
+    "stall": Shape.STALL,
+    "total": Shape.TOTAL,
+    "rate limit": R,
+    "permanent": P,
+    "wrong shape": W,
+}
+
+
+def documented() -> dict[tuple[str, str | None], Shape]:
+    """The rows of docs/reliability.md's failure table: (class, cause) -> shape."""
+    rows = _ROW.findall(DOCS.read_text(encoding="utf-8"))
+    return {(name, cause or None): _WORDS[word] for name, cause, word in rows}
+
+
+def test_the_page_shows_every_class_with_its_shape() -> None:
+    rows = documented()
+    for cls, shape in ERROR_SHAPES.items():
+        assert rows.get((cls.__name__, None)) is shape, cls.__name__
+
+
+def test_the_page_shows_every_cause_with_its_shape() -> None:
+    rows = documented()
+    for (cls, cause), shape in CAUSE_SHAPES.items():
+        assert rows.get((cls.__name__, cause)) is shape, (cls.__name__, cause)

@@ -1,0 +1,620 @@
+"""Deterministic failures are never retried (RELIABILITY.md rules 1, 4 and 6; F26, F54-F56, F58).
+
+A failure that is the same every time (a frame over the cap, valid JSON of the wrong shape, a
+spent quota) costs one streamed request: the same request would only get the same answer, paid
+and shown again. Each scenario runs a whole turn through the handler, on `httpx.MockTransport`
+in exact virtual time (`autojump_clock`) or on the loopback provider, and asserts what the turn
+cost (the requests the provider received, their times, `TurnResult.requests` and the
+`run.done` field) besides the outcome, the events and the text.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import msgspec
+import pytest
+import trio
+import trio.testing
+from rillet import (
+    FallbackFailed,
+    FrameTooLarge,
+    MalformedFrameError,
+    ProviderError,
+    RateLimitError,
+)
+from rillet._policy import Outcome
+from rillet._runevents import RunDone
+from rillet.providers._anthropic import AnthropicDialect
+from rillet.providers._gemini import GeminiDialect
+from rillet.providers._ollama import OllamaDialect
+from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet.transports import DEFAULT_MAX_FRAME, SSEDecoder
+from rillet.transports.testing import Reply, open_loopback_provider, openai_text_stream, sse
+
+from .test_handler import (
+    END_OK,
+    END_PROVIDER,
+    END_RATE,
+    FRAGMENTS,
+    NDJSON_TYPE,
+    OK,
+    OK_SEEN,
+    RESCUE_TEXT,
+    ROLE,
+    TEXT,
+    Answer,
+    anthropic_events,
+    check,
+    events_of,
+    expect,
+    gemini_events,
+    ok,
+    ollama_lines,
+    play,
+    policy,
+    rescue_ok,
+    status,
+)
+from .test_reliability_faults import check_loop, loop_turn, rescue_after
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from rillet.providers._base import Dialect
+
+RESCUE_SEEN = ("D", "usage", "done")
+
+
+@pytest.fixture
+def loop_clock() -> trio.testing.MockClock:
+    """Virtual time that jumps only after 20 ms of real idleness (bytes in flight on loopback
+    are not silence)."""
+    return trio.testing.MockClock(autojump_threshold=0.02)
+
+
+def chunks_of(data: bytes, size: int = 4096) -> list[bytes]:
+    """`data` in reads of `size` bytes."""
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+def run_done(events: list[Any]) -> RunDone:
+    """The run's last event, which must be its `run.done`."""
+    done = events[-1]
+    assert isinstance(done, RunDone)
+    return done
+
+
+# --- F26: a frame over the incoming cap -----------------------------------------------------------
+
+
+async def test_f26_a_frame_over_the_default_32_mib_cap_is_permanent_and_the_rest_unread(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    line = b"data: " + b"x" * (DEFAULT_MAX_FRAME + 100_000) + b"\n\n"
+    body = chunks_of(line)
+    run = await play([Answer(body=[ROLE, OK[1], *body]), ok()], rescue=rescue_ok())
+    check(
+        run,
+        at=[0.0],  # no retry, no rescue: the same frame would come back
+        outcome=Outcome.FAILED,
+        saw=expect("start", "D", END_PROVIDER),
+        text=FRAGMENTS[0],
+    )
+    error = run.result.error
+    assert isinstance(error, FrameTooLarge)
+    assert error.limit == DEFAULT_MAX_FRAME == 32 * 1024 * 1024
+    assert DEFAULT_MAX_FRAME < error.size <= DEFAULT_MAX_FRAME + 4096  # the cap + a read
+    pulled = run.fake.bodies[0].pulled
+    assert pulled == 2 + DEFAULT_MAX_FRAME // 4096 + 1  # the first read past the cap, no more
+    assert pulled < 2 + len(body)
+    assert run_done(run.events).requests == 1
+
+
+async def test_f26_events_decoded_before_it_in_the_same_read_are_still_delivered(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # one read holds two whole deltas and the start of a frame already past the cap
+    oversized = b"data: " + b"x" * 70_000
+    read = OK[2] + OK[3] + oversized
+    run = await play(
+        [Answer(body=[ROLE, OK[1], read, b"x" * 100 + b"\n\n", *OK[4:]]), ok()],
+        pol=policy(max_frame=64 * 1024),
+    )
+    check(
+        run,
+        at=[0.0],
+        outcome=Outcome.FAILED,
+        saw=expect("start", "D*3", END_PROVIDER),
+        text="".join(FRAGMENTS[:3]),
+    )
+    assert isinstance(run.result.error, FrameTooLarge)
+
+
+async def test_f26_ndjson_lines_before_it_in_the_same_read_are_still_delivered(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    lines = ollama_lines()
+    read = lines[1] + lines[2] + b'{"message":{"content":"' + b"x" * 70_000
+    run = await play(
+        [Answer(body=[lines[0], read, *lines[3:]], content_type=NDJSON_TYPE)],
+        dialect=OllamaDialect(),
+        pol=policy(max_frame=64 * 1024),
+    )
+    check(
+        run,
+        at=[0.0],
+        outcome=Outcome.FAILED,
+        saw=expect("start", "D*3", END_PROVIDER),
+        text="".join(FRAGMENTS[:3]),
+    )
+    assert isinstance(run.result.error, FrameTooLarge)
+
+
+@pytest.mark.parametrize("size", [100_000, 5 * 1024 * 1024], ids=["100KB", "5MB"])
+async def test_f26_a_100_kb_or_5_mb_frame_is_normal_and_passes(
+    autojump_clock: trio.testing.MockClock, size: int
+) -> None:
+    # a Responses `response.completed` repeating a long answer, a Gemini inline image
+    big = "y" * size
+    events = events_of(openai_text_stream([FRAGMENTS[0], big, *FRAGMENTS[1:]]))
+    body = [events[0], events[1], *chunks_of(events[2]), *events[3:]]
+    run = await play([Answer(body=body)])
+    check(
+        run,
+        at=[0.0],
+        outcome=Outcome.COMPLETED,
+        saw=expect("start", "D*6", "usage", "done", END_OK),
+        text=FRAGMENTS[0] + big + "".join(FRAGMENTS[1:]),
+    )
+
+
+@pytest.mark.parametrize("size", [100_000, 5 * 1024 * 1024], ids=["100KB", "5MB"])
+async def test_f26_a_100_kb_or_5_mb_ndjson_line_passes(
+    autojump_clock: trio.testing.MockClock, size: int
+) -> None:
+    big = "y" * size
+    lines = ollama_lines([FRAGMENTS[0], big, *FRAGMENTS[1:]])
+    body = [lines[0], *chunks_of(lines[1]), *lines[2:]]
+    run = await play([Answer(body=body, content_type=NDJSON_TYPE)], dialect=OllamaDialect())
+    check(
+        run,
+        at=[0.0],
+        outcome=Outcome.COMPLETED,
+        saw=expect("start", "D*6", "usage", "done", END_OK),
+        text=FRAGMENTS[0] + big + "".join(FRAGMENTS[1:]),
+    )
+
+
+async def test_f26_an_oversized_frame_over_loopback_costs_one_request(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    line = b"data: " + b"x" * 70_000 + b"\n\n"
+    oversized = Reply(chunks=(OK[0], OK[1], *chunks_of(line), *OK[2:]))
+    run = await loop_turn(rescue_after(oversized), pol=policy(max_frame=64 * 1024))
+    check_loop(
+        run,
+        at=[0.0],
+        outcome=Outcome.FAILED,
+        saw=expect("start", "D", END_PROVIDER),
+        text=FRAGMENTS[0],
+    )
+    assert isinstance(run.result.error, FrameTooLarge)
+    assert run.result.requests == 1
+    assert run_done(run.events).requests == 1
+
+
+# --- F54: valid JSON of the wrong shape -----------------------------------------------------------
+
+WRONG = {
+    "openai": b'data: {"id": "c1", "choices": 5}\n\n',
+    "anthropic": sse(
+        {"type": "content_block_delta", "index": "zero", "delta": {"type": "text_delta"}},
+        event="content_block_delta",
+    ),
+    "gemini": sse({"candidates": {"content": 5}}),
+}
+
+
+def wrong_shape_stream(dialect: str) -> tuple[Dialect, Answer]:
+    """A stream of `dialect`: the first delta, then a known event of the wrong shape."""
+    if dialect == "openai":
+        return OpenAIChatDialect(), Answer(body=[ROLE, OK[1], WRONG["openai"], *OK[2:]])
+    if dialect == "anthropic":
+        events = anthropic_events()
+        return AnthropicDialect(), Answer(body=[*events[:3], WRONG["anthropic"], *events[3:]])
+    events = gemini_events()
+    return GeminiDialect(), Answer(body=[events[0], WRONG["gemini"], *events[1:]])
+
+
+def rescue_for(dialect: Dialect) -> Answer:
+    """A non-streaming reply the dialect decodes, with RESCUE_TEXT."""
+    if isinstance(dialect, AnthropicDialect):
+        body: dict[str, Any] = {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-test",
+            "content": [{"type": "text", "text": RESCUE_TEXT}],
+            "stop_reason": "end_turn",
+            "usage": {"input_tokens": 3, "output_tokens": 4},
+        }
+    elif isinstance(dialect, GeminiDialect):
+        body = {
+            "candidates": [
+                {
+                    "content": {"parts": [{"text": RESCUE_TEXT}], "role": "model"},
+                    "finishReason": "STOP",
+                }
+            ],
+            "usageMetadata": {"promptTokenCount": 3, "candidatesTokenCount": 4},
+        }
+    else:
+        return rescue_ok()
+    return Answer(body=[msgspec.json.encode(body)], content_type="application/json")
+
+
+@pytest.mark.parametrize("dialect", ["openai", "anthropic", "gemini"])
+async def test_f54_the_wrong_shape_gets_one_streamed_request_then_the_rescue(
+    autojump_clock: trio.testing.MockClock, dialect: str
+) -> None:
+    speaks, broken = wrong_shape_stream(dialect)
+    run = await play([broken, Answer(body=OK)], rescue=rescue_for(speaks), dialect=speaks)
+    check(
+        run,
+        at=[0.0, 0.0],  # the rescue at once, no backoff: never a 2nd streamed attempt
+        outcome=Outcome.FALLBACK_TO_NON_STREAMING,
+        saw=expect("start", "D", "reset", *RESCUE_SEEN, END_OK),
+        text=RESCUE_TEXT,
+    )
+    assert [s.stream for s in run.fake.sent] == [True, False]
+    assert run_done(run.events).requests == 2
+
+
+@pytest.mark.parametrize("dialect", ["openai", "anthropic", "gemini"])
+async def test_f54_without_the_rescue_the_wrong_shape_costs_one_request(
+    autojump_clock: trio.testing.MockClock, dialect: str
+) -> None:
+    speaks, broken = wrong_shape_stream(dialect)
+    run = await play([broken, Answer(body=OK)], dialect=speaks, pol=policy(fallback=False))
+    check(
+        run,
+        at=[0.0],
+        outcome=Outcome.FAILED,
+        saw=expect("start", "D", END_PROVIDER),
+        text=FRAGMENTS[0],
+    )
+    error = run.result.error
+    assert isinstance(error, MalformedFrameError)
+    assert not error.not_json
+    assert error.provider == speaks.name
+    assert error.frame_index is not None
+    assert speaks.name in str(error)
+
+
+async def test_f54_after_a_transport_retry_the_wrong_shape_still_goes_to_the_rescue(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    _, broken = wrong_shape_stream("openai")
+    run = await play([status(500), broken, ok()], rescue=rescue_ok())
+    check(
+        run,
+        at=[0.0, 0.1, 0.1],  # a 500 is retried; the wrong shape is not
+        outcome=Outcome.FALLBACK_TO_NON_STREAMING,
+        saw=expect("start", "D", "reset", *RESCUE_SEEN, END_OK),
+        text=RESCUE_TEXT,
+    )
+    assert [s.stream for s in run.fake.sent] == [True, True, False]
+
+
+async def test_f54_a_failed_rescue_after_the_wrong_shape_keeps_both_errors(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    _, broken = wrong_shape_stream("openai")
+    run = await play([broken], rescue=status(500))
+    check(
+        run,
+        at=[0.0, 0.0],
+        outcome=Outcome.FAILED,
+        saw=expect("start", "D", END_PROVIDER),
+        text=FRAGMENTS[0],
+    )
+    error = run.result.error
+    assert isinstance(error, FallbackFailed)
+    assert isinstance(error.stream_error, MalformedFrameError)
+    assert isinstance(error.rescue_error, ProviderError)
+
+
+async def test_f54_an_ndjson_line_of_the_wrong_shape_costs_one_streamed_request(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    lines = ollama_lines()
+    wrong = b'{"model": "llama-test", "message": 5, "done": false}\n'
+    run = await play(
+        [Answer(body=[lines[0], wrong, *lines[1:]], content_type=NDJSON_TYPE)],
+        dialect=OllamaDialect(),
+        pol=policy(fallback=False),
+    )
+    check(
+        run,
+        at=[0.0],
+        outcome=Outcome.FAILED,
+        saw=expect("start", "D", END_PROVIDER),
+        text=FRAGMENTS[0],
+    )
+    assert isinstance(run.result.error, MalformedFrameError)
+
+
+async def test_f54_a_frame_that_is_not_json_is_still_retried(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # the contrast: bytes cut short or corrupted on the way may well arrive whole next time
+    cut = b'data: {"id": "c1", "choices": [\n\n'
+    run = await play([Answer(body=[ROLE, OK[1], cut, *OK[2:]]), ok()])
+    check(
+        run,
+        at=[0.0, 0.1],
+        outcome=Outcome.COMPLETED,
+        saw=expect("start", "D", "reset", *OK_SEEN, END_OK),
+        text=TEXT,
+    )
+
+
+async def test_f54_the_wrong_shape_over_loopback_never_streams_twice(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    _, broken = wrong_shape_stream("openai")
+    reply = Reply(chunks=tuple(b for b in broken.body if isinstance(b, bytes)))
+    run = await loop_turn(rescue_after(reply))
+    check_loop(
+        run,
+        at=[0.0, 0.0],
+        outcome=Outcome.FALLBACK_TO_NON_STREAMING,
+        saw=expect("start", "D", "reset", *RESCUE_SEEN, END_OK),
+        text=RESCUE_TEXT,
+    )
+    streamed = [b'"stream":true' in r.body for r in run.server.requests]
+    assert streamed == [True, False]
+    assert run.result.requests == 2
+
+
+# --- F55: a spent quota ---------------------------------------------------------------------------
+
+
+def quota_body(code: str = "insufficient_quota") -> bytes:
+    """OpenAI's answer to an account without credit."""
+    return msgspec.json.encode(
+        {
+            "error": {
+                "message": "You exceeded your current quota, please check your plan.",
+                "type": code,
+                "param": None,
+                "code": code,
+            }
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    "headers", [{}, {"retry-after": "1"}, {"retry-after-ms": "20"}], ids=["bare", "ra", "ra-ms"]
+)
+async def test_f55_an_http_429_insufficient_quota_is_permanent(
+    autojump_clock: trio.testing.MockClock, headers: Mapping[str, str]
+) -> None:
+    answer = Answer(
+        status=429, body=[quota_body()], headers=headers, content_type="application/json"
+    )
+    run = await play([answer, ok()], rescue=rescue_ok())
+    check(
+        run,
+        at=[0.0],  # no wait, no retry, no rescue: no wait cures a spent quota
+        outcome=Outcome.INIT_FAILED,
+        saw=expect("start", END_PROVIDER),
+        text="",
+    )
+    error = run.result.error
+    assert isinstance(error, ProviderError)
+    assert not isinstance(error, RateLimitError)
+    assert (error.status, error.error_type) == (429, "insufficient_quota")
+    assert run.result.retry_after is None
+    assert run_done(run.events).requests == 1
+
+
+async def test_f55_insufficient_quota_in_the_stream_is_permanent(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    chunk = sse(
+        {"error": {"message": "quota", "type": "insufficient_quota", "code": "insufficient_quota"}}
+    )
+    run = await play([Answer(body=[ROLE, OK[1], chunk]), ok()], rescue=rescue_ok())
+    check(
+        run,
+        at=[0.0],
+        outcome=Outcome.FAILED,
+        saw=expect("start", "D", END_PROVIDER),
+        text=FRAGMENTS[0],
+    )
+    error = run.result.error
+    assert isinstance(error, ProviderError)
+    assert not isinstance(error, RateLimitError)
+    assert error.error_type == "insufficient_quota"
+    assert error.in_stream
+
+
+async def test_f55_an_anthropic_billing_error_in_the_stream_is_permanent(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    events = anthropic_events()
+    error_event = sse(
+        {"type": "error", "error": {"type": "billing_error", "message": "no credit"}},
+        event="error",
+    )
+    run = await play(
+        [Answer(body=[*events[:3], error_event]), Answer(body=events)],
+        dialect=AnthropicDialect(),
+    )
+    check(
+        run,
+        at=[0.0],
+        outcome=Outcome.FAILED,
+        saw=expect("start", "D", END_PROVIDER),
+        text=FRAGMENTS[0],
+    )
+    assert isinstance(run.result.error, ProviderError)
+    assert run.result.error.error_type == "billing_error"
+
+
+async def test_f55_a_plain_rate_limit_is_still_waited_for(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # the contrast: a 429 without a quota code waits and retries
+    run = await play([status(429), ok()])
+    check(
+        run,
+        at=[0.0, 5.0],
+        outcome=Outcome.COMPLETED,
+        saw=expect("start", *OK_SEEN, END_OK),
+        text=TEXT,
+    )
+
+
+async def test_f55_insufficient_quota_over_loopback_costs_one_request(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    reply = Reply(status=429, chunks=(quota_body(),), content_type="application/json")
+    run = await loop_turn(rescue_after(reply))
+    check_loop(
+        run, at=[0.0], outcome=Outcome.INIT_FAILED, saw=expect("start", END_PROVIDER), text=""
+    )
+    assert run.result.requests == 1
+
+
+# --- F56: the body's wait hint --------------------------------------------------------------------
+
+
+def gemini_429(delay: str = "37s") -> bytes:
+    """Gemini's RESOURCE_EXHAUSTED with a `RetryInfo` detail."""
+    return msgspec.json.encode(
+        {
+            "error": {
+                "code": 429,
+                "message": "Resource has been exhausted (e.g. check quota).",
+                "status": "RESOURCE_EXHAUSTED",
+                "details": [
+                    {
+                        "@type": "type.googleapis.com/google.rpc.RetryInfo",
+                        "retryDelay": delay,
+                    }
+                ],
+            }
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("headers", "wait"),
+    [
+        ({}, 37.0),  # the body's hint wins over the default
+        ({"retry-after": "2"}, 2.0),  # a header wins over the body
+        ({"retry-after-ms": "1500"}, 1.5),
+        ({"retry-after": "soon"}, 37.0),  # an unusable header counts as none
+    ],
+    ids=["body", "retry-after", "retry-after-ms", "bad-header"],
+)
+async def test_f56_a_gemini_429_waits_for_its_retry_info(
+    autojump_clock: trio.testing.MockClock, headers: Mapping[str, str], wait: float
+) -> None:
+    limited = Answer(
+        status=429, body=[gemini_429()], headers=headers, content_type="application/json"
+    )
+    run = await play([limited, Answer(body=gemini_events())], dialect=GeminiDialect())
+    check(
+        run,
+        at=[0.0, wait],
+        outcome=Outcome.COMPLETED,
+        saw=expect("start", *["D"] * 5, "usage", "done", END_OK),
+        text=TEXT,
+    )
+
+
+class _HintedDialect(OpenAIChatDialect):
+    """OpenAI Chat whose error bodies carry a wait hint (`"retry_in"` seconds), as Gemini's
+    `RetryInfo` does: the handler's part of F56 whatever the dialect."""
+
+    def error_from_response(
+        self, status: int, headers: Mapping[str, str], body: bytes
+    ) -> ProviderError:
+        error = super().error_from_response(status, headers, body)
+        error.retry_after = msgspec.json.decode(body)["retry_in"]
+        return error
+
+
+def hinted_429(hint: float, **headers: str) -> Answer:
+    body = msgspec.json.encode(
+        {"error": {"message": "slow down", "type": "rate_limit_error"}, "retry_in": hint}
+    )
+    named = {name.replace("_", "-"): value for name, value in headers.items()}
+    return Answer(status=429, body=[body], headers=named, content_type="application/json")
+
+
+@pytest.mark.parametrize(
+    ("hint", "wait"),
+    [(37.0, 37.0), (0.0, 5.0), (-3.0, 5.0), (float("inf"), 5.0)],
+    ids=["37s", "zero", "negative", "infinite"],
+)
+async def test_f56_the_dialects_hint_is_honoured_when_usable(
+    autojump_clock: trio.testing.MockClock, hint: float, wait: float
+) -> None:
+    run = await play([hinted_429(hint), ok()], dialect=_HintedDialect())
+    check(
+        run,
+        at=[0.0, wait],
+        outcome=Outcome.COMPLETED,
+        saw=expect("start", *OK_SEEN, END_OK),
+        text=TEXT,
+    )
+
+
+async def test_f56_a_header_wins_over_the_dialects_hint(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    run = await play([hinted_429(37.0, retry_after="3"), ok()], dialect=_HintedDialect())
+    assert run.times == pytest.approx([0.0, 3.0], abs=1e-6)
+    assert run.result.outcome is Outcome.COMPLETED
+
+
+async def test_f56_a_hint_over_60_s_ends_the_turn_rate_limited_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    run = await play([hinted_429(61.0), ok()], dialect=_HintedDialect())
+    check(
+        run,
+        at=[0.0],
+        outcome=Outcome.RATE_LIMITED,
+        saw=expect("start", END_RATE),
+        text="",
+        ended=0.0,
+    )
+    assert run.result.retry_after == 61.0
+    assert run_done(run.events).retry_after_ms == 61_000
+
+
+# --- F58: `retry:` in a block that never completes ------------------------------------------------
+
+
+async def test_f58_a_retry_line_in_an_unfinished_block_sets_the_reconnection_time() -> None:
+    # read over real HTTP: the stream ends inside a block whose `retry:` line was whole
+    body = b"retry: 1000\n\ndata: a\n\nretry: 3000\nid: 9\ndata: never dispatch"
+    script = [Reply(chunks=(body[:30], body[30:]))]
+    with trio.fail_after(10):
+        async with open_loopback_provider(script) as server, httpx.AsyncClient() as client:
+            decoder = SSEDecoder()
+            events = []
+            async with client.stream("GET", f"{server.url}/v1/events") as response:
+                async for chunk in response.aiter_raw():
+                    events += decoder.feed(chunk)
+            events += decoder.close()
+    assert [e.data for e in events] == ["a"]
+    assert decoder.retry == 3000
+    assert decoder.last_event_id == ""  # an id is committed only by a dispatch
