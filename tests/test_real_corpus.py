@@ -67,7 +67,7 @@ class _CrlfReplay(ReplayTransport):
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
-        self._data = self._data.replace(b"\n", b"\r\n")
+        self._data = self._data.replace(b"\r\n", b"\n").replace(b"\n", b"\r\n")
 
 
 def _variants(rel: str) -> list[tuple[str, type[ReplayTransport], int]]:
