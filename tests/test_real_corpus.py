@@ -46,6 +46,10 @@ KNOWN_DEFECTS: dict[str, str] = {
         "delta.content is a list of thinking/text chunks (MalformedFrameError), and that shape"
         " failure is retried 3 times before the rescue (5 requests)"
     ),
+    "openai-responses/429-insufficient-quota.json": (
+        "HTTP 429 with code insufficient_quota is a RateLimitError retried 5 times (6 requests);"
+        " it is a permanent ProviderError (F55)"
+    ),
     "openai-responses/openai-insufficient-quota-in-stream.sse": (
         "in-stream `error` insufficient_quota gives a ProviderError that is retried 3 times and"
         " then rescued (5 requests); it is permanent (F55)"
