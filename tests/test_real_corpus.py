@@ -58,6 +58,10 @@ KNOWN_DEFECTS: dict[str, str] = {
         "the 429 body's RetryInfo retryDelay 34.4s is not read: each retry waits the default 5 s"
         " (F56)"
     ),
+    "openai-responses/openai-gpt54-hosted-tool-search-then-function-call.sse": (
+        "unknown output item tool_search_call (arguments is an object) is not skipped:"
+        " MalformedFrameError at $.item.arguments, retried 3 times and rescued (5 requests)"
+    ),
     "openai-responses/openrouter-gpt-oss-reasoning-text-done.sse": (
         "`data: [DONE]` after response.completed is decoded as a frame: MalformedFrameError after"
         " the answer completed, retried 3 times and rescued (5 requests)"
