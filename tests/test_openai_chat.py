@@ -1027,3 +1027,27 @@ def test_error_message_never_contains_the_key() -> None:
     payload = openai_error("bad key", "invalid_request_error", "invalid_api_key")
     error = OpenAIChatDialect().error_from_response(401, {"authorization": KEY}, payload)
     assert KEY not in str(error)
+
+
+@pytest.mark.parametrize(
+    ("completion", "reasoning", "total", "answer"),
+    [
+        (14, 25, 374, 14),  # xAI: reasoning beside the completion (335 + 14 + 25 = 374)
+        (39, 25, 374, 14),  # OpenAI: reasoning inside the completion (335 + 39 = 374)
+        (10, 25, None, 0),  # no total to tell by: never negative
+    ],
+)
+def test_reasoning_tokens_are_taken_out_of_the_completion_only_when_it_holds_them(
+    completion: int, reasoning: int, total: int | None, answer: int
+) -> None:
+    usage: dict[str, Any] = {
+        "prompt_tokens": 335,
+        "completion_tokens": completion,
+        "completion_tokens_details": {"reasoning_tokens": reasoning},
+    }
+    if total is not None:
+        usage["total_tokens"] = total
+    data = sse(chunk({"content": "Hi"}), chunk(finish="stop"), usage_chunk(usage), "[DONE]")
+    got = decode(data)[-1]["usage_metadata"]
+    assert got["response_tokens"] == answer
+    assert got["thoughts_tokens"] == reasoning

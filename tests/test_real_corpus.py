@@ -36,37 +36,7 @@ REAL = Path(__file__).parent / "fixtures" / "real"
 EXPECTED: dict[str, dict[str, Any]] = json.loads((REAL / "EXPECTED.json").read_text("utf-8"))
 DIALECTS = ("anthropic-messages", "gemini", "ollama-chat", "openai-chat", "openai-responses")
 
-KNOWN_DEFECTS: dict[str, str] = {
-    "gemini/vertex-streamed-function-call-args.sse": (
-        "functionCall without name (Vertex streamed args: partialArgs / willContinue parts and an"
-        " empty functionCall {}) is a MalformedFrameError, and that shape failure is retried 3"
-        " times before the rescue (5 requests)"
-    ),
-    "openai-chat/mistral-magistral-thinking-list-content.sse": (
-        "delta.content is a list of thinking/text chunks (MalformedFrameError), and that shape"
-        " failure is retried 3 times before the rescue (5 requests)"
-    ),
-    "openai-responses/429-insufficient-quota.json": (
-        "HTTP 429 with code insufficient_quota is a RateLimitError retried 5 times (6 requests);"
-        " it is a permanent ProviderError (F55)"
-    ),
-    "openai-responses/openai-insufficient-quota-in-stream.sse": (
-        "in-stream `error` insufficient_quota gives a ProviderError that is retried 3 times and"
-        " then rescued (5 requests); it is permanent (F55)"
-    ),
-    "gemini/429-resource-exhausted-retry-info.json": (
-        "the 429 body's RetryInfo retryDelay 34.4s is not read: each retry waits the default 5 s"
-        " (F56)"
-    ),
-    "openai-responses/openai-gpt54-hosted-tool-search-then-function-call.sse": (
-        "unknown output item tool_search_call (arguments is an object) is not skipped:"
-        " MalformedFrameError at $.item.arguments, retried 3 times and rescued (5 requests)"
-    ),
-    "openai-responses/openrouter-gpt-oss-reasoning-text-done.sse": (
-        "`data: [DONE]` after response.completed is decoded as a frame: MalformedFrameError after"
-        " the answer completed, retried 3 times and rescued (5 requests)"
-    ),
-}
+KNOWN_DEFECTS: dict[str, str] = {}
 """Recordings rillet gets wrong today (relative path → why). Empty it as the dialects are fixed."""
 
 

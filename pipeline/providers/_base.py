@@ -39,6 +39,7 @@ __all__ = [
     "Secret",
     "StreamDecoder",
     "ToolIds",
+    "answer_tokens",
     "dumps_arguments",
     "error_from_body",
     "provider_error",
@@ -168,6 +169,21 @@ class Provider:
 
 
 # --- shared helpers ------------------------------------------------------------------------------
+
+
+def answer_tokens(
+    output: int | None, reasoning: int | None, total: int | None, prompt: int | None
+) -> int | None:
+    """The answer's own tokens from OpenAI-shaped usage, where `output` counts the reasoning
+    too. Some compatible servers (xAI) count reasoning beside the output instead: their total is
+    prompt + output + reasoning, and the output is then the answer alone. Never negative."""
+    if output is None:
+        return None
+    if not reasoning:
+        return output
+    if total is not None and prompt is not None and total == prompt + output + reasoning:
+        return output
+    return max(output - reasoning, 0)
 
 
 def dumps_arguments(arguments: Any) -> str:

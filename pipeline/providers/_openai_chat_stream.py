@@ -59,7 +59,7 @@ from rillet._lanes import (
     RawUsage,
 )
 
-from ._base import ToolIds, error_from_body, strict_decode
+from ._base import ToolIds, answer_tokens, error_from_body, strict_decode
 
 if TYPE_CHECKING:
     from rillet.transports import SSEEvent
@@ -161,6 +161,7 @@ class _CompletionDetails(msgspec.Struct, frozen=True, gc=False):
 class _Usage(msgspec.Struct, frozen=True, gc=False):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    total_tokens: int | None = None
     prompt_tokens_details: _PromptDetails | None = None
     completion_tokens_details: _CompletionDetails | None = None
     prompt_cache_hit_tokens: int | None = None
@@ -212,7 +213,7 @@ def _usage(u: _Usage) -> RawUsage:
     if u.completion_tokens_details is not None:
         reasoning = u.completion_tokens_details.reasoning_tokens
     prompt = None if u.prompt_tokens is None else u.prompt_tokens - (cached or 0)
-    response = None if u.completion_tokens is None else u.completion_tokens - (reasoning or 0)
+    response = answer_tokens(u.completion_tokens, reasoning, u.total_tokens, u.prompt_tokens)
     return RawUsage(
         cached_tokens=cached,
         prompt_tokens=prompt,

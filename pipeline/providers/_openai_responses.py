@@ -51,7 +51,14 @@ from rillet._lanes import (
     RawUsage,
 )
 
-from ._base import HttpRequest, Provider, dumps_arguments, error_from_body, strict_decode
+from ._base import (
+    HttpRequest,
+    Provider,
+    answer_tokens,
+    dumps_arguments,
+    error_from_body,
+    strict_decode,
+)
 from ._openai_chat import data_url, http_error, reasoning_effort
 
 if TYPE_CHECKING:
@@ -112,6 +119,7 @@ class _OutputDetails(msgspec.Struct, frozen=True, gc=False):
 class _Usage(msgspec.Struct, frozen=True, gc=False):
     input_tokens: int | None = None
     output_tokens: int | None = None
+    total_tokens: int | None = None
     input_tokens_details: _InputDetails | None = None
     output_tokens_details: _OutputDetails | None = None
 
@@ -223,7 +231,7 @@ def _usage(u: _Usage) -> RawUsage:
     if u.output_tokens_details is not None:
         reasoning = u.output_tokens_details.reasoning_tokens
     prompt = None if u.input_tokens is None else u.input_tokens - (cached or 0)
-    response = None if u.output_tokens is None else u.output_tokens - (reasoning or 0)
+    response = answer_tokens(u.output_tokens, reasoning, u.total_tokens, u.input_tokens)
     return RawUsage(
         cached_tokens=cached,
         prompt_tokens=prompt,
