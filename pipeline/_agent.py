@@ -317,19 +317,21 @@ class _Loop:
             decision = self.decisions.get(approval_id)
             reason = ""
             if decision is None:
-                await self.emit(
-                    ApprovalRequired,
-                    approval_id=approval_id,
-                    name=call.name,
-                    tool_call_id=call.tool_call_id,
-                    step=step,
-                )
+                waiting = _Waiting()
                 if self.approvals == "defer":
                     deferred.append(pending)
-                    return
-                waiting = _Waiting()
-                self.agent._waiting[approval_id] = (pending, waiting)
+                else:  # answerable from the moment a host can see the event
+                    self.agent._waiting[approval_id] = (pending, waiting)
                 try:
+                    await self.emit(
+                        ApprovalRequired,
+                        approval_id=approval_id,
+                        name=call.name,
+                        tool_call_id=call.tool_call_id,
+                        step=step,
+                    )
+                    if self.approvals == "defer":
+                        return
                     await waiting.event.wait()
                 finally:
                     self.agent._waiting.pop(approval_id, None)
