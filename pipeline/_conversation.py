@@ -71,19 +71,31 @@ class Conversation:
     def add_tool_results(self, results: Sequence[ToolResultDone]) -> UniMessage:
         """Append the results of the last assistant message's tool calls, in its calls'
         order, as one user message."""
-        order = {call.tool_call_id: n for n, call in enumerate(self.tool_calls())}
+        order = {call.tool_call_id: n for n, call in enumerate(self._last_calls())}
         items = sorted(results, key=lambda r: order.get(r.tool_call_id, len(order)))
         message = UniMessage(role="user", content_items=list(items))
         self.messages.append(message)
         return message
 
-    def tool_calls(self) -> list[ToolCallDone]:
-        """The tool calls of the last assistant message (none when the user spoke last)."""
+    def _last_calls(self) -> list[ToolCallDone]:
         for message in reversed(self.messages):
             if message.role == "assistant":
                 return [i for i in message.content_items if type(i) is ToolCallDone]
-            if any(type(i) is not ToolResultDone for i in message.content_items):
-                return []
+        return []
+
+    def tool_calls(self) -> list[ToolCallDone]:
+        """The last assistant message's tool calls that have no result yet."""
+        answered: set[str] = set()
+        for message in reversed(self.messages):
+            if message.role == "assistant":
+                return [
+                    i
+                    for i in message.content_items
+                    if type(i) is ToolCallDone and i.tool_call_id not in answered
+                ]
+            answered.update(
+                i.tool_call_id for i in message.content_items if type(i) is ToolResultDone
+            )
         return []
 
     def request(
