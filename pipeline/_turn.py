@@ -456,7 +456,7 @@ async def _finish_sinks(
 
 @asynccontextmanager
 async def open_turn(
-    request: TurnRequest, provider: Provider, **options: Any
+    request: TurnRequest, provider: Provider | Sequence[Provider], **options: Any
 ) -> AsyncIterator[Turn]:
     """Run a turn for the duration of the block; leaving the block cancels it if it is still
     running. Takes `run_turn`'s keyword options."""
@@ -471,7 +471,7 @@ async def open_turn(
 
 async def _run_turn_with(
     request: TurnRequest,
-    provider: Provider,
+    provider: Provider | Sequence[Provider],
     options: dict[str, Any],
     task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
 ) -> None:
