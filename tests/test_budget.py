@@ -81,7 +81,12 @@ def test_the_oldest_exchanges_go_first_and_whole() -> None:
     assert fitted.system_prompt == "Rules."
     assert budget.estimate(fitted) <= budget.available
     # the tool call and its result went together: no result without its call remains
-    ids = {i.tool_call_id for m in fitted.messages for i in m.content_items if hasattr(i, "name")}
+    ids = {
+        i.tool_call_id
+        for m in fitted.messages
+        for i in m.content_items
+        if isinstance(i, ToolCallDone)
+    }
     results = {
         i.tool_call_id
         for m in fitted.messages
