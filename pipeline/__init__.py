@@ -2,11 +2,11 @@
 
 Everything a host uses is here: the turn (`run_turn`, `open_turn`, `TurnRequest`, `Policy`), the
 agent loop (`run_agent`, `open_agent`, `tool`, `Conversation`, `ContextBudget`), fallback
-breakers and admission, the
-three vocabularies (lane events, MMSP's UniEvents, the public run events), the grammar and the
-accumulator, the hub that fans run events out, and every typed error. Provider dialects and the
-registry are in `rillet.providers`; frame codecs, sinks, the server, replay and the loopback test
-provider in `rillet.transports`; the Redis hub in `rillet.redis`.
+breakers and admission, the three vocabularies (lane events, MMSP's UniEvents, the public run
+events), the grammar and the accumulator, the hub that fans run events out, and every typed
+error. Provider dialects and the registry are in `rillet.providers`; frame codecs, sinks, the
+server, replay and the loopback test provider in `rillet.transports`; the Redis hub in
+`rillet.redis`.
 """
 
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
