@@ -484,7 +484,11 @@ async def run_agent(
         with agent._cancel_scope:
             await stream.emit([builder.started(providers[0].label, providers[0].model)])
             task_status.started(agent)
-            await loop.run()
+            try:
+                await loop.run()
+            except Exception as exc:  # a sink's or a tool runner's own failure: not a cancel
+                loop.end("error", "internal_error", exc)
+                raise
     finally:
         last = loop.turns[-1] if loop.turns else None
         agent._result = AgentResult(

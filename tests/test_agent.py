@@ -19,6 +19,7 @@ from rillet import (
     ToolCompleted,
     ToolStarted,
     open_agent,
+    run_agent,
     tool,
 )
 from rillet.transports.testing import Reply, open_loopback_provider
@@ -357,3 +358,74 @@ def _calls(*calls: tuple[str, dict[str, Any]], text: str = "") -> bytes:
 
 def _two_calls(name: str, first: dict[str, Any], second: dict[str, Any]) -> bytes:
     return _calls((name, first), (name, second))
+
+
+async def test_sinks_get_the_whole_runs_events_once_and_in_order(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    from rillet import CallbackSink, SinkBatch
+
+    class Slow:
+        """A sink that waits on every batch (backpressure) and records what it got."""
+
+        def __init__(self) -> None:
+            self.events: list[RunEvent] = []
+            self.closed = 0
+
+        async def deliver(self, batch: SinkBatch) -> None:
+            await trio.sleep(0.5)
+            self.events.extend(batch.run)
+
+        async def close(self) -> None:
+            self.closed += 1
+
+    quick: list[RunEvent] = []
+    slow = Slow()
+    case = CASES["openai-chat"]
+    _, events, _ = await run_collect(
+        [case.tool_call, case.text],
+        tools=[get_weather],
+        sinks=[CallbackSink(on_run_event=quick.append), slow],
+    )
+    assert quick == events
+    assert slow.events == events
+    assert slow.closed == 1
+
+
+async def test_a_failing_sink_ends_the_run_as_an_error_not_a_cancel(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    from rillet import SinkBatch
+
+    class Broken:
+        async def deliver(self, batch: SinkBatch) -> None:
+            if any(isinstance(e, ToolStarted) for e in batch.run):
+                raise OSError("disk full")
+
+        async def close(self) -> None:
+            pass
+
+    case = CASES["openai-chat"]
+    agents: list[Any] = []
+
+    async def run() -> None:
+        async with (
+            open_loopback_provider([case.tool_call, case.text]) as server,
+            trio.open_nursery() as nursery,
+        ):
+            agent = await nursery.start(
+                lambda task_status: run_agent(
+                    QUESTION,
+                    provider_at(server),
+                    tools=[get_weather],
+                    sinks=[Broken()],
+                    task_status=task_status,
+                )
+            )
+            agents.append(agent)
+
+    with pytest.raises((OSError, ExceptionGroup)):  # the host hears of it
+        await run()
+    result = await agents[0].result()
+    assert (result.status, result.code) == ("error", "internal_error")
+    assert isinstance(result.error, OSError | ExceptionGroup)
