@@ -14,7 +14,7 @@ import inspect
 import re
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import attrs
 import msgspec
@@ -71,6 +71,30 @@ class Tool:
         return {f: getattr(value, f) for f in self._arguments.__struct_fields__}
 
 
+@overload
+def tool(
+    function: Callable[..., Any],
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    parameters: dict[str, Any] | None = None,
+    needs_approval: bool = False,
+    timeout: float | None = 60.0,
+) -> Tool: ...
+
+
+@overload
+def tool(
+    function: None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    parameters: dict[str, Any] | None = None,
+    needs_approval: bool = False,
+    timeout: float | None = 60.0,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
 def tool(
     function: Callable[..., Any] | None = None,
     *,
@@ -79,7 +103,7 @@ def tool(
     parameters: dict[str, Any] | None = None,
     needs_approval: bool = False,
     timeout: float | None = 60.0,
-) -> Any:
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a `Tool` of a function: `tool(f)`, or as a decorator `@tool` / `@tool(...)`.
 
     The schema is derived from the signature and the docstring unless `parameters` is given;
