@@ -260,7 +260,7 @@ async def run_chain(
     builder = RunEventBuilder(
         turn.run_id, trio.current_time, reasoning=reasoning, tool_arguments=tool_arguments
     )
-    stream = RunStream(builder, sinks, turn._run, turn._uni)
+    stream = RunStream(builder, sinks, turn._run, turn._uni, history=history)
     own_client = client is None
     http = client or httpx.AsyncClient(
         timeout=httpx.Timeout(None), follow_redirects=False, verify=_tls_context()

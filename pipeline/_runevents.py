@@ -390,6 +390,28 @@ class RunEventBuilder:
             self.finish_reason = event.finish_reason  # type: ignore[union-attr]
         return msgspec.structs.replace(event, **self._env())
 
+    def adopt_many(self, events: Sequence[RunEvent]) -> list[RunEvent]:
+        """`adopt` for a batch that arrived together: stamped once, as `uni_many` does."""
+        run_id = self.run_id
+        elapsed = int((self._clock() - self._t0) * 1000)
+        replace = msgspec.structs.replace
+        text = self._text
+        out: list[RunEvent] = []
+        for event in events:
+            kind = type(event)
+            if kind is AnswerDelta:
+                text.append(event.delta)  # type: ignore[union-attr]
+            elif kind is AttemptResetEvent or kind is AnswerDone:
+                out.append(self.adopt(event))
+                text = self._text
+                continue
+            self._seq += 1
+            out.append(replace(event, run_id=run_id, seq=self._seq, elapsed_ms=elapsed))
+        if len(text) - self._pieces > 256:  # a few long strings, not one per fragment
+            text[self._pieces :] = ["".join(text[self._pieces :])]
+            self._pieces += 1
+        return out
+
     def close(
         self, status: str, code: str, *, attempts: int, retry_after: float | None = None
     ) -> list[RunEvent]:

@@ -40,6 +40,7 @@ class RunStream:
     sinks: Sequence[Sink]
     run_log: _Log[RunEvent]
     uni_log: _Log[UniItem]
+    history: bool = True
     _given: list[_Given] = attrs.field(init=False)
     _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
 
@@ -50,6 +51,10 @@ class RunStream:
         """Append to the logs, then bring every sink up to date (waiting as it makes us)."""
         self.run_log.extend(runs)
         self.uni_log.extend(unis)
+        await self.catch_up()
+
+    async def catch_up(self) -> None:
+        """Bring every sink up to date with the logs, waiting as it makes us."""
         async with self._lock:
             for sink, given in zip(self.sinks, self._given, strict=True):
                 batch = SinkBatch(self.run_log.since(given.run), self.uni_log.since(given.uni))
@@ -59,6 +64,38 @@ class RunStream:
                 if nowait is None or not nowait(batch):
                     await sink.deliver(batch)
                 given.took(batch)
+            self._forget()
+
+    def _forget(self) -> None:
+        """Without history, keep only what some sink has not been given yet."""
+        if self.history:
+            return
+        for log, taken in (
+            (self.run_log, [g.run for g in self._given]),
+            (self.uni_log, [g.uni for g in self._given]),
+        ):
+            log.forget(min(taken, default=log.base + len(log.items)))
+
+    @property
+    def busy(self) -> bool:
+        """Whether a delivery that waits is under way (then nothing may overtake it)."""
+        return self._lock.locked()
+
+    def catch_up_nowait(self) -> bool:
+        """Bring every sink up to date without waiting, as far as each takes it; False when
+        one could not take its batch (then `catch_up`)."""
+        if self._lock.locked():
+            return False
+        for sink, given in zip(self.sinks, self._given, strict=True):
+            batch = SinkBatch(self.run_log.since(given.run), self.uni_log.since(given.uni))
+            if not batch.run and not batch.uni:
+                continue
+            nowait = getattr(sink, "deliver_nowait", None)
+            if nowait is None or not nowait(batch):
+                return False
+            given.took(batch)
+        self._forget()
+        return True
 
     async def finish(self, runs: Sequence[RunEvent], *, cancelled: bool) -> None:
         """The closing events, what each sink is still owed, then every sink's `close`. A
@@ -79,6 +116,7 @@ class RunStream:
             finally:
                 with trio.CancelScope(shield=True), trio.move_on_after(_SINK_GRACE):
                     await sink.close()
+        self._forget()
 
     def step_sink(self, *, hold_text: bool = False) -> StepSink:
         """A sink for one turn of this run; with `hold_text` its answer text is kept back
@@ -104,33 +142,53 @@ class StepSink:
     delivered_text: bool = False
     held: list[AnswerDelta] = attrs.field(factory=list)
 
+    _adopted: SinkBatch | None = attrs.field(default=None, repr=False)
+
+    def deliver_nowait(self, batch: SinkBatch) -> bool:
+        """Adopt the turn's events and pass them on at once when every sink of the run takes
+        them without waiting (no task, no hop); False leaves the rest to `deliver`, which
+        the turn then calls with this same batch."""
+        if self.stream.busy:
+            return False
+        self._adopt(batch)
+        self._adopted = batch
+        if not self.stream.catch_up_nowait():
+            return False
+        self._adopted = None
+        return True
+
     async def deliver(self, batch: SinkBatch) -> None:
-        """Adopt the turn's events into the run's stream."""
+        """Adopt the turn's events into the run's stream, waiting as its sinks make us."""
+        if batch is not self._adopted:
+            self._adopt(batch)
+        self._adopted = None
+        await self.stream.catch_up()
+
+    def _adopt(self, batch: SinkBatch) -> None:
         builder = self.stream.builder
-        runs: list[RunEvent] = []
+        runs: list[RunEvent] = []  # what joins the run's stream, adopted once per batch
         for event in batch.run:
             kind = type(event)
-            if kind is RunStarted:
+            if kind is AnswerDelta:
+                if self.hold_text:
+                    self.held.append(event)  # type: ignore[arg-type]
+                    continue
+                self.delivered_text = True
+            elif kind is RunStarted:
                 continue
-            if kind is RunDone:
-                assert isinstance(event, RunDone)
-                self.done = event
+            elif kind is RunDone:
+                self.done = event  # type: ignore[assignment]
                 continue
-            if kind is AnswerDone:
+            elif kind is AnswerDone:
                 assert isinstance(event, AnswerDone)
                 self.answer = event
                 builder.finish_reason = event.finish_reason
                 continue
-            if kind is AnswerDelta:
-                assert isinstance(event, AnswerDelta)
-                if self.hold_text:
-                    self.held.append(event)
-                    continue
-                self.delivered_text = True
             elif kind is AttemptResetEvent:
                 self.held.clear()
-            runs.append(builder.adopt(event))
-        await self.stream.emit(runs, batch.uni)
+            runs.append(event)
+        self.stream.run_log.extend(builder.adopt_many(runs))
+        self.stream.uni_log.extend(batch.uni)
 
     async def release(self) -> None:
         """Send the held answer text on to the public stream."""

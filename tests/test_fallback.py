@@ -235,3 +235,36 @@ def state_of(breaker: CircuitBreaker) -> BreakerState:
 
 def _dialect() -> OpenAIChatDialect:
     return OpenAIChatDialect()
+
+
+async def test_a_chain_without_history_keeps_only_what_its_sinks_have_not_had(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    from rillet import CallbackSink, NoHistoryError
+
+    got: list[RunEvent] = []
+    async with (
+        open_loopback_provider([status_reply(429, retry_after=1)]) as first,
+        open_loopback_provider([text_reply("a ", "b ", "c.")]) as second,
+    ):
+        chain = [provider_at(first), provider_at(second)]
+        async with trio.open_nursery() as nursery:
+            turn = await nursery.start(
+                lambda task_status: run_turn(
+                    QUESTION,
+                    chain,
+                    policy=QUICK,
+                    breakers=CircuitBreakers(),
+                    history=False,
+                    sinks=[CallbackSink(on_run_event=got.append)],
+                    task_status=task_status,
+                )
+            )
+            with pytest.raises(NoHistoryError):
+                turn.run_events()
+            result = await turn.result()
+    assert result.ok
+    check_stream(got, turn.run_id)
+    assert "".join(getattr(e, "delta", "") for e in got) == "a b c."
+    assert turn._run.items == []
+    assert turn._uni.items == []
