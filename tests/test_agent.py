@@ -429,3 +429,95 @@ async def test_a_failing_sink_ends_the_run_as_an_error_not_a_cancel(
     result = await agents[0].result()
     assert (result.status, result.code) == ("error", "internal_error")
     assert isinstance(result.error, OSError | ExceptionGroup)
+
+
+async def add(a: int, b: int) -> str:
+    """Add two numbers."""
+    await trio.sleep(1.0)
+    return str(a + b)
+
+
+async def multiply(a: int, b: int) -> str:
+    """Multiply two numbers."""
+    await trio.sleep(1.0)
+    return str(a * b)
+
+
+async def get_stock_price(symbol: str) -> str:
+    """A stock's price."""
+    await trio.sleep(1.0)
+    return f"{symbol} 100"
+
+
+async def get_forecast(city: str, days: int) -> str:
+    """A forecast."""
+    await trio.sleep(1.0)
+    return f"{city} {days}d"
+
+
+async def get_time(timezone: str) -> str:
+    """The time somewhere."""
+    await trio.sleep(1.0)
+    return f"noon in {timezone}"
+
+
+PARALLEL = {
+    "openai-chat": (
+        "openai-chat/parallel_tool_calls.sse",
+        [
+            ("call_A1b2C3d4E5f6G7h8I9j0K1l2", "AAPL 100"),
+            ("call_M3n4O5p6Q7r8S9t0U1v2W3x4", "MSFT 100"),
+        ],
+    ),
+    "anthropic": (
+        "anthropic-messages/parallel_tool_use.sse",
+        [("toolu_01GrN36ErVgy85ECZ6pbzBL4", "5"), ("toolu_0113xQa4VtccyoXcHaukkzom", "6")],
+    ),
+    "gemini": ("gemini/parallel_function_calls.sse", [("add", "5"), ("multiply", "6")]),
+    "gemini-same-function": (
+        "gemini/same_function_twice.sse",
+        [
+            ("get_weather", "22 degrees celsius in Paris"),
+            ("get_weather", "22 degrees celsius in Lyon"),
+            ("get_time", "noon in Europe/Paris"),
+            ("get_weather", "22 degrees celsius in Nice"),
+        ],
+    ),
+    "openai-responses": (
+        "openai-responses/parallel_tool_calls.sse",
+        [
+            ("call_0sl0aaaaaaaaaaaaaaaaaaaa", "22 degrees celsius in Oslo"),
+            ("call_B3rg3nbbbbbbbbbbbbbbbbbb", "22 degrees celsius in Bergen"),
+        ],
+    ),
+    "ollama": (
+        "ollama-chat/parallel_tool_calls.ndjson",
+        [("call_p0rt0a11", "Lisbon 2d"), ("call_p0rt0b22", "Porto 2d")],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PARALLEL))
+async def test_every_dialect_sends_a_steps_results_back_together_in_call_order(
+    loop_clock: trio.testing.MockClock, name: str
+) -> None:
+    from rillet.transports.testing import fixture_reply
+
+    from .agent_support import FIXTURES
+
+    recorded, expected = PARALLEL[name]
+    dialect = name.removesuffix("-same-function")
+    case = CASES[dialect]
+    tools = [add, multiply, get_stock_price, get_forecast, get_time, get_weather]
+    start = trio.current_time()
+    result, events, server = await run_collect(
+        [fixture_reply(FIXTURES / recorded), case.text], dialect=case.dialect(), tools=tools
+    )
+    assert result.status == "completed", result.code
+    assert tool_result_in(body_of(server, 1), dialect) == expected
+    results = result.conversation.messages[2]
+    assert results.role == "user"
+    assert len(results.content_items) == len(expected)  # one message holds them all
+    assert trio.current_time() - start < 1.5  # the calls of one step ran side by side
+    spans = [e.span_id for e in events if isinstance(e, ToolCompleted)]
+    assert len(set(spans)) == len(expected)
