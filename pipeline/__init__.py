@@ -1,16 +1,31 @@
 """rillet: stream LLM responses from many providers through one checked trio pipeline.
 
 Everything a host uses is here: the turn (`run_turn`, `open_turn`, `TurnRequest`, `Policy`), the
-three vocabularies (lane events, MMSP's UniEvents, the public run events), the grammar and the
-accumulator, the hub that fans run events out, and every typed error. Provider dialects and the
-registry are in `rillet.providers`; frame codecs, sinks, the server, replay and the loopback test
-provider in `rillet.transports`; the Redis hub in `rillet.redis`.
+agent loop (`run_agent`, `open_agent`, `tool`, `Conversation`, `ContextBudget`), fallback
+breakers and admission, the three vocabularies (lane events, MMSP's UniEvents, the public run
+events), the grammar and the accumulator, the hub that fans run events out, and every typed
+error. Provider dialects and the registry are in `rillet.providers`; frame codecs, sinks, the
+server, replay and the loopback test provider in `rillet.transports`; the Redis hub in
+`rillet.redis`.
 """
 
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
 from ._accumulator import Accumulator as Accumulator
+from ._admission import DEFAULT_STREAMS as DEFAULT_STREAMS
+from ._admission import Admission as Admission
+from ._admission import shared_admission as shared_admission
+from ._agent import Agent as Agent
+from ._agent import AgentResult as AgentResult
+from ._agent import AgentStatus as AgentStatus
+from ._agent import open_agent as open_agent
+from ._agent import run_agent as run_agent
+from ._budget import ContextBudget as ContextBudget
+from ._budget import ContextWindowExceeded as ContextWindowExceeded
+from ._budget import estimate_chars as estimate_chars
+from ._conversation import Conversation as Conversation
+from ._conversation import PendingApproval as PendingApproval
 from ._errors import AuthenticationError as AuthenticationError
 from ._errors import ConfigurationError as ConfigurationError
 from ._errors import EmptyResponseError as EmptyResponseError
@@ -60,6 +75,10 @@ from ._events import UsageMetadata as UsageMetadata
 from ._events import decode_uni_event as decode_uni_event
 from ._events import decode_uni_message as decode_uni_message
 from ._events import encode_json as encode_json
+from ._fallback import BreakerState as BreakerState
+from ._fallback import CircuitBreaker as CircuitBreaker
+from ._fallback import CircuitBreakers as CircuitBreakers
+from ._fallback import shared_breakers as shared_breakers
 from ._grammar import Grammar as Grammar
 from ._grammar import map_finish_reason as map_finish_reason
 from ._handler import AttemptReset as AttemptReset
@@ -102,16 +121,24 @@ from ._request import TurnRequest as TurnRequest
 from ._request import user as user
 from ._runevents import AnswerDelta as AnswerDelta
 from ._runevents import AnswerDone as AnswerDone
+from ._runevents import ApprovalRequired as ApprovalRequired
+from ._runevents import ApprovalResolved as ApprovalResolved
 from ._runevents import AttemptResetEvent as AttemptResetEvent
 from ._runevents import ReasoningDelta as ReasoningDelta
 from ._runevents import RunDone as RunDone
 from ._runevents import RunEvent as RunEvent
 from ._runevents import RunStarted as RunStarted
 from ._runevents import StatusEvent as StatusEvent
+from ._runevents import ToolCallReady as ToolCallReady
+from ._runevents import ToolCallStarted as ToolCallStarted
 from ._runevents import ToolCompleted as ToolCompleted
 from ._runevents import ToolStarted as ToolStarted
 from ._runevents import UsageEvent as UsageEvent
 from ._runevents import decode_run_event as decode_run_event
+from ._tools import Tool as Tool
+from ._tools import ToolOutput as ToolOutput
+from ._tools import ToolStatus as ToolStatus
+from ._tools import tool as tool
 from ._turn import CallbackSink as CallbackSink
 from ._turn import Sink as Sink
 from ._turn import SinkBatch as SinkBatch
@@ -129,16 +156,29 @@ except _PackageNotFoundError:  # pragma: no cover - only a source tree that was 
     __version__ = "0+unknown"
 
 __all__ = [
+    "DEFAULT_STREAMS",
     "Accumulator",
+    "Admission",
+    "Agent",
+    "AgentResult",
+    "AgentStatus",
     "AnswerDelta",
     "AnswerDone",
     "AppendConflict",
+    "ApprovalRequired",
+    "ApprovalResolved",
     "AttemptReset",
     "AttemptResetEvent",
     "AuthenticationError",
+    "BreakerState",
     "CallbackSink",
+    "CircuitBreaker",
+    "CircuitBreakers",
     "ConfigurationError",
     "ContentItem",
+    "ContextBudget",
+    "ContextWindowExceeded",
+    "Conversation",
     "CursorExpired",
     "CursorInvalid",
     "DeltaItem",
@@ -178,6 +218,7 @@ __all__ = [
     "PartDelta",
     "PartStart",
     "PartStop",
+    "PendingApproval",
     "Ping",
     "Policy",
     "ProviderError",
@@ -209,14 +250,19 @@ __all__ = [
     "ThinkingDelta",
     "ThinkingDone",
     "ThinkingLevel",
+    "Tool",
     "ToolCallArgumentParseError",
     "ToolCallDelta",
     "ToolCallDone",
+    "ToolCallReady",
+    "ToolCallStarted",
     "ToolChoice",
     "ToolCompleted",
+    "ToolOutput",
     "ToolResultDone",
     "ToolSpec",
     "ToolStarted",
+    "ToolStatus",
     "TransportError",
     "Turn",
     "TurnRequest",
@@ -235,9 +281,15 @@ __all__ = [
     "decode_uni_event",
     "decode_uni_message",
     "encode_json",
+    "estimate_chars",
     "map_finish_reason",
+    "open_agent",
     "open_turn",
+    "run_agent",
     "run_turn",
+    "shared_admission",
+    "shared_breakers",
+    "tool",
     "user",
 ]
 

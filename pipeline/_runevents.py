@@ -2,10 +2,14 @@
 
 Envelope `{type, run_id, seq, elapsed_ms}`; `seq` counts from 1 without gaps, `elapsed_ms` is
 monotonic. Types: `run.started`, `status`, `attempt.reset`, `answer.delta`, `reasoning.delta`
-(only when the host opts in), `tool.started` / `tool.completed` (names and ids; arguments only
-when the host opts in), `usage`, `answer.done {sha256, chars}`, and exactly one
-`run.done {status, code}` last. No exception prose, provider message or credential ever enters
-this stream: errors travel as safe codes.
+(only when the host opts in), `tool_call.started` / `tool_call.done` (the model is streaming a
+tool call: names and ids; arguments only when the host opts in), `tool.started` /
+`tool.completed` (an agent is running a tool: span id, name, duration, a `reason_code` on
+failure; arguments and results only when the host opts in), `approval.required` /
+`approval.resolved`, `usage`, `answer.done {sha256, chars}`, and exactly one
+`run.done {status, code}` last (status `completed`, `error`, `cancelled` or
+`approval_required`). No exception prose, provider message or credential ever enters this
+stream: errors travel as safe codes.
 
 `RunEventBuilder` is pure: it turns the handler's items (UniEvents, resets, statuses) and the
 final outcome into run events, numbering them.
@@ -14,7 +18,7 @@ final outcome into run events, numbering them.
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 
@@ -36,9 +40,13 @@ from ._policy import Outcome
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+_E = TypeVar("_E", bound="_Envelope")
+
 __all__ = [
     "AnswerDelta",
     "AnswerDone",
+    "ApprovalRequired",
+    "ApprovalResolved",
     "AttemptResetEvent",
     "ReasoningDelta",
     "RunDone",
@@ -46,6 +54,8 @@ __all__ = [
     "RunEventBuilder",
     "RunStarted",
     "StatusEvent",
+    "ToolCallReady",
+    "ToolCallStarted",
     "ToolCompleted",
     "ToolStarted",
     "UsageEvent",
@@ -70,11 +80,20 @@ class RunStarted(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="
 
 
 class StatusEvent(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="status"):
-    """What the run is doing: requesting, backing off, waiting on a rate limit, rescuing."""
+    """What the run is doing: `requesting`, `backing_off`, `waiting_rate_limit`, `rescuing`,
+    `queued` (waiting for a provider-stream slot), `step` (an agent's next model request),
+    `fallback` (the next provider of a chain answers), `candidate_rejected` (buffered delivery).
+
+    `step` is the agent step it belongs to; `provider` / `model` name who answers (`fallback`);
+    `reason_code` is a safe code (`candidate_rejected`)."""
 
     phase: str
     attempt: int
     delay_ms: int | None = None
+    step: int | None = None
+    provider: str | None = None
+    model: str | None = None
+    reason_code: str | None = None
 
 
 class AttemptResetEvent(
@@ -99,19 +118,65 @@ class ReasoningDelta(
     delta: str
 
 
-class ToolStarted(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="tool.started"):
-    """The model began a tool call."""
+class ToolCallStarted(
+    _Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="tool_call.started"
+):
+    """The model began streaming a tool call (nothing runs yet)."""
 
     name: str
     tool_call_id: str
 
 
-class ToolCompleted(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="tool.completed"):
-    """A tool call is complete (its arguments only when the host opts in)."""
+class ToolCallReady(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="tool_call.done"):
+    """The model finished streaming a tool call (its arguments only when the host opts in)."""
 
     name: str
     tool_call_id: str
     arguments: dict[str, Any] | None = None
+
+
+class ToolStarted(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="tool.started"):
+    """An agent began running a tool: `span_id` pairs it with its `tool.completed`."""
+
+    span_id: str
+    name: str
+    tool_call_id: str
+    step: int
+    arguments: dict[str, Any] | None = None
+
+
+class ToolCompleted(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="tool.completed"):
+    """A tool's run ended. `status` is `ok`, `error`, `denied` or `cancelled`; a failure
+    carries a safe `reason_code`; the result's text only when the host opts in."""
+
+    span_id: str
+    name: str
+    tool_call_id: str
+    step: int
+    duration_ms: int
+    status: Literal["ok", "error", "denied", "cancelled"] = "ok"
+    reason_code: str | None = None
+    result: str | None = None
+
+
+class ApprovalRequired(
+    _Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="approval.required"
+):
+    """A tool that needs approval is waiting for the host's answer (`approve` / `deny`)."""
+
+    approval_id: str
+    name: str
+    tool_call_id: str
+    step: int
+
+
+class ApprovalResolved(
+    _Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="approval.resolved"
+):
+    """The host answered an approval: `approved` or `denied`."""
+
+    approval_id: str
+    decision: Literal["approved", "denied"]
 
 
 class UsageEvent(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="usage"):
@@ -137,7 +202,7 @@ class RunDone(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="run
     `attempts` counts the attempts (the rescue included); `requests` the HTTP requests the
     provider got for them, so a reader sees what the turn cost."""
 
-    status: Literal["completed", "error", "cancelled"]
+    status: Literal["completed", "error", "cancelled", "approval_required"]
     code: str
     attempts: int = 0
     requests: int = 0
@@ -150,8 +215,12 @@ RunEvent = (
     | AttemptResetEvent
     | AnswerDelta
     | ReasoningDelta
+    | ToolCallStarted
+    | ToolCallReady
     | ToolStarted
     | ToolCompleted
+    | ApprovalRequired
+    | ApprovalResolved
     | UsageEvent
     | AnswerDone
     | RunDone
@@ -297,14 +366,90 @@ class RunEventBuilder:
             assert isinstance(item, ToolCallDelta)
             if not item.name:
                 return None
-            return ToolStarted(**self._env(), name=item.name, tool_call_id=item.tool_call_id)
+            return ToolCallStarted(**self._env(), name=item.name, tool_call_id=item.tool_call_id)
         if kind is ToolCallDone:
             assert isinstance(item, ToolCallDone)
             arguments = item.arguments if self._tool_arguments else None
-            return ToolCompleted(
+            return ToolCallReady(
                 **self._env(), name=item.name, tool_call_id=item.tool_call_id, arguments=arguments
             )
         return None
+
+    def event(self, kind: type[_E], **fields: Any) -> _E:
+        """This run's next event of type `kind` with `fields` (the envelope filled in)."""
+        return kind(**self._env(), **fields)
+
+    def adopt(self, event: RunEvent) -> RunEvent:
+        """Another run's event (an agent step's, a fallback provider's) as this run's next
+        one: run id, `seq` and `elapsed_ms` are this run's, and the text it carries counts
+        (`answer.delta` appends, `attempt.reset` voids)."""
+        kind = type(event)
+        if kind is AnswerDelta:
+            self._text.append(event.delta)  # type: ignore[union-attr]
+        elif kind is AttemptResetEvent:
+            self._text = []
+            self._pieces = 0
+            self.finish_reason = None
+        elif kind is AnswerDone:
+            self.finish_reason = event.finish_reason  # type: ignore[union-attr]
+        return msgspec.structs.replace(event, **self._env())
+
+    def adopt_many(self, events: Sequence[RunEvent]) -> list[RunEvent]:
+        """`adopt` for a batch that arrived together: stamped once, as `uni_many` does."""
+        run_id = self.run_id
+        elapsed = int((self._clock() - self._t0) * 1000)
+        replace = msgspec.structs.replace
+        text = self._text
+        out: list[RunEvent] = []
+        for event in events:
+            kind = type(event)
+            if kind is AnswerDelta:
+                text.append(event.delta)  # type: ignore[union-attr]
+            elif kind is AttemptResetEvent or kind is AnswerDone:
+                out.append(self.adopt(event))
+                text = self._text
+                continue
+            self._seq += 1
+            out.append(replace(event, run_id=run_id, seq=self._seq, elapsed_ms=elapsed))
+        if len(text) - self._pieces > 256:  # a few long strings, not one per fragment
+            text[self._pieces :] = ["".join(text[self._pieces :])]
+            self._pieces += 1
+        return out
+
+    def close(
+        self,
+        status: str,
+        code: str,
+        *,
+        attempts: int,
+        requests: int | None = None,
+        retry_after: float | None = None,
+    ) -> list[RunEvent]:
+        """The closing events for a status and code the caller decided: `answer.done` over
+        the text delivered since the last reset when `status` is `completed`, then
+        `run.done` (`requests`, the HTTP requests sent, defaults to `attempts`)."""
+        out: list[RunEvent] = []
+        if status == "completed":
+            text = self.text
+            digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+            out.append(
+                AnswerDone(
+                    **self._env(), sha256=digest, chars=len(text), finish_reason=self.finish_reason
+                )
+            )
+        retry_ms = int(retry_after * 1000) if retry_after is not None else None
+        out.append(
+            RunDone(
+                **self._env(),
+                status=status,  # type: ignore[arg-type]
+                code=code,
+                attempts=attempts,
+                requests=attempts if requests is None else requests,
+                retry_after_ms=retry_ms,
+            )
+        )
+        self.done = True
+        return out
 
     def finish(
         self,

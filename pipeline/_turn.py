@@ -32,6 +32,7 @@ import httpx
 import trio
 
 from ._accumulator import Accumulator
+from ._admission import Admission, shared_admission
 from ._errors import FallbackFailed, NoHistoryError
 from ._events import UniEvent, UniMessage
 from ._handler import AttemptReset, Batch, Handler, Status
@@ -207,6 +208,7 @@ class TurnResult:
         error: the error that ended the turn (a `FallbackFailed` when the rescue failed too).
         partial: whether any attempt delivered events.
         retry_after: the server-directed wait that ended a RateLimited turn.
+        provider: the provider that answered (in a fallback chain, the one that ended it).
     """
 
     message: UniMessage
@@ -220,6 +222,7 @@ class TurnResult:
     error: BaseException | None = None
     partial: bool = False
     retry_after: float | None = None
+    provider: Provider | None = None
 
     @property
     def ok(self) -> bool:
@@ -274,7 +277,7 @@ class Turn:
 
 async def run_turn(
     request: TurnRequest,
-    provider: Provider,
+    provider: Provider | Sequence[Provider],
     *,
     sinks: Sequence[Sink] = (),
     policy: Policy | None = None,
@@ -284,9 +287,14 @@ async def run_turn(
     reasoning: bool = False,
     tool_arguments: bool = False,
     history: bool = True,
+    admission: Admission | None = None,
     task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
+    **chain: Any,
 ) -> TurnResult:
     """Run one turn to its end and return its result.
+
+    `provider` may be an ordered list: a fallback chain (`breakers`, `fallback_on_permanent`
+    then apply; see `FallbackChain`), one run id and one public stream whatever answers.
 
     Use `turn = await nursery.start(run_turn, request, provider)` to get the `Turn` handle as
     soon as its actors are running, then iterate `turn.uni_events()` / `turn.run_events()` or
@@ -296,8 +304,32 @@ async def run_turn(
     `history=False` keeps no replay history (`uni_events()` / `run_events()` then raise
     `NoHistoryError`; sinks see everything): a turn then holds only what its sinks have not
     taken yet, for servers running many turns whose events go out through sinks.
+    Every turn holds one of the process's provider-stream slots (`admission`, by default
+    `shared_admission()`) while it talks to its provider; waiting for one shows as `status`
+    `queued`.
     """
+    if not isinstance(provider, Provider):
+        from ._fallback import run_chain  # the chain runs turns: imported when one is asked for
+
+        return await run_chain(
+            request,
+            list(provider),
+            sinks=sinks,
+            policy=policy,
+            client=client,
+            limiter=limiter,
+            run_id=run_id,
+            reasoning=reasoning,
+            tool_arguments=tool_arguments,
+            history=history,
+            admission=admission,
+            task_status=task_status,
+            **chain,
+        )
+    if chain:
+        raise TypeError(f"unexpected options for one provider: {sorted(chain)}")
     policy = policy or Policy()
+    slots = admission or shared_admission()
     own_client = client is None
     http = client or httpx.AsyncClient(
         timeout=httpx.Timeout(None), follow_redirects=False, verify=_tls_context()
@@ -333,7 +365,14 @@ async def run_turn(
                         await route.wait(first)
                 task_status.started(turn)
                 downstream = _Downstream(accumulator, builder, turn, routes, given)
-                streamed = await handler.run(downstream)
+                if not slots.try_acquire():
+                    if not downstream.offer([Status("queued", 1)]):
+                        await downstream.drain()
+                    await slots.acquire()
+                try:
+                    streamed = await handler.run(downstream)
+                finally:
+                    slots.release()
                 for route in routes:
                     if route.send is not None:
                         await route.send.aclose()
@@ -369,6 +408,7 @@ async def run_turn(
             error=error,
             partial=handler.emitted_attempt,
             retry_after=handler.retry_after if outcome is Outcome.RATE_LIMITED else None,
+            provider=provider,
         )
         turn._done.set()
         try:
@@ -425,7 +465,7 @@ async def _finish_sinks(
 
 @asynccontextmanager
 async def open_turn(
-    request: TurnRequest, provider: Provider, **options: Any
+    request: TurnRequest, provider: Provider | Sequence[Provider], **options: Any
 ) -> AsyncIterator[Turn]:
     """Run a turn for the duration of the block; leaving the block cancels it if it is still
     running. Takes `run_turn`'s keyword options."""
@@ -440,7 +480,7 @@ async def open_turn(
 
 async def _run_turn_with(
     request: TurnRequest,
-    provider: Provider,
+    provider: Provider | Sequence[Provider],
     options: dict[str, Any],
     task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
 ) -> None:

@@ -456,8 +456,8 @@ _SHORT = {
     "attempt.reset": "reset",
     "answer.done": "done",
     "usage": "usage",
-    "tool.started": "tool",
-    "tool.completed": "tool.done",
+    "tool_call.started": "tool",
+    "tool_call.done": "tool.done",
     "reasoning.delta": "R",
 }
 

@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 from rillet import NoHistoryError
-from rillet._events import TextDone, ToolCallDone, UniEvent
+from rillet._events import TextDone, ToolCallDone, UniEvent, encode_json
 from rillet._handler import AttemptReset
 from rillet._policy import Outcome
 from rillet._ratelimit import RateLimiter
@@ -28,7 +28,8 @@ from rillet._runevents import (
     RunDone,
     RunEvent,
     RunStarted,
-    ToolCompleted,
+    ToolCallReady,
+    ToolCallStarted,
 )
 from rillet._turn import CallbackSink, SinkBatch, Turn, TurnResult, UniItem, open_turn, run_turn
 
@@ -716,11 +717,14 @@ async def test_tool_arguments_reach_the_run_events_only_when_opted_in(
     ):
         events = await read_all(turn)
         result = await turn.result()
-    completed = [e for e in events if isinstance(e, ToolCompleted)]
+    completed = [e for e in events if isinstance(e, ToolCallReady)]
     assert len(completed) == 1
     assert completed[0].name == "get_weather"
     assert completed[0].tool_call_id == "call_1"
     assert completed[0].arguments == ({"city": "Paris"} if opted else None)
+    assert encode_json(completed[0]).startswith(b'{"type":"tool_call.done"')
+    started = [e for e in events if isinstance(e, ToolCallStarted)]
+    assert [(e.name, e.tool_call_id) for e in started] == [("get_weather", "call_1")]
     assert result.message.content_items == [
         ToolCallDone(name="get_weather", arguments={"city": "Paris"}, tool_call_id="call_1")
     ]

@@ -34,7 +34,7 @@ from rillet._runevents import (
     ReasoningDelta,
     RunDone,
     StatusEvent,
-    ToolStarted,
+    ToolCallStarted,
 )
 
 if TYPE_CHECKING:
@@ -337,8 +337,8 @@ class TerminalSink:
             if kind is StatusEvent:
                 assert isinstance(event, StatusEvent)
                 self._status(event)
-            elif kind is ToolStarted:
-                assert isinstance(event, ToolStarted)
+            elif kind is ToolCallStarted:
+                assert isinstance(event, ToolCallStarted)
                 self._line(f"{self._arrow} calling {event.name}", voidable=True)
             elif kind is AttemptResetEvent:
                 assert isinstance(event, AttemptResetEvent)

@@ -1,0 +1,548 @@
+"""The agent loop on trio: model steps and tool runs until the model answers.
+
+```
+           ┌───────────── one run: one run id, one gapless seq ──────────────┐
+request ─► │ step n: budget ─► turn (fallback chain) ─► tool_call? ── no ──► answer
+           │                                              │ yes               │
+           │   tools run concurrently in the agent's nursery (approval first  │
+           │   where a tool needs it) ─► results into the conversation ─► n+1 │
+           └──────────────────────────────────────────────────────────────────┘
+```
+
+Each step is a turn streamed through the same pipeline as any other (deadlines, retries,
+rescue, admission), its run events adopted into the agent's one stream (`_runstream`). The
+loop ends when a step finishes other than `tool_call`, or after `max_steps` model requests.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import attrs
+import httpx
+import msgspec
+import trio
+
+from ._budget import ContextBudget, ContextWindowExceeded
+from ._conversation import Conversation, PendingApproval
+from ._events import ToolCallDone, ToolResultDone, UniMessage
+from ._fallback import CircuitBreakers, CircuitOpen, chain_turn
+from ._request import TurnRequest
+from ._runevents import (
+    ApprovalRequired,
+    ApprovalResolved,
+    RunEvent,
+    RunEventBuilder,
+    StatusEvent,
+    ToolCompleted,
+    ToolStarted,
+)
+from ._runstream import RunStream
+from ._tools import Tool, ToolOutput, run_tool, tool
+from ._turn import TurnResult, UniItem, _Log, _tls_context
+from .providers._base import Provider
+
+__all__ = ["Agent", "AgentResult", "AgentStatus", "open_agent", "run_agent"]
+
+AgentStatus = Literal["completed", "error", "cancelled", "approval_required"]
+Validator = Callable[[str], "str | Awaitable[str | None] | None"]
+_GRACE = 2.0  # seconds a cancelled agent still gives its last events
+_SAFE_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
+@attrs.frozen
+class AgentResult:
+    """How an agent run ended.
+
+    Attributes:
+        status: `completed`, `error`, `cancelled`, or `approval_required` (approvals were
+            deferred and a tool waits for one: see `pending`).
+        code: the safe code `run.done` carried (`completed`, `max_steps`, `timeout`...).
+        text: the answer's text (the last step's).
+        message: the last assistant message.
+        steps: model requests made.
+        turns: each step's turn result, in order.
+        tool_outputs: every tool call's outcome, in the order they ended.
+        pending: the tool calls waiting for approval.
+        conversation: the conversation, with this run's messages recorded.
+        provider: the provider that gave the last reply.
+        error: the error that ended the run, if one did.
+    """
+
+    status: AgentStatus
+    code: str
+    text: str
+    message: UniMessage
+    steps: int
+    turns: list[TurnResult]
+    tool_outputs: list[ToolOutput]
+    pending: list[PendingApproval]
+    conversation: Conversation
+    provider: Provider | None = None
+    error: BaseException | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the agent answered."""
+        return self.status == "completed"
+
+    @property
+    def requests(self) -> int:
+        """HTTP requests sent to providers by every step (retries and rescues included)."""
+        return sum(t.requests for t in self.turns)
+
+
+@attrs.define(eq=False)
+class _Waiting:
+    event: trio.Event = attrs.field(factory=trio.Event)
+    approved: bool = False
+    reason: str = ""
+
+
+@attrs.define(eq=False)
+class Agent:
+    """A running agent: iterate its events, answer its approvals, await its result."""
+
+    run_id: str
+    conversation: Conversation
+    _run: _Log[RunEvent] = attrs.field(factory=_Log)
+    _uni: _Log[UniItem] = attrs.field(factory=_Log)
+    _done: trio.Event = attrs.field(factory=trio.Event)
+    _result: AgentResult | None = None
+    _cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    _waiting: dict[str, tuple[PendingApproval, _Waiting]] = attrs.field(factory=dict, init=False)
+
+    def run_events(self, after: int = 0) -> AsyncIterator[RunEvent]:
+        """The public stream of the whole run (every step), from `seq` `after + 1`, ending
+        with `run.done`."""
+        return self._run.follow(after)
+
+    def uni_events(self) -> AsyncIterator[UniItem]:
+        """Every step's MMSP stream, one after another (each ends with its own stop)."""
+        return self._uni.follow()
+
+    @property
+    def pending_approvals(self) -> list[PendingApproval]:
+        """The tool calls waiting for the host's answer now."""
+        return [pending for pending, _ in self._waiting.values()]
+
+    def approve(self, approval_id: str) -> None:
+        """Let a waiting tool call run."""
+        self._answer(approval_id, approved=True, reason="")
+
+    def deny(self, approval_id: str, reason: str = "") -> None:
+        """Refuse a waiting tool call; the model is told (with `reason`, if given)."""
+        self._answer(approval_id, approved=False, reason=reason)
+
+    def _answer(self, approval_id: str, *, approved: bool, reason: str) -> None:
+        entry = self._waiting.pop(approval_id, None)
+        if entry is None:
+            raise ValueError(f"no approval {approval_id!r} is waiting")
+        waiting = entry[1]
+        waiting.approved, waiting.reason = approved, reason
+        waiting.event.set()
+
+    async def result(self) -> AgentResult:
+        """Wait for the run to end; its result."""
+        await self._done.wait()
+        assert self._result is not None
+        return self._result
+
+    def cancel(self) -> None:
+        """Cancel the run; it still ends with `run.done{status: "cancelled"}`."""
+        self._cancel_scope.cancel()
+
+    @property
+    def done(self) -> bool:
+        """Whether the run has ended."""
+        return self._done.is_set()
+
+
+@attrs.define(eq=False)
+class _Loop:
+    """One run's state and the steps that change it."""
+
+    agent: Agent
+    stream: RunStream
+    providers: list[Provider]
+    tools: dict[str, Tool]
+    template: TurnRequest
+    turn_options: dict[str, Any]
+    max_steps: int
+    approvals: Literal["ask", "defer"]
+    decisions: Mapping[str, bool]
+    budget: ContextBudget | None
+    buffered: bool
+    validator: Validator | None
+    max_candidates: int
+    tool_arguments: bool
+    tool_results: bool
+    thread_limiter: trio.CapacityLimiter | None
+    status: AgentStatus = "cancelled"
+    code: str = "cancelled"
+    error: BaseException | None = None
+    steps: int = 0
+    turns: list[TurnResult] = attrs.field(factory=list)
+    outputs: list[ToolOutput] = attrs.field(factory=list)
+    text: str = ""
+    message: UniMessage = attrs.field(
+        factory=lambda: UniMessage(role="assistant", content_items=[])
+    )
+
+    @property
+    def builder(self) -> RunEventBuilder:
+        return self.stream.builder
+
+    def end(self, status: AgentStatus, code: str, error: BaseException | None = None) -> None:
+        self.status, self.code, self.error = status, code, error
+
+    async def emit(self, kind: type[Any], **fields: Any) -> None:
+        await self.stream.emit([self.builder.event(kind, **fields)])
+
+    async def run(self) -> None:
+        conversation = self.agent.conversation
+        if conversation.pending and not await self._resume():
+            return
+        candidates = 0
+        while True:
+            if self.steps >= self.max_steps:
+                return self.end("error", "max_steps")
+            self.steps += 1
+            step = self.steps
+            request = conversation.request(self.template)
+            if self.budget is not None:
+                try:
+                    request = self.budget.fit(request)
+                except ContextWindowExceeded as exc:
+                    return self.end("error", exc.code, exc)
+            await self.emit(StatusEvent, phase="step", attempt=1, step=step)
+            try:
+                chained = await chain_turn(
+                    self.stream,
+                    request,
+                    self.providers,
+                    run_id=f"{self.agent.run_id}.{step}",
+                    hold_text=self.buffered,
+                    step=step,
+                    **self.turn_options,
+                )
+            except CircuitOpen as exc:
+                return self.end("error", "circuit_open", exc)
+            result = chained.result
+            self.turns.append(result)
+            self.message, self.text = result.message, result.text
+            done = chained.sink.done
+            if done is None or done.status != "completed":
+                status: Any = done.status if done is not None else "error"
+                return self.end(status, done.code if done else "provider_error", result.error)
+            calls = [i for i in result.message.content_items if type(i) is ToolCallDone]
+            if calls and result.message.finish_reason == "tool_call":
+                if step >= self.max_steps:
+                    return self.end("error", "max_steps")
+                conversation.record(result.message)
+                if not await self._tools(step, calls):
+                    return
+                continue
+            if self.buffered:
+                reason = await self._validate(result.text)
+                if reason is not None:
+                    candidates += 1
+                    await self.emit(
+                        StatusEvent,
+                        phase="candidate_rejected",
+                        attempt=candidates,
+                        step=step,
+                        reason_code=reason,
+                    )
+                    if candidates >= self.max_candidates:
+                        return self.end("error", "answer_rejected")
+                    continue
+                await chained.sink.release()
+            conversation.record(result.message)
+            return self.end("completed", "completed")
+
+    async def _validate(self, text: str) -> str | None:
+        if self.validator is None:
+            return None
+        verdict = self.validator(text)
+        if inspect.isawaitable(verdict):
+            verdict = await verdict
+        if verdict is None:
+            return None
+        reason = str(verdict)
+        return reason if _SAFE_CODE.fullmatch(reason) else "rejected"
+
+    async def _resume(self) -> bool:
+        """Answer the approvals a deferred run left; False if some are still pending."""
+        conversation = self.agent.conversation
+        pending, conversation.pending = conversation.pending, []
+        calls = [p.tool_call for p in pending]
+        ids = {p.tool_call.tool_call_id: p.approval_id for p in pending}
+        return await self._tools(max((p.step for p in pending), default=0), calls, ids)
+
+    async def _tools(
+        self, step: int, calls: list[ToolCallDone], approval_ids: Mapping[str, str] | None = None
+    ) -> bool:
+        """Run one step's tool calls concurrently; True when every result is in the
+        conversation, False when some wait for a deferred approval."""
+        conversation = self.agent.conversation
+        results: list[ToolResultDone] = []
+        deferred: list[PendingApproval] = []
+        async with trio.open_nursery() as nursery:
+            for number, call in enumerate(calls, 1):
+                approval_id = (approval_ids or {}).get(call.tool_call_id)
+                nursery.start_soon(self._one, step, number, call, approval_id, results, deferred)
+        if deferred:
+            conversation.pending = deferred
+            conversation.results.extend(results)
+            self.end("approval_required", "approval_required")
+            return False
+        conversation.add_tool_results([*conversation.results, *results])
+        conversation.results = []
+        return True
+
+    async def _one(
+        self,
+        step: int,
+        number: int,
+        call: ToolCallDone,
+        approval_id: str | None,
+        results: list[ToolResultDone],
+        deferred: list[PendingApproval],
+    ) -> None:
+        found = self.tools.get(call.name)
+        if found is not None and found.needs_approval:
+            approval_id = approval_id or f"apr_{secrets.token_hex(6)}"
+            pending = PendingApproval(approval_id=approval_id, tool_call=call, step=step)
+            decision = self.decisions.get(approval_id)
+            reason = ""
+            if decision is None:
+                waiting = _Waiting()
+                if self.approvals == "defer":
+                    deferred.append(pending)
+                else:  # answerable from the moment a host can see the event
+                    self.agent._waiting[approval_id] = (pending, waiting)
+                try:
+                    await self.emit(
+                        ApprovalRequired,
+                        approval_id=approval_id,
+                        name=call.name,
+                        tool_call_id=call.tool_call_id,
+                        step=step,
+                    )
+                    if self.approvals == "defer":
+                        return
+                    await waiting.event.wait()
+                finally:
+                    self.agent._waiting.pop(approval_id, None)
+                decision, reason = waiting.approved, waiting.reason
+            await self.emit(
+                ApprovalResolved,
+                approval_id=approval_id,
+                decision="approved" if decision else "denied",
+            )
+            if not decision:
+                text = f"denied: the user did not allow this call{': ' + reason if reason else ''}"
+                output = ToolOutput(call, text, "denied", "denied")
+                self.outputs.append(output)
+                results.append(output.item)
+                return
+        span = f"tool:{step}.{number}"
+        await self.emit(
+            ToolStarted,
+            span_id=span,
+            name=call.name,
+            tool_call_id=call.tool_call_id,
+            step=step,
+            arguments=call.arguments if self.tool_arguments else None,
+        )
+        start = trio.current_time()
+        try:
+            output = await run_tool(found, call, thread_limiter=self.thread_limiter)
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True), trio.move_on_after(_GRACE):
+                await self.emit(
+                    ToolCompleted,
+                    span_id=span,
+                    name=call.name,
+                    tool_call_id=call.tool_call_id,
+                    step=step,
+                    duration_ms=int((trio.current_time() - start) * 1000),
+                    status="cancelled",
+                    reason_code="cancelled",
+                )
+            raise
+        self.outputs.append(output)
+        results.append(output.item)
+        await self.emit(
+            ToolCompleted,
+            span_id=span,
+            name=call.name,
+            tool_call_id=call.tool_call_id,
+            step=step,
+            duration_ms=int(output.duration * 1000),
+            status=output.status,
+            reason_code=output.reason_code,
+            result=output.text if self.tool_results else None,
+        )
+
+
+def _as_tool(value: Tool | Callable[..., Any]) -> Tool:
+    return value if isinstance(value, Tool) else tool(value)
+
+
+async def run_agent(
+    request: TurnRequest,
+    provider: Provider | Sequence[Provider],
+    *,
+    tools: Sequence[Tool | Callable[..., Any]] = (),
+    conversation: Conversation | None = None,
+    max_steps: int = 8,
+    approvals: Literal["ask", "defer"] = "ask",
+    decisions: Mapping[str, bool] | None = None,
+    delivery: Literal["streaming", "buffered"] = "streaming",
+    validator: Validator | None = None,
+    max_candidates: int = 3,
+    budget: ContextBudget | None = None,
+    sinks: Sequence[Any] = (),
+    client: httpx.AsyncClient | None = None,
+    run_id: str | None = None,
+    reasoning: bool = False,
+    tool_arguments: bool = False,
+    tool_results: bool = False,
+    breakers: CircuitBreakers | None = None,
+    fallback_on_permanent: bool = False,
+    thread_limiter: trio.CapacityLimiter | None = None,
+    task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED,
+    **turn_options: Any,
+) -> AgentResult:
+    """Run an agent to its end: model steps, tool runs, until the model answers.
+
+    `request` holds the new messages (appended to `conversation`, a new one by default) and
+    the generation settings; `tools` are `Tool`s or plain functions (made tools with `tool`).
+    `provider` may be a fallback chain. Use `agent = await nursery.start(run_agent, ...)` for
+    the `Agent` handle (events, approvals, result), or `open_agent`.
+
+    Approvals: `ask` waits for `agent.approve(id)` / `agent.deny(id, reason)`; `defer` ends
+    the run `approval_required` with the calls in `result.pending` (answer them in a later
+    run with `decisions`). Delivery: `streaming` sends the answer as it comes; `buffered`
+    holds it until `validator(text)` returns None (a safe code rejects it, and the model is
+    asked again, at most `max_candidates` times). `budget` fits each request to the model's
+    context window. `tool_arguments` / `tool_results` opt the public stream into a tool's
+    arguments and result text. Other keywords (`policy`, `limiter`, `admission`) go to each
+    step's `run_turn`.
+    """
+    if max_steps < 1:
+        raise ValueError("max_steps must be at least 1")
+    providers = [provider] if isinstance(provider, Provider) else list(provider)
+    if not providers:
+        raise ValueError("run_agent needs at least one provider")
+    found = {t.name: t for t in map(_as_tool, tools)}
+    conv = conversation if conversation is not None else Conversation()
+    if conv.system_prompt is None:
+        conv.system_prompt = request.system_prompt
+    conv.messages.extend(request.messages)
+    given = {t.name for t in request.tools}
+    specs = [t.spec for t in found.values() if t.name not in given]
+    template = msgspec.structs.replace(request, messages=[], tools=[*request.tools, *specs])
+    agent = Agent(run_id or secrets.token_hex(8), conv)
+    builder = RunEventBuilder(
+        agent.run_id, trio.current_time, reasoning=reasoning, tool_arguments=tool_arguments
+    )
+    stream = RunStream(builder, sinks, agent._run, agent._uni)
+    own_client = client is None
+    http = client or httpx.AsyncClient(
+        timeout=httpx.Timeout(None), follow_redirects=False, verify=_tls_context()
+    )
+    options: dict[str, Any] = {
+        "client": http,
+        "reasoning": reasoning,
+        "tool_arguments": tool_arguments,
+        "breakers": breakers,
+        "fallback_on_permanent": fallback_on_permanent,
+        **turn_options,
+    }
+    loop = _Loop(
+        agent=agent,
+        stream=stream,
+        providers=providers,
+        tools=found,
+        template=template,
+        turn_options=options,
+        max_steps=max_steps,
+        approvals=approvals,
+        decisions=decisions or {},
+        budget=budget,
+        buffered=delivery == "buffered",
+        validator=validator,
+        max_candidates=max_candidates,
+        tool_arguments=tool_arguments,
+        tool_results=tool_results,
+        thread_limiter=thread_limiter,
+    )
+    try:
+        with agent._cancel_scope:
+            await stream.emit([builder.started(providers[0].label, providers[0].model)])
+            task_status.started(agent)
+            try:
+                await loop.run()
+            except Exception as exc:  # a sink's or a tool runner's own failure: not a cancel
+                loop.end("error", "internal_error", exc)
+                raise
+    finally:
+        last = loop.turns[-1] if loop.turns else None
+        agent._result = AgentResult(
+            status=loop.status,
+            code=loop.code,
+            text=loop.text,
+            message=loop.message,
+            steps=loop.steps,
+            turns=loop.turns,
+            tool_outputs=loop.outputs,
+            pending=list(conv.pending),
+            conversation=conv,
+            provider=last.provider if last is not None else None,
+            error=loop.error,
+        )
+        agent._done.set()
+        try:
+            attempts = sum(t.attempts for t in loop.turns)
+            requests = sum(t.requests for t in loop.turns)
+            await stream.finish(
+                builder.close(loop.status, loop.code, attempts=attempts, requests=requests),
+                cancelled=loop.status == "cancelled",
+            )
+        finally:
+            if own_client:
+                with trio.CancelScope(shield=True), trio.move_on_after(_GRACE):
+                    await http.aclose()
+    return agent._result
+
+
+@asynccontextmanager
+async def open_agent(
+    request: TurnRequest, provider: Provider | Sequence[Provider], **options: Any
+) -> AsyncIterator[Agent]:
+    """Run an agent for the duration of the block; leaving the block cancels it if it is
+    still running. Takes `run_agent`'s keyword options."""
+    async with trio.open_nursery() as nursery:
+        agent: Agent = await nursery.start(_run_agent_with, request, provider, options)
+        try:
+            yield agent
+        finally:
+            if not agent.done:
+                agent.cancel()
+
+
+async def _run_agent_with(
+    request: TurnRequest,
+    provider: Provider | Sequence[Provider],
+    options: dict[str, Any],
+    task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    await run_agent(request, provider, task_status=task_status, **options)
