@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -38,6 +40,16 @@ def in_trio() -> bool:
     except RuntimeError:
         return False
     return True
+
+
+def _host_uses_wakeup_fd() -> bool:
+    """Whether the host already set `signal.set_wakeup_fd` (asyncio does, once a signal
+    handler is added with `loop.add_signal_handler`): then trio must leave it alone."""
+    if threading.current_thread() is not threading.main_thread():
+        return False  # only the main thread has one
+    fd = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(fd)
+    return fd != -1
 
 
 def guest_run() -> GuestRun:
@@ -74,7 +86,7 @@ class GuestRun:
                 run_sync_soon_threadsafe=self.loop.call_soon_threadsafe,
                 run_sync_soon_not_threadsafe=self.loop.call_soon,
                 done_callback=self._done,
-                host_uses_signal_set_wakeup_fd=False,
+                host_uses_signal_set_wakeup_fd=_host_uses_wakeup_fd(),
             )
             self._keeper = self.loop.create_task(self._keep(), name="rillet trio guest run")
         await asyncio.shield(self._ready)

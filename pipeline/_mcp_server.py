@@ -86,7 +86,9 @@ def turn_server(
     as structured content the run's id, outcome, safe error code and attempts. A turn that
     fails answers `isError` with its safe code, never exception text. `options` are
     `run_turn`'s (`policy`, `limiter`, `reasoning`...)."""
-    server: MCPServer = MCPServer(name)
+    # the SDK configures the root logger when none is (basicConfig): at WARNING, so a stdio
+    # server's stderr does not carry a line per provider request
+    server: MCPServer = MCPServer(name, log_level="WARNING")
 
     async def run_turn_tool(
         prompt: str,

@@ -206,16 +206,42 @@ def test_an_asyncio_timeout_cancels_the_turn() -> None:
 
 
 def test_a_turn_left_running_is_cancelled_when_the_loop_stops() -> None:
-    async def main(loop_provider: LoopbackThread) -> TurnStream[Any]:
+    async def main(loop_provider: LoopbackThread) -> GuestRun:
         stream = stream_turn(REQUEST, provider(loop_provider.url))
         await anext(stream)
         await asyncio.to_thread(loop_provider.wait_for_requests, 1)
-        return stream  # never closed: asyncio.run's shutdown stops the trio run
+        assert not guest_run().finished
+        return guest_run()  # the stream is never closed: asyncio.run's shutdown stops it
 
     with LoopbackThread([STALLED]) as loop_provider:
-        asyncio.run(main(loop_provider))
-        loop_provider.wait_connections_closed()
-    assert threading.active_count() < 10  # no thread per turn left behind
+        run = asyncio.run(main(loop_provider))
+        assert run.finished
+        assert loop_provider.open_connections() == 0
+
+
+def test_a_host_that_set_a_wakeup_fd_keeps_it() -> None:
+    import signal
+    import socket
+
+    async def main() -> int:
+        assert await run_in_trio(_checkpoint) is None
+        return signal.set_wakeup_fd(-1)
+
+    left, right = socket.socketpair()
+    left.setblocking(False)
+    try:
+        signal.set_wakeup_fd(left.fileno())
+        assert asyncio.run(main()) == left.fileno()  # trio did not take it over
+    finally:
+        signal.set_wakeup_fd(-1)
+        left.close()
+        right.close()
+
+
+async def _checkpoint() -> None:
+    import trio
+
+    await trio.lowlevel.checkpoint()
 
 
 def test_a_failed_turn_ends_the_stream_and_reports_its_error() -> None:
