@@ -101,6 +101,8 @@ class GuestRun:
 
     def _done(self, result: outcome.Outcome[None]) -> None:
         self._nursery = None
+        if _RUNS.get(self.loop) is self:
+            del _RUNS[self.loop]  # the run holds its loop: let both go
         assert self._ended is not None
         assert self._ready is not None
         error = result.error if isinstance(result, outcome.Error) else None

@@ -138,6 +138,8 @@ class TurnStream(Generic[E]):
 
     def _start(self) -> asyncio.Task[TurnResult]:
         if self._task is None:
+            if self._closed:
+                raise RuntimeError("the stream was closed before its turn started")
             self._guest = guest_run()
             self._task = asyncio.get_running_loop().create_task(self._guest.call(self._main))
             self._task.add_done_callback(lambda _: self._wake())
@@ -147,6 +149,8 @@ class TurnStream(Generic[E]):
         return self
 
     async def __anext__(self) -> E:
+        if self._closed and self._task is None:
+            raise StopAsyncIteration
         task = self._start()
         while not self._items:
             if self._ended or task.done() or self._closed:

@@ -224,7 +224,7 @@ def test_a_host_that_set_a_wakeup_fd_keeps_it() -> None:
     import socket
 
     async def main() -> int:
-        assert await run_in_trio(_checkpoint) is None
+        assert await run_in_trio(_trio_time) > 0  # the trio run is up
         return signal.set_wakeup_fd(-1)
 
     left, right = socket.socketpair()
@@ -238,10 +238,11 @@ def test_a_host_that_set_a_wakeup_fd_keeps_it() -> None:
         right.close()
 
 
-async def _checkpoint() -> None:
+async def _trio_time() -> float:
     import trio
 
     await trio.lowlevel.checkpoint()
+    return trio.current_time()
 
 
 def test_a_failed_turn_ends_the_stream_and_reports_its_error() -> None:
@@ -296,6 +297,19 @@ def test_run_in_trio_runs_a_trio_function_and_passes_its_errors() -> None:
         return await run_in_trio(trio_side, 21)
 
     assert asyncio.run(main()) == 42
+
+
+def test_a_stream_closed_before_it_started_runs_no_turn() -> None:
+    async def main(url: str) -> list[Any]:
+        stream = stream_turn(REQUEST, provider(url))
+        await stream.aclose()
+        with pytest.raises(RuntimeError, match="closed"):
+            await stream.result()
+        return [item async for item in stream]
+
+    with LoopbackThread([OK]) as loop_provider:
+        assert asyncio.run(main(loop_provider.url)) == []
+    assert loop_provider.requests == []
 
 
 def test_stream_turn_checks_its_arguments() -> None:
