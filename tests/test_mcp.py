@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import subprocess
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -391,3 +392,28 @@ async def _initialize(http: httpx.AsyncClient, endpoint: str) -> dict[str, str]:
     done = {"jsonrpc": "2.0", "method": "notifications/initialized"}
     assert (await http.post(endpoint, json=done, headers=headers)).status_code == 202
     return headers
+
+
+# --- the optional module ----------------------------------------------------------------------
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=WAIT
+    )
+
+
+def test_rillet_alone_imports_neither_adapter_nor_the_sdk() -> None:
+    done = _python(
+        "import sys, rillet, rillet.providers, rillet.transports\n"
+        "print(sorted(m for m in ('rillet.mcp', 'rillet.asyncio', 'mcp', 'starlette')"
+        " if m in sys.modules))"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_without_the_sdk_rillet_mcp_names_the_extra() -> None:
+    done = _python("import sys; sys.modules['mcp'] = None; import rillet.mcp")
+    assert done.returncode != 0
+    assert "pip install 'rillet[mcp]'" in done.stderr
