@@ -362,6 +362,7 @@ def test_http_a_dropped_connection_does_not_cancel_the_turn() -> None:
                     if line.startswith("data:"):
                         got.append(json.loads(line[5:])["method"])
                         break  # one progress notification, then the client goes away
+            assert not any(isinstance(e, RunDone) for e in seen)  # the turn was still running
             await until(lambda: seen and isinstance(seen[-1], RunDone))
         return got, seen
 
