@@ -1,0 +1,45 @@
+"""rillet as an MCP server, and the client side of its run events.
+
+`turn_server(provider)` is an MCP server (the `mcp` SDK's `MCPServer`) whose tool runs a turn,
+with standard progress notifications and, opted into per request, the run events themselves in
+their `_meta`; `RunEventDispatcher` puts those back in order on the client. `python -m
+rillet.mcp --provider KIND` serves it over stdio.
+
+Needs the `mcp` extra (`pip install 'rillet[mcp]'`).
+"""
+
+from ._public import fixup_module_metadata as _fixup_module_metadata
+
+try:
+    import mcp as _mcp  # noqa: F401
+except ImportError as exc:  # pragma: no cover - the extra is installed wherever tests run
+    raise ImportError(
+        "rillet.mcp needs the mcp extra: pip install 'rillet[mcp]'", name=exc.name
+    ) from exc
+
+from ._mcp_client import RunEventDispatcher as RunEventDispatcher
+from ._mcp_client import RunEventGap as RunEventGap
+from ._mcp_client import RunEvents as RunEvents
+from ._mcp_server import CORRELATION_ID_KEY as CORRELATION_ID_KEY
+from ._mcp_server import LAST_SEQ_KEY as LAST_SEQ_KEY
+from ._mcp_server import RUN_EVENT_KEY as RUN_EVENT_KEY
+from ._mcp_server import RUN_EVENTS_KEY as RUN_EVENTS_KEY
+from ._mcp_server import main as main
+from ._mcp_server import turn_server as turn_server
+
+__all__ = [
+    "CORRELATION_ID_KEY",
+    "LAST_SEQ_KEY",
+    "RUN_EVENTS_KEY",
+    "RUN_EVENT_KEY",
+    "RunEventDispatcher",
+    "RunEventGap",
+    "RunEvents",
+    "main",
+    "turn_server",
+]
+
+_fixup_module_metadata(__name__, globals())
+
+if __name__ == "__main__":
+    main()
