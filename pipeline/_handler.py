@@ -146,6 +146,7 @@ class Handler:
     client: httpx.AsyncClient
     policy: Policy
     limiter: RateLimiter
+    stream: bool = True  # False: one non-streaming request (the rescue's) and nothing else
     started: trio.Event = attrs.field(factory=trio.Event)  # set once the first request is sent
     attempts: int = 0
     requests: int = 0
@@ -170,6 +171,8 @@ class Handler:
         policy = self.policy
         self._start = trio.current_time()
         self._total_deadline = self._start + policy.total_timeout
+        if not self.stream:
+            return await self._whole(out)
         while True:
             waited = await self._take_token()
             self.attempts += 1
@@ -436,10 +439,23 @@ class Handler:
 
     # --- the rescue -------------------------------------------------------------------------------
 
-    async def _rescue(self, out: Outlet, stream_outcome: Outcome) -> Outcome:
+    async def _whole(self, out: Outlet) -> Outcome:
+        """A turn asked not to stream: the rescue's one non-streaming request is its only
+        attempt, and its error (if any) is the turn's."""
+        await self._rescue(out, Outcome.INIT_FAILED, announce=False)
+        error, self.rescue_error = self.rescue_error, None
+        if error is None:
+            return Outcome.COMPLETED
+        self.error = error
+        return Outcome.RATE_LIMITED if isinstance(error, RateLimitError) else Outcome.INIT_FAILED
+
+    async def _rescue(
+        self, out: Outlet, stream_outcome: Outcome, *, announce: bool = True
+    ) -> Outcome:
         """One non-streaming request; its reply goes downstream as ordinary groups and a stop."""
         policy = self.policy
-        await self._put(out, [Status("rescuing", self.attempts + 1)])
+        if announce:
+            await self._put(out, [Status("rescuing", self.attempts + 1)])
         await self._take_token()
         start = trio.current_time()
         if start >= self._total_deadline:

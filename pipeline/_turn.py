@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import secrets
 import ssl
+import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Generic, Protocol, TypeVar
@@ -33,7 +34,7 @@ import trio
 
 from ._accumulator import Accumulator
 from ._errors import FallbackFailed, NoHistoryError
-from ._events import UniEvent, UniMessage
+from ._events import TextDelta, ThinkingDelta, UniEvent, UniMessage
 from ._handler import AttemptReset, Batch, Handler, Status
 from ._policy import Outcome, Policy
 from ._ratelimit import RateLimiter, shared_limiter
@@ -202,7 +203,8 @@ class TurnResult:
         time_to_first_event: seconds from the start to the first lane event, if one came.
         total_time: seconds from the start to the end.
         error: the error that ended the turn (a `FallbackFailed` when the rescue failed too).
-        partial: whether any attempt delivered events.
+        partial: whether the answer is incomplete: events were delivered, but the turn did
+            not bring a reply home (what `text` holds is a fragment).
         retry_after: the server-directed wait that ended a RateLimited turn.
     """
 
@@ -280,19 +282,36 @@ async def run_turn(
     reasoning: bool = False,
     tool_arguments: bool = False,
     history: bool = True,
+    stream: bool = True,
+    on_text: Callable[[str], object] | None = None,
+    on_thinking: Callable[[str], object] | None = None,
+    on_reset: Callable[[int], object] | None = None,
     task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
 ) -> TurnResult:
     """Run one turn to its end and return its result.
 
     Use `turn = await nursery.start(run_turn, request, provider)` to get the `Turn` handle as
     soon as its actors are running, then iterate `turn.uni_events()` / `turn.run_events()` or
-    await `turn.result()`. With no policy the default `Policy()` applies (deadlines, retries,
-    rescue). Without a client, the turn makes its own and closes it. `reasoning` and
+    await `turn.result()`. `nursery.start` passes no keywords: bind them first,
+    `nursery.start(functools.partial(run_turn, sinks=[...]), request, provider)`, or use
+    `open_turn`, which takes them. With no policy the default `Policy()` applies (deadlines,
+    retries, rescue). Without a client, the turn makes its own and closes it. `reasoning` and
     `tool_arguments` opt the public stream into reasoning text and tool arguments.
     `history=False` keeps no replay history (`uni_events()` / `run_events()` then raise
     `NoHistoryError`; sinks see everything): a turn then holds only what its sinks have not
     taken yet, for servers running many turns whose events go out through sinks.
+    `stream=False` sends one non-streaming request (the rescue's) instead of a stream.
+
+    The simplest use needs no iterator: `on_text` is called with each fragment of the answer
+    and `on_thinking` with each fragment of the reasoning, in order, each exactly once, on the
+    turn's task (keep them quick). A retry after a stream broke mid-answer voids what came
+    before: `on_reset(attempt)` is called first, and the fragments after it start the answer
+    over (a display clears what it showed; a buffer empties). Without a retry it is never
+    called. Raises `RuntimeError` naming trio when awaited from asyncio.
     """
+    _require_trio("run_turn")
+    if on_text is not None or on_thinking is not None or on_reset is not None:
+        sinks = [*sinks, _FragmentSink(on_text, on_thinking, on_reset)]
     policy = policy or Policy()
     own_client = client is None
     http = client or httpx.AsyncClient(
@@ -303,7 +322,7 @@ async def run_turn(
         turn.run_id, trio.current_time, reasoning=reasoning, tool_arguments=tool_arguments
     )
     accumulator = Accumulator()
-    handler = Handler(request, provider, http, policy, limiter or shared_limiter())
+    handler = Handler(request, provider, http, policy, limiter or shared_limiter(), stream=stream)
     start = trio.current_time()
     outcome = Outcome.CANCELLED
     routes: list[_Route] = []
@@ -358,7 +377,7 @@ async def run_turn(
             time_to_first_event=handler.first_event_at,
             total_time=trio.current_time() - start,
             error=error,
-            partial=handler.emitted_attempt,
+            partial=handler.emitted_attempt and not outcome.succeeded,
             retry_after=handler.retry_after if outcome is Outcome.RATE_LIMITED else None,
         )
         turn._done.set()
@@ -372,6 +391,69 @@ async def run_turn(
                 with trio.CancelScope(shield=True), trio.move_on_after(_SINK_GRACE):
                     await http.aclose()
     return turn._result
+
+
+def _require_trio(name: str) -> None:
+    """Refuse, in words, to run anywhere but trio: awaited from asyncio, trio's own error
+    ("must be called from async context") would not say what is wrong."""
+    try:
+        trio.lowlevel.current_trio_token()
+    except RuntimeError:
+        pass
+    else:
+        return
+    library = "no async library"
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is not None:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            library = "asyncio"
+    raise RuntimeError(
+        f"rillet runs on trio, but {name} was called from {library}: run it inside "
+        "trio.run(main) (from an asyncio program, in a thread that calls trio.run, or through "
+        'trio-asyncio); see the README, "Embedding it"'
+    )
+
+
+@attrs.define(eq=False)
+class _FragmentSink:
+    """`run_turn`'s `on_text` / `on_thinking` / `on_reset`: called on the turn's task with each
+    fragment as it is decoded, and with each reset before the fragments that follow it."""
+
+    on_text: Callable[[str], object] | None
+    on_thinking: Callable[[str], object] | None
+    on_reset: Callable[[int], object] | None
+
+    def deliver_nowait(self, batch: SinkBatch) -> bool:
+        """Call the callbacks, in order."""
+        on_text, on_thinking = self.on_text, self.on_thinking
+        for item in batch.uni:
+            if type(item) is AttemptReset:
+                if self.on_reset is not None:
+                    self.on_reset(item.attempt)
+                continue
+            assert isinstance(item, UniEvent)
+            for content in item.content_items:
+                kind = type(content)
+                if kind is TextDelta and on_text is not None:
+                    text = content.text  # type: ignore[union-attr]
+                    if text:
+                        on_text(text)
+                elif kind is ThinkingDelta and on_thinking is not None:
+                    thinking = content.thinking  # type: ignore[union-attr]
+                    if thinking:
+                        on_thinking(thinking)
+        return True
+
+    async def deliver(self, batch: SinkBatch) -> None:
+        """Call the callbacks, in order."""
+        self.deliver_nowait(batch)
+
+    async def close(self) -> None:
+        """Nothing to release."""
 
 
 @functools.cache
@@ -420,6 +502,7 @@ async def open_turn(
 ) -> AsyncIterator[Turn]:
     """Run a turn for the duration of the block; leaving the block cancels it if it is still
     running. Takes `run_turn`'s keyword options."""
+    _require_trio("open_turn")
     async with trio.open_nursery() as nursery:
         turn: Turn = await nursery.start(_run_turn_with, request, provider, options)
         try:
