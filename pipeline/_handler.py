@@ -146,7 +146,7 @@ class Handler:
     client: httpx.AsyncClient
     policy: Policy
     limiter: RateLimiter
-    stream: bool = True  # False: one non-streaming request (the rescue's) and nothing else
+    stream: bool = True  # False: non-streaming requests (the rescue's) instead of a stream
     started: trio.Event = attrs.field(factory=trio.Event)  # set once the first request is sent
     attempts: int = 0
     requests: int = 0
@@ -440,14 +440,24 @@ class Handler:
     # --- the rescue -------------------------------------------------------------------------------
 
     async def _whole(self, out: Outlet) -> Outcome:
-        """A turn asked not to stream: the rescue's one non-streaming request is its only
-        attempt, and its error (if any) is the turn's."""
-        await self._rescue(out, Outcome.INIT_FAILED, announce=False)
-        error, self.rescue_error = self.rescue_error, None
-        if error is None:
-            return Outcome.COMPLETED
-        self.error = error
-        return Outcome.RATE_LIMITED if isinstance(error, RateLimitError) else Outcome.INIT_FAILED
+        """A turn asked not to stream: the rescue's non-streaming request, on the same ladders
+        as a stream (transport retries with backoff, rate-limit waits, permanent errors once);
+        a request that times out counts as a stall."""
+        while True:
+            await self._rescue(out, Outcome.INIT_FAILED, announce=False)
+            error, self.rescue_error = self.rescue_error, None
+            if error is None:
+                return Outcome.COMPLETED
+            self.error = error
+            if isinstance(error, TurnTimeout):
+                failure = _Failure(Shape.STALL, error)
+            elif isinstance(error, RilletError):
+                failure = self._failure_of(error, 0)
+            else:  # pragma: no cover - the rescue records only rillet's errors
+                raise error
+            hopeless = await self._next(failure, out)
+            if hopeless is not None:
+                return hopeless
 
     async def _rescue(
         self, out: Outlet, stream_outcome: Outcome, *, announce: bool = True

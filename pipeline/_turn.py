@@ -300,7 +300,8 @@ async def run_turn(
     `history=False` keeps no replay history (`uni_events()` / `run_events()` then raise
     `NoHistoryError`; sinks see everything): a turn then holds only what its sinks have not
     taken yet, for servers running many turns whose events go out through sinks.
-    `stream=False` sends one non-streaming request (the rescue's) instead of a stream.
+    `stream=False` sends non-streaming requests (the rescue's) instead of a stream, retried
+    as a stream would be.
 
     The simplest use needs no iterator: `on_text` is called with each fragment of the answer
     and `on_thinking` with each fragment of the reasoning, in order, each exactly once, on the

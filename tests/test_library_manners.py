@@ -31,6 +31,7 @@ from rillet.transports.testing import (
     Reply,
     fixture_reply,
     open_loopback_provider,
+    openai_text_body,
     openai_text_stream,
     split,
 )
@@ -203,3 +204,30 @@ async def test_the_readme_example_runs_as_written_and_prints_the_text() -> None:
     assert lines[1].startswith("Completed UsageMetadata(")
     assert "Why is the sky blue?" in json.dumps(sent["messages"])
     assert "TextDelta(" not in done.stdout.decode()  # the text, not the event objects
+
+
+async def test_stream_false_sends_non_streaming_requests_on_the_retry_ladder() -> None:
+    boom = b'{"error": {"message": "try again", "type": "server_error"}}'
+    script = [
+        Reply(status=500, chunks=(boom,), content_type="application/json"),
+        Reply(chunks=(openai_text_body(TEXT),), content_type="application/json"),
+    ]
+    async with open_loopback_provider(script) as provider:
+        result = await run_turn(REQUEST, _chat(provider.url), policy=NO_WAIT, stream=False)
+        bodies = [json.loads(r.body) for r in provider.requests]
+    assert result.outcome is Outcome.COMPLETED
+    assert result.text == TEXT
+    assert result.attempts == 2
+    assert [b["stream"] for b in bodies] == [False, False]
+
+
+async def test_stream_false_tries_a_permanent_error_once() -> None:
+    refusal = b'{"error": {"message": "no", "type": "invalid_request_error"}}'
+    script = [Reply(status=400, chunks=(refusal,), content_type="application/json")] * 2
+    async with open_loopback_provider(script) as provider:
+        result = await run_turn(REQUEST, _chat(provider.url), policy=NO_WAIT, stream=False)
+        sent = len(provider.requests)
+    assert result.outcome is Outcome.INIT_FAILED
+    assert sent == 1
+    assert result.attempts == 1
+    assert not result.partial
