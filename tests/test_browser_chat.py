@@ -12,7 +12,7 @@ import httpx
 import msgspec
 import pytest
 import trio
-from rillet.transports.testing import Reply, openai_text_stream
+from rillet.transports.testing import Reply, openai_text_stream, sse
 
 from .test_browser import Browser, _chromium, paced, save
 from .test_server import serving
@@ -389,3 +389,79 @@ async def test_the_page_has_an_icon() -> None:
     assert icon.content.startswith(b"<svg")
     assert b'rel="icon" href="/favicon.ico"' in page.content
     assert isinstance(served.client, httpx.AsyncClient)
+
+
+def _chat_frames(deltas: list[dict[str, Any]], finish: str) -> tuple[bytes, ...]:
+    """An OpenAI Chat stream of these deltas, one SSE frame per chunk."""
+    head = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    frames = [{**head, "choices": [{"index": 0, "delta": {"role": "assistant"}}]}]
+    frames += [{**head, "choices": [{"index": 0, "delta": d}]} for d in deltas]
+    frames.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+    usage = {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}
+    frames.append({**head, "choices": [], "usage": usage})
+    return (*(sse(frame) for frame in frames), sse("[DONE]"))
+
+
+async def test_reasoning_shows_while_it_streams_and_folds_when_the_answer_starts(
+    chromium: Browser,
+) -> None:
+    thoughts = ["Let me ", "think about ", "this ", "carefully."]
+    words = ["The ", "answer ", "is 42."]
+    deltas = [{"reasoning_content": t} for t in thoughts] + [{"content": w} for w in words]
+    reply = Reply(chunks=_chat_frames(deltas, "stop"), chunk_delay=0.15)
+
+    def steps(page: Page) -> dict[str, Any]:
+        page.locator("#prompt").fill("Think first")
+        page.locator("#start").click()
+        page.wait_for_function("() => document.getElementById('reasoning').textContent.length > 0")
+        page.wait_for_timeout(50)
+        during = page.evaluate(
+            "() => ({open: document.getElementById('reasoning-pane').open,"
+            " visible: !document.getElementById('reasoning-pane').hidden,"
+            " answer: document.getElementById('answer').textContent})"
+        )
+        save(page, "chat-reasoning.png")
+        _ended(page)
+        page.wait_for_timeout(100)
+        return {
+            "during": during,
+            "open_after": page.evaluate("document.getElementById('reasoning-pane').open"),
+            "reasoning": page.locator("#reasoning").text_content(),
+            "answer": page.locator("#answer").text_content(),
+        }
+
+    with trio.fail_after(40):
+        async with serving([reply], reasoning=True) as served:
+            seen = await chromium.run(_in_browser(served.url, steps))
+    assert seen["errors"] == []
+    assert seen["during"] == {"open": True, "visible": True, "answer": ""}
+    assert seen["open_after"] is False
+    assert seen["reasoning"] == "".join(thoughts)
+    assert seen["answer"] == "".join(words)
+
+
+async def test_tool_calls_show_their_arguments_when_the_server_opts_in(chromium: Browser) -> None:
+    call = {"index": 0, "id": "call_1", "type": "function"}
+    deltas = [
+        {"tool_calls": [{**call, "function": {"name": "get_weather", "arguments": ""}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]},
+    ]
+    reply = Reply(chunks=_chat_frames(deltas, "tool_calls"))
+
+    def steps(page: Page) -> dict[str, Any]:
+        page.locator("#prompt").fill("Weather?")
+        page.locator("#start").click()
+        _ended(page)
+        return {
+            "tools": page.locator("#tools li").all_text_contents(),
+            "arguments": page.locator("#tools li pre").all_text_contents(),
+        }
+
+    with trio.fail_after(40):
+        async with serving([reply], tool_arguments=True) as served:
+            seen = await chromium.run(_in_browser(served.url, steps))
+    assert seen["errors"] == []
+    assert len(seen["tools"]) == 1
+    assert seen["tools"][0].startswith("get_weather ✓")
+    assert [msgspec.json.decode(a) for a in seen["arguments"]] == [{"city": "Paris"}]
