@@ -466,3 +466,25 @@ async def test_demo_keeps_the_page_up_until_ctrl_c() -> None:
     assert proc.returncode == 0
     assert b"stopped" in rest
     assert b"Traceback" not in err + rest
+
+
+async def test_serve_logs_as_json_at_the_level_asked() -> None:
+    cmd = [sys.executable, "-m", "rillet", "serve", "--port", "0", "--log-format", "json"]
+    cmd += ["--log-level", "info", "--provider", "http://127.0.0.1:9/v1", "--model", "m"]
+    proc = _spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        err = await _read_until(proc.stderr, b"rillet serving", limit=30)
+        proc.send_signal(signal.SIGINT)
+        _, rest = await trio.to_thread.run_sync(proc.communicate)
+    finally:
+        proc.kill()
+        proc.wait()
+    lines = (err + rest).decode().splitlines()
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    serving = [r for r in records if r["message"].startswith("serving on http://127.0.0.1:")]
+    assert len(serving) == 1
+    assert serving[0]["level"] == "info"
+    assert serving[0]["logger"].startswith("rillet.")
+    assert any(line.startswith("rillet serving http://127.0.0.1:") for line in lines)
+    assert proc.returncode == 130
+    assert "Traceback" not in (err + rest).decode()
