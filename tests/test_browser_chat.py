@@ -465,3 +465,52 @@ async def test_tool_calls_show_their_arguments_when_the_server_opts_in(chromium:
     assert len(seen["tools"]) == 1
     assert seen["tools"][0].startswith("get_weather ✓")
     assert [msgspec.json.decode(a) for a in seen["arguments"]] == [{"city": "Paris"}]
+
+
+async def test_a_reload_after_the_answer_keeps_the_conversation(chromium: Browser) -> None:
+    def steps(page: Page) -> dict[str, Any]:
+        page.locator("#prompt").fill("Say hi")
+        page.locator("#prompt").press("Enter")
+        _ended(page)
+        page.reload()
+        page.wait_for_function("() => document.querySelectorAll('#history .answer').length")
+        page.wait_for_timeout(200)
+        return {
+            "asked": page.locator("#history .asked").all_text_contents(),
+            "answers": page.locator("#history .answer").all_text_contents(),
+            "run_hidden": page.evaluate("document.getElementById('run').hidden"),
+        }
+
+    with trio.fail_after(40):
+        async with serving([paced(["Hi ", "there."])]) as served:
+            seen = await chromium.run(_in_browser(served.url, steps))
+            runs = len(served.loopback.requests)
+    assert seen["errors"] == []
+    assert seen["asked"] == ["Say hi"]
+    assert seen["answers"] == ["Hi there."]
+    assert seen["run_hidden"] is True
+    assert runs == 1
+
+
+async def test_stop_ends_the_run_as_stopped_with_a_retry(chromium: Browser) -> None:
+    def steps(page: Page) -> dict[str, Any]:
+        page.locator("#prompt").fill("Go on and on")
+        page.locator("#start").click()
+        page.wait_for_function("() => document.getElementById('answer').textContent.length > 10")
+        page.locator("#stop").click()
+        _ended(page)
+        return {
+            "outcome": page.locator("#outcome").text_content(),
+            "sentence": page.locator("#failure-text").text_content(),
+            "retry": page.locator("#retry").is_visible(),
+            "pill": page.locator("#conn").text_content(),
+        }
+
+    with trio.fail_after(40):
+        async with serving([paced(LONG, chunk_delay=0.1)]) as served:
+            seen = await chromium.run(_in_browser(served.url, steps))
+    assert seen["errors"] == []
+    assert seen["outcome"].startswith("stopped")
+    assert seen["sentence"] == "Stopped before the answer was complete."
+    assert seen["retry"]
+    assert seen["pill"] == "stopped"
