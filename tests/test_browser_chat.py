@@ -514,3 +514,42 @@ async def test_stop_ends_the_run_as_stopped_with_a_retry(chromium: Browser) -> N
     assert seen["sentence"] == "Stopped before the answer was complete."
     assert seen["retry"]
     assert seen["pill"] == "stopped"
+
+
+async def test_copy_and_regenerate(chromium: Browser) -> None:
+    def steps(page: Page) -> dict[str, Any]:
+        page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+        page.locator("#prompt").fill("Code please")
+        page.locator("#prompt").press("Enter")
+        _ended(page)
+        page.locator("#answer pre button.copy").click()
+        page.wait_for_function(
+            "() => document.querySelector('#answer pre button.copy').textContent === 'copied'"
+        )
+        code = page.evaluate("navigator.clipboard.readText()")
+        page.locator("#copy").click()
+        page.wait_for_function("() => document.getElementById('copy').textContent === 'copied'")
+        whole = page.evaluate("navigator.clipboard.readText()")
+        page.locator("#regenerate").click()
+        page.wait_for_function(
+            "() => document.getElementById('answer').textContent === 'Another take.'"
+            " && document.getElementById('outcome').textContent !== ''"
+        )
+        return {
+            "code": code,
+            "whole": whole,
+            "history": page.locator("#history .exchange").count(),
+            "asked": page.locator("#asked").text_content(),
+        }
+
+    first = ["Here:\n\n", "```sh\nmake demo\n```\n"]
+    with trio.fail_after(40):
+        async with serving([paced(first), paced(["Another ", "take."])]) as served:
+            seen = await chromium.run(_in_browser(served.url, steps))
+            asked = [_sent(served, i)["messages"] for i in (0, 1)]
+    assert seen["errors"] == []
+    assert seen["code"] == "make demo\n"
+    assert seen["whole"] == "".join(first)
+    assert seen["history"] == 0  # regenerated in place, not added to the conversation
+    assert seen["asked"] == "Code please"
+    assert asked[0] == asked[1]  # the same prompt with the same history
