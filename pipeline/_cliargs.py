@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import textwrap
 from pathlib import Path
 
 from ._clilog import LOG_FORMATS, LOG_LEVELS, configure_logging
@@ -16,6 +17,13 @@ from ._policy import Policy
 __all__ = ["build_parser", "configure_from", "policy_from"]
 
 _THINKING = ("none", "low", "medium", "high", "xhigh", "max")
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Help text wrapped at spaces only: a model id (`claude-sonnet-4-5`) stays whole."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
 def _version() -> str:
@@ -28,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The `rillet` parser and its subcommands."""
     parser = argparse.ArgumentParser(
         prog="rillet",
+        formatter_class=_Formatter,
         description="Stream LLM responses from many providers through one checked pipeline.",
         epilog="Exit codes: 0 completed, 1 error (one line on stderr says why), 2 usage error, "
         "130 cancelled (Ctrl-C), 141 stdout closed.",
@@ -42,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks"
     )
 
-    run = sub.add_parser("run", help="stream one answer to stdout", parents=[common])
+    run = _command(sub, "run", help="stream one answer to stdout", parents=[common])
     run.add_argument("prompt", help='the question ("-" reads it from stdin)')
     _provider_options(run)
     run.add_argument("--system", help="system prompt (default: none)")
@@ -70,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     _policy_options(run)
     _log_options(run)
 
-    replay = sub.add_parser(
-        "replay", help="play a recorded wire file through the pipeline", parents=[common]
+    replay = _command(
+        sub, "replay", help="play a recorded wire file through the pipeline", parents=[common]
     )
     replay.add_argument("file", type=Path)
     replay.add_argument(
@@ -87,10 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--output", choices=("text", "jsonl", "uni-jsonl"), default="text", help="default: text"
     )
 
-    sub.add_parser("providers", help="what is configured (keys masked)", parents=[common])
+    _command(sub, "providers", help="what is configured (keys masked)", parents=[common])
 
-    serve = sub.add_parser(
-        "serve", help="the HTTP/SSE/WebSocket server and its live page", parents=[common]
+    serve = _command(
+        sub, "serve", help="the HTTP/SSE/WebSocket server and its live page", parents=[common]
     )
     _provider_options(serve)
     serve.add_argument(
@@ -117,8 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _log_options(serve)
 
-    demo = sub.add_parser(
-        "demo", help="everything, against an embedded recorded provider", parents=[common]
+    demo = _command(
+        sub, "demo", help="everything, against an embedded recorded provider", parents=[common]
     )
     demo.add_argument(
         "--keep-serving",
@@ -128,9 +137,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=0, help="the page's port (default 0: any)")
     demo.add_argument("--fast", action="store_true", help="no pacing (for tests)")
 
-    bench = sub.add_parser("bench", help="run the benchmarks (python -m bench)", parents=[common])
+    bench = _command(sub, "bench", help="run the benchmarks (python -m bench)", parents=[common])
     bench.add_argument("args", nargs=argparse.REMAINDER)
     return parser
+
+
+def _command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, **options: object
+) -> argparse.ArgumentParser:
+    """A subcommand's parser, wrapping its help as the main one does."""
+    return sub.add_parser(name, formatter_class=_Formatter, **options)  # type: ignore[arg-type]
 
 
 def _default_models() -> str:
