@@ -15,13 +15,16 @@ from urllib.parse import urlsplit
 from ._errors import (
     AuthenticationError,
     ConfigurationError,
+    EmptyResponseError,
     FallbackFailed,
     FrameError,
+    IncompleteStreamError,
     InvalidRequestError,
     OverloadedError,
     ProviderError,
     RateLimitError,
     StreamError,
+    ToolCallArgumentParseError,
     TransportError,
     TurnTimeout,
 )
@@ -121,6 +124,17 @@ def _explain_one(
         )
     if isinstance(error, ProviderError):
         return _provider_error(error, provider, after, key_hint)
+    if isinstance(error, IncompleteStreamError):
+        words = {"finish_reason": "its finish reason", "usage_metadata": "its usage"}
+        missing = " and ".join(words.get(m, m) for m in error.missing) or "its end"
+        return f"the provider's stream ended early, without {missing}{tries}"
+    if isinstance(error, EmptyResponseError):
+        return "the model finished without an answer (nothing but reasoning) — ask again"
+    if isinstance(error, ToolCallArgumentParseError):
+        return (
+            f"the model called {error.tool_name} with arguments that are not a JSON object "
+            "— ask again"
+        )
     if isinstance(error, StreamError):
         return f"the provider's stream broke the protocol: {error}{tries}"
     if isinstance(error, FrameError):

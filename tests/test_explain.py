@@ -8,11 +8,13 @@ import pytest
 from rillet import (
     AuthenticationError,
     FallbackFailed,
+    IncompleteStreamError,
     InvalidRequestError,
     Outcome,
     RateLimitError,
     ServerError,
     StreamProtocolError,
+    ToolCallArgumentParseError,
     TransportError,
     TurnTimeout,
 )
@@ -103,6 +105,20 @@ def test_an_invalid_request_points_at_the_options() -> None:
         "the provider refused the request (400): model 'x' does not exist"
         " — check --model and the options"
     )
+
+
+def test_a_stream_that_ended_early_says_what_never_came() -> None:
+    error = IncompleteStreamError("openai-chat", ("finish_reason", "usage_metadata"))
+    line = explain(error, PROVIDER, attempts=4)
+    assert line == (
+        "the provider's stream ended early, without its finish reason and its usage (4 attempts)"
+    )
+
+
+def test_a_bad_tool_call_names_the_tool() -> None:
+    error = ToolCallArgumentParseError("openai-chat", "get_weather", "call_1", '{"a": ', "EOF")
+    line = explain(error, PROVIDER)
+    assert line.startswith("the model called get_weather with arguments that are not a JSON")
 
 
 def test_a_protocol_breach_says_so() -> None:
