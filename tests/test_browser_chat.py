@@ -246,7 +246,7 @@ async def test_two_reloads_mid_run_resume_with_the_text_exactly_once(chromium: B
         }
 
     with trio.fail_after(60):
-        async with serving([paced(LONG, chunk_delay=0.06)]) as served:
+        async with serving([paced(LONG, chunk_delay=0.1)]) as served:
             seen = await chromium.run(_in_browser(served.url, steps))
             runs = len(served.loopback.requests)
     assert seen["errors"] == []
