@@ -483,11 +483,15 @@ class Handler:
                 if response.status_code >= 300:
                     headers = {k.lower(): v for k, v in response.headers.items()}
                     raise self._error_from_response(response.status_code, headers, body)
+                # a server that streams anyway (it ignored `"stream": false`) is read as a stream
+                streamed = self.provider.dialect.framing == "sse" and "text/event-stream" in (
+                    response.headers.get("content-type", "").lower()
+                )
                 decoder = WireDecoder(
                     self.provider.dialect,
                     max_frame=policy.max_frame,
                     provider=self.provider.label,
-                    stream=False,
+                    stream=streamed,
                 )
                 decoder.feed(body, events)
                 decoder.close(events)

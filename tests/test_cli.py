@@ -167,6 +167,14 @@ async def test_no_stream_sends_stream_false_and_prints_the_answer_once() -> None
     assert done.stdout.decode() == "The whole answer.\n"
 
 
+async def test_no_stream_reads_a_server_that_streams_anyway() -> None:
+    script = [Reply(chunks=split(openai_text_stream(FRAGMENTS), 16))]  # SSE despite stream:false
+    async with open_loopback_provider(script) as provider:
+        done = await _run_cli(["run", "hi", "--no-stream"], provider.url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode() == "".join(FRAGMENTS) + "\n"
+
+
 async def test_a_key_from_the_environment_not_sent_is_noted() -> None:
     script = [Reply(chunks=split(openai_text_stream(FRAGMENTS), 16))]
     async with open_loopback_provider(script) as provider:
