@@ -307,10 +307,12 @@ def _guess_dialect(path: Path) -> str:
 def _cmd_providers(_: argparse.Namespace) -> int:
     from .providers._registry import describe_providers
 
+    print(f"{'provider':<18} {'default model':<24} {'base URL':<42} {'key':<8} status")
     for entry in describe_providers():
         ready = "ready" if entry.get("ready") else f"needs {entry.get('missing')}"
         key = entry.get("api_key") or "-"
-        print(f"{entry['kind']:<18} {entry['base_url']:<48} key {key:<8} {ready}")
+        model = entry.get("model") or "-"
+        print(f"{entry['kind']:<18} {model:<24} {entry['base_url']:<42} {key:<8} {ready}")
     return EXIT_OK
 
 

@@ -496,3 +496,17 @@ async def test_serve_logs_as_json_at_the_level_asked() -> None:
     assert any(line.startswith("rillet serving http://127.0.0.1:") for line in lines)
     assert proc.returncode == 130
     assert "Traceback" not in (err + rest).decode()
+
+
+async def test_providers_lists_each_default_model_and_masks_keys() -> None:
+    from rillet.providers._registry import _KINDS
+
+    done = await _rillet("providers", ANTHROPIC_API_KEY="sk-ant-test-0123456789wxyz")
+    assert done.returncode == 0
+    lines = done.stdout.decode().splitlines()
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert lines[0].split()[:3] == ["provider", "default", "model"]
+    for kind, spec in _KINDS.items():
+        assert rows[kind][1] == (spec.model or "-")
+    assert rows["anthropic"][3] == "…wxyz"
+    assert b"0123456789" not in done.stdout
