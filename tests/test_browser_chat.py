@@ -6,6 +6,7 @@ are those of `test_browser.py`; each test saves a screenshot under tests/artifac
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -553,3 +554,21 @@ async def test_copy_and_regenerate(chromium: Browser) -> None:
     assert seen["history"] == 0  # regenerated in place, not added to the conversation
     assert seen["asked"] == "Code please"
     assert asked[0] == asked[1]  # the same prompt with the same history
+
+
+async def test_the_page_is_self_contained_and_its_policy_allows_only_its_own_scripts() -> None:
+    with trio.fail_after(20):
+        async with serving() as served:
+            page = await served.client.get("/")
+    csp = page.headers["content-security-policy"]
+    scripts = re.search(r"script-src ([^;]*)", csp)
+    assert scripts is not None
+    assert len(scripts.group(1).split()) == 3  # marked, DOMPurify, the page: by hash
+    assert all(s.startswith("'sha256-") for s in scripts.group(1).split())
+    assert "unsafe" not in csp
+    assert "http" not in csp
+    body = page.content.decode()
+    assert "vendor/" not in body  # inlined, not fetched
+    assert not re.search(r"<(script|link|img)[^>]+(src|href)=\"https?:", body)
+    assert "marked v18.2.1" in body
+    assert "DOMPurify 3.5.0" in body
