@@ -230,7 +230,11 @@ def _report(result: TurnResult, provider: Provider, *, key_hint: str | None, deb
             )
         return
     if debug and result.error is not None:
+        # an error built from the provider's reply was never raised, so it may have no frames:
+        # its facts (status, the provider's error type...) say the rest
         text = "".join(traceback.format_exception(result.error))
+        facts = {k: v for k, v in vars(result.error).items() if not k.startswith("_")}
+        text += f"{type(result.error).__name__} facts: {facts}\n"
         print(mask_keys(text, provider), end="", file=sys.stderr)
     line = explain(result.error, provider, attempts=result.attempts, key_hint=key_hint)
     print(f"rillet: {line}", file=sys.stderr, flush=True)

@@ -153,6 +153,19 @@ async def test_debug_anywhere_on_the_line_adds_the_traceback(where: str) -> None
     assert err.strip().splitlines()[-1].startswith("rillet: cannot connect to")
 
 
+async def test_debug_shows_a_provider_errors_facts_with_keys_masked() -> None:
+    script = [Reply(status=401, chunks=(BAD_KEY,), content_type="application/json")]
+    async with open_loopback_provider(script) as provider:
+        done = await _run_cli(["run", "hi", "--debug"], provider.url)
+    assert done.returncode == 1
+    err = done.stderr.decode()
+    assert "AuthenticationError facts: {" in err
+    assert "'status': 401" in err
+    assert "'error_type': 'invalid_request_error'" in err
+    assert "sk-abcd" not in err
+    assert err.strip().splitlines()[-1].startswith("rillet: authentication failed (401)")
+
+
 async def test_no_stream_sends_stream_false_and_prints_the_answer_once() -> None:
     script = [
         Reply(chunks=(openai_text_body("The whole answer."),), content_type="application/json")
