@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import secrets
 import ssl
-import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Generic, Protocol, TypeVar
@@ -33,8 +32,9 @@ import httpx
 import trio
 
 from ._accumulator import Accumulator
+from ._callbacks import FragmentSink, require_trio
 from ._errors import FallbackFailed, NoHistoryError
-from ._events import TextDelta, ThinkingDelta, UniEvent, UniMessage
+from ._events import UniEvent, UniMessage
 from ._handler import AttemptReset, Batch, Handler, Status
 from ._policy import Outcome, Policy
 from ._ratelimit import RateLimiter, shared_limiter
@@ -310,9 +310,9 @@ async def run_turn(
     over (a display clears what it showed; a buffer empties). Without a retry it is never
     called. Raises `RuntimeError` naming trio when awaited from asyncio.
     """
-    _require_trio("run_turn")
+    require_trio("run_turn")
     if on_text is not None or on_thinking is not None or on_reset is not None:
-        sinks = [*sinks, _FragmentSink(on_text, on_thinking, on_reset)]
+        sinks = [*sinks, FragmentSink(on_text, on_thinking, on_reset)]
     policy = policy or Policy()
     own_client = client is None
     http = client or httpx.AsyncClient(
@@ -394,69 +394,6 @@ async def run_turn(
     return turn._result
 
 
-def _require_trio(name: str) -> None:
-    """Refuse, in words, to run anywhere but trio: awaited from asyncio, trio's own error
-    ("must be called from async context") would not say what is wrong."""
-    try:
-        trio.lowlevel.current_trio_token()
-    except RuntimeError:
-        pass
-    else:
-        return
-    library = "no async library"
-    asyncio = sys.modules.get("asyncio")
-    if asyncio is not None:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
-            library = "asyncio"
-    raise RuntimeError(
-        f"rillet runs on trio, but {name} was called from {library}: run it inside "
-        "trio.run(main) (from an asyncio program, in a thread that calls trio.run, or through "
-        'trio-asyncio); see the README, "Embedding it"'
-    )
-
-
-@attrs.define(eq=False)
-class _FragmentSink:
-    """`run_turn`'s `on_text` / `on_thinking` / `on_reset`: called on the turn's task with each
-    fragment as it is decoded, and with each reset before the fragments that follow it."""
-
-    on_text: Callable[[str], object] | None
-    on_thinking: Callable[[str], object] | None
-    on_reset: Callable[[int], object] | None
-
-    def deliver_nowait(self, batch: SinkBatch) -> bool:
-        """Call the callbacks, in order."""
-        on_text, on_thinking = self.on_text, self.on_thinking
-        for item in batch.uni:
-            if type(item) is AttemptReset:
-                if self.on_reset is not None:
-                    self.on_reset(item.attempt)
-                continue
-            assert isinstance(item, UniEvent)
-            for content in item.content_items:
-                kind = type(content)
-                if kind is TextDelta and on_text is not None:
-                    text = content.text  # type: ignore[union-attr]
-                    if text:
-                        on_text(text)
-                elif kind is ThinkingDelta and on_thinking is not None:
-                    thinking = content.thinking  # type: ignore[union-attr]
-                    if thinking:
-                        on_thinking(thinking)
-        return True
-
-    async def deliver(self, batch: SinkBatch) -> None:
-        """Call the callbacks, in order."""
-        self.deliver_nowait(batch)
-
-    async def close(self) -> None:
-        """Nothing to release."""
-
-
 @functools.cache
 def _tls_context() -> ssl.SSLContext:
     """One TLS context for every client the turns make: building one costs ~100 ms."""
@@ -503,7 +440,7 @@ async def open_turn(
 ) -> AsyncIterator[Turn]:
     """Run a turn for the duration of the block; leaving the block cancels it if it is still
     running. Takes `run_turn`'s keyword options."""
-    _require_trio("open_turn")
+    require_trio("open_turn")
     async with trio.open_nursery() as nursery:
         turn: Turn = await nursery.start(_run_turn_with, request, provider, options)
         try:
