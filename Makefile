@@ -32,8 +32,9 @@ test-load: $(STAMP) deps
 soak: $(STAMP)
 	$(BIN)/python -m tests.soak
 
+# the scripted turns in the terminal, then the live page stays up until Ctrl-C
 demo: $(STAMP)
-	$(BIN)/rillet demo
+	$(BIN)/rillet demo --keep-serving
 
 # `make bench` (about 15 minutes; `make bench BENCH_ARGS=--quick` for a short run): the main venv
 # gets the `bench` extra (matplotlib, for the charts); the peers (OpenAI and Anthropic SDKs,

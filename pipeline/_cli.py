@@ -1,29 +1,41 @@
 """The `rillet` command line (also `python -m rillet`).
 
 `rillet run "question"` streams the answer to stdout as it arrives; progress and diagnostics go
-to stderr. Exit codes: 0 completed, 1 error, 3 approval required, 130 cancelled (Ctrl-C keeps the
-partial text and still writes the final `run.done` line in JSONL mode), 141 when stdout's reader
-goes away. Errors are one line with a hint; `--debug` shows tracebacks.
+to stderr. Exit codes: 0 completed, 1 error, 2 usage error (unknown option, missing argument),
+130 cancelled (Ctrl-C keeps the partial text and still writes the final `run.done` line in JSONL
+mode), 141 when stdout's reader goes away. Every failure is one line on stderr, in every output
+mode, naming its cause and what to do (`_explain.py`); `--debug`, anywhere on the line, adds the
+traceback.
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
+import errno
 import io
 import os
 import signal
 import sys
-from pathlib import Path
+import traceback
 from typing import TYPE_CHECKING, Any, NoReturn
+from urllib.parse import urlsplit
 
+import attrs
 import trio
 
+from ._cliargs import build_parser, configure_from, policy_from
+from ._clilog import log_run_end
 from ._errors import RilletError
+from ._explain import explain, mask_keys
 from ._policy import Outcome, Policy
 from ._request import ThinkingLevel, TurnRequest, user
+from ._runevents import RunDone
+from ._turn import SinkBatch
 
 if TYPE_CHECKING:
+    import argparse
     from collections.abc import Sequence
+    from pathlib import Path
 
     from ._turn import Sink, TurnResult
     from .providers._base import Provider
@@ -33,11 +45,8 @@ __all__ = ["main"]
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
-EXIT_APPROVAL = 3
 EXIT_CANCELLED = 130
 EXIT_PIPE = 141
-
-_THINKING = ("none", "low", "medium", "high", "xhigh", "max")
 
 
 class CliError(Exception):
@@ -48,119 +57,53 @@ class CliError(Exception):
         super().__init__(message)
 
 
-def _version() -> str:
-    from . import __version__
-
-    return __version__
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="rillet",
-        description="Stream LLM responses from many providers through one checked pipeline.",
-    )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    parser.add_argument("--version", action="version", version=f"rillet {_version()}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    run = sub.add_parser("run", help="stream one answer to stdout")
-    run.add_argument("prompt", help='the question ("-" reads it from stdin)')
-    _provider_options(run)
-    run.add_argument("--system", help="system prompt")
-    run.add_argument("--max-tokens", type=int)
-    run.add_argument("--temperature", type=float)
-    run.add_argument("--thinking", choices=_THINKING, help="reasoning effort")
-    run.add_argument("--show-reasoning", action="store_true", help="print reasoning on stderr")
-    run.add_argument(
-        "--output",
-        choices=("text", "jsonl", "uni-jsonl"),
-        default="text",
-        help="text; public run events as JSONL; or MMSP UniEvents as JSONL",
-    )
-    run.add_argument("--no-stream", action="store_true", help="print the whole answer once")
-    _policy_options(run)
-
-    replay = sub.add_parser("replay", help="play a recorded wire file through the pipeline")
-    replay.add_argument("file", type=Path)
-    replay.add_argument(
-        "--dialect",
-        default=None,
-        help="the dialect that recorded it (default: from the file's folder or suffix)",
-    )
-    replay.add_argument("--chunk-size", type=int, default=64)
-    replay.add_argument("--delay", type=float, default=0.0, help="seconds between chunks")
-    replay.add_argument("--output", choices=("text", "jsonl", "uni-jsonl"), default="text")
-
-    sub.add_parser("providers", help="what is configured (keys masked)")
-
-    serve = sub.add_parser("serve", help="the HTTP/SSE/WebSocket server and its live page")
-    _provider_options(serve)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8787)
-    serve.add_argument("--server-key", default=None, help="key required to start runs")
-    serve.add_argument("--show-reasoning", action="store_true")
-    serve.add_argument(
-        "--redis",
-        default=None,
-        metavar="URL",
-        help="keep run logs in this Redis (redis://host:port/db) so that every server sharing "
-        "it serves every run; needs the `redis` extra. Default: in memory",
-    )
-
-    demo = sub.add_parser("demo", help="everything, against an embedded recorded provider")
-    demo.add_argument("--keep-serving", action="store_true", help="keep the page up at the end")
-    demo.add_argument("--port", type=int, default=0, help="the page's port (0: any free one)")
-    demo.add_argument("--fast", action="store_true", help="no pacing (for tests)")
-
-    bench = sub.add_parser("bench", help="run the benchmarks (python -m bench)")
-    bench.add_argument("args", nargs=argparse.REMAINDER)
-    return parser
-
-
-def _provider_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--provider",
-        default=os.environ.get("RILLET_PROVIDER", "openai"),
-        help="openai, openai-responses, anthropic, gemini, ollama, mmsp, or a base URL of an "
-        "OpenAI-compatible server",
-    )
-    p.add_argument("--model")
-    p.add_argument("--base-url")
-    p.add_argument("--api-key", help="overrides the provider's environment variable")
-
-
-def _policy_options(p: argparse.ArgumentParser) -> None:
-    d = Policy()
-    p.add_argument("--initial-timeout", type=float, default=d.initial_event_timeout)
-    p.add_argument("--event-timeout", type=float, default=d.per_event_timeout)
-    p.add_argument("--total-timeout", type=float, default=d.total_timeout)
-    p.add_argument("--retries", type=int, default=d.transport_retries)
-    p.add_argument("--rate-limit-retries", type=int, default=d.rate_limit_retries)
-    p.add_argument("--no-fallback", action="store_true", help="no non-streaming rescue")
-    p.add_argument("--rpm", type=float, default=0.0, help="requests per minute (0: no limiter)")
-
-
-def _policy(args: argparse.Namespace) -> Policy:
-    return Policy(
-        initial_event_timeout=args.initial_timeout,
-        per_event_timeout=args.event_timeout,
-        total_timeout=args.total_timeout,
-        transport_retries=args.retries,
-        rate_limit_retries=args.rate_limit_retries,
-        fallback=not args.no_fallback,
-        requests_per_minute=args.rpm,
-    )
-
-
 def _provider(args: argparse.Namespace) -> Provider:
     from .providers._registry import ConfigurationError, provider_from_env
 
     try:
-        return provider_from_env(
+        provider = provider_from_env(
             args.provider, model=args.model, base_url=args.base_url, api_key=args.api_key
         )
     except ConfigurationError as exc:
         raise CliError(str(exc)) from None
+    _note_unsent_key(args.provider, provider)
+    return provider
+
+
+def _key_envs(kind: str) -> tuple[str, ...]:
+    """The environment variables a kind reads its key from."""
+    from .providers._registry import _COMPATIBLE, _KINDS
+
+    spec = _KINDS.get(kind)
+    if spec is None:
+        spec = _COMPATIBLE if kind.lower().startswith(("http://", "https://")) else None
+    return spec.key_envs if spec is not None else ()
+
+
+def _key_hint(kind: str, provider: Provider, api_key: str | None) -> str | None:
+    """Where the key in use came from, for the advice after an authentication failure."""
+    if api_key:
+        return "--api-key"
+    for name in _key_envs(kind):
+        if os.environ.get(name, "").strip():
+            return name if provider.api_key is not None else "--api-key"
+    names = _key_envs(kind)
+    return f"{names[0]} or --api-key" if names else "--api-key"
+
+
+def _note_unsent_key(kind: str, provider: Provider) -> None:
+    """Say so when a key set in the environment is not sent (it only goes to its own URL)."""
+    if provider.api_key is not None:
+        return
+    for name in _key_envs(kind):
+        if os.environ.get(name, "").strip():
+            host = urlsplit(provider.base_url).netloc or provider.base_url
+            print(
+                f"rillet: note: {name} is set but not sent to {host} (a key from the environment "
+                "goes only to its own provider's URL); pass --api-key to send one there",
+                file=sys.stderr,
+            )
+            return
 
 
 def _request(args: argparse.Namespace) -> TurnRequest:
@@ -177,16 +120,52 @@ def _request(args: argparse.Namespace) -> TurnRequest:
     )
 
 
-def _sinks(output: str, *, show_reasoning: bool, no_stream: bool = False) -> list[Sink]:
+@attrs.define(eq=False)
+class _Output:
+    """How `run` and `replay` show a turn: the output mode and the terminal's options."""
+
+    mode: str = "text"
+    show_reasoning: bool = False
+    no_stream: bool = False
+
+
+@attrs.define(eq=False)
+class _WithoutErrorLine:
+    """A terminal sink minus its own `error: <code>` line: the command line prints the cause
+    in words instead (one line per failure)."""
+
+    sink: Any
+
+    @property
+    def broken_pipe(self) -> bool:
+        """Whether stdout's reader went away."""
+        return bool(getattr(self.sink, "broken_pipe", False))
+
+    async def deliver(self, batch: SinkBatch) -> None:
+        """Pass the batch on without an error `run.done`."""
+        run = [e for e in batch.run if not (type(e) is RunDone and e.status == "error")]
+        if len(run) != len(batch.run):
+            batch = SinkBatch(run, batch.uni)
+        await self.sink.deliver(batch)
+
+    async def close(self) -> None:
+        """Close the terminal sink."""
+        await self.sink.close()
+
+
+async def _open_sinks(stack: contextlib.AsyncExitStack, output: _Output) -> list[Sink]:
     from rillet.transports.sinks import JSONLSink, TerminalSink
 
-    if output == "jsonl":
+    if output.mode == "jsonl":
         return [JSONLSink(sys.stdout.buffer, kind="run")]
-    if output == "uni-jsonl":
+    if output.mode == "uni-jsonl":
         return [JSONLSink(sys.stdout.buffer, kind="uni")]
-    if no_stream:
-        return [TerminalSink(out=io.StringIO(), show_reasoning=show_reasoning)]
-    return [TerminalSink(show_reasoning=show_reasoning)]
+    out = io.StringIO() if output.no_stream else None
+    # `open` runs the spinner's ticker: it counts the seconds until the first token arrives
+    terminal = await stack.enter_async_context(
+        TerminalSink.open(out=out, show_reasoning=output.show_reasoning)
+    )
+    return [_WithoutErrorLine(terminal)]
 
 
 def _exit_code(result: TurnResult, sinks: Sequence[Any]) -> int:
@@ -202,51 +181,80 @@ def _exit_code(result: TurnResult, sinks: Sequence[Any]) -> int:
 async def _run_turn_cli(
     request: TurnRequest,
     provider: Provider,
-    sinks: list[Sink],
+    output: _Output,
     policy: Policy,
     *,
-    reasoning: bool,
     client: Any = None,
-) -> TurnResult:
+) -> tuple[TurnResult, list[Sink]]:
     """Run a turn; Ctrl-C cancels it (the sinks still get `run.done`)."""
     from ._turn import run_turn
 
-    async with trio.open_nursery() as nursery:
-        turn = await nursery.start(
-            lambda task_status: run_turn(
-                request,
-                provider,
-                sinks=sinks,
-                policy=policy,
-                reasoning=reasoning,
-                client=client,
-                task_status=task_status,
+    async with contextlib.AsyncExitStack() as stack:
+        sinks = await _open_sinks(stack, output)
+        async with trio.open_nursery() as nursery:
+            turn = await nursery.start(
+                lambda task_status: run_turn(
+                    request,
+                    provider,
+                    sinks=sinks,
+                    policy=policy,
+                    reasoning=output.show_reasoning,
+                    client=client,
+                    stream=not output.no_stream,
+                    task_status=task_status,
+                )
             )
-        )
 
-        async def on_sigint() -> None:
-            with trio.open_signal_receiver(signal.SIGINT) as signals:
-                async for _ in signals:
-                    turn.cancel()
-                    return
+            async def on_sigint() -> None:
+                with trio.open_signal_receiver(signal.SIGINT) as signals:
+                    async for _ in signals:
+                        turn.cancel()
+                        return
 
-        nursery.start_soon(on_sigint)
-        result: TurnResult = await turn.result()
-        nursery.cancel_scope.cancel()
-    return result
+            nursery.start_soon(on_sigint)
+            result: TurnResult = await turn.result()
+            nursery.cancel_scope.cancel()
+    return result, sinks
+
+
+def _report(result: TurnResult, provider: Provider, *, key_hint: str | None, debug: bool) -> None:
+    """The one line on stderr that says why a turn did not complete (nothing when it did)."""
+    if result.outcome is Outcome.CANCELLED:
+        return
+    if result.ok:
+        if result.message.finish_reason == "length":
+            print(
+                "rillet: the answer was cut off at the token limit (finish reason length) — "
+                "raise --max-tokens",
+                file=sys.stderr,
+            )
+        return
+    if debug and result.error is not None:
+        # an error built from the provider's reply was never raised, so it may have no frames:
+        # its facts (status, the provider's error type...) say the rest
+        text = "".join(traceback.format_exception(result.error))
+        facts = {k: v for k, v in vars(result.error).items() if not k.startswith("_")}
+        text += f"{type(result.error).__name__} facts: {facts}\n"
+        print(mask_keys(text, provider), end="", file=sys.stderr)
+    line = explain(result.error, provider, attempts=result.attempts, key_hint=key_hint)
+    print(f"rillet: {line}", file=sys.stderr, flush=True)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    configure_from(args)
     provider = _provider(args)
     request = _request(args)
-    sinks = _sinks(args.output, show_reasoning=args.show_reasoning, no_stream=args.no_stream)
-    result = trio.run(
-        lambda: _run_turn_cli(
-            request, provider, sinks, _policy(args), reasoning=args.show_reasoning
-        )
-    )
+    output = _Output(args.output, args.show_reasoning, args.no_stream)
+    result, sinks = trio.run(lambda: _run_turn_cli(request, provider, output, policy_from(args)))
+    log_run_end(result, provider)
     if args.no_stream and args.output == "text" and result.ok:
         _write_stdout(result.text + ("" if result.text.endswith("\n") else "\n"))
+    _report(
+        result,
+        provider,
+        key_hint=_key_hint(args.provider, provider, args.api_key),
+        debug=args.debug,
+    )
     return _exit_code(result, sinks)
 
 
@@ -263,21 +271,21 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     dialect = _dialect_by_name(dialect_name)
     provider = Provider(dialect, "http://replay.invalid", "replay")
     transport = ReplayTransport(path, chunk_size=args.chunk_size, delay=args.delay)
-    sinks = _sinks(args.output, show_reasoning=False)
     request = TurnRequest(messages=[user("(replay)")])
 
-    async def go() -> TurnResult:
+    async def go() -> tuple[TurnResult, list[Sink]]:
         async with httpx.AsyncClient(transport=transport) as client:
             return await _run_turn_cli(
                 request,
                 provider,
-                sinks,
+                _Output(args.output),
                 Policy(transport_retries=0, fallback=False),
-                reasoning=False,
                 client=client,
             )
 
-    return _exit_code(trio.run(go), sinks)
+    result, sinks = trio.run(go)
+    _report(result, provider, key_hint=None, debug=args.debug)
+    return _exit_code(result, sinks)
 
 
 def _dialect_by_name(name: str) -> Any:
@@ -303,10 +311,12 @@ def _guess_dialect(path: Path) -> str:
 def _cmd_providers(_: argparse.Namespace) -> int:
     from .providers._registry import describe_providers
 
+    print(f"{'provider':<18} {'default model':<24} {'base URL':<42} {'key':<8} status")
     for entry in describe_providers():
         ready = "ready" if entry.get("ready") else f"needs {entry.get('missing')}"
         key = entry.get("api_key") or "-"
-        print(f"{entry['kind']:<18} {entry['base_url']:<48} key {key:<8} {ready}")
+        model = entry.get("model") or "-"
+        print(f"{entry['kind']:<18} {model:<24} {entry['base_url']:<42} {key:<8} {ready}")
     return EXIT_OK
 
 
@@ -325,6 +335,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from ._hub import HubUnavailable
     from .providers._base import Secret
 
+    configure_from(args)
     try:
         from rillet.transports.server import ServerConfig, serve
     except ImportError:  # pragma: no cover - the server ships with the package
@@ -338,8 +349,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         provider=provider,
         models=[provider.model],
         reasoning=args.show_reasoning,
+        tool_arguments=args.show_tool_arguments,
         redis_url=args.redis,
     )
+    try:
+        config.check()  # before the nursery: its refusal is one line, not an exception group
+    except RilletError as exc:
+        raise CliError(str(exc)) from None
     if args.redis is not None:
         try:
             import coredis  # noqa: F401
@@ -349,6 +365,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             ) from None
 
     refused: list[str] = []
+    unbound: list[OSError] = []
+    interrupted: list[bool] = []
 
     async def go() -> None:
         try:
@@ -356,19 +374,22 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 url = await nursery.start(
                     lambda task_status: serve(config, task_status=task_status)
                 )
-                print(f"rillet serving {url}/", file=sys.stderr, flush=True)
+                print(f"rillet serving {url}/ (Ctrl-C stops it)", file=sys.stderr, flush=True)
         except* HubUnavailable as group:  # Redis did not answer: no fallback to memory
             refused.extend(str(exc) for exc in group.exceptions)
+        except* OSError as group:  # the address cannot be bound
+            unbound.extend(_leaves(group, OSError))
         except* KeyboardInterrupt:  # Ctrl-C arrives through the server's nursery
             interrupted.append(True)
 
-    interrupted: list[bool] = []
     try:
         trio.run(go)
     except KeyboardInterrupt:
         return EXIT_CANCELLED
     if interrupted:
         return EXIT_CANCELLED
+    if unbound:
+        raise _unbound(unbound[0], args.host, args.port)
     if refused:
         raise CliError(
             f"not serving: {refused[0]}", "start Redis, fix --redis, or leave it out for memory"
@@ -376,12 +397,55 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _leaves(group: BaseExceptionGroup[Any], kind: type[OSError]) -> list[OSError]:
+    """The exceptions of `kind` in a (nested) group, in order."""
+    found: list[OSError] = []
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            found.extend(_leaves(exc, kind))
+        elif isinstance(exc, kind):
+            found.append(exc)
+    return found
+
+
+def _unbound(exc: OSError, host: str, port: int) -> CliError:
+    """The one line for an address `serve` cannot listen on."""
+    where = f"{host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return CliError(
+            f"cannot listen on {where}: the port is already in use",
+            "stop what is using it, or pass --port 0 for a free one",
+        )
+    if exc.errno == errno.EACCES:
+        return CliError(f"cannot listen on {where}: permission denied", "use a port above 1023")
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return CliError(
+            f"cannot listen on {where}: no such address on this machine", "check --host"
+        )
+    return CliError(f"cannot listen on {where}: {exc.strerror or exc}")
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from ._demo import run_demo
 
-    return trio.run(
-        lambda: run_demo(keep_serving=args.keep_serving, port=args.port, fast=args.fast)
-    )
+    interrupted: list[bool] = []
+
+    async def go() -> int:
+        try:
+            return await run_demo(keep_serving=args.keep_serving, port=args.port, fast=args.fast)
+        except* KeyboardInterrupt:  # Ctrl-C may arrive through the page server's nursery
+            interrupted.append(True)
+        return EXIT_CANCELLED
+
+    try:
+        code = trio.run(go)
+    except KeyboardInterrupt:
+        interrupted.append(True)
+        code = EXIT_CANCELLED
+    if interrupted and args.keep_serving:  # the documented way to end a demo that stays up
+        print("\nrillet demo: stopped", file=sys.stderr)
+        return EXIT_OK
+    return code
 
 
 def _write_stdout(text: str) -> None:
@@ -401,7 +465,7 @@ def _quiet_stdout() -> None:
 
 def main(argv: list[str] | None = None) -> NoReturn:
     """The console script's entry point."""
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     commands = {
         "run": _cmd_run,
@@ -417,11 +481,13 @@ def main(argv: list[str] | None = None) -> NoReturn:
     try:
         code = commands[args.command](args)
     except CliError as exc:
+        if args.debug:
+            traceback.print_exc()
         print(f"rillet: {exc}" + (f" ({exc.hint})" if exc.hint else ""), file=sys.stderr)
         code = EXIT_ERROR
     except RilletError as exc:
         if args.debug:
-            raise
+            traceback.print_exc()
         print(f"rillet: {type(exc).__name__}: {exc}", file=sys.stderr)
         code = EXIT_ERROR
     except KeyboardInterrupt:

@@ -5,7 +5,8 @@ pace: a reasoning model that thinks, calls a tool and then answers (Anthropic's 
 answer with multi-byte text (OpenAI Chat's wire); and a reply that breaks off mid-stream, is
 retried and visibly reset. Each turn runs through the full pipeline and prints live in the
 terminal; the live page is served too (its URL is printed), answering any prompt from the same
-embedded provider. The demo ends by itself after the scripted turns unless `keep_serving`.
+embedded provider. The demo ends by itself after the scripted turns; with `keep_serving` (what
+`make demo` passes) the page stays up until Ctrl-C, and the demo says so.
 """
 
 from __future__ import annotations
@@ -192,7 +193,8 @@ async def run_demo(*, keep_serving: bool = False, port: int = 0, fast: bool = Fa
         chat = Provider(OpenAIChatDialect(), embedded.url + "/v1", "gpt-demo", name="embedded")
         page = await _start_page(nursery, chat, port)
         if page:
-            print(f"rillet demo: the live page is at {page}/", file=sys.stderr, flush=True)
+            until = " (it stays up until Ctrl-C)" if keep_serving else ""
+            print(f"rillet demo: the live page is at {page}/{until}", file=sys.stderr, flush=True)
 
         ok = True
         # 1. a reasoning model thinks, calls a tool, and answers with its result
@@ -249,7 +251,12 @@ async def run_demo(*, keep_serving: bool = False, port: int = 0, fast: bool = Fa
             file=sys.stderr,
         )
         if keep_serving and page:
-            print(f"serving {page}/ until Ctrl-C", file=sys.stderr, flush=True)
+            print(
+                f"rillet demo: the live page is still at {page}/ — open it, ask anything; "
+                "Ctrl-C stops it",
+                file=sys.stderr,
+                flush=True,
+            )
             await trio.sleep_forever()
         nursery.cancel_scope.cancel()
     return 0 if ok else 1

@@ -160,7 +160,7 @@ class ChainStep:
 
 
 async def chain_turn(
-    stream: RunStream,
+    run: RunStream,
     request: TurnRequest,
     providers: Sequence[Provider],
     *,
@@ -171,13 +171,13 @@ async def chain_turn(
     step: int | None = None,
     **options: Any,
 ) -> ChainStep:
-    """Run one turn into `stream`, provider after provider as the chain says. With one
+    """Run one turn into `run`, provider after provider as the chain says. With one
     provider there is no breaker and no fallback: the turn is simply run."""
     if not providers:
         raise ValueError("a chain needs at least one provider")
     chained = len(providers) > 1
     breakers = breakers or shared_breakers()
-    builder = stream.builder
+    builder = run.builder
     last: ChainStep | None = None
     spent = 0
     for number, provider in enumerate(providers):
@@ -185,7 +185,7 @@ async def chain_turn(
         if breaker is not None and not breaker.allow():
             continue
         if last is not None or number:
-            await stream.emit(
+            await run.emit(
                 [
                     builder.event(
                         StatusEvent,
@@ -197,7 +197,7 @@ async def chain_turn(
                     )
                 ]
             )
-        sink = stream.step_sink(hold_text=hold_text)
+        sink = run.step_sink(hold_text=hold_text)
         try:
             result = await run_turn(
                 request,
@@ -225,7 +225,7 @@ async def chain_turn(
             return last
         if number + 1 < len(providers) and (sink.delivered_text or result.events):
             # what this provider streamed is void: the next one starts afresh
-            await stream.emit(
+            await run.emit(
                 [builder.reset(result.attempts + 1)], [AttemptReset(result.attempts + 1)]
             )
     if last is None:  # every breaker was open

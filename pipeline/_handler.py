@@ -137,6 +137,7 @@ class Handler:
     client: httpx.AsyncClient
     policy: Policy
     limiter: RateLimiter
+    stream: bool = True  # False: non-streaming requests (the rescue's) instead of a stream
     started: trio.Event = attrs.field(factory=trio.Event)  # set once the first request is sent
     attempts: int = 0
     requests: int = 0
@@ -161,6 +162,8 @@ class Handler:
         policy = self.policy
         self._start = trio.current_time()
         self._total_deadline = self._start + policy.total_timeout
+        if not self.stream:
+            return await self._whole(out)
         while True:
             waited = await self._take_token()
             self.attempts += 1
@@ -418,10 +421,33 @@ class Handler:
 
     # --- the rescue -------------------------------------------------------------------------------
 
-    async def _rescue(self, out: Outlet, stream_outcome: Outcome) -> Outcome:
+    async def _whole(self, out: Outlet) -> Outcome:
+        """A turn asked not to stream: the rescue's non-streaming request, on the same ladders
+        as a stream (transport retries with backoff, rate-limit waits, permanent errors once);
+        a request that times out counts as a stall."""
+        while True:
+            await self._rescue(out, Outcome.INIT_FAILED, announce=False)
+            error, self.rescue_error = self.rescue_error, None
+            if error is None:
+                return Outcome.COMPLETED
+            self.error = error
+            if isinstance(error, TurnTimeout):
+                failure = _Failure(Shape.STALL, error)
+            elif isinstance(error, RilletError):
+                failure = self._failure_of(error, 0)
+            else:  # pragma: no cover - the rescue records only rillet's errors
+                raise error
+            hopeless = await self._next(failure, out)
+            if hopeless is not None:
+                return hopeless
+
+    async def _rescue(
+        self, out: Outlet, stream_outcome: Outcome, *, announce: bool = True
+    ) -> Outcome:
         """One non-streaming request; its reply goes downstream as ordinary groups and a stop."""
         policy = self.policy
-        await self._put(out, [Status("rescuing", self.attempts + 1)])
+        if announce:
+            await self._put(out, [Status("rescuing", self.attempts + 1)])
         await self._take_token()
         start = trio.current_time()
         if start >= self._total_deadline:
@@ -439,11 +465,15 @@ class Handler:
                 if response.status_code >= 300:
                     headers = {k.lower(): v for k, v in response.headers.items()}
                     raise self._error_from_response(response.status_code, headers, body)
+                # a server that streams anyway (it ignored `"stream": false`) is read as a stream
+                streamed = self.provider.dialect.framing == "sse" and "text/event-stream" in (
+                    response.headers.get("content-type", "").lower()
+                )
                 decoder = WireDecoder(
                     self.provider.dialect,
                     max_frame=policy.max_frame,
                     provider=self.provider.label,
-                    stream=False,
+                    stream=streamed,
                 )
                 decoder.feed(body, events)
                 decoder.close(events)

@@ -40,6 +40,14 @@ class Outcome(enum.IntEnum):
     FALLBACK_TO_NON_STREAMING = 6
     CANCELLED = 7
 
+    def __str__(self) -> str:
+        """Its name as the docs spell it (`Completed`, `TotalTimeout`), not its number: what
+        `print(result.outcome)` and f-strings show. The value and the ordering stay numeric."""
+        return self.name.title().replace("_", "")
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
     @property
     def succeeded(self) -> bool:
         """Whether the turn brought a reply home (streamed or rescued)."""

@@ -33,6 +33,7 @@ import trio
 
 from ._accumulator import Accumulator
 from ._admission import Admission, shared_admission
+from ._callbacks import FragmentSink, require_trio
 from ._errors import FallbackFailed, NoHistoryError
 from ._events import UniEvent, UniMessage
 from ._handler import AttemptReset, Batch, Handler, Status
@@ -206,7 +207,8 @@ class TurnResult:
         time_to_first_event: seconds from the start to the first lane event, if one came.
         total_time: seconds from the start to the end.
         error: the error that ended the turn (a `FallbackFailed` when the rescue failed too).
-        partial: whether any attempt delivered events.
+        partial: whether the answer is incomplete: events were delivered, but the turn did
+            not bring a reply home (what `text` holds is a fragment).
         retry_after: the server-directed wait that ended a RateLimited turn.
         provider: the provider that answered (in a fallback chain, the one that ended it).
     """
@@ -288,6 +290,10 @@ async def run_turn(
     tool_arguments: bool = False,
     history: bool = True,
     admission: Admission | None = None,
+    stream: bool = True,
+    on_text: Callable[[str], object] | None = None,
+    on_thinking: Callable[[str], object] | None = None,
+    on_reset: Callable[[int], object] | None = None,
     task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
     **chain: Any,
 ) -> TurnResult:
@@ -298,8 +304,10 @@ async def run_turn(
 
     Use `turn = await nursery.start(run_turn, request, provider)` to get the `Turn` handle as
     soon as its actors are running, then iterate `turn.uni_events()` / `turn.run_events()` or
-    await `turn.result()`. With no policy the default `Policy()` applies (deadlines, retries,
-    rescue). Without a client, the turn makes its own and closes it. `reasoning` and
+    await `turn.result()`. `nursery.start` passes no keywords: bind them first,
+    `nursery.start(functools.partial(run_turn, sinks=[...]), request, provider)`, or use
+    `open_turn`, which takes them. With no policy the default `Policy()` applies (deadlines,
+    retries, rescue). Without a client, the turn makes its own and closes it. `reasoning` and
     `tool_arguments` opt the public stream into reasoning text and tool arguments.
     `history=False` keeps no replay history (`uni_events()` / `run_events()` then raise
     `NoHistoryError`; sinks see everything): a turn then holds only what its sinks have not
@@ -307,7 +315,19 @@ async def run_turn(
     Every turn holds one of the process's provider-stream slots (`admission`, by default
     `shared_admission()`) while it talks to its provider; waiting for one shows as `status`
     `queued`.
+    `stream=False` sends non-streaming requests (the rescue's) instead of a stream, retried
+    as a stream would be.
+
+    The simplest use needs no iterator: `on_text` is called with each fragment of the answer
+    and `on_thinking` with each fragment of the reasoning, in order, each exactly once, on the
+    turn's task (keep them quick). A retry after a stream broke mid-answer voids what came
+    before: `on_reset(attempt)` is called first, and the fragments after it start the answer
+    over (a display clears what it showed; a buffer empties). Without a retry it is never
+    called. Raises `RuntimeError` naming trio when awaited from asyncio.
     """
+    require_trio("run_turn")
+    if on_text is not None or on_thinking is not None or on_reset is not None:
+        sinks = [*sinks, FragmentSink(on_text, on_thinking, on_reset)]
     if not isinstance(provider, Provider):
         from ._fallback import run_chain  # the chain runs turns: imported when one is asked for
 
@@ -323,6 +343,7 @@ async def run_turn(
             tool_arguments=tool_arguments,
             history=history,
             admission=admission,
+            stream=stream,
             task_status=task_status,
             **chain,
         )
@@ -339,7 +360,7 @@ async def run_turn(
         turn.run_id, trio.current_time, reasoning=reasoning, tool_arguments=tool_arguments
     )
     accumulator = Accumulator()
-    handler = Handler(request, provider, http, policy, limiter or shared_limiter())
+    handler = Handler(request, provider, http, policy, limiter or shared_limiter(), stream=stream)
     start = trio.current_time()
     outcome = Outcome.CANCELLED
     routes: list[_Route] = []
@@ -406,7 +427,7 @@ async def run_turn(
             time_to_first_event=handler.first_event_at,
             total_time=trio.current_time() - start,
             error=error,
-            partial=handler.emitted_attempt,
+            partial=handler.emitted_attempt and not outcome.succeeded,
             retry_after=handler.retry_after if outcome is Outcome.RATE_LIMITED else None,
             provider=provider,
         )
@@ -469,6 +490,7 @@ async def open_turn(
 ) -> AsyncIterator[Turn]:
     """Run a turn for the duration of the block; leaving the block cancels it if it is still
     running. Takes `run_turn`'s keyword options."""
+    require_trio("open_turn")
     async with trio.open_nursery() as nursery:
         turn: Turn = await nursery.start(_run_turn_with, request, provider, options)
         try:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,7 +15,13 @@ from typing import TYPE_CHECKING
 
 import pytest
 import trio
-from rillet.transports.testing import Reply, open_loopback_provider, openai_text_stream, split
+from rillet.transports.testing import (
+    Reply,
+    open_loopback_provider,
+    openai_text_body,
+    openai_text_stream,
+    split,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -67,27 +75,175 @@ async def test_uni_jsonl_output_is_the_mmsp_stream() -> None:
     assert [i["type"] for i in items] == ["text.delta"] * 5 + ["text.done"]
 
 
-async def test_no_stream_prints_the_answer_once() -> None:
-    script = [Reply(chunks=split(openai_text_stream(FRAGMENTS), 16))]
+BAD_KEY = (
+    b'{"error": {"message": "Incorrect API key provided: sk-abcd************************3456.",'
+    b' "type": "invalid_request_error", "code": "invalid_api_key"}}'
+)
+
+
+@pytest.mark.parametrize("output", ["text", "jsonl", "uni-jsonl"])
+async def test_a_401_is_one_line_naming_the_cause_in_every_output_mode(output: str) -> None:
+    script = [Reply(status=401, chunks=(BAD_KEY,), content_type="application/json")]
+    async with open_loopback_provider(script) as provider:
+        done = await _run_cli(["run", "hi", "--output", output], provider.url)
+    assert done.returncode == 1
+    lines = done.stderr.decode().strip().splitlines()
+    assert lines == [
+        "rillet: authentication failed (401): Incorrect API key provided: sk-…3456. "
+        "— check OPENAI_API_KEY or --api-key"
+    ]
+    assert b"sk-abcd" not in done.stderr + done.stdout
+
+
+async def test_the_key_in_use_is_masked_in_the_cause() -> None:
+    key = "sk-live-0123456789abcdef"
+    body = b'{"error": {"message": "key ' + key.encode() + b' is revoked"}}'
+    script = [Reply(status=401, chunks=(body,), content_type="application/json")]
+    async with open_loopback_provider(script) as provider:
+        done = await _run_cli(["run", "hi", "--api-key", key], provider.url)
+    assert done.returncode == 1
+    assert key.encode() not in done.stderr
+    assert done.stderr.decode().strip().endswith("is revoked — check --api-key")
+
+
+async def test_a_refused_connection_names_host_cause_and_attempts() -> None:
+    from rillet.transports.testing import refused_url
+
+    url = refused_url()
+    host = url.split("//", 1)[1].rstrip("/")
+    cmd = [sys.executable, "-m", "rillet", "run", "hi", "--provider", f"{url}/v1", "--model", "m"]
+    done = await trio.run_process(
+        [*cmd, "--retries", "1", "--no-fallback"],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+        env=_env(),
+        cwd=ROOT,
+    )
+    assert done.returncode == 1
+    last = done.stderr.decode().strip().splitlines()[-1]
+    assert last.startswith(f"rillet: cannot connect to {host}: connection refused (2 attempts)")
+    assert b"Traceback" not in done.stderr
+
+
+async def test_a_500_names_the_status_the_attempts_and_the_message() -> None:
+    boom = b'{"error": {"message": "upstream failed", "type": "server_error"}}'
+    script = [Reply(status=500, chunks=(boom,), content_type="application/json")] * 2
+    async with open_loopback_provider(script) as provider:
+        done = await _run_cli(["run", "hi", "--retries", "1", "--no-fallback"], provider.url)
+    assert done.returncode == 1
+    last = done.stderr.decode().strip().splitlines()[-1]
+    assert last == "rillet: provider error 500 after 2 attempts: upstream failed"
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+async def test_debug_anywhere_on_the_line_adds_the_traceback(where: str) -> None:
+    from rillet.transports.testing import refused_url
+
+    args = ["run", "hi", "--retries", "0", "--no-fallback"]
+    args = ["--debug", *args] if where == "before" else [*args, "--debug"]
+    url = refused_url()
+    cmd = [sys.executable, "-m", "rillet", *args, "--provider", f"{url}/v1", "--model", "m"]
+    done = await trio.run_process(
+        cmd, capture_stdout=True, capture_stderr=True, check=False, env=_env(), cwd=ROOT
+    )
+    assert done.returncode == 1
+    err = done.stderr.decode()
+    assert "Traceback (most recent call last)" in err
+    assert err.strip().splitlines()[-1].startswith("rillet: cannot connect to")
+
+
+async def test_debug_shows_a_provider_errors_facts_with_keys_masked() -> None:
+    script = [Reply(status=401, chunks=(BAD_KEY,), content_type="application/json")]
+    async with open_loopback_provider(script) as provider:
+        done = await _run_cli(["run", "hi", "--debug"], provider.url)
+    assert done.returncode == 1
+    err = done.stderr.decode()
+    assert "AuthenticationError facts: {" in err
+    assert "'status': 401" in err
+    assert "'error_type': 'invalid_request_error'" in err
+    assert "sk-abcd" not in err
+    assert err.strip().splitlines()[-1].startswith("rillet: authentication failed (401)")
+
+
+async def test_no_stream_sends_stream_false_and_prints_the_answer_once() -> None:
+    script = [
+        Reply(chunks=(openai_text_body("The whole answer."),), content_type="application/json")
+    ]
+    async with open_loopback_provider(script) as provider:
+        done = await _run_cli(["run", "hi", "--no-stream"], provider.url)
+        sent = json.loads(provider.requests[0].body)
+    assert done.returncode == 0, done.stderr
+    assert sent["stream"] is False
+    assert "stream_options" not in sent
+    assert len(provider.requests) == 1
+    assert done.stdout.decode() == "The whole answer.\n"
+
+
+async def test_no_stream_reads_a_server_that_streams_anyway() -> None:
+    script = [Reply(chunks=split(openai_text_stream(FRAGMENTS), 16))]  # SSE despite stream:false
     async with open_loopback_provider(script) as provider:
         done = await _run_cli(["run", "hi", "--no-stream"], provider.url)
     assert done.returncode == 0, done.stderr
     assert done.stdout.decode() == "".join(FRAGMENTS) + "\n"
 
 
-async def test_a_provider_error_exits_1_with_one_line() -> None:
-    script = [
-        Reply(
-            status=401,
-            chunks=(b'{"error": {"message": "bad key sk-123"}}',),
-            content_type="application/json",
+async def test_a_key_from_the_environment_not_sent_is_noted() -> None:
+    script = [Reply(chunks=split(openai_text_stream(FRAGMENTS), 16))]
+    async with open_loopback_provider(script) as provider:
+        cmd = [sys.executable, "-m", "rillet", "run", "hi", "--provider", "openai"]
+        cmd += ["--base-url", f"{provider.url}/v1", "--model", "m"]
+        done = await trio.run_process(
+            cmd,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env=_env(OPENAI_API_KEY="sk-test-0123456789abcdef"),
+            cwd=ROOT,
         )
-    ]
+        headers = provider.requests[0].headers
+    assert done.returncode == 0, done.stderr
+    assert "authorization" not in {k.lower() for k in headers}
+    host = provider.url.split("//", 1)[1]
+    assert (
+        done.stderr.decode()
+        .splitlines()[0]
+        .startswith(f"rillet: note: OPENAI_API_KEY is set but not sent to {host}")
+    )
+
+
+async def test_a_key_that_is_sent_gets_no_note() -> None:
+    script = [Reply(chunks=split(openai_text_stream(FRAGMENTS), 16))]
+    async with open_loopback_provider(script) as provider:
+        done = await _run_cli(["run", "hi", "--api-key", "sk-test-0123456789abcdef"], provider.url)
+    assert done.returncode == 0, done.stderr
+    assert b"note:" not in done.stderr
+
+
+async def test_run_logs_one_json_line_at_its_end() -> None:
+    script = [Reply(chunks=split(openai_text_stream(FRAGMENTS), 16))]
+    async with open_loopback_provider(script) as provider:
+        args = ["run", "hi", "--log-level", "info", "--log-format", "json"]
+        done = await _run_cli(args, provider.url)
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in done.stderr.decode().splitlines()]
+    ends = [r for r in records if r["logger"] == "rillet.cli"]
+    assert len(ends) == 1
+    end = ends[0]
+    assert end["level"] == "info"
+    assert end["outcome"] == "Completed"
+    assert end["model"] == "m"
+    assert end["provider"] == provider.url.split("//", 1)[1]
+    assert end["attempts"] == 1
+    assert 0 <= end["first_event_s"] <= end["duration_s"]
+
+
+async def test_run_logs_nothing_at_the_default_level() -> None:
+    script = [Reply(chunks=split(openai_text_stream(FRAGMENTS), 16))]
     async with open_loopback_provider(script) as provider:
         done = await _run_cli(["run", "hi"], provider.url)
-    assert done.returncode == 1
-    assert b"Traceback" not in done.stderr
-    assert b"sk-123" not in done.stderr + done.stdout
+    assert done.returncode == 0
+    assert done.stderr == b""
 
 
 async def test_missing_key_is_one_line_with_a_hint() -> None:
@@ -189,3 +345,181 @@ async def test_replay_reads_every_dialect_name_from_the_one_registry(tmp_path: P
     assert "unknown dialect 'nope'" in message
     assert "gemini-embeddings" in message
     assert all(n in message for n in DIALECT_NAMES)
+
+
+def _spawn(cmd: list[str], *, stdout: int, stderr: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(cmd, env=_env(), cwd=ROOT, stdout=stdout, stderr=stderr)
+
+
+async def _rillet(*args: str, **env: str) -> subprocess.CompletedProcess[bytes]:
+    cmd = [sys.executable, "-m", "rillet", *args]
+    return await trio.run_process(
+        cmd, capture_stdout=True, capture_stderr=True, check=False, env=_env(**env), cwd=ROOT
+    )
+
+
+async def test_serve_on_a_busy_port_is_one_line() -> None:
+    with trio.socket.socket() as busy:
+        await busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = await _rillet(
+            "serve", "--port", str(port), "--provider", "http://127.0.0.1:9/v1", "--model", "m"
+        )
+    assert done.returncode == 1
+    assert done.stderr.decode().splitlines() == [
+        f"rillet: cannot listen on 127.0.0.1:{port}: the port is already in use "
+        "(stop what is using it, or pass --port 0 for a free one)"
+    ]
+
+
+async def test_serve_off_loopback_without_a_key_is_one_line() -> None:
+    done = await _rillet(
+        "serve", "--host", "0.0.0.0", "--provider", "http://127.0.0.1:9/v1", "--model", "m"
+    )
+    assert done.returncode == 1
+    lines = done.stderr.decode().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("rillet: refusing to serve on '0.0.0.0' without a server key")
+
+
+@pytest.mark.parametrize("command", ["run", "serve"])
+async def test_every_option_says_its_default_or_is_a_switch(command: str) -> None:
+    from rillet._cliargs import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    options = [a for a in sub.choices[command]._actions if a.option_strings]
+    assert options
+    for action in options:
+        switch = isinstance(action, argparse._StoreTrueAction | argparse._HelpAction)
+        assert action.help, action.option_strings
+        if not switch:
+            assert "default" in action.help.lower(), action.option_strings
+
+
+async def test_help_names_every_providers_default_model() -> None:
+    from rillet._cliargs import build_parser
+    from rillet.providers._registry import _KINDS
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    model = next(a for a in sub.choices["run"]._actions if "--model" in a.option_strings)
+    assert model.help is not None
+    for kind, spec in _KINDS.items():
+        if spec.model:
+            assert re.search(rf"\b{re.escape(kind)} {re.escape(spec.model)}[,;]", model.help), kind
+    done = await _rillet("run", "--help")
+    assert done.returncode == 0
+    text = " ".join(done.stdout.decode().split())
+    assert "--initial-timeout SECONDS wait for the first event (default: 120 s)" in text
+
+
+async def test_usage_errors_exit_2_and_the_documented_codes_are_those_that_happen() -> None:
+    from rillet import _cli
+
+    done = await _rillet("run", "hi", "--no-such-option")
+    assert done.returncode == 2
+    done = await _rillet()
+    assert done.returncode == 2
+    readme = (ROOT / "README.md").read_text()
+    line = readme[readme.index("Exit codes:") :].split("\n\n")[0]
+    documented = {int(n) for n in re.findall(r"\b(\d+)\s+[a-z]", line)}
+    codes = {v for k, v in vars(_cli).items() if k.startswith("EXIT_")}
+    assert documented == codes == {0, 1, 2, 130, 141}
+    assert not re.search(r"\b3\b[^\n]{0,20}approval", readme)  # no exit code 3 until the CLI asks
+    done = await _rillet("--help")
+    assert "2 usage error" in " ".join(done.stdout.decode().split())
+
+
+async def test_the_spinner_ticks_on_a_terminal_while_waiting() -> None:
+    import pty
+
+    script = [Reply(chunks=split(openai_text_stream(FRAGMENTS), 16), headers_delay=1.2)]
+    async with open_loopback_provider(script) as provider:
+        leader, follower = pty.openpty()
+        cmd = [sys.executable, "-m", "rillet", "run", "hi", "--provider", f"{provider.url}/v1"]
+        proc = _spawn([*cmd, "--model", "m"], stdout=subprocess.PIPE, stderr=follower)
+        os.close(follower)
+        seen = b""
+        try:
+            with trio.fail_after(30):
+                while True:
+                    try:
+                        chunk = await trio.to_thread.run_sync(os.read, leader, 4096)
+                    except OSError:  # the terminal closed: the process is gone
+                        break
+                    if not chunk:
+                        break
+                    seen += chunk
+            out, _ = await trio.to_thread.run_sync(proc.communicate)
+        finally:
+            proc.kill()
+            os.close(leader)
+    assert proc.returncode == 0
+    assert out.decode() == "".join(FRAGMENTS) + "\n"
+    times = [float(t) for t in re.findall(rb"waiting (\d+\.\d) s", seen)]
+    assert len(set(times)) >= 5, seen  # it ticked on its own, ten frames a second
+    assert times == sorted(times)
+    assert max(times) >= 1.0
+
+
+@pytest.mark.slow
+async def test_demo_keeps_the_page_up_until_ctrl_c() -> None:
+    import httpx
+
+    cmd = [sys.executable, "-m", "rillet", "demo", "--fast", "--keep-serving"]
+    proc = _spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        err = await _read_until(proc.stderr, b"Ctrl-C stops it", limit=60)
+        assert b"stays up until Ctrl-C" in err
+        page = err.split(b"the live page is still at ")[1].split()[0].decode()
+        await trio.sleep(0.5)  # it does not end by itself
+        assert proc.poll() is None
+        async with httpx.AsyncClient() as client:
+            reply = await client.get(page)
+        assert reply.status_code == 200
+        assert b"<html" in reply.content
+        proc.send_signal(signal.SIGINT)
+        _, rest = await trio.to_thread.run_sync(proc.communicate)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0
+    assert b"stopped" in rest
+    assert b"Traceback" not in err + rest
+
+
+async def test_serve_logs_as_json_at_the_level_asked() -> None:
+    cmd = [sys.executable, "-m", "rillet", "serve", "--port", "0", "--log-format", "json"]
+    cmd += ["--log-level", "info", "--provider", "http://127.0.0.1:9/v1", "--model", "m"]
+    proc = _spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        err = await _read_until(proc.stderr, b"rillet serving", limit=30)
+        proc.send_signal(signal.SIGINT)
+        _, rest = await trio.to_thread.run_sync(proc.communicate)
+    finally:
+        proc.kill()
+        proc.wait()
+    lines = (err + rest).decode().splitlines()
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    serving = [r for r in records if r["message"].startswith("serving on http://127.0.0.1:")]
+    assert len(serving) == 1
+    assert serving[0]["level"] == "info"
+    assert serving[0]["logger"].startswith("rillet.")
+    assert any(line.startswith("rillet serving http://127.0.0.1:") for line in lines)
+    assert proc.returncode == 130
+    assert "Traceback" not in (err + rest).decode()
+
+
+async def test_providers_lists_each_default_model_and_masks_keys() -> None:
+    from rillet.providers._registry import _KINDS
+
+    done = await _rillet("providers", ANTHROPIC_API_KEY="sk-ant-test-0123456789wxyz")
+    assert done.returncode == 0
+    lines = done.stdout.decode().splitlines()
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert lines[0].split()[:3] == ["provider", "default", "model"]
+    for kind, spec in _KINDS.items():
+        assert rows[kind][1] == (spec.model or "-")
+    assert rows["anthropic"][3] == "…wxyz"
+    assert b"0123456789" not in done.stdout

@@ -134,9 +134,9 @@ def test_stream_options_can_be_turned_off_for_servers_that_reject_it() -> None:
     assert "stream_options" not in data
 
 
-def test_non_streaming_request_has_no_stream_flags() -> None:
+def test_non_streaming_request_says_stream_false() -> None:
     data = body(hello(), stream=False)
-    assert "stream" not in data
+    assert data["stream"] is False
     assert "stream_options" not in data
 
 

@@ -164,8 +164,8 @@ def test_streaming_request_is_stateless() -> None:
     assert data["input"] == [{"role": "user", "content": "hi"}]
 
 
-def test_non_streaming_request_has_no_stream_flag() -> None:
-    assert "stream" not in body(hello(), stream=False)
+def test_non_streaming_request_says_stream_false() -> None:
+    assert body(hello(), stream=False)["stream"] is False
 
 
 def test_encrypted_reasoning_is_asked_for_when_the_turn_reasons() -> None:

@@ -348,7 +348,7 @@ async def test_result_of_a_completed_turn(autojump_clock: trio.testing.MockClock
     assert result.attempts == 2
     assert result.time_to_first_event == pytest.approx(0.5)
     assert result.total_time == pytest.approx(1.5 + 0.1 + 4.5)
-    assert result.partial
+    assert not result.partial  # completed, after a voided attempt
     assert result.error is None
     assert result.retry_after is None
 

@@ -40,10 +40,8 @@ import logging
 import math
 import re
 import secrets
-from base64 import b64encode
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from importlib import resources
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -82,6 +80,7 @@ from rillet._policy import Outcome, Policy
 from rillet._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest, user
 from rillet._turn import Sink, SinkBatch, Turn, TurnResult, UniItem, run_turn
 from rillet.providers._base import Provider, Secret
+from rillet.transports._page import FAVICON, load_page
 
 from ._http11 import BodyTooLarge, HttpConnection, Request, RequestTimeout
 from ._http11 import ConnectionStream as _ConnectionStream
@@ -590,6 +589,7 @@ class _Server:
         self._static = {
             "/": {"GET": self._page_handler},
             "/index.html": {"GET": self._page_handler},
+            "/favicon.ico": {"GET": self._favicon},
             "/healthz": {"GET": self._healthz},
             "/metrics": {"GET": self._metrics},
             "/v1/models": {"GET": self._models},
@@ -810,6 +810,15 @@ class _Server:
             body,
             headers,
             content_type="text/html; charset=utf-8",
+            head_only=request.method == "HEAD",
+        )
+
+    async def _favicon(self, http: HttpConnection, request: Request, _: str) -> None:
+        await http.respond(
+            200,
+            FAVICON,
+            [("cache-control", "max-age=86400"), ("x-content-type-options", "nosniff")],
+            content_type="image/svg+xml",
             head_only=request.method == "HEAD",
         )
 
@@ -1410,20 +1419,5 @@ def _scrub(text: str, provider: Provider) -> str:
 
 
 def _load_page() -> tuple[bytes, str]:
-    """The page, and a Content-Security-Policy that allows its own inline script and style
-    (by hash) and nothing else."""
-    page = resources.files("rillet.transports").joinpath("static/index.html").read_bytes()
-    text = page.decode("utf-8")
-    hashes: dict[str, list[str]] = {"script": [], "style": []}
-    for tag in hashes:
-        for block in re.findall(rf"<{tag}>(.*?)</{tag}>", text, flags=re.DOTALL):
-            digest = b64encode(hashlib.sha256(block.encode("utf-8")).digest()).decode()
-            hashes[tag].append(f"'sha256-{digest}'")
-    csp = (
-        "default-src 'none'; "
-        f"script-src {' '.join(hashes['script']) or chr(39) + 'none' + chr(39)}; "
-        f"style-src {' '.join(hashes['style']) or chr(39) + 'none' + chr(39)}; "
-        "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
-        "frame-ancestors 'none'"
-    )
-    return page, csp
+    """The page (its vendored scripts inlined) and its Content-Security-Policy (`_page.py`)."""
+    return load_page()

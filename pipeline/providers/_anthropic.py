@@ -532,8 +532,7 @@ class AnthropicDialect:
         if level is not None and level != "none":
             budget = min(_BUDGETS[level], max(1024, body["max_tokens"] - 1))
             body["thinking"] = {"type": "enabled", "budget_tokens": budget}
-        if stream:
-            body["stream"] = True
+        body["stream"] = stream  # explicit either way: a non-streaming request says so
         body.update(request.extra_body.get(NAME, {}))
         headers = {
             "content-type": "application/json",

@@ -310,10 +310,9 @@ class OpenAIChatDialect:
         effort = reasoning_effort(request.thinking_level)
         if effort is not None:
             body["reasoning_effort"] = effort
-        if stream:
-            body["stream"] = True
-            if self.stream_options:
-                body["stream_options"] = {"include_usage": True}
+        body["stream"] = stream  # explicit either way: a non-streaming request says so
+        if stream and self.stream_options:
+            body["stream_options"] = {"include_usage": True}
         body.update(request.extra_body.get(NAME, {}))
         headers = {"content-type": "application/json", **provider.headers}
         if provider.api_key is not None:

@@ -589,8 +589,7 @@ class OpenAIResponsesDialect:
             encrypted = effort is not None
         if encrypted:
             body["include"] = ["reasoning.encrypted_content"]
-        if stream:
-            body["stream"] = True
+        body["stream"] = stream  # explicit either way: a non-streaming request says so
         body.update(request.extra_body.get(NAME, {}))
         headers = {"content-type": "application/json", **provider.headers}
         if provider.api_key is not None:

@@ -1,0 +1,212 @@
+"""Why a turn failed, in one line a person can act on: the cause and what to do about it.
+
+The command line prints this for every failure, whatever the output mode. It is built from the
+error's facts (status, provider message, the underlying OS error) and never shows a credential:
+the key in use and anything shaped like a key in a provider's message are masked (`sk-…3456`).
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from ._errors import (
+    AuthenticationError,
+    ConfigurationError,
+    EmptyResponseError,
+    FallbackFailed,
+    FrameError,
+    IncompleteStreamError,
+    InvalidRequestError,
+    OverloadedError,
+    ProviderError,
+    RateLimitError,
+    StreamError,
+    ToolCallArgumentParseError,
+    TransportError,
+    TurnTimeout,
+)
+
+if TYPE_CHECKING:
+    from .providers._base import Provider
+
+__all__ = ["explain", "mask_keys"]
+
+# a token that looks like a credential: a known key prefix, then key characters (OpenAI's own
+# error messages echo the key with stars in the middle: `sk-abc1**********3456`)
+_KEYISH = re.compile(r"\b(sk-ant-|sk-proj-|sk-|sk_|rk-|AIza|gsk_|xai-|key-)([A-Za-z0-9_\-*]{3,})")
+
+_DEADLINE_OPTION = {
+    "initial-event": "--initial-timeout",
+    "per-event": "--event-timeout",
+    "total": "--total-timeout",
+    "rescue": "--initial-timeout",
+}
+
+_OS_CAUSES = {
+    errno.ECONNREFUSED: "connection refused",
+    errno.ECONNRESET: "connection reset",
+    errno.EHOSTUNREACH: "host unreachable",
+    errno.ENETUNREACH: "network unreachable",
+    errno.ETIMEDOUT: "timed out",
+}
+
+_TRANSPORT_KINDS = {
+    "ConnectError": "cannot connect",
+    "ConnectTimeout": "timed out connecting",
+    "ReadError": "the connection failed while reading",
+    "WriteError": "the connection failed while sending",
+    "RemoteProtocolError": "the connection broke off",
+    "ReadTimeout": "timed out reading",
+    "ProxyError": "the proxy failed",
+}
+
+
+def mask_keys(text: str, provider: Provider | None = None) -> str:
+    """`text` with the provider's key and anything shaped like a key masked to its last four
+    characters (`sk-…3456`), so a provider message can be shown."""
+    if provider is not None and provider.api_key is not None:
+        secret = provider.api_key.reveal()
+        if secret:
+            text = text.replace(secret, provider.api_key.masked())
+
+    def mask(match: re.Match[str]) -> str:
+        tail = re.sub(r"[^A-Za-z0-9]", "", match.group(2))
+        return f"{match.group(1)}…{tail[-4:]}" if len(tail) >= 8 else f"{match.group(1)}…"
+
+    return _KEYISH.sub(mask, text)
+
+
+def explain(
+    error: BaseException | None,
+    provider: Provider,
+    *,
+    attempts: int = 1,
+    key_hint: str | None = None,
+) -> str:
+    """One line saying why a turn failed and what to do: `authentication failed (401): ... —
+    check OPENAI_API_KEY`, `cannot connect to 127.0.0.1:1: connection refused (4 attempts)`.
+
+    `key_hint` names where the key came from (`OPENAI_API_KEY`, `--api-key`), for the advice on
+    an authentication failure."""
+    if isinstance(error, FallbackFailed):
+        first = explain(error.stream_error, provider, attempts=attempts, key_hint=key_hint)
+        if _same_cause(error.stream_error, error.rescue_error):
+            return first
+        second = explain(error.rescue_error, provider, attempts=1, key_hint=key_hint)
+        return f"{first}; the non-streaming retry failed too: {second}"
+    line = _explain_one(error, provider, attempts, key_hint)
+    return mask_keys(line, provider)
+
+
+def _explain_one(
+    error: BaseException | None, provider: Provider, attempts: int, key_hint: str | None
+) -> str:
+    tries = f" ({attempts} attempts)" if attempts > 1 else ""
+    after = f" after {attempts} attempts" if attempts > 1 else ""
+    where = _host(provider.base_url)
+    if error is None:
+        return f"the turn ended without an answer{tries}"
+    if isinstance(error, TransportError):
+        kind = _TRANSPORT_KINDS.get(error.kind, f"the connection failed ({error.kind})")
+        cause = _os_cause(error)
+        if error.kind == "ConnectError":
+            line = f"cannot connect to {where}: {cause or 'connection failed'}{tries}"
+            return line + " — is the server running, and is --base-url right?"
+        return f"{kind} ({where}){': ' + cause if cause else ''}{tries}"
+    if isinstance(error, TurnTimeout):
+        option = _DEADLINE_OPTION.get(error.deadline, "--total-timeout")
+        return (
+            f"no answer from {where} within the {error.deadline} deadline "
+            f"({error.seconds:g} s){tries} — raise {option} if the model needs longer"
+        )
+    if isinstance(error, ProviderError):
+        return _provider_error(error, provider, after, key_hint)
+    if isinstance(error, IncompleteStreamError):
+        words = {"finish_reason": "its finish reason", "usage_metadata": "its usage"}
+        missing = " and ".join(words.get(m, m) for m in error.missing) or "its end"
+        return f"the provider's stream ended early, without {missing}{tries}"
+    if isinstance(error, EmptyResponseError):
+        return "the model finished without an answer (nothing but reasoning) — ask again"
+    if isinstance(error, ToolCallArgumentParseError):
+        return (
+            f"the model called {error.tool_name} with arguments that are not a JSON object "
+            "— ask again"
+        )
+    if isinstance(error, StreamError):
+        return f"the provider's stream broke the protocol: {error}{tries}"
+    if isinstance(error, FrameError):
+        return f"the provider sent a stream that cannot be read: {error}{tries}"
+    if isinstance(error, ConfigurationError):
+        return str(error)
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _provider_error(
+    error: ProviderError, provider: Provider, after: str, key_hint: str | None
+) -> str:
+    status = f" ({error.status})" if error.status is not None else ""
+    said = f": {error.provider_message}" if error.provider_message else ""
+    if isinstance(error, AuthenticationError):
+        what = "permission denied" if error.status == 403 else "authentication failed"
+        check = key_hint or "the API key (--api-key)"
+        return f"{what}{status}{said} — check {check}"
+    if isinstance(error, RateLimitError):
+        wait = (
+            f"; the provider asked to wait {error.retry_after:g} s"
+            if error.retry_after is not None
+            else ""
+        )
+        return f"rate limited{status}{after}{said}{wait} — wait a little, or set --rpm"
+    if isinstance(error, OverloadedError):
+        return f"the provider is overloaded{status}{after}{said} — try again shortly"
+    if isinstance(error, InvalidRequestError):
+        return f"the provider refused the request{status}{said} — check --model and the options"
+    code = f" {error.status}" if error.status is not None else ""
+    kind = f" ({error.error_type})" if error.error_type and error.status is None else ""
+    stream = " in the stream" if error.in_stream else ""
+    return f"provider error{code}{kind}{stream}{after}{said}"
+
+
+def _host(url: str) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or url
+    if parts.port is not None:
+        return f"{host}:{parts.port}"
+    return f"{host}:{443 if parts.scheme == 'https' else 80}"
+
+
+def _os_cause(error: BaseException) -> str:
+    """The operating system's reason under a transport error, in words (`connection refused`)."""
+    seen: set[int] = set()
+    stack: list[BaseException] = [error]
+    while stack:
+        exc = stack.pop()
+        if id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        number = getattr(exc, "errno", None)
+        if isinstance(exc, OSError) and isinstance(number, int) and number in _OS_CAUSES:
+            return _OS_CAUSES[number]
+        if isinstance(exc, OSError) and "Name or service not known" in str(exc):
+            return "no such host"
+        if isinstance(exc, BaseExceptionGroup):
+            stack.extend(exc.exceptions)
+        for linked in (exc.__cause__, exc.__context__):
+            if linked is not None:
+                stack.append(linked)
+    return ""
+
+
+def _same_cause(a: BaseException | None, b: BaseException | None) -> bool:
+    """Whether the stream and the rescue failed the same way (one line says it for both)."""
+    if a is None or b is None or type(a) is not type(b):
+        return False
+    if isinstance(a, TransportError) and isinstance(b, TransportError):
+        return a.kind == b.kind
+    if isinstance(a, ProviderError) and isinstance(b, ProviderError):
+        return a.status == b.status
+    return str(a) == str(b)

@@ -1,0 +1,132 @@
+"""`explain`: why a turn failed, in one line, from the error's facts; keys never shown."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+from rillet import (
+    AuthenticationError,
+    FallbackFailed,
+    IncompleteStreamError,
+    InvalidRequestError,
+    Outcome,
+    RateLimitError,
+    ServerError,
+    StreamProtocolError,
+    ToolCallArgumentParseError,
+    TransportError,
+    TurnTimeout,
+)
+from rillet._explain import explain, mask_keys
+from rillet.providers._base import Provider, Secret
+from rillet.providers._openai_chat import OpenAIChatDialect
+
+KEY = "sk-proj-abcdefghijklmnop1234"
+PROVIDER = Provider(OpenAIChatDialect(), "https://api.example.com/v1", "m", api_key=Secret(KEY))
+
+
+def _refused() -> TransportError:
+    error = TransportError("openai-chat", "ConnectError")
+    cause = OSError("all attempts failed")
+    cause.__cause__ = ExceptionGroup(
+        "attempts", [ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")]
+    )
+    error.__cause__ = cause
+    return error
+
+
+def test_a_refused_connection_names_host_cause_and_attempts() -> None:
+    line = explain(_refused(), PROVIDER, attempts=4)
+    assert line.startswith("cannot connect to api.example.com:443: connection refused (4 attempts)")
+
+
+def test_the_same_failure_in_stream_and_rescue_is_said_once() -> None:
+    error = FallbackFailed(Outcome.INIT_FAILED, _refused(), _refused())
+    line = explain(error, PROVIDER, attempts=5)
+    assert line.count("cannot connect") == 1
+    assert "(5 attempts)" in line
+
+
+def test_a_different_rescue_failure_is_said_after_the_streams() -> None:
+    rescue = ServerError("openai-chat", "down for maintenance", status=503)
+    line = explain(FallbackFailed(Outcome.INIT_FAILED, _refused(), rescue), PROVIDER, attempts=5)
+    first, second = line.split("; the non-streaming retry failed too: ")
+    assert first.startswith("cannot connect to")
+    assert second == "provider error 503: down for maintenance"
+
+
+def test_authentication_names_the_key_to_check_and_masks_every_key() -> None:
+    error = AuthenticationError(
+        "openai-chat", f"key {KEY} and sk-other0000000000009999 refused", status=401
+    )
+    line = explain(error, PROVIDER, key_hint="OPENAI_API_KEY")
+    assert KEY not in line
+    assert "sk-other" not in line
+    assert line == (
+        "authentication failed (401): key …1234 and sk-…9999 refused — check OPENAI_API_KEY"
+    )
+
+
+def test_a_403_is_permission_denied() -> None:
+    error = AuthenticationError("openai-chat", "not allowed", status=403)
+    assert explain(error, PROVIDER).startswith("permission denied (403): not allowed")
+
+
+def test_rate_limits_say_the_wait_the_provider_asked_for() -> None:
+    error = RateLimitError("openai-chat", "slow down", status=429, retry_after=30)
+    line = explain(error, PROVIDER, attempts=6)
+    assert line == (
+        "rate limited (429) after 6 attempts: slow down; the provider asked to wait 30 s"
+        " — wait a little, or set --rpm"
+    )
+
+
+@pytest.mark.parametrize(
+    ("deadline", "option"),
+    [
+        ("initial-event", "--initial-timeout"),
+        ("per-event", "--event-timeout"),
+        ("total", "--total-timeout"),
+    ],
+)
+def test_a_timeout_names_the_option_that_sets_it(deadline: str, option: str) -> None:
+    line = explain(TurnTimeout("openai-chat", deadline, 120), PROVIDER, attempts=3)
+    assert line == (
+        f"no answer from api.example.com:443 within the {deadline} deadline (120 s) (3 attempts)"
+        f" — raise {option} if the model needs longer"
+    )
+
+
+def test_an_invalid_request_points_at_the_options() -> None:
+    error = InvalidRequestError("openai-chat", "model 'x' does not exist", status=400)
+    line = explain(error, PROVIDER)
+    assert line == (
+        "the provider refused the request (400): model 'x' does not exist"
+        " — check --model and the options"
+    )
+
+
+def test_a_stream_that_ended_early_says_what_never_came() -> None:
+    error = IncompleteStreamError("openai-chat", ("finish_reason", "usage_metadata"))
+    line = explain(error, PROVIDER, attempts=4)
+    assert line == (
+        "the provider's stream ended early, without its finish reason and its usage (4 attempts)"
+    )
+
+
+def test_a_bad_tool_call_names_the_tool() -> None:
+    error = ToolCallArgumentParseError("openai-chat", "get_weather", "call_1", '{"a": ', "EOF")
+    line = explain(error, PROVIDER)
+    assert line.startswith("the model called get_weather with arguments that are not a JSON")
+
+
+def test_a_protocol_breach_says_so() -> None:
+    error = StreamProtocolError("openai-chat", "a second stop")
+    assert explain(error, PROVIDER).startswith("the provider's stream broke the protocol:")
+
+
+def test_mask_keys_leaves_ordinary_words_alone() -> None:
+    text = "the sky is blue; skip the desk-top key"
+    assert mask_keys(text) == text
+    assert mask_keys("use sk-abc") == "use sk-…"
