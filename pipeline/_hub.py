@@ -173,6 +173,7 @@ class RunState:
         "_sweep",
         "access",
         "base",
+        "cost",
         "done_at",
         "entries",
         "nbytes",
@@ -186,6 +187,7 @@ class RunState:
         self.entries: list[Entry] = []
         self.base = 1  # seq of entries[0]
         self.nbytes = 0
+        self.cost = 0  # what its entries are estimated to hold in memory (`_cost`)
         self.done_at: float | None = None
         self.subscribers: set[Subscription] = set()
         self.access: bytes | None = None  # the digest of its readers' token, if one was given
@@ -293,25 +295,52 @@ class RunLog(Protocol):
         ...
 
 
+def _cost(entry: Entry) -> int:
+    """What an entry is estimated to hold in memory: its JSON, about as much again for the
+    event's own strings, and the objects around them (checked against tracemalloc in the
+    tests)."""
+    return 2 * len(entry.data) + _ENTRY_OVERHEAD
+
+
+_ENTRY_OVERHEAD = 192
+
+
 @attrs.define(eq=False)
 class MemoryRunLog:
-    """Run logs in this process's memory, bounded per run in events and bytes.
+    """Run logs in this process's memory, bounded per run and across all runs.
+
+    Past a total bound, the oldest finished runs are forgotten first; if the live runs alone
+    are over it, the oldest events of the largest one go (a resume below them is
+    `CursorExpired`). Finished runs are also forgotten `retention` seconds after their
+    `run.done`, by `sweep` (a server calls it on a timer) or when a run is created.
 
     Attributes:
         max_events: events kept per run before the oldest are forgotten.
         max_bytes: JSON bytes kept per run before the oldest are forgotten.
+        max_total_events: events kept across all runs.
+        max_total_bytes: memory the kept entries of all runs may hold, estimated (`_cost`:
+            twice the JSON plus about 200 bytes an event).
         retention: seconds a run is kept after its `run.done`.
     """
 
     max_events: int = 100_000
     max_bytes: int = 64 * 1024 * 1024
+    max_total_events: int = 1_000_000
+    max_total_bytes: int = 256 * 1024 * 1024
     retention: float = 300.0
+    total_events: int = 0
+    total_bytes: int = 0
+    evicted: int = 0  # finished runs forgotten to stay within the totals
     _runs: dict[str, RunState] = attrs.field(factory=dict)
+    _finished: dict[str, None] = attrs.field(factory=dict)  # in the order they finished
     _next_sweep: float = 0.0
 
     def create(self, run_id: str) -> None:
         """Open a new, empty run log."""
-        self._sweep()
+        now = trio.current_time()
+        if now >= self._next_sweep:
+            self._next_sweep = now + min(self.retention, 60.0)
+            self.sweep()
         if run_id in self._runs:
             raise RunExists(f"run {run_id} exists")
         self._runs[run_id] = RunState(run_id)
@@ -320,7 +349,7 @@ class MemoryRunLog:
         """The run's log."""
         run = self._runs.get(run_id)
         if run is None or self._expired(run, trio.current_time()):
-            self._runs.pop(run_id, None)
+            self._forget(run_id)
             raise UnknownRun(run_id)
         return run
 
@@ -331,6 +360,7 @@ class MemoryRunLog:
             raise HubError("run is done")
         written = []
         seq = run.last_seq
+        cost = 0
         for event in events:
             seq += 1
             if event.seq != seq:
@@ -338,44 +368,89 @@ class MemoryRunLog:
             entry = Entry(seq, event, encode_json(event))
             written.append(entry)
             run.nbytes += len(entry.data)
+            cost += _cost(entry)
             if type(event) is RunDone:
                 run.done_at = trio.current_time()
+                self._finished[run_id] = None
         run.entries += written
+        run.cost += cost
+        self.total_events += len(written)
+        self.total_bytes += cost
         self._trim(run)
+        if self._over(1):
+            self._evict()
         return written
 
     def runs(self) -> list[str]:
         """The ids of the runs kept now."""
         return list(self._runs)
 
+    def sweep(self) -> None:
+        """Forget the runs whose retention is over."""
+        now = trio.current_time()
+        expired = []
+        for run_id in self._finished:  # in the order they finished: the first kept ends it
+            if not self._expired(self._runs[run_id], now):
+                break
+            expired.append(run_id)
+        for run_id in expired:
+            self._forget(run_id)
+
+    def _forget(self, run_id: str) -> None:
+        run = self._runs.pop(run_id, None)
+        self._finished.pop(run_id, None)
+        if run is not None:
+            self.total_events -= len(run.entries)
+            self.total_bytes -= run.cost
+
+    def _over(self, fraction: float) -> bool:
+        return (
+            self.total_events > self.max_total_events * fraction
+            or self.total_bytes > self.max_total_bytes * fraction
+        )
+
+    def _evict(self) -> None:
+        """Back under 7/8 of the totals (amortised): the oldest finished runs first, then the
+        oldest events of the largest live runs."""
+        while self._finished and self._over(7 / 8):
+            self._forget(next(iter(self._finished)))
+            self.evicted += 1
+        while self._over(1):
+            live = max(self._runs.values(), key=lambda run: run.cost, default=None)
+            if live is None or len(live.entries) <= 1:
+                return
+            self._drop_head(live, max(len(live.entries) // 8, 1), self.max_bytes)
+
     def _trim(self, run: RunState) -> None:
         over = len(run.entries) - self.max_events
         if over <= 0 and run.nbytes <= self.max_bytes:
             return
         # forget in slices of at least 1/8 of the cap: trimming stays amortised O(1) per event
-        drop = max(over, self.max_events // 8, 1)
-        freed = 0
-        n = 0
+        self._drop_head(run, max(over, self.max_events // 8, 1), self.max_bytes)
+
+    def _drop_head(self, run: RunState, drop: int, max_bytes: int) -> None:
+        """Forget at least `drop` of the oldest entries, and more until the run's JSON is
+        under 7/8 of `max_bytes`; the newest is always kept."""
+        freed = cost = n = 0
         for entry in run.entries:
-            if n >= drop and run.nbytes - freed <= self.max_bytes * 7 // 8:
+            if n >= drop and run.nbytes - freed <= max_bytes * 7 // 8:
                 break
             freed += len(entry.data)
+            cost += _cost(entry)
             n += 1
-        n = min(n, len(run.entries) - 1)  # always keep the newest event
+        if n > len(run.entries) - 1:  # always keep the newest event
+            n = len(run.entries) - 1
+            freed = sum(len(e.data) for e in run.entries[:n])
+            cost = sum(_cost(e) for e in run.entries[:n])
         del run.entries[:n]
         run.base += n
         run.nbytes -= freed
+        run.cost -= cost
+        self.total_events -= n
+        self.total_bytes -= cost
 
     def _expired(self, run: RunState, now: float) -> bool:
         return run.done_at is not None and now - run.done_at > self.retention
-
-    def _sweep(self) -> None:
-        now = trio.current_time()
-        if now < self._next_sweep:
-            return
-        self._next_sweep = now + min(self.retention, 60.0)
-        for run_id in [r for r, run in self._runs.items() if self._expired(run, now)]:
-            del self._runs[run_id]
 
 
 class _Owner(Protocol):
@@ -531,6 +606,10 @@ class RunHub(Protocol):
         """Which of these runs are still kept (not forgotten after their retention)."""
         ...
 
+    async def sweep(self) -> None:
+        """Forget what has expired (a server calls it on a timer)."""
+        ...
+
     def statistics(self) -> dict[str, int]:
         """Counters for monitoring."""
         ...
@@ -623,6 +702,11 @@ class Hub:
             return self.log.get(run_id).access
         except UnknownRun:
             return None
+
+    async def sweep(self) -> None:
+        """Forget the runs whose retention is over (`MemoryRunLog.sweep`)."""
+        self.log.sweep()
+        await trio.lowlevel.checkpoint()
 
     async def kept(self, run_ids: Sequence[str]) -> set[str]:
         """Which of these runs the log still keeps."""

@@ -18,6 +18,8 @@ parse (invalid UTF-8 in a text message: 1007) gets the close frame trio-websocke
 
 from __future__ import annotations
 
+import base64
+import binascii
 import struct
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
@@ -56,11 +58,24 @@ def handshake_problem(request: Request) -> tuple[int, str] | None:
         return 400, "a WebSocket handshake is a GET"
     if headers.get("sec-websocket-version", "").strip() != "13":
         return 426, "Sec-WebSocket-Version must be 13"
-    if not headers.get("sec-websocket-key", "").strip():
+    key = headers.get("sec-websocket-key", "").strip()
+    if not key:
         return 400, "Sec-WebSocket-Key is missing"
+    if not _nonce(key):
+        return 400, "Sec-WebSocket-Key must be 16 bytes in base64"
     if "host" not in headers:
         return 400, "Host is missing"
     return None
+
+
+def _nonce(key: str) -> bool:
+    """Whether `key` is 16 bytes in base64 (RFC 6455 §4.2.1: 24 characters)."""
+    if len(key) != 24:
+        return False
+    try:
+        return len(base64.b64decode(key, validate=True)) == 16
+    except binascii.Error:
+        return False
 
 
 @asynccontextmanager

@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import functools
 import hashlib
 import hmac
 import ipaddress
 import logging
 import math
+import os
 import re
 import secrets
 from base64 import b64encode
@@ -80,10 +82,11 @@ from rillet._hub import (
 )
 from rillet._policy import Outcome, Policy
 from rillet._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest, user
+from rillet._runevents import RunDone, RunEvent, StatusEvent
 from rillet._turn import Sink, SinkBatch, Turn, TurnResult, UniItem, run_turn
 from rillet.providers._base import Provider, Secret
 
-from ._http11 import BodyTooLarge, HttpConnection, Request, RequestTimeout
+from ._http11 import BodyTooLarge, HttpConnection, Request, RequestRefused, RequestTimeout
 from ._http11 import ConnectionStream as _ConnectionStream
 from ._ws import TokenBucket, close_websocket, handshake_problem, open_websocket, text_frame
 
@@ -97,14 +100,23 @@ logger = logging.getLogger(__name__)
 
 SSE_HEADERS = (
     ("content-type", "text/event-stream; charset=utf-8"),
+    ("x-content-type-options", "nosniff"),
     ("cache-control", "no-cache, no-transform"),
     ("x-accel-buffering", "no"),
 )
 _HEARTBEAT = b": keep-alive\n\n"
 _RETRY = b"retry: 1000\n\n"  # EventSource reconnects after a second
 _DONE = b"data: [DONE]\n\n"
+_PROBE = b":\n\n"  # an empty SSE comment
+_PROBE_WAIT = 0.05  # seconds for a reset to come back over loopback or a LAN
 _GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
 _RUN_ID = re.compile(r"[0-9a-f]{1,64}")
+_FULL_BODY = b'{"error":{"type":"too_many_connections","message":"too many connections"}}'
+_FULL = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    b"x-content-type-options: nosniff\r\nretry-after: 1\r\ncontent-length: %d\r\n"
+    b"connection: close\r\n\r\n%s" % (len(_FULL_BODY), _FULL_BODY)
+)
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "ip6-localhost"})
 
 
@@ -114,7 +126,8 @@ class ServerConfigError(RilletError, ValueError):
 
 @attrs.frozen(kw_only=True)
 class Limits:
-    """The server's limits (sizes in bytes, times in seconds).
+    """The server's limits (sizes in bytes, times in seconds). `docs/reliability.md` says why
+    each default is what it is.
 
     Attributes:
         max_body: the largest request body (413 past it).
@@ -123,12 +136,28 @@ class Limits:
         ws_rate, ws_burst: client messages per second on a WebSocket, and the burst allowed
             (1008 past them).
         max_subscribers_per_run: live SSE and WebSocket subscribers of one run (429 / 1008).
-        max_subscribers_per_client: live subscribers from one client IP address (429 / 1008).
-        max_active_runs: runs (and MMSP streams) running at once (429 past it).
+        max_subscribers_per_client: live subscribers one client holds (429 / 1008). A client
+            is its address, the run token it reads with and its `X-Rillet-Session`, if any:
+            every local program is 127.0.0.1, and one of them holding its quota must not lock
+            the others out.
+        max_streams: provider streams (runs and MMSP streams) running at once, process-wide;
+            a run past it waits in the queue (a `status` event, phase `queued`). The upstream
+            connection pool is this size, so an admitted stream never waits for a connection.
+        max_queued: runs and streams waiting for a slot; past it 429 with `Retry-After`.
+        max_runs_per_client: the runs and streams one client (its address, server key and
+            `X-Rillet-Session`) may hold running or queued (429 past it): no client takes the
+            whole capacity.
+        max_active_runs: runs and streams started and not finished, queued ones included
+            (429 past it); the lower of it and `max_streams + max_queued` applies.
+        max_connections: client connections open at once; past it a connection gets 503 and is
+            closed at once (the cap stays under the process's file limit).
         heartbeat: seconds of silence before an SSE comment (or a WebSocket pong) goes out.
         head_timeout: seconds a connection may take to send a request's head, counted from
             when the server waits for it, and again for its body (slow clients are closed).
+        write_timeout: seconds a write may make no progress (the client reads nothing) before
+            the connection is closed.
         close_timeout: seconds a closing stream gives a client to take its last bytes.
+        sweep_interval: seconds between sweeps of expired runs (and their tokens).
         send_buffer: the kernel send buffer of each connection (`SO_SNDBUF`), None for the
             system's: what may sit in the kernel for a client that stopped reading.
     """
@@ -139,10 +168,16 @@ class Limits:
     ws_burst: int = 40
     max_subscribers_per_run: int = 1000
     max_subscribers_per_client: int = 64
+    max_streams: int = 32
+    max_queued: int = 64
+    max_runs_per_client: int = 16
     max_active_runs: int = 256
+    max_connections: int = 4096
     heartbeat: float = 15.0
     head_timeout: float = 10.0
+    write_timeout: float = 30.0
     close_timeout: float = 2.0
+    sweep_interval: float = 30.0
     send_buffer: int | None = None
 
 
@@ -238,20 +273,50 @@ async def serve(
 
 
 async def _serve(config: ServerConfig, hub: RunHub, task_status: trio.TaskStatus[str]) -> None:
+    # the pool holds a connection for every stream admitted: none waits for one
+    pool = httpx.Limits(
+        max_connections=config.limits.max_streams,
+        max_keepalive_connections=config.limits.max_streams,
+    )
     async with (
-        httpx.AsyncClient(timeout=httpx.Timeout(None), follow_redirects=False) as client,
+        httpx.AsyncClient(
+            timeout=httpx.Timeout(None), follow_redirects=False, limits=pool
+        ) as client,
         trio.open_nursery() as nursery,
     ):
-        listeners: list[trio.SocketListener] = await nursery.start(
-            functools.partial(
-                trio.serve_tcp, port=config.port, host=config.host, handler_nursery=nursery
-            ),
-            _Server(config, hub, client, nursery).handle,
-        )
+        listeners = await trio.open_tcp_listeners(config.port, host=config.host)
+        server = _Server(config, hub, client, nursery)
+        for listener in listeners:
+            nursery.start_soon(_accept, listener, server, nursery)
+        nursery.start_soon(server.sweep)
         host, port = listeners[0].socket.getsockname()[:2]
         url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
         logger.info("serving on %s", url)
         task_status.started(url)
+
+
+_ACCEPT_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+
+
+async def _accept(listener: trio.SocketListener, server: _Server, nursery: trio.Nursery) -> None:
+    """Accept connections until cancelled. Out of file descriptors (EMFILE) or memory, it backs
+    off (10 ms, doubling to 1 s) and keeps serving the connections it has; they free what it
+    needs. Logged once per episode, not once per attempt."""
+    pause = 0.0
+    async with listener:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if exc.errno not in _ACCEPT_ERRORS:
+                    raise
+                if not pause:
+                    logger.warning("accept failed (%s): backing off", errno.errorcode[exc.errno])
+                pause = min(max(2 * pause, 0.01), 1.0)
+                await trio.sleep(pause)
+                continue
+            pause = 0.0
+            nursery.start_soon(server.handle, stream)
 
 
 # --- replies --------------------------------------------------------------------------------
@@ -399,6 +464,7 @@ class RunState:
 
     token: str
     turn: Turn | None = None
+    waiting: trio.CancelScope | None = None  # its wait for admission, while queued
     access: bytes = attrs.field()
 
     @access.default
@@ -416,9 +482,9 @@ class _Metrics:
 
     window: float = 10.0
     runs_started: int = 0
-    runs_active: int = 0
     streams_started: int = 0
     connections: int = 0
+    connections_refused: int = 0
     subscribers_dropped: int = 0
     _buckets: collections.deque[list[float]] = attrs.field(factory=collections.deque)
     _ttfe: collections.deque[float] = attrs.field(factory=lambda: collections.deque(maxlen=1024))
@@ -456,16 +522,40 @@ class _Metrics:
 
 @attrs.define(eq=False)
 class _HubFeed:
-    """A run's sink into the hub, counting the events for `/metrics`."""
+    """A run's sink into the hub, counting the events for `/metrics`. A run that waited in the
+    queue has its own events first (`status` queued): the turn's events follow them, their seqs
+    moved by `shift`, so the log stays gapless from seq 1."""
 
     inner: Sink
     metrics: _Metrics
+    run_id: str = ""
     turn: Turn | None = None
+    shift: int = 0
+    offset_ms: int = 0  # how long the run waited before its turn started
+    started: float = attrs.field(factory=trio.current_time)
 
     async def deliver(self, batch: SinkBatch) -> None:
         if batch.run:
             self.metrics.count(len(batch.run))
+            if self.shift:
+                shift = self.shift
+                offset = self.offset_ms
+                moved = [
+                    msgspec.structs.replace(e, seq=e.seq + shift, elapsed_ms=e.elapsed_ms + offset)
+                    for e in batch.run
+                ]
+                batch = SinkBatch(run=moved, uni=batch.uni)
             await self.inner.deliver(batch)
+
+    async def own(self, event: RunEvent) -> None:
+        """One of the server's own events for the run (before the turn's, or instead)."""
+        self.shift += 1
+        await self.inner.deliver(SinkBatch(run=[event], uni=()))
+
+    def envelope(self) -> dict[str, Any]:
+        """The envelope of the server's next own event."""
+        elapsed = int((trio.current_time() - self.started) * 1000)
+        return {"run_id": self.run_id, "seq": self.shift + 1, "elapsed_ms": elapsed}
 
     async def close(self) -> None:
         await self.inner.close()
@@ -497,6 +587,115 @@ class _WsState:
     def close(self, code: int, reason: str) -> None:
         if self.code is None:
             self.code, self.reason = code, reason
+
+
+# --- capacity -------------------------------------------------------------------------------
+
+
+def _uncount(counter: collections.Counter[Any], key: Any) -> None:
+    counter[key] -= 1
+    if counter[key] <= 0:
+        del counter[key]
+
+
+def _subscriber(request: Request) -> bytes:
+    """The client a subscription counts against: who reads with this run token."""
+    return _client_key(request, request.bearer() or request.query.get("token", ""))
+
+
+def _client_key(request: Request, credential: str) -> bytes:
+    """What identifies a client for its limits: its address, the credential it acts with (a
+    run token, the server key) and its `X-Rillet-Session`, if it sends one. Every local
+    program shares 127.0.0.1; the address alone would make them one client."""
+    session = request.headers.get("x-rillet-session", "")[:128]
+    digest = hashlib.sha256()
+    for part in (request.client, credential, session):
+        data = part.encode("utf-8", "replace")
+        digest.update(b"%d:%s;" % (len(data), data))
+    return digest.digest()
+
+
+@attrs.define(eq=False)
+class _Ticket:
+    """A run's (or MMSP stream's) place in the admission: reserved at once, holding a slot once
+    admitted."""
+
+    client: bytes
+    admitted: bool = False
+    released: bool = False
+
+
+@attrs.define(eq=False)
+class _Admission:
+    """Fair, explicit capacity for provider streams: at most `slots` run at once (first come,
+    first served), at most `queue` wait, and one client holds at most `per_client` of them,
+    running or waiting. A place is reserved synchronously, in the same step as the check, so
+    concurrent starts can never count past the limit."""
+
+    slots: int
+    queue: int
+    per_client: int
+    ceiling: int  # running and waiting together
+    pending: int = 0
+    held: collections.Counter[bytes] = attrs.field(factory=collections.Counter)
+    _limiter: trio.CapacityLimiter = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._limiter = trio.CapacityLimiter(self.slots)
+
+    @classmethod
+    def of(cls, limits: Limits) -> _Admission:
+        """The admission `limits` describe."""
+        return cls(
+            slots=limits.max_streams,
+            queue=limits.max_queued,
+            per_client=limits.max_runs_per_client,
+            ceiling=min(limits.max_active_runs, limits.max_streams + limits.max_queued),
+        )
+
+    @property
+    def running(self) -> int:
+        """Streams holding a slot."""
+        return int(self._limiter.borrowed_tokens)
+
+    @property
+    def waiting(self) -> int:
+        """Streams queued for a slot."""
+        return self.pending - self.running
+
+    def reserve(self, client: bytes) -> _Ticket | None:
+        """A place for `client`, or None when the capacity or the client's share is taken."""
+        if self.pending >= self.ceiling or self.held[client] >= self.per_client:
+            return None
+        self.pending += 1
+        self.held[client] += 1
+        return _Ticket(client)
+
+    def try_admit(self, ticket: _Ticket) -> bool:
+        """Take a slot now if one is free and nobody waits for one."""
+        try:
+            self._limiter.acquire_on_behalf_of_nowait(ticket)
+        except trio.WouldBlock:
+            return False
+        ticket.admitted = True
+        return True
+
+    async def admit(self, ticket: _Ticket) -> None:
+        """Wait for a slot (in turn)."""
+        await self._limiter.acquire_on_behalf_of(ticket)
+        ticket.admitted = True
+
+    def release(self, ticket: _Ticket) -> None:
+        """Give the place (and the slot) back; once."""
+        if ticket.released:
+            return
+        ticket.released = True
+        if ticket.admitted:
+            self._limiter.release_on_behalf_of(ticket)
+        self.pending -= 1
+        self.held[ticket.client] -= 1
+        if self.held[ticket.client] <= 0:
+            del self.held[ticket.client]
 
 
 # --- writing a run's events ----------------------------------------------------------------
@@ -577,14 +776,18 @@ class _Server:
     runs: dict[str, RunState] = attrs.field(factory=dict)
     metrics: _Metrics = attrs.field(factory=_Metrics)
     per_run: collections.Counter[str] = attrs.field(factory=collections.Counter)
-    per_client: collections.Counter[str] = attrs.field(factory=collections.Counter)
+    per_client: collections.Counter[bytes] = attrs.field(factory=collections.Counter)
+    admission: _Admission = attrs.field()
     _decoy: str = attrs.field(factory=lambda: secrets.token_urlsafe(24))
-    _next_prune: float = 0.0
     _page: tuple[bytes, str] = attrs.field(factory=lambda: _load_page())
     _sse_last: _LastBatch = attrs.field(factory=_LastBatch)
     _ws_last: _LastBatch = attrs.field(factory=_LastBatch)
     _static: dict[str, dict[str, _Handler]] = attrs.field(init=False)
     _per_run: dict[str, dict[str, _Handler]] = attrs.field(init=False)
+
+    @admission.default
+    def _admission(self) -> _Admission:
+        return _Admission.of(self.config.limits)
 
     def __attrs_post_init__(self) -> None:
         self._static = {
@@ -614,7 +817,10 @@ class _Server:
             socket_stream.setsockopt(
                 trio.socket.SOL_SOCKET, trio.socket.SO_SNDBUF, self.limits.send_buffer
             )
-        stream = _ConnectionStream(socket_stream)
+        if self.metrics.connections >= self.limits.max_connections:
+            await self._refuse_connection(socket_stream)
+            return
+        stream = _ConnectionStream(socket_stream, write_timeout=self.limits.write_timeout)
         http = HttpConnection(stream)
         self.metrics.connections += 1
         try:
@@ -629,11 +835,22 @@ class _Server:
             self.metrics.connections -= 1
             await stream.close_transport()
 
+    async def _refuse_connection(self, socket_stream: trio.SocketStream) -> None:
+        """Past the connection cap: a 503 if the socket takes it at once, then closed."""
+        self.metrics.connections_refused += 1
+        with contextlib.suppress(OSError):  # the socket is non-blocking: this never waits
+            os.write(socket_stream.socket.fileno(), _FULL)
+        await trio.aclose_forcefully(socket_stream)
+
     async def _converse(self, http: HttpConnection) -> None:
         while True:
             try:
                 request = await http.next_request(self.limits.head_timeout)
             except RequestTimeout:
+                return
+            except RequestRefused as refused:
+                body = _error_body("bad_request", refused.message)
+                await http.respond(refused.status, body, close=True)
                 return
             except h11.RemoteProtocolError as exc:
                 if http.responding:
@@ -666,9 +883,11 @@ class _Server:
                 reply.status, reply.body, reply.headers, head_only=head_only, close=close
             )
             return not close
-        except (BodyTooLarge, RequestTimeout, h11.RemoteProtocolError) as exc:
+        except (BodyTooLarge, RequestTimeout, RequestRefused, h11.RemoteProtocolError) as exc:
             if http.responding:
-                if isinstance(exc, BodyTooLarge):
+                if isinstance(exc, RequestRefused):
+                    status, kind, message = exc.status, "bad_request", exc.message
+                elif isinstance(exc, BodyTooLarge):
                     status, kind, message = 413, "body_too_large", "the request body is too large"
                 elif isinstance(exc, RequestTimeout):
                     status, kind, message = 408, "request_timeout", "the request body was too slow"
@@ -786,14 +1005,18 @@ class _Server:
                 400, "InvalidRequestError" if mmsp else "invalid_request", "model unavailable"
             ) from None
 
-    def _check_capacity(self, mmsp: bool) -> None:
-        if self.metrics.runs_active >= self.limits.max_active_runs:
+    def _reserve(self, request: Request, *, mmsp: bool) -> _Ticket:
+        """A place in the admission for this request's client; 429 with `Retry-After` when the
+        server's capacity or the client's share is taken."""
+        ticket = self.admission.reserve(_client_key(request, request.bearer() or ""))
+        if ticket is None:
             raise _Reply(
                 429,
                 "RateLimitError" if mmsp else "too_many_runs",
                 "too many runs at once; retry shortly",
                 headers=[("retry-after", "1")],
             )
+        return ticket
 
     # --- simple endpoints -------------------------------------------------------------------
 
@@ -820,11 +1043,13 @@ class _Server:
         self._require_key(request)
         m = self.metrics
         body = {
-            "runs_active": m.runs_active,
+            "runs_active": self.admission.running,
+            "runs_queued": self.admission.waiting,
             "runs_started": m.runs_started,
             "runs_kept": len(self.runs),
             "streams_started": m.streams_started,
             "connections": m.connections,
+            "connections_refused": m.connections_refused,
             "subscribers": self.hub.subscribers,
             "subscribers_dropped": m.subscribers_dropped,
             "events_per_second": round(m.events_per_second(), 3),
@@ -851,20 +1076,26 @@ class _Server:
         except ValueError as exc:
             raise _Reply(400, "invalid_request", str(exc)) from None
         provider = self._provider(body.model, mmsp=False)
-        self._check_capacity(mmsp=False)
+        ticket = self._reserve(request, mmsp=False)
         run_id = secrets.token_hex(12)
         record = RunState(token=secrets.token_urlsafe(24))
         try:
-            await self._prune()
-            sink = _HubFeed(await self.hub.open_run(run_id, access=record.access), self.metrics)
-        except HubUnavailable as exc:
-            logger.error("refusing a new run: %s", exc)
-            raise _log_unavailable().reply() from None
-        self.runs[run_id] = record
-        try:
-            await self.nursery.start(self._run, turn_request, provider, run_id, sink, record)
-        except RuntimeError:  # it failed before it could start (logged by `_run`)
-            raise _Reply(500, "internal_error", "the run could not start") from None
+            try:
+                inner = await self.hub.open_run(run_id, access=record.access)
+            except HubUnavailable as exc:
+                logger.error("refusing a new run: %s", exc)
+                raise _log_unavailable().reply() from None
+            sink = _HubFeed(inner, self.metrics, run_id)
+            self.runs[run_id] = record
+            try:
+                await self.nursery.start(
+                    self._run, turn_request, provider, run_id, sink, record, ticket
+                )
+            except RuntimeError:  # it failed before it could start (logged by `_run`)
+                raise _Reply(500, "internal_error", "the run could not start") from None
+        except BaseException:
+            self.admission.release(ticket)
+            raise
         base = self._base(request)
         query = f"?token={record.token}"
         answer = {
@@ -882,6 +1113,7 @@ class _Server:
         run_id: str,
         sink: _HubFeed,
         record: RunState,
+        ticket: _Ticket,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """One run, in the server's nursery: it goes on whoever watches, or nobody. Started
@@ -905,8 +1137,12 @@ class _Server:
             )
 
         self.metrics.runs_started += 1
-        self.metrics.runs_active += 1
         try:
+            if not self.admission.try_admit(ticket):
+                await self._queued(sink, record, ticket, task_status)
+                if not ticket.admitted:
+                    return
+                task_status = trio.TASK_STATUS_IGNORED
             async with trio.open_nursery() as nursery:
                 record.turn = sink.turn = await nursery.start(turn_task)
                 task_status.started()
@@ -914,18 +1150,40 @@ class _Server:
         except Exception as exc:  # a bug in one run must not take the server down
             logger.error("run %s failed: %s", run_id, type(exc).__name__, exc_info=True)
         finally:
-            self.metrics.runs_active -= 1
+            self.admission.release(ticket)
             record.turn = sink.turn = None
 
-    async def _prune(self) -> None:
-        """Forget the tokens of runs the hub has forgotten (at most once a minute)."""
-        now = trio.current_time()
-        if now < self._next_prune:
+    async def _queued(
+        self, sink: _HubFeed, record: RunState, ticket: _Ticket, task_status: trio.TaskStatus[None]
+    ) -> None:
+        """Wait in the queue for a slot: the run's log says so first (`status`, phase
+        `queued`), and the run is started for its client meanwhile. Cancelled while it waits,
+        the run ends there (`run.done` cancelled) and never reaches the provider."""
+        await sink.own(StatusEvent(**sink.envelope(), phase="queued", attempt=0))
+        with trio.CancelScope() as record.waiting:
+            task_status.started()
+            await self.admission.admit(ticket)
+        record.waiting = None
+        if ticket.admitted:
+            sink.offset_ms = int((trio.current_time() - sink.started) * 1000)
             return
-        self._next_prune = now + 60.0
-        kept = await self.hub.kept(list(self.runs))
-        for run_id in [r for r in self.runs if r not in kept]:
-            self.runs.pop(run_id, None)
+        await sink.own(RunDone(**sink.envelope(), status="cancelled", code="cancelled"))
+        await sink.close()
+
+    async def sweep(self) -> None:
+        """Every `sweep_interval` seconds: the hub forgets expired runs, and the server the
+        tokens of runs the hub has forgotten (not only when a run starts: an idle server must
+        give its memory back too)."""
+        while True:
+            await trio.sleep(self.limits.sweep_interval)
+            try:
+                await self.hub.sweep()
+                kept = await self.hub.kept(list(self.runs))
+            except HubUnavailable as exc:
+                logger.warning("sweep skipped: %s", exc)
+                continue
+            for run_id in [r for r in self.runs if r not in kept]:
+                self.runs.pop(run_id, None)
 
     def _base(self, request: Request) -> str:
         host = request.headers.get("host")
@@ -961,11 +1219,13 @@ class _Server:
             raise _Reply(409, "elsewhere", "cancel the run on the server that started it")
         if record.turn is not None:
             record.turn.cancel()
+        elif record.waiting is not None:
+            record.waiting.cancel()
         await http.respond(202, msgspec.json.encode({"run_id": run_id}))
 
     @asynccontextmanager
     async def _subscription(
-        self, run_id: str, cursor: str | None, client: str
+        self, run_id: str, cursor: str | None, client: bytes
     ) -> AsyncIterator[Subscription]:
         """Follow a run from a cursor, counted against the limits. Raises `_Refused`."""
         limits = self.limits
@@ -997,10 +1257,8 @@ class _Server:
             sub.close()
             if sub.drop_reason is not None:
                 self.metrics.subscribers_dropped += 1
-            for counter, key in ((self.per_run, run_id), (self.per_client, client)):
-                counter[key] -= 1
-                if counter[key] <= 0:
-                    del counter[key]
+            _uncount(self.per_run, run_id)
+            _uncount(self.per_client, client)
 
     def _finished(self, run_id: str, sub: Subscription) -> bool:
         """Whether the subscriber is at the end of a run that is over."""
@@ -1013,7 +1271,7 @@ class _Server:
         try:
             if await self._authorized(request, run_id) is None:
                 raise _not_found()
-            async with self._subscription(run_id, cursor, request.client) as sub:
+            async with self._subscription(run_id, cursor, _subscriber(request)) as sub:
                 if self._finished(run_id, sub):
                     await http.respond(204, content_type="")
                     return
@@ -1080,8 +1338,15 @@ class _Server:
 
         async def watch(scope: trio.CancelScope) -> None:
             nonlocal gone
-            while await http.stream.receive_ahead():
+            stream = http.stream
+            while (more := await stream.receive_ahead()) is True:
                 pass
+            if more is None:  # the end of its requests: a close, or a half-close
+                while not await self._probe(http):  # noqa: ASYNC110 (no event says the head went)
+                    await trio.sleep(self.limits.heartbeat)
+                await trio.sleep(_PROBE_WAIT)  # a client that closed answers the probe with a reset
+                if not await stream.reset_by_peer():
+                    await trio.sleep_forever()  # it half-closed: it still reads; stream on
             gone = True
             scope.cancel()
 
@@ -1093,6 +1358,16 @@ class _Server:
                 gone = True
             nursery.cancel_scope.cancel()
         return not gone
+
+    @staticmethod
+    async def _probe(http: HttpConnection) -> bool:
+        """Send an SSE comment, if the streamed body has begun (False when it has not): a
+        client that closed its connection answers it with a reset, one that half-closed reads
+        it as nothing."""
+        if http.conn.our_state is not h11.SEND_BODY:
+            return False
+        await http.send_data(_PROBE)
+        return True
 
     # --- WebSocket --------------------------------------------------------------------------
 
@@ -1143,7 +1418,7 @@ class _Server:
                 return
             cursor = request.query.get("after")
             async with (
-                self._subscription(run_id, cursor, request.client) as sub,
+                self._subscription(run_id, cursor, _subscriber(request)) as sub,
                 trio.open_nursery() as nursery,
             ):
                 nursery.start_soon(self._ws_reader, ws, state, nursery.cancel_scope)
@@ -1231,34 +1506,42 @@ class _Server:
         except ValueError as exc:
             raise _Reply(400, "InvalidRequestError", str(exc)) from None
         provider = self._provider(body.model, mmsp=True)
-        self._check_capacity(mmsp=True)
+        ticket = self._reserve(request, mmsp=True)
+        try:
+            await self._mmsp_turn(http, turn_request, provider, ticket)
+        finally:
+            self.admission.release(ticket)
+
+    async def _mmsp_turn(
+        self, http: HttpConnection, turn_request: TurnRequest, provider: Provider, ticket: _Ticket
+    ) -> None:
+        """Wait for a slot (while the client stays), then stream the turn."""
+        admit = functools.partial(self.admission.admit, ticket)
+        if not self.admission.try_admit(ticket) and not await self._until_gone(http, admit):
+            raise _CloseConnection
         policy = self.config.policy or Policy()
         send, receive = trio.open_memory_channel[list[UniItem]](policy.channel_size)
         self.metrics.streams_started += 1
-        self.metrics.runs_active += 1
         completed = False
-        try:
-            async with trio.open_nursery() as nursery:
-                turn: Turn = await nursery.start(
-                    functools.partial(
-                        run_turn,
-                        turn_request,
-                        provider,
-                        sinks=[_ChannelSink(send)],
-                        policy=policy,
-                        client=self.client,
-                        history=False,  # the stream is written from the sink's channel
-                    )
+        async with trio.open_nursery() as nursery:
+            turn: Turn = await nursery.start(
+                functools.partial(
+                    run_turn,
+                    turn_request,
+                    provider,
+                    sinks=[_ChannelSink(send)],
+                    policy=policy,
+                    client=self.client,
+                    history=False,  # the stream is written from the sink's channel
                 )
-                try:
-                    pump = functools.partial(self._pump_mmsp, http, turn, receive, provider)
-                    completed = await self._until_gone(http, pump)
-                finally:
-                    if not completed:
-                        turn.cancel()
-            self.metrics.finished(await turn.result())
-        finally:
-            self.metrics.runs_active -= 1
+            )
+            try:
+                pump = functools.partial(self._pump_mmsp, http, turn, receive, provider)
+                completed = await self._until_gone(http, pump)
+            finally:
+                if not completed:
+                    turn.cancel()
+        self.metrics.finished(await turn.result())
         await self._end_stream(http, completed)
 
     async def _pump_mmsp(
