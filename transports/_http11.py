@@ -30,6 +30,7 @@ off once the socket took nothing for that long, whatever the server was writing.
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import os
 import re
@@ -58,6 +59,7 @@ _RECEIVE_SIZE = 64 * 1024
 _SEND_SIZE = 256 * 1024
 _MAX_HEAD = 16 * 1024  # h11 answers 431 past this
 _MAX_UNREAD = 64 * 1024  # bytes a streaming response reads ahead of the next request
+_MAX_LINGER = 1024 * 1024  # bytes read and dropped before a refused client is closed
 _GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
 _CHUNKED = b"\r\ntransfer-encoding: chunked\r\n"
 _WRITE_TIMEOUT = 30.0  # seconds a write may make no progress before the connection is cut
@@ -216,6 +218,21 @@ class ConnectionStream(trio.abc.Stream):
         self._closed = True
         await trio.lowlevel.checkpoint()
 
+    async def linger(self, within: float, limit: int = _MAX_LINGER) -> None:
+        """Before closing on a client still sending (a refused head or body): end our side and
+        read, discarding, until it stops, `within` seconds pass or `limit` bytes came. Closing
+        with unread bytes would reset the connection, and a reset can destroy the refusal
+        before the client reads it."""
+        with trio.move_on_after(within), contextlib.suppress(*_GONE, OSError):
+            await self.flush()
+            self._socket.shutdown(socket.SHUT_WR)
+            taken = 0
+            while taken < limit:
+                data = await self._stream.receive_some(_RECEIVE_SIZE)
+                if not data:
+                    break
+                taken += len(data)
+
     async def close_transport(self) -> None:
         """Close the socket itself (unsent bytes are dropped)."""
         self._closed = True
@@ -324,6 +341,7 @@ class HttpConnection:
         factory=lambda: h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
     )
     chunked: bool = False  # the streamed response's body is chunked (`body_chunk`)
+    refused: bool = False  # a response with `close` went out: linger before closing
 
     async def next_request(self, within: float) -> Request | None:
         """The next request's head, or None when the client closed the connection between
@@ -392,6 +410,7 @@ class HttpConnection:
             extra.append(("content-length", str(len(body))))
         if close:
             extra.append(("connection", "close"))
+            self.refused = True
         await self._send(_response(status, extra))
         if body and not head_only:
             await self._send(h11.Data(data=body))

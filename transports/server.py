@@ -833,6 +833,8 @@ class _Server:
             logger.error("connection failed", exc_info=group)
         finally:
             self.metrics.connections -= 1
+            if http.refused:
+                await stream.linger(self.limits.close_timeout)
             await stream.close_transport()
 
     async def _refuse_connection(self, socket_stream: trio.SocketStream) -> None:
