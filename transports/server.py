@@ -833,9 +833,11 @@ class _Server:
             logger.error("connection failed", exc_info=group)
         finally:
             self.metrics.connections -= 1
-            if http.refused:
-                await stream.linger(self.limits.close_timeout)
-            await stream.close_transport()
+            try:
+                if http.refused:
+                    await stream.linger(self.limits.close_timeout)
+            finally:  # cancelled (the server stops) or not, the socket is closed
+                await stream.close_transport()
 
     async def _refuse_connection(self, socket_stream: trio.SocketStream) -> None:
         """Past the connection cap: a 503 if the socket takes it at once, then closed."""
