@@ -484,6 +484,7 @@ async def test_s24_bodies_in_1_byte_chunks_cost_bounded_work() -> None:
     with trio.fail_after(60):
         async with serving() as served:
             answers: list[bytes] = []
+            answered = trio.Event()
 
             async def upload() -> None:
                 while True:
@@ -494,12 +495,14 @@ async def test_s24_bodies_in_1_byte_chunks_cost_bounded_work() -> None:
                                 await stream.send_all(chunks)
                         except trio.BrokenResourceError:  # refused and closed
                             answers.append(await read_all(stream))
+                            answered.set()
 
             async with trio.open_nursery() as nursery:
                 for _ in range(16):
                     nursery.start_soon(upload)
                 await trio.sleep(0.5)  # the uploads are under way
                 latencies = await health_latencies(served.client, 40)
+                await answered.wait()  # and each is refused in the end
                 nursery.cancel_scope.cancel()
             runs = served.hub.statistics()["runs"]
     assert statistics.median(latencies) < 0.050, latencies

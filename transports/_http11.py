@@ -63,7 +63,7 @@ _MAX_LINGER = 1024 * 1024  # bytes read and dropped before a refused client is c
 _GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
 _CHUNKED = b"\r\ntransfer-encoding: chunked\r\n"
 _WRITE_TIMEOUT = 30.0  # seconds a write may make no progress before the connection is cut
-_YIELD_EVERY = 64  # h11 events a body reader handles before letting other tasks run
+_YIELD_EVERY = 16  # h11 events a body reader handles before letting other tasks run
 _MAX_PIECES = 8192  # h11 data events one request body may take (1-byte chunks are refused)
 _VERSIONS = (b"1.0", b"1.1")
 _HOST = re.compile(rb"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~!$&'()*+,;=%-]*)(?::[0-9]{0,5})?")

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from ._wire import encode_sse as encode_sse  # the encoder lives with the other wire encoders
+
 if TYPE_CHECKING:
     from types import ModuleType
 
@@ -237,38 +239,3 @@ class SSEDecoder:
 
     def _too_large(self, size: int) -> None:
         raise _errors().FrameTooLarge(self.max_frame, size, offset=self.offset)
-
-
-def encode_sse(
-    data: str | None = None,
-    *,
-    event: str | None = None,
-    id: str | None = None,
-    retry: int | None = None,
-    comment: str | None = None,
-) -> bytes:
-    """One SSE frame as bytes, ended by a blank line.
-
-    Data with line breaks becomes several `data:` lines, so the reader rebuilds it exactly; a
-    comment likewise. CR, LF or NUL in an event name or id would split or corrupt the frame and
-    raises `SSEEncodeError`.
-    """
-    parts: list[str] = []
-    if comment is not None:
-        parts.extend(f": {line}\n" for line in _LINE_END.split(comment))
-    if event is not None:
-        if _FORBIDDEN.search(event):
-            raise _errors().SSEEncodeError("event")
-        parts.append(f"event: {event}\n")
-    if id is not None:
-        if _FORBIDDEN.search(id):
-            raise _errors().SSEEncodeError("id")
-        parts.append(f"id: {id}\n")
-    if retry is not None:
-        if retry < 0:
-            raise ValueError("retry must not be negative")
-        parts.append(f"retry: {retry}\n")
-    if data is not None:
-        parts.extend(f"data: {line}\n" for line in _LINE_END.split(data))
-    parts.append("\n")
-    return "".join(parts).encode("utf-8")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import struct
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -29,25 +28,15 @@ import trio
 import trio_websocket
 from wsproto.connection import ConnectionState
 
+from ._wire import close_frame
+from ._wire import text_frame as text_frame  # the frames live with the other wire encoders
+
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from ._http11 import ConnectionStream, HttpConnection, Request
 
 __all__ = ["TokenBucket", "close_websocket", "handshake_problem", "open_websocket", "text_frame"]
-
-
-def text_frame(payload: bytes) -> bytes:
-    """One whole, unmasked (server to client) WebSocket text frame carrying `payload`, which
-    must be UTF-8 (RFC 6455 §5.2: FIN, opcode 1, the shortest length encoding)."""
-    size = len(payload)
-    if size < 126:
-        head = bytes((0x81, size))
-    elif size < 0x10000:
-        head = struct.pack("!BBH", 0x81, 126, size)
-    else:
-        head = struct.pack("!BBQ", 0x81, 127, size)
-    return head + payload
 
 
 def handshake_problem(request: Request) -> tuple[int, str] | None:
@@ -122,7 +111,7 @@ async def close_websocket(
             if code is not None:
                 await ws.aclose(code, reason)
         elif _unanswered(ws):
-            await stream.send_raw(struct.pack("!BBH", 0x88, 2, ws.closed.code))
+            await stream.send_raw(close_frame(ws.closed.code))
 
 
 def _unanswered(ws: trio_websocket.WebSocketConnection) -> bool:
