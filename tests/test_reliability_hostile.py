@@ -415,7 +415,7 @@ async def test_s21_concurrent_starts_never_count_past_the_limit() -> None:
             async def watch() -> None:
                 nonlocal peak
                 while True:
-                    peak = max(peak, served_admission(served))
+                    peak = max(peak, upstream_streams(served))
                     await trio.lowlevel.checkpoint()
 
             async with trio.open_nursery() as outer:
@@ -431,7 +431,7 @@ async def test_s21_concurrent_starts_never_count_past_the_limit() -> None:
     assert metrics["runs_active"] == 8
 
 
-def served_admission(served: Served) -> int:
+def upstream_streams(served: Served) -> int:
     """The upstream streams open right now, as the provider counts them."""
     return served.loopback.open_connections
 

@@ -1,5 +1,5 @@
-"""Server-sent events, sans-I/O: a decoder that keeps every WHATWG event-stream rule, and an
-encoder that cannot be tricked into splitting a frame.
+"""Server-sent events, sans-I/O: a decoder that keeps every WHATWG event-stream rule, and (from
+`_wire`, where every wire encoder lives) an encoder that cannot be tricked into splitting a frame.
 
 The decoder takes bytes as they arrive, split anywhere, and returns the events each chunk
 completes. It decodes UTF-8 incrementally (a character split across chunks is reassembled;
@@ -14,7 +14,6 @@ than `max_frame` characters raises `FrameTooLarge`.
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -27,8 +26,6 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_MAX_FRAME", "SSEDecoder", "SSEEvent", "encode_sse"]
 
 DEFAULT_MAX_FRAME = 64 * 1024
-_LINE_END = re.compile(r"\r\n|\r|\n")
-_FORBIDDEN = re.compile(r"[\r\n\x00]")
 _BOM = b"\xef\xbb\xbf"
 _NAMES: dict[bytes, str] = {}  # event names seen, decoded once (bounded: names are few)
 
