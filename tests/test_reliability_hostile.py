@@ -25,6 +25,7 @@ from rillet._hub import Hub, MemoryRunLog
 from rillet._runevents import AnswerDelta, RunDone, RunStarted, StatusEvent, decode_run_event
 from rillet.providers._base import Secret
 from rillet.transports.server import Limits, ServerConfig
+from rillet.transports.server._routing import connection_cap
 
 from .test_server import (
     Served,
@@ -611,3 +612,15 @@ async def test_request_lines_and_headers_http_forbids_are_refused(
             answer = await raw_exchange(served.url, request_bytes)
     assert answer.startswith(b"HTTP/1.1 %d " % status)
     assert answer.count(b"\r\n\r\n") == 1  # one response, then closed
+
+
+def test_s17_the_connection_cap_stays_under_the_file_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limits = Limits()
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1000, hard))
+        low = connection_cap(limits)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert low == 1000 - limits.max_streams - 64  # room for upstream and the rest
+    assert connection_cap(Limits(max_connections=100)) == 100  # under the limit: as configured

@@ -7,7 +7,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import resource
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import attrs
@@ -32,9 +34,14 @@ from ._replies import GONE, CloseConnection, ErrorReply, error_body
 from ._runs import Runs
 from ._shared import Shared
 
-__all__ = ["Server"]
+if TYPE_CHECKING:
+    from ._config import Limits
+
+__all__ = ["Server", "connection_cap"]
 
 logger = logging.getLogger("rillet.transports.server")
+
+_SPARE_FDS = 64  # descriptors kept for what is not a client connection
 
 _Handler = Callable[[HttpConnection, Request, str], Awaitable[None]]
 
@@ -46,6 +53,19 @@ _FULL = (
 )
 
 
+def connection_cap(limits: Limits) -> int:
+    """`max_connections`, kept under the process's file limit with room for what else needs a
+    descriptor: a connection upstream for every stream admitted, the listeners, logs, Redis."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return limits.max_connections
+    if soft == resource.RLIM_INFINITY:
+        return limits.max_connections
+    room = soft - limits.max_streams - _SPARE_FDS
+    return max(1, min(limits.max_connections, room))
+
+
 @attrs.define(eq=False)
 class Server:
     """The server's connections and routes."""
@@ -55,8 +75,13 @@ class Server:
     fanout: Fanout = attrs.field()
     mmsp: Mmsp = attrs.field()
     page: Page = attrs.field(factory=Page)
+    connection_cap: int = attrs.field()
     _static: dict[str, dict[str, _Handler]] = attrs.field(init=False)
     _per_run: dict[str, dict[str, _Handler]] = attrs.field(init=False)
+
+    @connection_cap.default
+    def _cap(self) -> int:
+        return connection_cap(self.shared.limits)
 
     @runs.default
     def _runs(self) -> Runs:
@@ -92,7 +117,7 @@ class Server:
             socket_stream.setsockopt(
                 trio.socket.SOL_SOCKET, trio.socket.SO_SNDBUF, self.shared.limits.send_buffer
             )
-        if self.shared.metrics.connections >= self.shared.limits.max_connections:
+        if self.shared.metrics.connections >= self.connection_cap:
             await self._refuse_connection(socket_stream)
             return
         stream = ConnectionStream(socket_stream, write_timeout=self.shared.limits.write_timeout)
