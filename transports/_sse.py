@@ -1,5 +1,5 @@
 """Server-sent events, sans-I/O: a decoder that keeps every WHATWG event-stream rule, and (from
-`_wire`, where every wire encoder lives) an encoder that cannot be tricked into splitting a frame.
+`_encode`, where every wire encoder lives) an encoder that cannot be tricked into splitting a frame.
 
 The decoder takes bytes as they arrive, split anywhere, and returns the events each chunk
 completes. It decodes UTF-8 incrementally (a character split across chunks is reassembled;
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from ._wire import encode_sse as encode_sse  # the encoder lives with the other wire encoders
+from ._encode import encode_sse as encode_sse  # the encoder lives with the other wire encoders
 
 if TYPE_CHECKING:
     from types import ModuleType

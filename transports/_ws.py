@@ -28,8 +28,8 @@ import trio
 import trio_websocket
 from wsproto.connection import ConnectionState
 
-from ._wire import close_frame
-from ._wire import text_frame as text_frame  # the frames live with the other wire encoders
+from ._encode import close_frame
+from ._encode import text_frame as text_frame  # the frames live with the other wire encoders
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

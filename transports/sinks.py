@@ -34,7 +34,7 @@ from rillet._runevents import (
     ToolStarted,
 )
 
-from ._wire import jsonl_lines, uni_jsonl
+from ._encode import jsonl_lines, uni_jsonl
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

@@ -32,7 +32,7 @@ import h11
 import msgspec
 import trio
 
-from ._wire import encode_sse
+from ._encode import encode_sse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable, Mapping

@@ -37,7 +37,7 @@ handlers share and the checks they all make), `_capacity` (client identity, admi
 `_runs` (the runs API), `_fanout` (one pump for SSE and WebSocket subscribers), `_mmsp`
 (MMSP's server wire), `_streamed` (a streamed body watched against its client), `_page`,
 `_metrics`, `_replies`. Every byte sequence that goes on the wire is built in
-`rillet.transports._wire`.
+`rillet.transports._encode`.
 """
 
 from rillet._public import fixup_module_metadata as _fixup_module_metadata

@@ -26,7 +26,7 @@ from rillet._policy import Outcome, Policy
 from rillet._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
 from rillet._turn import SinkBatch, Turn, TurnResult, UniItem, run_turn
 
-from .._wire import SSE_DONE, SSE_HEARTBEAT, sse_data
+from .._encode import SSE_DONE, SSE_HEARTBEAT, sse_data
 from ._replies import GONE, CloseConnection, ErrorReply, to_json
 from ._shared import Shared
 from ._streamed import SSE_HEADERS, end_stream, until_gone

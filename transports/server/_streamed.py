@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import h11
 import trio
 
-from .._wire import SSE_PROBE
+from .._encode import SSE_PROBE
 from ._replies import GONE, CloseConnection
 
 if TYPE_CHECKING:

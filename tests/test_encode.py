@@ -1,4 +1,4 @@
-"""The wire encoders (`rillet.transports._wire`): what each writes is what the matching
+"""The wire encoders (`rillet.transports._encode`): what each writes is what the matching
 decoder (ours for SSE, wsproto for WebSocket, msgspec for JSON Lines) reads back."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from rillet._handler import AttemptReset
 from rillet._hub import Entry
 from rillet._runevents import AnswerDelta, decode_run_event
 from rillet.transports import SSEDecoder
-from rillet.transports._wire import (
+from rillet.transports._encode import (
     SSE_DONE,
     SSE_HEARTBEAT,
     SSE_PROBE,
