@@ -11,9 +11,10 @@ and the transport that carries it closes (WebSocket 1013, SSE end of stream). It
 its last seq with a new subscription, so nobody is silently skipped and nobody slows the run or
 the others.
 
-The log of a run is bounded in events and bytes: past either cap its oldest events are
-forgotten, and a cursor below what is kept is refused (`CursorExpired`, never a gap). A run is
-kept `retention` seconds after its `run.done`, then forgotten (`UnknownRun`).
+The logs themselves, their bounds (per run and across all runs) and the hub's errors are in
+`rillet._runlog` (re-exported here): a cursor below what is kept is refused (`CursorExpired`,
+never a gap), and a run is kept `retention` seconds after its `run.done`, then forgotten
+(`UnknownRun`).
 
 Two implementations share one interface, `RunHub`, which is all a server uses: `Hub` keeps
 the logs in this process (`MemoryRunLog`, the default); `rillet._redis_hub.RedisHub` keeps them
@@ -38,13 +39,24 @@ from typing import TYPE_CHECKING, Protocol
 import attrs
 import trio
 
-from ._errors import RilletError
-from ._events import encode_json
-from ._runevents import RunDone, RunEvent
+from ._runlog import AppendConflict as AppendConflict
+from ._runlog import CursorExpired as CursorExpired
+from ._runlog import CursorInvalid as CursorInvalid
+from ._runlog import Entry as Entry
+from ._runlog import HubError as HubError
+from ._runlog import HubUnavailable as HubUnavailable
+from ._runlog import MemoryRunLog as MemoryRunLog
+from ._runlog import RunExists as RunExists
+from ._runlog import RunLog as RunLog
+from ._runlog import RunState as RunState
+from ._runlog import SubscriberDropped as SubscriberDropped
+from ._runlog import UnknownRun as UnknownRun
+from ._runlog import parse_cursor as parse_cursor
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from ._runevents import RunEvent
     from ._turn import Sink, SinkBatch
 
 __all__ = [
@@ -66,316 +78,6 @@ __all__ = [
     "UnknownRun",
     "parse_cursor",
 ]
-
-
-class HubError(RilletError):
-    """A subscription or append the hub refused."""
-
-
-class UnknownRun(HubError):
-    """No such run (never existed, or forgotten after its retention)."""
-
-    def __init__(self, run_id: str) -> None:
-        self.run_id = run_id
-        super().__init__("unknown run")
-
-
-class RunExists(HubError):
-    """A run with this id is already open."""
-
-
-class AppendConflict(HubError):
-    """The log already holds these seqs: another producer is appending to the same run.
-
-    Attributes:
-        run_id: the run.
-        seq: the first seq refused.
-    """
-
-    def __init__(self, run_id: str, seq: int) -> None:
-        self.run_id = run_id
-        self.seq = seq
-        super().__init__(f"run {run_id} already has seq {seq}: a second producer for this run")
-
-
-class HubUnavailable(HubError):
-    """The hub's storage cannot be reached (a Redis outage): nothing was appended or read."""
-
-
-class CursorInvalid(HubError):
-    """A resume cursor that is malformed, names another run, or lies past the last event."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-        super().__init__(f"invalid cursor: {reason}")
-
-
-class CursorExpired(HubError):
-    """A resume cursor older than what the log still keeps: resuming would leave a gap.
-
-    Attributes:
-        first_kept: the oldest seq still kept.
-    """
-
-    def __init__(self, first_kept: int) -> None:
-        self.first_kept = first_kept
-        super().__init__(f"cursor expired: the log keeps events from seq {first_kept}")
-
-
-class SubscriberDropped(HubError):
-    """The subscriber fell further behind than its buffer; resume from `last_seq`.
-
-    Attributes:
-        reason: a short code (`fell_behind`).
-        last_seq: the last seq it was given.
-    """
-
-    def __init__(self, reason: str, last_seq: int) -> None:
-        self.reason = reason
-        self.last_seq = last_seq
-        super().__init__(f"subscriber dropped ({reason}); resume after seq {last_seq}")
-
-
-@attrs.frozen
-class Entry:
-    """One logged event: its seq, the event, and its JSON (encoded once for everyone)."""
-
-    seq: int
-    event: RunEvent
-    data: bytes
-
-
-def parse_cursor(run_id: str, raw: str | None) -> int:
-    """A resume cursor as a seq: `""`/None (from the start) -> 0; `"<run_id>:<seq>"` (an SSE
-    `Last-Event-ID`) or a bare `"<seq>"` (`?after=`). Raises `CursorInvalid` otherwise."""
-    if raw is None or raw == "":
-        return 0
-    text = raw
-    if ":" in raw:
-        owner, _, text = raw.rpartition(":")
-        if owner != run_id:
-            raise CursorInvalid("another run's cursor")
-    if not (text.isascii() and text.isdigit()) or len(text) > 18:
-        raise CursorInvalid("not a sequence number")
-    return int(text)
-
-
-_LEAD = 256  # pushes in one leader's turn (a few milliseconds of writing)
-
-
-class RunState:
-    """One run's kept log and its live subscribers: what a `RunLog` holds for each run."""
-
-    __slots__ = (
-        "_changed",
-        "_leading",
-        "_pos",
-        "_sweep",
-        "access",
-        "base",
-        "done_at",
-        "entries",
-        "nbytes",
-        "parked",
-        "run_id",
-        "subscribers",
-    )
-
-    def __init__(self, run_id: str) -> None:
-        self.run_id = run_id
-        self.entries: list[Entry] = []
-        self.base = 1  # seq of entries[0]
-        self.nbytes = 0
-        self.done_at: float | None = None
-        self.subscribers: set[Subscription] = set()
-        self.access: bytes | None = None  # the digest of its readers' token, if one was given
-        self._changed = trio.Event()
-        # subscribers waiting in `next_batch` with nothing left to read, and their tasks
-        self.parked: dict[Subscription, trio.lowlevel.Task] = {}
-        self._leading = False  # a leader was woken and has not finished its sweep
-        self._sweep: list[Subscription] = []  # the parked subscribers the sweep visits
-        self._pos = 0  # the next one to visit
-
-    @property
-    def last_seq(self) -> int:
-        return self.base + len(self.entries) - 1
-
-    @property
-    def done(self) -> bool:
-        return self.done_at is not None
-
-    def wake(self) -> None:
-        """Something changed: wake the waiters of `wait`, and one parked subscriber (the leader,
-        which hands the news to the others as it wakes)."""
-        self._changed.set()
-        self._changed = trio.Event()
-        if self.parked and not self._leading:
-            sub = next(iter(self.parked))
-            self._leading = sub._leads = True
-            trio.lowlevel.reschedule(self.parked.pop(sub))
-
-    async def wait(self) -> None:
-        await self._changed.wait()
-
-    def abandon(self) -> None:
-        """A sweep that failed (a bug): wake every parked subscriber, so none waits for a
-        leader that is gone."""
-        self._sweep, self._pos, self._leading = [], 0, False
-        parked, self.parked = self.parked, {}
-        for task in parked.values():
-            trio.lowlevel.reschedule(task)
-
-    def lead(self) -> None:
-        """The leader's turn: push what is new to parked subscribers that have a `push`
-        writer, and wake those without one, those whose writer refused, and all once the run is
-        done (they return from `next_batch`). A sweep visits every parked subscriber once, in
-        turns of `_LEAD` pushes: past that, the turn is handed to another parked subscriber,
-        so the tasks of the rest of the program run in between."""
-        head = self.last_seq
-        done = self.done
-        parked = self.parked
-        batches: dict[int, list[Entry]] = {}  # by first index: cursors are mostly alike
-        sweep = self._sweep
-        pos = self._pos
-        turn = 0
-        while True:
-            if pos == len(sweep):
-                if not any(sub.cursor < head for sub in parked) and not (done and parked):
-                    self._sweep, self._pos, self._leading = [], 0, False
-                    return
-                sweep, pos = list(parked), 0
-            sub = sweep[pos]
-            pos += 1
-            task = parked.get(sub)
-            if task is None:  # woken, or its wait was cancelled, since the sweep began
-                continue
-            if turn == _LEAD:  # hand the turn over: it reads its own events as it wakes
-                self._sweep, self._pos = sweep, pos
-                del parked[sub]
-                sub._leads = True
-                trio.lowlevel.reschedule(task)
-                return
-            if sub.cursor < head:
-                turn += 1
-                start = sub.cursor + 1 - self.base
-                push = sub.push
-                if push is not None and start >= 0 and not sub._closed:
-                    batch = batches.get(start)
-                    if batch is None:
-                        batch = batches[start] = self.entries[start:]
-                    try:
-                        taken = push(batch)
-                    except Exception:  # the woken reader meets the failure on its own path
-                        taken = False
-                    if taken:
-                        sub.cursor = head
-                        if not done:
-                            continue
-            elif not done:
-                continue
-            if parked.pop(sub, None) is not None:  # a push may have cancelled its wait
-                trio.lowlevel.reschedule(task)
-
-
-class RunLog(Protocol):
-    """Where run logs live: the hub's storage interface."""
-
-    def create(self, run_id: str) -> None:
-        """Open a new, empty run log; `RunExists` if it is open."""
-        ...
-
-    def append(self, run_id: str, events: Sequence[RunEvent]) -> list[Entry]:
-        """Append events whose seqs continue the log without a gap; the entries written."""
-        ...
-
-    def get(self, run_id: str) -> RunState:
-        """The run's log; `UnknownRun` if there is none."""
-        ...
-
-
-@attrs.define(eq=False)
-class MemoryRunLog:
-    """Run logs in this process's memory, bounded per run in events and bytes.
-
-    Attributes:
-        max_events: events kept per run before the oldest are forgotten.
-        max_bytes: JSON bytes kept per run before the oldest are forgotten.
-        retention: seconds a run is kept after its `run.done`.
-    """
-
-    max_events: int = 100_000
-    max_bytes: int = 64 * 1024 * 1024
-    retention: float = 300.0
-    _runs: dict[str, RunState] = attrs.field(factory=dict)
-    _next_sweep: float = 0.0
-
-    def create(self, run_id: str) -> None:
-        """Open a new, empty run log."""
-        self._sweep()
-        if run_id in self._runs:
-            raise RunExists(f"run {run_id} exists")
-        self._runs[run_id] = RunState(run_id)
-
-    def get(self, run_id: str) -> RunState:
-        """The run's log."""
-        run = self._runs.get(run_id)
-        if run is None or self._expired(run, trio.current_time()):
-            self._runs.pop(run_id, None)
-            raise UnknownRun(run_id)
-        return run
-
-    def append(self, run_id: str, events: Sequence[RunEvent]) -> list[Entry]:
-        """Append events; each one's seq must be the next (a gap or repeat raises HubError)."""
-        run = self.get(run_id)
-        if run.done:
-            raise HubError("run is done")
-        written = []
-        seq = run.last_seq
-        for event in events:
-            seq += 1
-            if event.seq != seq:
-                raise HubError(f"expected seq {seq}, got {event.seq}")
-            entry = Entry(seq, event, encode_json(event))
-            written.append(entry)
-            run.nbytes += len(entry.data)
-            if type(event) is RunDone:
-                run.done_at = trio.current_time()
-        run.entries += written
-        self._trim(run)
-        return written
-
-    def runs(self) -> list[str]:
-        """The ids of the runs kept now."""
-        return list(self._runs)
-
-    def _trim(self, run: RunState) -> None:
-        over = len(run.entries) - self.max_events
-        if over <= 0 and run.nbytes <= self.max_bytes:
-            return
-        # forget in slices of at least 1/8 of the cap: trimming stays amortised O(1) per event
-        drop = max(over, self.max_events // 8, 1)
-        freed = 0
-        n = 0
-        for entry in run.entries:
-            if n >= drop and run.nbytes - freed <= self.max_bytes * 7 // 8:
-                break
-            freed += len(entry.data)
-            n += 1
-        n = min(n, len(run.entries) - 1)  # always keep the newest event
-        del run.entries[:n]
-        run.base += n
-        run.nbytes -= freed
-
-    def _expired(self, run: RunState, now: float) -> bool:
-        return run.done_at is not None and now - run.done_at > self.retention
-
-    def _sweep(self) -> None:
-        now = trio.current_time()
-        if now < self._next_sweep:
-            return
-        self._next_sweep = now + min(self.retention, 60.0)
-        for run_id in [r for r, run in self._runs.items() if self._expired(run, now)]:
-            del self._runs[run_id]
 
 
 class _Owner(Protocol):
@@ -531,6 +233,10 @@ class RunHub(Protocol):
         """Which of these runs are still kept (not forgotten after their retention)."""
         ...
 
+    async def sweep(self) -> None:
+        """Forget what has expired (a server calls it on a timer)."""
+        ...
+
     def statistics(self) -> dict[str, int]:
         """Counters for monitoring."""
         ...
@@ -623,6 +329,11 @@ class Hub:
             return self.log.get(run_id).access
         except UnknownRun:
             return None
+
+    async def sweep(self) -> None:
+        """Forget the runs whose retention is over (`MemoryRunLog.sweep`)."""
+        self.log.sweep()
+        await trio.lowlevel.checkpoint()
 
     async def kept(self, run_ids: Sequence[str]) -> set[str]:
         """Which of these runs the log still keeps."""

@@ -331,7 +331,12 @@ async def soak(turns: int, seconds: float, concurrency: int, seed: int) -> Tally
             model="soak-model",
             api_key=Secret("sk-soak-0123456789"),
         )
-        limits = Limits(max_subscribers_per_client=10_000, max_active_runs=concurrency + 10)
+        limits = Limits(
+            max_subscribers_per_client=10_000,
+            max_active_runs=concurrency + 10,
+            max_streams=concurrency + 10,  # every run streams at once, from one client
+            max_runs_per_client=concurrency + 10,
+        )
         config = ServerConfig(provider=provider, port=0, policy=POLICY, limits=limits)
         url = await nursery.start(
             lambda task_status: serve(config, hub=hub, task_status=task_status)

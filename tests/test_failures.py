@@ -216,7 +216,9 @@ _WORDS = {
 
 def documented() -> dict[tuple[str, str | None], Shape]:
     """The rows of docs/reliability.md's failure table: (class, cause) -> shape."""
-    rows = _ROW.findall(DOCS.read_text(encoding="utf-8"))
+    text = DOCS.read_text(encoding="utf-8")
+    start = text.index("## The failure taxonomy")
+    rows = _ROW.findall(text[start : text.index("\n## ", start + 1)])
     return {(name, cause or None): _WORDS[word] for name, cause, word in rows}
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 import rillet._hub
+import rillet._runlog
 import trio
 from rillet._hub import Entry, Hub, Subscription
 from rillet._runevents import AnswerDelta, RunDone, RunEvent
@@ -142,7 +143,7 @@ async def test_a_writer_that_refuses_or_fails_leaves_the_entries_to_next_batch()
 async def test_a_sweep_past_the_turn_size_is_handed_over_and_reaches_everyone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(rillet._hub, "_LEAD", 2)
+    monkeypatch.setattr(rillet._runlog, "_LEAD", 2)  # the leader's turn lives with RunState
     hub = Hub()
     hub.create(RUN)
     readers = readers_of(hub, 9)

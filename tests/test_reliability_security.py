@@ -1009,7 +1009,7 @@ async def test_s14_without_the_server_key_401_and_no_run(
 async def test_s15_a_body_over_the_limit_is_413_and_subscribers_over_the_limits_429(
     loop_clock: trio.testing.MockClock,
 ) -> None:
-    limits = Limits(max_body=1024, max_subscribers_per_run=2, max_subscribers_per_client=2000)
+    limits = Limits(max_body=1024, max_subscribers_per_run=2)
     big = msgspec.json.encode({"prompt": "x" * 2000})
     with trio.fail_after(LIMIT):
         async with site([late_reply(delay=5.0)], limits=limits) as served:

@@ -16,14 +16,25 @@ Two things here are not what `trio.SocketStream` gives by itself:
   request h11 already parsed is replayed, with whatever followed it, to trio-websocket.
 
 `HttpConnection` reads requests (a deadline for the head, a size cap and a deadline for the
-body) and writes responses, whole or streamed; keep-alive is h11's.
+body) and writes responses, whole or streamed; keep-alive is h11's. What h11 lets through and
+a server must not is refused here (`RequestRefused`): a head over 16 KiB however it arrived
+(431), `Content-Length` next to `Transfer-Encoding` (400, RFC 9112 §6.1), an HTTP version other
+than 1.0 and 1.1 (505), a `Host` that is not `host[:port]` (400). A body costs bounded work: the
+reader yields every `_YIELD_EVERY` h11 events, and a body cut into more than `_MAX_PIECES`
+pieces is refused (400).
+
+Every write has a deadline for progress (`write_timeout`): a client that stops reading is cut
+off once the socket took nothing for that long, whatever the server was writing.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import os
+import re
+import socket
 from http import HTTPStatus
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
@@ -40,6 +51,7 @@ __all__ = [
     "ConnectionStream",
     "HttpConnection",
     "Request",
+    "RequestRefused",
     "RequestTimeout",
 ]
 
@@ -47,8 +59,14 @@ _RECEIVE_SIZE = 64 * 1024
 _SEND_SIZE = 256 * 1024
 _MAX_HEAD = 16 * 1024  # h11 answers 431 past this
 _MAX_UNREAD = 64 * 1024  # bytes a streaming response reads ahead of the next request
+_MAX_LINGER = 1024 * 1024  # bytes read and dropped before a refused client is closed
 _GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
 _CHUNKED = b"\r\ntransfer-encoding: chunked\r\n"
+_WRITE_TIMEOUT = 30.0  # seconds a write may make no progress before the connection is cut
+_YIELD_EVERY = 16  # h11 events a body reader handles before letting other tasks run
+_MAX_PIECES = 8192  # h11 data events one request body may take (1-byte chunks are refused)
+_VERSIONS = (b"1.0", b"1.1")
+_HOST = re.compile(rb"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~!$&'()*+,;=%-]*)(?::[0-9]{0,5})?")
 
 
 class BodyTooLarge(Exception):
@@ -59,6 +77,16 @@ class RequestTimeout(Exception):
     """The request (head or body) did not arrive in time: a slow or stalled client."""
 
 
+class RequestRefused(Exception):
+    """A request the server will not answer but with `status` and a closed connection: what
+    h11 parses but HTTP forbids, or what would cost the server unbounded work."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
 class ConnectionStream(trio.abc.Stream):
     """A client connection: writes that survive cancellation, reads that can replay bytes.
 
@@ -67,8 +95,9 @@ class ConnectionStream(trio.abc.Stream):
     connection's task calls last, so a close frame can still be sent after trio-websocket let go.
     """
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(self, stream: trio.SocketStream, *, write_timeout: float = _WRITE_TIMEOUT) -> None:
         self._stream = stream
+        self.write_timeout = write_timeout
         self._socket = stream.socket
         self._unread = bytearray()
         self._pending: collections.deque[memoryview] = collections.deque()
@@ -100,9 +129,10 @@ class ConnectionStream(trio.abc.Stream):
             return data
         return await self._stream.receive_some(size)
 
-    async def receive_ahead(self) -> bool:
+    async def receive_ahead(self) -> bool | None:
         """Read from the socket into the replay buffer (a pipelined request, while a response
-        streams). False once the peer has closed or reset the connection."""
+        streams). True while bytes come; None at the peer's end of stream (which may be a
+        half-close: it still reads); False once the connection is reset or failed."""
         if len(self._unread) >= _MAX_UNREAD:
             await trio.sleep_forever()
         try:
@@ -110,7 +140,19 @@ class ConnectionStream(trio.abc.Stream):
         except _GONE:
             return False
         self._unread += data
-        return bool(data)
+        return True if data else None
+
+    async def reset_by_peer(self) -> bool:
+        """Whether the peer has reset the connection (it closed it and refused what followed).
+        Only after `receive_ahead` saw its end of stream, when a read returns at once: this
+        tells a client that closed from one that only half-closed and still reads."""
+        if self._fd < 0:
+            return True
+        try:
+            await self._socket.recv(1, socket.MSG_PEEK)
+        except OSError:
+            return True
+        return False
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         """Send `data` after anything still parked; if cancelled, what is unsent stays parked."""
@@ -151,10 +193,13 @@ class ConnectionStream(trio.abc.Stream):
         try:
             while self._pending:
                 head = self._pending[0]
-                try:
-                    sent = await self._socket.send(head[:_SEND_SIZE])
-                except OSError as exc:
-                    raise trio.BrokenResourceError(f"the client went away ({exc})") from None
+                with trio.move_on_after(self.write_timeout) as stalled:
+                    try:
+                        sent = await self._socket.send(head[:_SEND_SIZE])
+                    except OSError as exc:
+                        raise trio.BrokenResourceError(f"the client went away ({exc})") from None
+                if stalled.cancelled_caught:  # `send` is atomic: nothing of it went out
+                    raise trio.BrokenResourceError("the client stopped reading")
                 if sent == len(head):
                     self._pending.popleft()
                 else:
@@ -172,6 +217,21 @@ class ConnectionStream(trio.abc.Stream):
         `close_transport`."""
         self._closed = True
         await trio.lowlevel.checkpoint()
+
+    async def linger(self, within: float, limit: int = _MAX_LINGER) -> None:
+        """Before closing on a client still sending (a refused head or body): end our side and
+        read, discarding, until it stops, `within` seconds pass or `limit` bytes came. Closing
+        with unread bytes would reset the connection, and a reset can destroy the refusal
+        before the client reads it."""
+        with trio.move_on_after(within), contextlib.suppress(*_GONE, OSError):
+            await self.flush()
+            self._socket.shutdown(socket.SHUT_WR)
+            taken = 0
+            while taken < limit:
+                data = await self._stream.receive_some(_RECEIVE_SIZE)
+                if not data:
+                    break
+                taken += len(data)
 
     async def close_transport(self) -> None:
         """Close the socket itself (unsent bytes are dropped)."""
@@ -228,6 +288,22 @@ class Request:
         return b"\r\n".join(lines) + b"\r\n\r\n"
 
 
+def _check_head(event: h11.Request) -> None:
+    """Refuse what h11 parsed but HTTP forbids (`RequestRefused`)."""
+    size = len(event.method) + len(event.target) + 12
+    size += sum(len(name) + len(value) + 4 for name, value in event.headers.raw_items())
+    if size > _MAX_HEAD:  # h11 only limits a head that is still incomplete
+        raise RequestRefused(431, "the request head is too large")
+    if event.http_version not in _VERSIONS:
+        raise RequestRefused(505, "only HTTP/1.1 and HTTP/1.0 are served")
+    names = [name for name, _ in event.headers]
+    if b"content-length" in names and b"transfer-encoding" in names:
+        raise RequestRefused(400, "Content-Length and Transfer-Encoding together are refused")
+    hosts = [value for name, value in event.headers if name == b"host"]
+    if len(hosts) > 1 or (hosts and not _HOST.fullmatch(hosts[0])):
+        raise RequestRefused(400, "the Host header must be one host[:port]")
+
+
 def _tokens(value: str) -> set[str]:
     return {token.strip().lower() for token in value.split(",")}
 
@@ -265,6 +341,7 @@ class HttpConnection:
         factory=lambda: h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
     )
     chunked: bool = False  # the streamed response's body is chunked (`body_chunk`)
+    refused: bool = False  # a response with `close` went out: linger before closing
 
     async def next_request(self, within: float) -> Request | None:
         """The next request's head, or None when the client closed the connection between
@@ -275,6 +352,7 @@ class HttpConnection:
             if isinstance(event, h11.ConnectionClosed):
                 return None
             assert isinstance(event, h11.Request)  # h11 yields nothing else here
+            _check_head(event)
             return _request(event, self.stream.peer)
         raise RequestTimeout
 
@@ -288,12 +366,18 @@ class HttpConnection:
             if self.conn.they_are_waiting_for_100_continue:
                 await self._send(h11.InformationalResponse(status_code=100, headers=[]))
             body = bytearray()
+            pieces = 0
             while True:
                 event = await self._next_event()
+                pieces += 1
+                if pieces % _YIELD_EVERY == 0:  # a body in tiny pieces: others run meanwhile
+                    await trio.lowlevel.checkpoint()
                 if isinstance(event, h11.Data):
                     body += event.data
                     if len(body) > limit:
                         raise BodyTooLarge
+                    if pieces > _MAX_PIECES:
+                        raise RequestRefused(400, "the request body is cut into too many chunks")
                 elif event is h11.PAUSED or isinstance(event, h11.EndOfMessage):
                     return bytes(body)
                 else:  # the client closed mid-body
@@ -314,14 +398,19 @@ class HttpConnection:
         head_only: bool = False,
         close: bool = False,
     ) -> None:
-        """A whole response with a `Content-Length`; `close` ends the connection after it."""
+        """A whole response with a `Content-Length`; `close` ends the connection after it. A
+        body is sent with `X-Content-Type-Options: nosniff`: an error that echoes input stays
+        JSON to a browser."""
         extra = list(headers)
         if content_type:
             extra.insert(0, ("content-type", content_type))
+            if not any(name.lower() == "x-content-type-options" for name, _ in extra):
+                extra.insert(1, ("x-content-type-options", "nosniff"))  # a body is what it says
         if status >= 200 and status not in (204, 304):  # those have no body, and no length
             extra.append(("content-length", str(len(body))))
         if close:
             extra.append(("connection", "close"))
+            self.refused = True
         await self._send(_response(status, extra))
         if body and not head_only:
             await self._send(h11.Data(data=body))

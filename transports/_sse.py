@@ -1,5 +1,5 @@
-"""Server-sent events, sans-I/O: a decoder that keeps every WHATWG event-stream rule, and an
-encoder that cannot be tricked into splitting a frame.
+"""Server-sent events, sans-I/O: a decoder that keeps every WHATWG event-stream rule, and (from
+`_encode`, where every wire encoder lives) an encoder that cannot be tricked into splitting a frame.
 
 The decoder takes bytes as they arrive, split anywhere, and returns the events each chunk
 completes. It decodes UTF-8 incrementally (a character split across chunks is reassembled;
@@ -20,10 +20,11 @@ every one after it), so what a caller receives does not depend on how the bytes 
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING
 
 import msgspec
+
+from ._encode import encode_sse as encode_sse  # the encoder lives with the other wire encoders
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -32,8 +33,6 @@ __all__ = ["DEFAULT_MAX_FRAME", "SSEDecoder", "SSEEvent", "encode_sse"]
 
 DEFAULT_MAX_FRAME = 32 * 1024 * 1024
 """The cap on one incoming frame: real frames repeat a whole answer or carry an inline image."""
-_LINE_END = re.compile(r"\r\n|\r|\n")
-_FORBIDDEN = re.compile(r"[\r\n\x00]")
 _BOM = b"\xef\xbb\xbf"
 _NAMES: dict[bytes, str] = {}  # event names seen, decoded once (bounded: names are few)
 
@@ -315,38 +314,3 @@ class SSEDecoder:
 def _uncommented_size(block: bytes) -> int:
     """A block's size without its comment lines: what the cap counts, however it was chunked."""
     return sum(len(line) + 1 for line in block.split(b"\n") if line[:1] != b":")
-
-
-def encode_sse(
-    data: str | None = None,
-    *,
-    event: str | None = None,
-    id: str | None = None,
-    retry: int | None = None,
-    comment: str | None = None,
-) -> bytes:
-    """One SSE frame as bytes, ended by a blank line.
-
-    Data with line breaks becomes several `data:` lines, so the reader rebuilds it exactly; a
-    comment likewise. CR, LF or NUL in an event name or id would split or corrupt the frame and
-    raises `SSEEncodeError`.
-    """
-    parts: list[str] = []
-    if comment is not None:
-        parts.extend(f": {line}\n" for line in _LINE_END.split(comment))
-    if event is not None:
-        if _FORBIDDEN.search(event):
-            raise _errors().SSEEncodeError("event")
-        parts.append(f"event: {event}\n")
-    if id is not None:
-        if _FORBIDDEN.search(id):
-            raise _errors().SSEEncodeError("id")
-        parts.append(f"id: {id}\n")
-    if retry is not None:
-        if retry < 0:
-            raise ValueError("retry must not be negative")
-        parts.append(f"retry: {retry}\n")
-    if data is not None:
-        parts.extend(f"data: {line}\n" for line in _LINE_END.split(data))
-    parts.append("\n")
-    return "".join(parts).encode("utf-8")

@@ -18,7 +18,8 @@ parse (invalid UTF-8 in a text message: 1007) gets the close frame trio-websocke
 
 from __future__ import annotations
 
-import struct
+import base64
+import binascii
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -27,25 +28,15 @@ import trio
 import trio_websocket
 from wsproto.connection import ConnectionState
 
+from ._encode import close_frame
+from ._encode import text_frame as text_frame  # the frames live with the other wire encoders
+
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from ._http11 import ConnectionStream, HttpConnection, Request
 
 __all__ = ["TokenBucket", "close_websocket", "handshake_problem", "open_websocket", "text_frame"]
-
-
-def text_frame(payload: bytes) -> bytes:
-    """One whole, unmasked (server to client) WebSocket text frame carrying `payload`, which
-    must be UTF-8 (RFC 6455 §5.2: FIN, opcode 1, the shortest length encoding)."""
-    size = len(payload)
-    if size < 126:
-        head = bytes((0x81, size))
-    elif size < 0x10000:
-        head = struct.pack("!BBH", 0x81, 126, size)
-    else:
-        head = struct.pack("!BBQ", 0x81, 127, size)
-    return head + payload
 
 
 def handshake_problem(request: Request) -> tuple[int, str] | None:
@@ -56,11 +47,24 @@ def handshake_problem(request: Request) -> tuple[int, str] | None:
         return 400, "a WebSocket handshake is a GET"
     if headers.get("sec-websocket-version", "").strip() != "13":
         return 426, "Sec-WebSocket-Version must be 13"
-    if not headers.get("sec-websocket-key", "").strip():
+    key = headers.get("sec-websocket-key", "").strip()
+    if not key:
         return 400, "Sec-WebSocket-Key is missing"
+    if not _nonce(key):
+        return 400, "Sec-WebSocket-Key must be 16 bytes in base64"
     if "host" not in headers:
         return 400, "Host is missing"
     return None
+
+
+def _nonce(key: str) -> bool:
+    """Whether `key` is 16 bytes in base64 (RFC 6455 §4.2.1: 24 characters)."""
+    if len(key) != 24:
+        return False
+    try:
+        return len(base64.b64decode(key, validate=True)) == 16
+    except binascii.Error:
+        return False
 
 
 @asynccontextmanager
@@ -107,7 +111,7 @@ async def close_websocket(
             if code is not None:
                 await ws.aclose(code, reason)
         elif _unanswered(ws):
-            await stream.send_raw(struct.pack("!BBH", 0x88, 2, ws.closed.code))
+            await stream.send_raw(close_frame(ws.closed.code))
 
 
 def _unanswered(ws: trio_websocket.WebSocketConnection) -> bool:

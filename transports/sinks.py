@@ -24,10 +24,7 @@ import unicodedata
 from contextlib import asynccontextmanager
 from typing import IO, TYPE_CHECKING, Literal, TextIO, cast
 
-import msgspec
 import trio
-from rillet._events import UniEvent, encode_json
-from rillet._handler import AttemptReset
 from rillet._runevents import (
     AnswerDelta,
     AttemptResetEvent,
@@ -36,6 +33,8 @@ from rillet._runevents import (
     StatusEvent,
     ToolCallStarted,
 )
+
+from ._encode import jsonl_lines, uni_jsonl
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -583,17 +582,6 @@ class TerminalSink:
             self._err_dead = True
 
 
-_run_encoder = msgspec.json.Encoder()
-
-
-def _uni_line(item: UniEvent | AttemptReset) -> bytes:
-    """MMSP's JSON for a UniEvent; `{"type":"attempt.reset","attempt":n}` for a reset."""
-    if type(item) is UniEvent:
-        return encode_json(item)
-    assert isinstance(item, AttemptReset)
-    return b'{"type":"attempt.reset","attempt":%d}' % item.attempt
-
-
 class JSONLSink:
     """Writes a turn as JSON Lines: one JSON object per line, flushed once per batch.
 
@@ -638,12 +626,10 @@ class JSONLSink:
         if self.kind == "run":
             if not batch.run:
                 return b""
-            return _run_encoder.encode_lines(batch.run)
+            return jsonl_lines(batch.run)
         if not batch.uni:
             return b""
-        if not any(type(item) is AttemptReset for item in batch.uni):
-            return _run_encoder.encode_lines(batch.uni)  # one call for the whole batch
-        return b"\n".join(map(_uni_line, batch.uni)) + b"\n"
+        return uni_jsonl(batch.uni)
 
     def deliver_nowait(self, batch: SinkBatch) -> bool:
         """Write one batch's lines and flush, on the turn's task (a file write does not yield

@@ -32,7 +32,7 @@ import h11
 import msgspec
 import trio
 
-from ._sse import encode_sse
+from ._encode import encode_sse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable, Mapping
@@ -58,7 +58,7 @@ __all__ = [
 DEFAULT_MAX_BODY = 10 * 1024 * 1024
 """Largest request body the provider accepts; a larger one is read, discarded and answered 413."""
 
-PING = b": ping\n\n"
+PING = encode_sse(comment="ping")
 """The SSE comment a stalled reply sends every `Reply.ping_every` seconds."""
 
 _RECEIVE_SIZE = 64 * 1024

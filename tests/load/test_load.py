@@ -494,6 +494,8 @@ async def test_l4_subscribers_that_never_read_are_bounded_and_memory_comes_back(
         max_subscribers_per_run=10,
         max_subscribers_per_client=runs * per_run + 10,
         max_active_runs=runs + 10,
+        max_streams=runs + 10,  # every run streams at once, from one client
+        max_runs_per_client=runs + 10,
         send_buffer=16 * KIB,
         close_timeout=0.5,
     )

@@ -14,8 +14,14 @@ import hashlib
 import re
 from base64 import b64encode
 from importlib import resources
+from typing import TYPE_CHECKING
 
-__all__ = ["FAVICON", "load_page"]
+import attrs
+
+if TYPE_CHECKING:
+    from .._http11 import HttpConnection, Request
+
+__all__ = ["FAVICON", "Page", "load_page"]
 
 _VENDORED = re.compile(r'<script src="vendor/([A-Za-z0-9_.-]+\.js)"></script>')
 _SOURCE_MAP = re.compile(r"^//# sourceMappingURL=.*$", flags=re.MULTILINE)
@@ -57,3 +63,37 @@ def load_page() -> tuple[bytes, str]:
         "frame-ancestors 'none'"
     )
     return text.encode("utf-8"), csp
+
+
+@attrs.define(eq=False)
+class Page:
+    """The page's route."""
+
+    _page: tuple[bytes, str] = attrs.field(factory=lambda: load_page())
+
+    async def serve(self, http: HttpConnection, request: Request, _: str) -> None:
+        """`GET /` (and `/index.html`)."""
+        body, csp = self._page
+        headers = [
+            ("cache-control", "no-cache"),
+            ("content-security-policy", csp),
+            ("x-content-type-options", "nosniff"),
+            ("referrer-policy", "no-referrer"),
+        ]
+        await http.respond(
+            200,
+            body,
+            headers,
+            content_type="text/html; charset=utf-8",
+            head_only=request.method == "HEAD",
+        )
+
+    async def favicon(self, http: HttpConnection, request: Request, _: str) -> None:
+        """`GET /favicon.ico`: the page's icon."""
+        await http.respond(
+            200,
+            FAVICON,
+            [("cache-control", "max-age=86400"), ("x-content-type-options", "nosniff")],
+            content_type="image/svg+xml",
+            head_only=request.method == "HEAD",
+        )

@@ -1,0 +1,139 @@
+"""The server's configuration: what it serves (`ServerConfig`) and its limits (`Limits`)."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable, Sequence
+
+import attrs
+from rillet._errors import RilletError
+from rillet._policy import Policy
+from rillet.providers._base import Provider, Secret
+
+__all__ = ["Limits", "ServerConfig", "ServerConfigError", "is_loopback"]
+
+_LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "ip6-localhost"})
+
+
+class ServerConfigError(RilletError, ValueError):
+    """The server cannot start as configured (an open server off loopback)."""
+
+
+@attrs.frozen(kw_only=True)
+class Limits:
+    """The server's limits (sizes in bytes, times in seconds). `docs/reliability.md` says why
+    each default is what it is.
+
+    Attributes:
+        max_body: the largest request body (413 past it).
+        max_ws_message: the largest WebSocket message a client may send (1009 past it;
+            trio-websocket measures text in characters).
+        ws_rate, ws_burst: client messages per second on a WebSocket, and the burst allowed
+            (1008 past them).
+        max_subscribers_per_run: live SSE and WebSocket subscribers of one run (429 / 1008).
+        max_subscribers_per_client: live subscribers one client holds (429 / 1008). A client
+            is its address, the run token it reads with and its `X-Rillet-Session`, if any:
+            every local program is 127.0.0.1, and one of them holding its quota must not lock
+            the others out.
+        max_streams: provider streams (runs and MMSP streams) running at once, process-wide;
+            a run past it waits in the queue (a `status` event, phase `queued`). The upstream
+            connection pool is this size, so an admitted stream never waits for a connection.
+        max_queued: runs and streams waiting for a slot; past it 429 with `Retry-After`.
+        max_runs_per_client: the runs and streams one client (its address, server key and
+            `X-Rillet-Session`) may hold running or queued (429 past it): no client takes the
+            whole capacity.
+        max_active_runs: runs and streams started and not finished, queued ones included
+            (429 past it); the lower of it and `max_streams + max_queued` applies.
+        max_connections: client connections open at once; past it a connection gets 503 and is
+            closed at once. The cap applied is kept under the process's file limit
+            (`RLIMIT_NOFILE`, less a descriptor for every stream admitted and 64 more).
+        heartbeat: seconds of silence before an SSE comment (or a WebSocket pong) goes out.
+        head_timeout: seconds a connection may take to send a request's head, counted from
+            when the server waits for it, and again for its body (slow clients are closed).
+        write_timeout: seconds a write may make no progress (the client reads nothing) before
+            the connection is closed.
+        close_timeout: seconds a closing stream gives a client to take its last bytes.
+        sweep_interval: seconds between sweeps of expired runs (and their tokens).
+        send_buffer: the kernel send buffer of each connection (`SO_SNDBUF`), None for the
+            system's: what may sit in the kernel for a client that stopped reading.
+    """
+
+    max_body: int = 1024 * 1024
+    max_ws_message: int = 64 * 1024
+    ws_rate: float = 20.0
+    ws_burst: int = 40
+    max_subscribers_per_run: int = 1000
+    max_subscribers_per_client: int = 64
+    max_streams: int = 32
+    max_queued: int = 64
+    max_runs_per_client: int = 16
+    max_active_runs: int = 256
+    max_connections: int = 4096
+    heartbeat: float = 15.0
+    head_timeout: float = 10.0
+    write_timeout: float = 30.0
+    close_timeout: float = 2.0
+    sweep_interval: float = 30.0
+    send_buffer: int | None = None
+
+
+def _models(value: Sequence[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+@attrs.frozen(kw_only=True)
+class ServerConfig:
+    """What the server serves and how.
+
+    Attributes:
+        provider: what runs use; or a function of the model id giving the provider for it.
+        host: the address to bind; anything but loopback needs `api_key`.
+        port: the port (0: any free one).
+        api_key: the key clients must send (`Authorization: Bearer`) to start runs and to use
+            the MMSP endpoints; None leaves them open (loopback only).
+        models: the model ids offered (`/v1/models`); the first is the default. Empty: the
+            provider's own model.
+        policy: the turns' policy (None: the default policy).
+        limits: sizes, rates and timeouts.
+        reasoning: whether run events carry the model's reasoning text.
+        tool_arguments: whether run events carry tool call arguments.
+        redis_url: keep run logs in this Redis (`redis://...`, needs the `redis` extra), so that
+            every server sharing it serves every run's subscribers; None keeps them in memory.
+            An unreachable Redis stops the server from starting (no fallback to memory).
+    """
+
+    provider: Provider | Callable[[str], Provider]
+    host: str = "127.0.0.1"
+    port: int = 8787
+    api_key: Secret | None = None
+    models: tuple[str, ...] = attrs.field(default=(), converter=_models)
+    policy: Policy | None = None
+    limits: Limits = Limits()
+    reasoning: bool = False
+    tool_arguments: bool = False
+    redis_url: str | None = None
+
+    @property
+    def loopback(self) -> bool:
+        """Whether `host` is a loopback address (or name)."""
+        return is_loopback(self.host)
+
+    def check(self) -> None:
+        """Raise `ServerConfigError` for a configuration that must not start."""
+        if not self.loopback and self.api_key is None:
+            raise ServerConfigError(
+                f"refusing to serve on {self.host!r} without a server key: anyone who can reach "
+                "it could spend the provider's credit. Set api_key (--server-key) or bind to "
+                "127.0.0.1."
+            )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is a loopback address or name."""
+    name = host.strip().strip("[]").lower()
+    if name in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False

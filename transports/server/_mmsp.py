@@ -1,0 +1,301 @@
+"""MMSP's server wire: `POST /v1/stream` (a turn's UniEvents as SSE `data:` lines ended by
+`data: [DONE]`, errors as `{"error": {"type", "message", ...}}`) and `GET /v1/models`."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import msgspec
+import trio
+from rillet._errors import (
+    FallbackFailed,
+    FrameError,
+    InvalidRequestError,
+    ProviderError,
+    StreamError,
+    TransportError,
+    TurnTimeout,
+)
+from rillet._events import UniEvent, UniMessage, encode_json
+from rillet._handler import AttemptReset
+from rillet._policy import Outcome, Policy
+from rillet._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
+from rillet._turn import SinkBatch, Turn, TurnResult, UniItem, run_turn
+
+from .._encode import SSE_DONE, SSE_HEARTBEAT, sse_data
+from ._replies import GONE, CloseConnection, ErrorReply, to_json
+from ._shared import Shared
+from ._streamed import SSE_HEADERS, end_stream, until_gone
+
+if TYPE_CHECKING:
+    from rillet.providers._base import Provider
+
+    from .._http11 import HttpConnection, Request
+    from ._capacity import Ticket
+
+__all__ = ["Mmsp", "mmsp_error"]
+
+
+class _UniConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """MMSP's UniConfig (the keys rillet acts on; `thinking_summary` and `prompt_caching` are
+    accepted and left to the provider's defaults)."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    tools: list[ToolSpec] | None = None
+    thinking_summary: bool | None = None
+    thinking_level: ThinkingLevel | None = None
+    tool_choice: ToolChoice | None = None
+    system_prompt: str | None = None
+    prompt_caching: Any = None
+
+
+class _StreamBody(msgspec.Struct, frozen=True, kw_only=True):
+    """`POST /v1/stream`: MMSP's request."""
+
+    model: str
+    messages: list[UniMessage]
+    config: _UniConfig = _UniConfig()
+
+
+_decode_stream_body = msgspec.json.Decoder(_StreamBody).decode
+
+
+def _stream_request(body: _StreamBody) -> TurnRequest:
+    if not body.messages:
+        raise ValueError("`messages` is empty")
+    config = body.config
+    return TurnRequest(
+        messages=body.messages,
+        system_prompt=config.system_prompt or None,
+        tools=config.tools or [],
+        tool_choice=config.tool_choice,
+        max_tokens=config.max_tokens,
+        temperature=config.temperature,
+        thinking_level=config.thinking_level,
+    )
+
+
+@attrs.define(eq=False)
+class ChannelSink:
+    """Hands a turn's MMSP items to the connection that streams them (backpressure: a client
+    that reads slowly slows its own turn, nobody else's)."""
+
+    send: trio.MemorySendChannel[list[UniItem]]
+
+    async def deliver(self, batch: SinkBatch) -> None:
+        """Hand the batch's MMSP items on (waiting while the connection is behind)."""
+        if batch.uni:
+            with contextlib.suppress(*GONE):  # the response is over; the turn is cancelled
+                await self.send.send(list(batch.uni))
+
+    async def close(self) -> None:
+        """The turn is over: end the channel."""
+        await self.send.aclose()
+
+
+@attrs.define(eq=False)
+class Mmsp:
+    """The MMSP routes."""
+
+    shared: Shared
+
+    async def models(self, http: HttpConnection, request: Request, _: str) -> None:
+        """`GET /v1/models`: the models offered, in OpenAI's shape."""
+        self.shared.require_key(request, mmsp=True)
+        data = [
+            {"id": model, "object": "model", "created": 0, "owned_by": "rillet"}
+            for model in self.shared.offered_models()
+        ]
+        body = msgspec.json.encode({"object": "list", "data": data})
+        await http.respond(200, body, head_only=request.method == "HEAD")
+
+    async def stream(self, http: HttpConnection, request: Request, _: str) -> None:
+        """`POST /v1/stream`: a turn streamed as MMSP's server does, once admitted."""
+        self.shared.require_key(request, mmsp=True)
+        body: _StreamBody = await self.shared.read_json(
+            http, request, _decode_stream_body, "InvalidRequestError"
+        )
+        try:
+            turn_request = _stream_request(body)
+        except ValueError as exc:
+            raise ErrorReply(400, "InvalidRequestError", str(exc)) from None
+        provider = self.shared.provider(body.model, mmsp=True)
+        ticket = self.shared.reserve(request, mmsp=True)
+        try:
+            await self._mmsp_turn(http, turn_request, provider, ticket)
+        finally:
+            self.shared.admission.release(ticket)
+
+    async def _mmsp_turn(
+        self, http: HttpConnection, turn_request: TurnRequest, provider: Provider, ticket: Ticket
+    ) -> None:
+        """Wait for a slot (while the client stays), then stream the turn."""
+        admit = functools.partial(self.shared.admission.admit, ticket)
+        if not self.shared.admission.try_admit(ticket) and not await until_gone(http, admit):
+            raise CloseConnection
+        policy = self.shared.config.policy or Policy()
+        send, receive = trio.open_memory_channel[list[UniItem]](policy.channel_size)
+        self.shared.metrics.streams_started += 1
+        completed = False
+        async with trio.open_nursery() as nursery:
+            turn: Turn = await nursery.start(
+                functools.partial(
+                    run_turn,
+                    turn_request,
+                    provider,
+                    sinks=[ChannelSink(send)],
+                    policy=policy,
+                    client=self.shared.client,
+                    admission=self.shared.streams,
+                    history=False,  # the stream is written from the sink's channel
+                )
+            )
+            try:
+                pump = functools.partial(self._pump_mmsp, http, turn, receive, provider)
+                completed = await until_gone(http, pump)
+            finally:
+                if not completed:
+                    turn.cancel()
+        self.shared.metrics.finished(await turn.result())
+        await end_stream(http, completed, self.shared.limits.close_timeout)
+
+    async def _pump_mmsp(
+        self,
+        http: HttpConnection,
+        turn: Turn,
+        receive: trio.MemoryReceiveChannel[list[UniItem]],
+        provider: Provider,
+    ) -> None:
+        """Stream the turn's UniEvents as MMSP does. The head waits for the first event (or the
+        turn's end) up to one heartbeat, so a request refused upstream gets an HTTP error
+        status; after that, errors are one `{"error"}` event and `[DONE]`.
+
+        A retry that voids events the client already has cannot be said in MMSP's grammar: the
+        stream then ends with `IncompleteStreamError` (what the client would have seen from the
+        failed attempt itself), and the client's own retry takes over. A reset before anything
+        was written just drops the voided events."""
+        heartbeat = self.shared.limits.heartbeat
+        started = written = False
+        deadline = trio.current_time() + heartbeat
+        while True:
+            items: list[UniItem] | None = None
+            with trio.move_on_at(deadline) as idle:
+                try:
+                    items = await receive.receive()
+                except trio.EndOfChannel:
+                    break
+            if idle.cancelled_caught:
+                if started:
+                    await http.send_data(SSE_HEARTBEAT)
+                else:
+                    await http.start_stream(200, SSE_HEADERS)
+                    started = True
+                deadline = trio.current_time() + heartbeat
+                continue
+            assert items is not None
+            frames: list[bytes] = []
+            stopped = reset = False
+            for item in items:
+                if type(item) is AttemptReset:
+                    if written:
+                        reset = True
+                        break
+                    frames.clear()
+                    continue
+                assert isinstance(item, UniEvent)
+                frames.append(sse_data(encode_json(item)))
+                stopped = item.event_type == "stop"
+            if frames:
+                self.shared.metrics.count(len(frames))
+                if not started:
+                    await http.start_stream(200, SSE_HEADERS)
+                    started = True
+                await http.send_data(b"".join(frames))
+                written = True
+                deadline = trio.current_time() + heartbeat
+            if reset:
+                error = {
+                    "type": "IncompleteStreamError",
+                    "message": "the upstream attempt failed mid-stream; retry the request",
+                    "missing": ["usage_metadata", "finish_reason"],
+                    "finish_reason": None,
+                    "usage_metadata": None,
+                }
+                await http.send_data(sse_data(to_json({"error": error})) + SSE_DONE)
+                turn.cancel()
+                return
+            if stopped:
+                await http.send_data(SSE_DONE)
+                return
+        result = await turn.result()
+        if result.ok:  # a rescued reply without a stop cannot happen; end the stream anyway
+            if not started:
+                await http.start_stream(200, SSE_HEADERS)
+            await http.send_data(SSE_DONE)
+            return
+        error, status, headers = mmsp_error(result, provider)
+        if not started:
+            await http.respond(status, to_json({"error": error}), headers)
+            return
+        await http.send_data(sse_data(to_json({"error": error})) + SSE_DONE)
+
+
+def mmsp_error(
+    result: TurnResult, provider: Provider
+) -> tuple[dict[str, Any], int, list[tuple[str, str]]]:
+    """The MMSP error object for a failed turn, the HTTP status for it, and extra headers.
+
+    Messages are our own words; a provider's own message is passed on only for an invalid
+    request (it says what was invalid), with the provider's key scrubbed from it.
+    """
+    error = result.error
+    if isinstance(error, FallbackFailed):
+        error = error.stream_error or error.rescue_error
+    headers: list[tuple[str, str]] = []
+    if result.outcome is Outcome.CANCELLED:
+        return {"type": "Cancelled", "message": "the turn was cancelled"}, 503, headers
+    if isinstance(error, ProviderError):
+        message = f"the upstream provider {error.provider} reported an error"
+        if error.status is not None:
+            message += f" (status {error.status})"
+        if isinstance(error, InvalidRequestError) and error.provider_message:
+            message += f": {_scrub(error.provider_message, provider)}"
+        body: dict[str, Any] = {"type": type(error).__name__, "message": message}
+        if error.status is not None:
+            body["status"] = error.status
+        status = error.status if error.status is not None and 400 <= error.status <= 599 else 502
+        wait = result.retry_after if result.retry_after is not None else error.retry_after
+        if wait is not None:
+            body["retry_after"] = wait
+            headers.append(("retry-after", str(max(1, math.ceil(wait)))))
+        return body, status, headers
+    if isinstance(error, StreamError):
+        body = {"type": type(error).__name__, "message": str(error)}
+        for name in (
+            "missing",
+            "finish_reason",
+            "usage_metadata",
+            "tool_name",
+            "tool_call_id",
+            "raw_arguments_length",
+            "raw_arguments_preview",
+        ):
+            if hasattr(error, name):
+                value = getattr(error, name)
+                body[name] = list(value) if isinstance(value, tuple) else value
+        return msgspec.to_builtins(body), 502, headers
+    if isinstance(error, TurnTimeout):
+        return {"type": "TurnTimeout", "message": str(error)}, 504, headers
+    if isinstance(error, TransportError | FrameError):
+        return {"type": type(error).__name__, "message": str(error)}, 502, headers
+    return {"type": "UpstreamError", "message": "the turn failed"}, 502, headers
+
+
+def _scrub(text: str, provider: Provider) -> str:
+    key = provider.api_key.reveal() if provider.api_key is not None else ""
+    return text.replace(key, "…") if len(key) >= 4 else text

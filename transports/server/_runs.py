@@ -1,0 +1,366 @@
+"""The runs API: starting a run (`POST /v1/runs`), which then goes on in the server's nursery
+whoever watches; cancelling it; who may read it (its token); following it from a cursor,
+counted against the subscriber limits; and forgetting it after the hub has."""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import hmac
+import logging
+import re
+import secrets
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import msgspec
+import trio
+from rillet._events import UniMessage
+from rillet._hub import (
+    CursorExpired,
+    CursorInvalid,
+    HubError,
+    HubUnavailable,
+    Subscription,
+    UnknownRun,
+    parse_cursor,
+)
+from rillet._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest, user
+from rillet._runevents import RunDone, RunEvent, StatusEvent
+from rillet._turn import Sink, SinkBatch, Turn, TurnResult, run_turn
+
+from ._capacity import Ticket, uncount
+from ._metrics import Metrics
+from ._replies import ErrorReply, Refused, log_unavailable, not_found
+from ._shared import Shared
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from rillet.providers._base import Provider
+
+    from .._http11 import HttpConnection, Request
+
+__all__ = ["RunRecord", "Runs"]
+
+logger = logging.getLogger("rillet.transports.server")
+
+_RUN_ID = re.compile(r"[0-9a-f]{1,64}")
+
+
+@attrs.define(eq=False)
+class RunRecord:
+    """A run: who may read it (`access`: its token's digest, which the hub shares with other
+    servers), and its turn while this server runs it."""
+
+    token: str
+    turn: Turn | None = None
+    waiting: trio.CancelScope | None = None  # its wait for admission, while queued
+    access: bytes = attrs.field()
+
+    @access.default
+    def _digest(self) -> bytes:
+        return token_digest(self.token)
+
+
+def token_digest(token: str) -> bytes:
+    """What is kept of a token: its SHA-256, compared in constant time."""
+    return hashlib.sha256(token.encode()).digest()
+
+
+@attrs.define(eq=False)
+class HubFeed:
+    """A run's sink into the hub, counting the events for `/metrics`. A run that waited in the
+    queue has its own events first (`status` queued): the turn's events follow them, their seqs
+    moved by `shift`, so the log stays gapless from seq 1."""
+
+    inner: Sink
+    metrics: Metrics
+    run_id: str = ""
+    turn: Turn | None = None
+    shift: int = 0
+    offset_ms: int = 0  # how long the run waited before its turn started
+    started: float = attrs.field(factory=trio.current_time)
+
+    async def deliver(self, batch: SinkBatch) -> None:
+        """Count the batch's run events and append them (moved past the server's own)."""
+        if batch.run:
+            self.metrics.count(len(batch.run))
+            if self.shift:
+                shift = self.shift
+                offset = self.offset_ms
+                moved = [
+                    msgspec.structs.replace(e, seq=e.seq + shift, elapsed_ms=e.elapsed_ms + offset)
+                    for e in batch.run
+                ]
+                batch = SinkBatch(run=moved, uni=batch.uni)
+            await self.inner.deliver(batch)
+
+    async def own(self, event: RunEvent) -> None:
+        """One of the server's own events for the run (before the turn's, or instead)."""
+        self.shift += 1
+        await self.inner.deliver(SinkBatch(run=[event], uni=()))
+
+    def envelope(self) -> dict[str, Any]:
+        """The envelope of the server's next own event."""
+        elapsed = int((trio.current_time() - self.started) * 1000)
+        return {"run_id": self.run_id, "seq": self.shift + 1, "elapsed_ms": elapsed}
+
+    async def close(self) -> None:
+        """Close the hub's sink."""
+        await self.inner.close()
+
+
+class _RunBody(msgspec.Struct, frozen=True, kw_only=True):
+    """`POST /v1/runs`: a prompt, or a conversation with its settings."""
+
+    prompt: str | None = None
+    messages: list[UniMessage] | None = None
+    model: str | None = None
+    system_prompt: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    thinking_level: ThinkingLevel | None = None
+    tools: list[ToolSpec] = msgspec.field(default_factory=list)
+    tool_choice: ToolChoice | None = None
+
+
+_decode_run_body = msgspec.json.Decoder(_RunBody).decode
+
+
+def _run_request(body: _RunBody) -> TurnRequest:
+    if (body.prompt is None) == (body.messages is None):
+        raise ValueError("send either `prompt` or `messages`")
+    if body.prompt is not None:
+        if not body.prompt.strip():
+            raise ValueError("`prompt` is empty")
+        messages = [user(body.prompt)]
+    else:
+        assert body.messages is not None
+        if not body.messages:
+            raise ValueError("`messages` is empty")
+        messages = body.messages
+    return TurnRequest(
+        messages=messages,
+        system_prompt=body.system_prompt,
+        tools=body.tools,
+        tool_choice=body.tool_choice,
+        max_tokens=body.max_tokens,
+        temperature=body.temperature,
+        thinking_level=body.thinking_level,
+    )
+
+
+@attrs.define(eq=False)
+class Runs:
+    """The runs this server started (by id: who may read them, their turns) and the runs API.
+
+    Attributes:
+        runs: the runs kept, by id (forgotten once the hub has forgotten them).
+        per_run, per_client: live subscriptions by run and by client (`subscriber`).
+    """
+
+    shared: Shared
+    runs: dict[str, RunRecord] = attrs.field(factory=dict)
+    per_run: collections.Counter[str] = attrs.field(factory=collections.Counter)
+    per_client: collections.Counter[bytes] = attrs.field(factory=collections.Counter)
+    decoy: str = attrs.field(factory=lambda: secrets.token_urlsafe(24))
+
+    async def start_run(self, http: HttpConnection, request: Request, _: str) -> None:
+        """`POST /v1/runs`: 201 with the run's id, token and URLs once its turn runs (or it
+        is queued)."""
+        self.shared.require_key(request)
+        body: _RunBody = await self.shared.read_json(
+            http, request, _decode_run_body, "invalid_request"
+        )
+        try:
+            turn_request = _run_request(body)
+        except ValueError as exc:
+            raise ErrorReply(400, "invalid_request", str(exc)) from None
+        provider = self.shared.provider(body.model, mmsp=False)
+        ticket = self.shared.reserve(request, mmsp=False)
+        run_id = secrets.token_hex(12)
+        record = RunRecord(token=secrets.token_urlsafe(24))
+        try:
+            try:
+                inner = await self.shared.hub.open_run(run_id, access=record.access)
+            except HubUnavailable as exc:
+                logger.error("refusing a new run: %s", exc)
+                raise log_unavailable().reply() from None
+            sink = HubFeed(inner, self.shared.metrics, run_id)
+            self.runs[run_id] = record
+            try:
+                await self.shared.nursery.start(
+                    self._run, turn_request, provider, run_id, sink, record, ticket
+                )
+            except RuntimeError:  # it failed before it could start (logged by `_run`)
+                raise ErrorReply(500, "internal_error", "the run could not start") from None
+        except BaseException:
+            self.shared.admission.release(ticket)
+            raise
+        base = self._base(request)
+        query = f"?token={record.token}"
+        answer = {
+            "run_id": run_id,
+            "token": record.token,
+            "events_url": f"{base}/v1/runs/{run_id}/events{query}",
+            "ws_url": f"ws{base.removeprefix('http')}/v1/runs/{run_id}/ws{query}",
+        }
+        await http.respond(201, msgspec.json.encode(answer))
+
+    async def _run(
+        self,
+        request: TurnRequest,
+        provider: Provider,
+        run_id: str,
+        sink: HubFeed,
+        record: RunRecord,
+        ticket: Ticket,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """One run, in the server's nursery: it goes on whoever watches, or nobody. Started
+        once its turn runs (so it can be cancelled); the turn is let go when it ends (the hub
+        keeps its events)."""
+
+        async def turn_task(
+            task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
+        ) -> TurnResult:
+            return await run_turn(
+                request,
+                provider,
+                sinks=[sink],
+                policy=self.shared.config.policy,
+                client=self.shared.client,
+                admission=self.shared.streams,
+                run_id=run_id,
+                reasoning=self.shared.config.reasoning,
+                tool_arguments=self.shared.config.tool_arguments,
+                history=False,  # the hub keeps the events; the turn need not keep a replay
+                task_status=task_status,
+            )
+
+        self.shared.metrics.runs_started += 1
+        try:
+            if not self.shared.admission.try_admit(ticket):
+                await self._queued(sink, record, ticket, task_status)
+                if not ticket.admitted:
+                    return
+                task_status = trio.TASK_STATUS_IGNORED
+            async with trio.open_nursery() as nursery:
+                record.turn = sink.turn = await nursery.start(turn_task)
+                task_status.started()
+                self.shared.metrics.finished(await record.turn.result())
+        except Exception as exc:  # a bug in one run must not take the server down
+            logger.error("run %s failed: %s", run_id, type(exc).__name__, exc_info=True)
+        finally:
+            self.shared.admission.release(ticket)
+            record.turn = sink.turn = None
+
+    async def _queued(
+        self, sink: HubFeed, record: RunRecord, ticket: Ticket, task_status: trio.TaskStatus[None]
+    ) -> None:
+        """Wait in the queue for a slot: the run's log says so first (`status`, phase
+        `queued`), and the run is started for its client meanwhile. Cancelled while it waits,
+        the run ends there (`run.done` cancelled) and never reaches the provider."""
+        await sink.own(StatusEvent(**sink.envelope(), phase="queued", attempt=0))
+        with trio.CancelScope() as record.waiting:
+            task_status.started()
+            await self.shared.admission.admit(ticket)
+        record.waiting = None
+        if ticket.admitted:
+            sink.offset_ms = int((trio.current_time() - sink.started) * 1000)
+            return
+        await sink.own(RunDone(**sink.envelope(), status="cancelled", code="cancelled"))
+        await sink.close()
+
+    async def sweep(self) -> None:
+        """Every `sweep_interval` seconds: the hub forgets expired runs, and the server the
+        tokens of runs the hub has forgotten (not only when a run starts: an idle server must
+        give its memory back too)."""
+        while True:
+            await trio.sleep(self.shared.limits.sweep_interval)
+            try:
+                await self.shared.hub.sweep()
+                kept = await self.shared.hub.kept(list(self.runs))
+            except HubUnavailable as exc:
+                logger.warning("sweep skipped: %s", exc)
+                continue
+            for run_id in [r for r in self.runs if r not in kept]:
+                self.runs.pop(run_id, None)
+
+    def _base(self, request: Request) -> str:
+        host = request.headers.get("host")
+        if host is None or not re.fullmatch(r"[A-Za-z0-9.:\[\]-]+", host):
+            return f"http://{self.shared.config.host}:{self.shared.config.port}"
+        return f"http://{host}"
+
+    async def authorized(self, request: Request, run_id: str) -> RunRecord | None:
+        """The run when the request carries its token; None for an unknown run or a wrong
+        token alike (one constant-time comparison either way). A run another server started
+        is known by the access the shared hub keeps; `Refused` (503) when it cannot be asked."""
+        record = self.runs.get(run_id) if _RUN_ID.fullmatch(run_id) else None
+        if record is None and _RUN_ID.fullmatch(run_id):
+            try:
+                access = await self.shared.hub.access(run_id)
+            except HubUnavailable:
+                raise log_unavailable() from None
+            record = RunRecord(token="", access=access) if access is not None else None
+        given = token_digest(request.bearer() or request.query.get("token", ""))
+        expected = record.access if record is not None else token_digest(self.decoy)
+        if hmac.compare_digest(given, expected) and record is not None:
+            return record
+        return None
+
+    async def cancel_run(self, http: HttpConnection, request: Request, run_id: str) -> None:
+        """`DELETE /v1/runs/{id}` with its token: 202, the turn (or its wait) cancelled."""
+        try:
+            record = await self.authorized(request, run_id)
+        except Refused as refused:
+            raise refused.reply() from None
+        if record is None:
+            raise not_found()
+        if run_id not in self.runs:
+            raise ErrorReply(409, "elsewhere", "cancel the run on the server that started it")
+        if record.turn is not None:
+            record.turn.cancel()
+        elif record.waiting is not None:
+            record.waiting.cancel()
+        await http.respond(202, msgspec.json.encode({"run_id": run_id}))
+
+    @asynccontextmanager
+    async def subscription(
+        self, run_id: str, cursor: str | None, client: bytes
+    ) -> AsyncIterator[Subscription]:
+        """Follow a run from a cursor, counted against the limits. Raises `Refused`."""
+        limits = self.shared.limits
+        try:
+            after = parse_cursor(run_id, cursor)
+            if self.per_run[run_id] >= limits.max_subscribers_per_run:
+                raise HubError("too many subscribers for this run")
+            if self.per_client[client] >= limits.max_subscribers_per_client:
+                raise HubError("too many subscribers from this client")
+            sub = await self.shared.hub.follow(run_id, after)
+        except UnknownRun:
+            self.runs.pop(run_id, None)
+            raise Refused(404, "not_found", "no such run") from None
+        except CursorInvalid as exc:
+            raise Refused(400, "cursor_invalid", exc.reason) from None
+        except CursorExpired as exc:
+            raise Refused(
+                410, "cursor_expired", "the log no longer keeps that seq", first_kept=exc.first_kept
+            ) from None
+        except HubUnavailable:
+            raise log_unavailable() from None
+        except HubError as exc:
+            raise Refused(429, "too_many_subscribers", str(exc)) from None
+        self.per_run[run_id] += 1
+        self.per_client[client] += 1
+        try:
+            yield sub
+        finally:
+            sub.close()
+            if sub.drop_reason is not None:
+                self.shared.metrics.subscribers_dropped += 1
+            uncount(self.per_run, run_id)
+            uncount(self.per_client, client)

@@ -1,0 +1,99 @@
+"""`serve`: bind, accept connections (backing off when out of file descriptors), sweep expired
+runs, and stop everything when cancelled."""
+
+from __future__ import annotations
+
+import errno
+import logging
+from typing import TYPE_CHECKING
+
+import httpx
+import trio
+from rillet._hub import Hub, RunHub
+
+from ._routing import Server
+from ._shared import Shared
+
+if TYPE_CHECKING:
+    from ._config import ServerConfig
+
+__all__ = ["serve"]
+
+logger = logging.getLogger("rillet.transports.server")
+
+
+async def serve(
+    config: ServerConfig,
+    *,
+    hub: RunHub | None = None,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until cancelled; `task_status.started` gets the bound `http://host:port` URL.
+
+    Embeddable: `url = await nursery.start(serve, config)`. Every connection and every run is a
+    task of this call's nursery, so cancelling it stops them all. Pass a `hub` to share run logs
+    with the application; with `config.redis_url` (and no `hub`) the logs live in Redis and
+    every server sharing it serves every run's subscribers; otherwise a server serves the runs
+    it started. Raises `ServerConfigError` before binding for an open server off loopback, and
+    `HubUnavailable` before binding when the configured Redis does not answer.
+    """
+    config.check()
+    limits = config.limits
+    if hub is None and config.redis_url is not None:
+        from rillet._redis_hub import open_redis_hub
+
+        async with open_redis_hub(
+            config.redis_url, max_subscribers_per_run=limits.max_subscribers_per_run
+        ) as shared:
+            await _serve(config, shared, task_status)
+        return
+    await _serve(
+        config, hub or Hub(max_subscribers_per_run=limits.max_subscribers_per_run), task_status
+    )
+
+
+async def _serve(config: ServerConfig, hub: RunHub, task_status: trio.TaskStatus[str]) -> None:
+    # the pool holds a connection for every stream admitted: none waits for one
+    pool = httpx.Limits(
+        max_connections=config.limits.max_streams,
+        max_keepalive_connections=config.limits.max_streams,
+    )
+    async with (
+        httpx.AsyncClient(
+            timeout=httpx.Timeout(None), follow_redirects=False, limits=pool
+        ) as client,
+        trio.open_nursery() as nursery,
+    ):
+        listeners = await trio.open_tcp_listeners(config.port, host=config.host)
+        server = Server(Shared(config, hub, client, nursery))
+        for listener in listeners:
+            nursery.start_soon(_accept, listener, server, nursery)
+        nursery.start_soon(server.runs.sweep)
+        host, port = listeners[0].socket.getsockname()[:2]
+        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        logger.info("serving on %s", url)
+        task_status.started(url)
+
+
+_ACCEPT_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+
+
+async def _accept(listener: trio.SocketListener, server: Server, nursery: trio.Nursery) -> None:
+    """Accept connections until cancelled. Out of file descriptors (EMFILE) or memory, it backs
+    off (10 ms, doubling to 1 s) and keeps serving the connections it has; they free what it
+    needs. Logged once per episode, not once per attempt."""
+    pause = 0.0
+    async with listener:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if exc.errno not in _ACCEPT_ERRORS:
+                    raise
+                if not pause:
+                    logger.warning("accept failed (%s): backing off", errno.errorcode[exc.errno])
+                pause = min(max(2 * pause, 0.01), 1.0)
+                await trio.sleep(pause)
+                continue
+            pause = 0.0
+            nursery.start_soon(server.handle, stream)

@@ -1,0 +1,137 @@
+"""What every handler of the server shares: its configuration, the hub, the upstream client,
+the nursery runs live in, the counters and the admission; and the checks they all make (the
+server key, a JSON body, the model asked for, a place in the admission)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import httpx
+import msgspec
+import trio
+from rillet._admission import Admission
+from rillet._hub import RunHub
+from rillet.providers._base import Provider
+
+from ._capacity import StreamAdmission, Ticket, client_key
+from ._config import ServerConfig
+from ._metrics import Metrics
+from ._replies import ErrorReply
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .._http11 import HttpConnection, Request
+    from ._config import Limits
+
+__all__ = ["Shared"]
+
+logger = logging.getLogger("rillet.transports.server")
+
+
+@attrs.define(eq=False)
+class Shared:
+    """The server's state and checks, handed to each group of handlers."""
+
+    config: ServerConfig
+    hub: RunHub
+    client: httpx.AsyncClient
+    nursery: trio.Nursery
+    metrics: Metrics = attrs.field(factory=Metrics)
+    admission: StreamAdmission = attrs.field()
+    # the turns' own slots, as many as the server admits: a turn it admitted never queues again
+    streams: Admission = attrs.field()
+
+    @admission.default
+    def _admission(self) -> StreamAdmission:
+        return StreamAdmission.of(self.config.limits)
+
+    @streams.default
+    def _streams(self) -> Admission:
+        return Admission(self.config.limits.max_streams)
+
+    @property
+    def limits(self) -> Limits:
+        """The configured limits."""
+        return self.config.limits
+
+    def require_key(self, request: Request, *, mmsp: bool = False) -> None:
+        """401 without the server key, when one is configured (compared in constant time)."""
+        key = self.config.api_key
+        if key is None:
+            return
+        # digests of equal length: the comparison tells nothing, not even the key's length
+        given = hashlib.sha256((request.bearer() or "").encode()).digest()
+        if not hmac.compare_digest(given, hashlib.sha256(key.reveal().encode()).digest()):
+            kind = "AuthenticationError" if mmsp else "unauthorized"
+            raise ErrorReply(
+                401,
+                kind,
+                "missing or wrong server key (Authorization: Bearer <key>)",
+                headers=[("www-authenticate", "Bearer")],
+            )
+
+    async def read_json(
+        self, http: HttpConnection, request: Request, decode: Callable[[bytes], Any], kind: str
+    ) -> Any:
+        """The request's JSON body decoded by `decode`: 415 for another type, 413 past
+        `max_body`, 400 for what does not decode (errors of type `kind`)."""
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            # a browser may send other types cross-site without asking first: refuse them
+            raise ErrorReply(415, kind, "the body must be application/json")
+        body = await http.read_body(request, self.limits.max_body, self.limits.head_timeout)
+        try:
+            return decode(body)
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+            raise ErrorReply(400, kind, f"invalid request body: {exc}") from None
+        except RecursionError:  # nested deeper than the decoder follows: refused, not a crash
+            raise ErrorReply(400, kind, "invalid request body: nested too deeply") from None
+
+    def offered_models(self) -> tuple[str, ...]:
+        """The models served: the configured list, else the provider's own model."""
+        configured = self.config.provider
+        if not self.config.models and isinstance(configured, Provider):
+            return (configured.model,)
+        return self.config.models
+
+    def provider(self, model: str | None, *, mmsp: bool) -> Provider:
+        """The provider for `model` (None: the first offered); 404 for a model not offered."""
+        configured = self.config.provider
+        models = self.offered_models()
+        if model is None:
+            if not models:
+                raise ErrorReply(
+                    400, "InvalidRequestError" if mmsp else "invalid_request", "no model"
+                )
+            model = models[0]
+        if models and model not in models:
+            raise ErrorReply(404, "NotFoundError" if mmsp else "unknown_model", "unknown model")
+        if isinstance(configured, Provider):
+            if configured.model == model:
+                return configured
+            return attrs.evolve(configured, model=model)
+        try:
+            return configured(model)
+        except Exception as exc:
+            logger.warning("no provider for a model: %s", type(exc).__name__)
+            raise ErrorReply(
+                400, "InvalidRequestError" if mmsp else "invalid_request", "model unavailable"
+            ) from None
+
+    def reserve(self, request: Request, *, mmsp: bool) -> Ticket:
+        """A place in the admission for this request's client; 429 with `Retry-After` when the
+        server's capacity or the client's share is taken."""
+        ticket = self.admission.reserve(client_key(request, request.bearer() or ""))
+        if ticket is None:
+            raise ErrorReply(
+                429,
+                "RateLimitError" if mmsp else "too_many_runs",
+                "too many runs at once; retry shortly",
+                headers=[("retry-after", "1")],
+            )
+        return ticket

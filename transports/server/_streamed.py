@@ -1,0 +1,83 @@
+"""A streamed response's body, run while its connection is watched: a client that leaves
+cancels it, one that only half-closed keeps reading to the end."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import h11
+import trio
+
+from .._encode import SSE_PROBE
+from ._replies import GONE, CloseConnection
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from .._http11 import HttpConnection
+
+__all__ = ["SSE_HEADERS", "end_stream", "until_gone"]
+
+SSE_HEADERS = (
+    ("content-type", "text/event-stream; charset=utf-8"),
+    ("x-content-type-options", "nosniff"),
+    ("cache-control", "no-cache, no-transform"),
+    ("x-accel-buffering", "no"),
+)
+"""The head of every event stream the server sends (run events, MMSP)."""
+
+_PROBE_WAIT = 0.05  # seconds for a reset to come back over loopback or a LAN
+_PROBE_EVERY = 1.0  # seconds between looks at whether the head went out, to probe after it
+
+
+async def until_gone(http: HttpConnection, body: Callable[[], Awaitable[None]]) -> bool:
+    """Run a streamed response's body while watching the connection: True when the body
+    finished, False when the client went away first (the body is then cancelled).
+
+    The client's end of stream alone is not its leaving (it may have half-closed and still
+    read): the server then sends an SSE comment, and only a reset in answer counts."""
+    gone = False
+
+    async def watch(scope: trio.CancelScope) -> None:
+        nonlocal gone
+        stream = http.stream
+        while (more := await stream.receive_ahead()) is True:
+            pass
+        if more is None:  # the end of its requests: a close, or a half-close
+            while not await _probe(http):  # noqa: ASYNC110 (no event says the head went)
+                await trio.sleep(_PROBE_EVERY)
+            await trio.sleep(_PROBE_WAIT)  # a client that closed answers the probe with a reset
+            if not await stream.reset_by_peer():
+                await trio.sleep_forever()  # it half-closed: it still reads; stream on
+        gone = True
+        scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch, nursery.cancel_scope)
+        try:
+            await body()
+        except GONE:
+            gone = True
+        nursery.cancel_scope.cancel()
+    return not gone
+
+
+async def _probe(http: HttpConnection) -> bool:
+    """Send an SSE comment, if the streamed body has begun (False when it has not): a client
+    that closed its connection answers it with a reset, one that half-closed reads it as
+    nothing."""
+    if http.conn.our_state is not h11.SEND_BODY:
+        return False
+    await http.send_data(SSE_PROBE)
+    return True
+
+
+async def end_stream(http: HttpConnection, completed: bool, within: float) -> None:
+    """End a streamed body within `within` seconds (the close grace); otherwise, or when the
+    body did not complete, the connection closes (`CloseConnection`)."""
+    if completed:
+        with trio.move_on_after(within):
+            if http.conn.our_state is h11.SEND_BODY:
+                await http.end_stream()
+            return
+    raise CloseConnection
