@@ -3,13 +3,14 @@
 Theory of operation
 -------------------
 One turn is a series of attempts. Before each, the handler takes a token from the rate limiter.
-An attempt sends the request with httpx and reads the body chunk by chunk; each chunk goes
-through the attempt's `WireDecoder` (framing, dialect, grammar: all pure), and the UniEvents it
-releases go downstream in one batch per chunk. Deadlines guard only the waits on the provider:
-until the first lane event, `initial_event_timeout` from sending; then `per_event_timeout` from
-the last lane event (SSE comments do not count); never past the total deadline. A send blocked
-by a slow consumer is backpressure, not silence: the time it spends blocked moves the per-event
-and total deadlines by as much.
+An attempt sends the request over the turn's upstream transport (`_upstream`: HTTP on httpx by
+default, or a WebSocket, a replay, the application's own) and reads the reply piece by piece;
+each piece goes through the attempt's `WireDecoder` (framing, dialect, grammar: all pure), and
+the UniEvents it releases go downstream in one batch per piece. Deadlines guard only the waits
+on the provider: until the first lane event, `initial_event_timeout` from sending; then
+`per_event_timeout` from the last lane event (SSE comments do not count); never past the total
+deadline. A send blocked by a slow consumer is backpressure, not silence: the time it spends
+blocked moves the per-event and total deadlines by as much.
 
 An attempt that fails is classified (`Shape`) by the failure taxonomy (`_failures`, the one
 table of what is retried) and handled by its ladder:
@@ -38,13 +39,11 @@ finally fails therefore still shows its last partial text.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Protocol, TypeVar, cast
+from collections.abc import Mapping
+from typing import Protocol, TypeVar, cast
 
 import attrs
-import httpx
 import msgspec
 import trio
 
@@ -61,11 +60,9 @@ from ._failures import error_shape, http_shape
 from ._policy import Outcome, Policy, Shape, backoff_delay, retry_after
 from ._ratelimit import RateLimiter
 from ._request import TurnRequest
+from ._upstream import Exchange, Upstream, UpstreamError
 from ._wire import WireDecoder
 from .providers._base import Provider, provider_error
-
-if TYPE_CHECKING:
-    from .providers._base import HttpRequest
 
 __all__ = ["AttemptReset", "Handler", "Outlet", "Status"]
 
@@ -134,7 +131,7 @@ class Handler:
 
     request: TurnRequest
     provider: Provider
-    client: httpx.AsyncClient
+    upstream: Upstream
     policy: Policy
     limiter: RateLimiter
     started: trio.Event = attrs.field(factory=trio.Event)  # set once the first request is sent
@@ -198,17 +195,16 @@ class Handler:
         self.requests += 1
         self.started.set()
         emitted = 0
-        response: httpx.Response | None = None
-        chunks: AsyncIterator[bytes] | None = None
+        response: Exchange | None = None
         try:
             with trio.move_on_at(deadline):
-                response = await self.client.send(_httpx_request(self.client, http), stream=True)
+                response = await self.upstream.open(http)
             if response is None:
                 return self._timed_out(emitted)
-            if response.status_code >= 300:
+            if response.status >= 300:
                 return await self._status_failure(response, deadline)
             self._check_content_type(response)
-            chunks = _body(response)
+            receive = response.receive
             # One scope guards every read; its deadline moves with each lane event and is lifted
             # while a batch waits for room downstream (a slow consumer is backpressure, not a
             # silent provider): the time spent blocked there is added back afterwards.
@@ -216,7 +212,7 @@ class Handler:
                 armed = deadline  # reading.deadline, kept here (moving it is not free)
                 quiet = 0  # reads since the last checkpoint of ours
                 while True:
-                    chunk = await anext(chunks, b"")  # b"": end of body (httpx yields no empties)
+                    chunk = await receive()  # b"": the end of the reply
                     batch: list[UniEvent] = []
                     before = decoder.lane_events
                     error: RilletError | None = None
@@ -258,14 +254,14 @@ class Handler:
                     if not chunk or decoder.grammar.stopped:
                         return None  # the end of the body, or of the reply: nothing more to read
             return self._timed_out(emitted)  # the deadline cut a read short
-        except httpx.TransportError as exc:
+        except UpstreamError as exc:
             error = _transport_error(exc, self.provider.label)
             return self._note(_Failure(error_shape(error), error), emitted)
         except RilletError as exc:
             return self._failure_of(exc, emitted)
         finally:
             if response is not None:
-                await _stop_reading(response, chunks)
+                await response.aclose()
 
     def _items(self, batch: list[UniEvent]) -> Batch:
         """What goes downstream for `batch`: the reset it owes first, if any."""
@@ -287,7 +283,7 @@ class Handler:
             await out.drain()
             self._total_deadline += trio.current_time() - start
 
-    def _check_content_type(self, response: httpx.Response) -> None:
+    def _check_content_type(self, response: Exchange) -> None:
         framing = self.provider.dialect.framing
         accepted = _STREAM_TYPES.get(framing)
         if accepted is None:
@@ -299,12 +295,12 @@ class Handler:
                 self.provider.label,
             )
 
-    async def _status_failure(self, response: httpx.Response, deadline: float) -> _Failure:
+    async def _status_failure(self, response: Exchange, deadline: float) -> _Failure:
         body = b""
         with trio.move_on_at(deadline):
             body = await _read_bounded(response, self.policy.max_body, self.provider.label)
-        status = response.status_code
-        headers = {k.lower(): v for k, v in response.headers.items()}
+        status = response.status
+        headers = response.headers
         error = self._scrubbed(self._error_from_response(status, headers, body))
         # the wait: a header wins over the hint the dialect read from the body (Gemini's
         # `RetryInfo`), which wins over the default; an unusable hint counts as none
@@ -431,26 +427,25 @@ class Handler:
         self.attempts += 1
         self.requests += 1
         events: list[UniEvent] = []
+        label = self.provider.label
         try:
             http = self.provider.dialect.build_request(self.request, self.provider, stream=False)
             with trio.move_on_at(deadline) as scope:
-                response = await self.client.send(_httpx_request(self.client, http), stream=True)
-                body = await _read_bounded(response, policy.max_body, self.provider.label)
-                if response.status_code >= 300:
-                    headers = {k.lower(): v for k, v in response.headers.items()}
-                    raise self._error_from_response(response.status_code, headers, body)
-                decoder = WireDecoder(
-                    self.provider.dialect,
-                    max_frame=policy.max_frame,
-                    provider=self.provider.label,
-                    stream=False,
-                )
-                decoder.feed(body, events)
-                decoder.close(events)
+                response = await self.upstream.open(http)
+                try:
+                    if response.status >= 300:
+                        body = await _read_bounded(response, policy.max_body, label)
+                        raise self._error_from_response(response.status, response.headers, body)
+                    dialect = self.provider.dialect
+                    decoder = WireDecoder(
+                        dialect, max_frame=policy.max_frame, provider=label, stream=False
+                    )
+                    await _read_reply(response, decoder, events, policy.max_body)
+                finally:
+                    await response.aclose()
             if scope.cancelled_caught:
-                kind = "rescue"
-                raise TurnTimeout(self.provider.label, kind, deadline - start)
-        except httpx.TransportError as exc:
+                raise TurnTimeout(label, "rescue", deadline - start)
+        except UpstreamError as exc:
             self.rescue_error = _transport_error(exc, self.provider.label)
             return stream_outcome
         except RilletError as exc:
@@ -462,68 +457,34 @@ class Handler:
         return Outcome.FALLBACK_TO_NON_STREAMING
 
 
-def _httpx_request(client: httpx.AsyncClient, http: HttpRequest) -> httpx.Request:
-    """The request for `client`. Its read timeout is lifted: waits on the provider are the
-    handler's deadlines alone (a client's 5 s default would cut a provider that thinks before
-    its first token); the client's connect, write and pool timeouts still apply."""
-    limits = client.timeout
-    timeout = httpx.Timeout(None, connect=limits.connect, write=limits.write, pool=limits.pool)
-    return client.build_request(
-        http.method, http.url, headers=http.headers, content=http.body, timeout=timeout
-    )
-
-
-def _body(response: httpx.Response) -> AsyncIterator[bytes]:
-    """The body's reads: raw when it has no content coding (httpx's decoding layer would only
-    copy them through), decoded otherwise."""
-    coding = response.headers.get("content-encoding", "identity").strip().lower()
-    if coding in ("", "identity"):
-        return response.aiter_raw()
-    return response.aiter_bytes()
-
-
-async def _read_bounded(response: httpx.Response, limit: int, provider: str) -> bytes:
-    """The whole body, refused (`FrameTooLarge`) once it grows past `limit` bytes: the rest is
-    never read. The response is closed either way."""
+async def _read_bounded(response: Exchange, limit: int, provider: str) -> bytes:
+    """The whole reply (an error body), refused (`FrameTooLarge`) once it grows past `limit`
+    bytes: the rest is never read."""
     parts: list[bytes] = []
     size = 0
-    chunks = response.aiter_bytes()
-    try:
-        async for chunk in chunks:
-            size += len(chunk)
-            if size > limit:
-                raise FrameTooLarge(limit, size, provider=provider)
-            parts.append(chunk)
-    finally:
-        await _stop_reading(response, chunks)
+    while part := await response.receive():
+        size += len(part)
+        if size > limit:
+            raise FrameTooLarge(limit, size, provider=provider)
+        parts.append(part)
     return b"".join(parts)
 
 
-_DRAIN_LIMIT = 256  # chunks an abandoned body may still hand over from memory
-
-
-async def _stop_reading(response: httpx.Response, chunks: AsyncIterator[bytes] | None) -> None:
-    """Close a response that may have been read only in part, even while cancelled.
-
-    The connection closes first, so the rest of the body is never read from the network. Then
-    the body's iterators (httpx's and the transport's: a chain of async generators) are run to
-    their end: on the closed stream they finish at once (any wait raises `Cancelled` inside
-    them, which ends them). Closing only the outermost would leave the inner ones suspended for
-    the garbage collector, which trio reports as a `ResourceWarning` for each.
-    """
-    with trio.CancelScope(shield=True):
-        with trio.move_on_after(5):
-            await response.aclose()
-        if chunks is None:
+async def _read_reply(
+    response: Exchange, decoder: WireDecoder, events: list[UniEvent], limit: int
+) -> None:
+    """A non-streaming reply, whole, through `decoder` into `events`; refused
+    (`FrameTooLarge`) once it grows past `limit` bytes. It ends at the end of the body, or at
+    the reply's stop (a message transport's socket may stay open after it)."""
+    size = 0
+    while part := await response.receive():
+        size += len(part)
+        if size > limit:
+            raise FrameTooLarge(limit, size, provider=decoder.provider)
+        decoder.feed(part, events)
+        if decoder.grammar.stopped:
             return
-        with trio.CancelScope() as drain:
-            drain.cancel()
-            with contextlib.suppress(Exception):
-                count = 0
-                async for _ in chunks:
-                    count += 1
-                    if count >= _DRAIN_LIMIT:
-                        break
+    decoder.close(events)
 
 
 def _usable_wait(seconds: float | None) -> float | None:
@@ -537,7 +498,9 @@ def _frame_error(message: str, provider: str) -> FrameError:
     return FrameError(message, provider=provider)
 
 
-def _transport_error(exc: httpx.TransportError, provider: str) -> TransportError:
-    error = TransportError(provider, type(exc).__name__)
-    error.__cause__ = exc
+def _transport_error(exc: UpstreamError, provider: str) -> TransportError:
+    """The transport's failure as the provider's `TransportError` (the transport's own
+    exception stays its cause)."""
+    error = TransportError(provider, exc.kind)
+    error.__cause__ = exc.__cause__ if exc.__cause__ is not None else exc
     return error

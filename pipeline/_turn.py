@@ -20,16 +20,15 @@ the nursery, and the public stream still ends with its one `run.done{status: "ca
 
 from __future__ import annotations
 
-import functools
 import secrets
-import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import attrs
-import httpx
 import trio
+from rillet.transports._http_upstream import HttpUpstream
+from rillet.transports._ws_upstream import SchemeUpstream
 
 from ._accumulator import Accumulator
 from ._errors import FallbackFailed, NoHistoryError
@@ -40,6 +39,11 @@ from ._ratelimit import RateLimiter, shared_limiter
 from ._request import TurnRequest
 from ._runevents import RunEvent, RunEventBuilder
 from .providers._base import Provider
+
+if TYPE_CHECKING:
+    import httpx
+
+    from ._upstream import Upstream
 
 __all__ = [
     "CallbackSink",
@@ -279,6 +283,7 @@ async def run_turn(
     sinks: Sequence[Sink] = (),
     policy: Policy | None = None,
     client: httpx.AsyncClient | None = None,
+    upstream: Upstream | None = None,
     limiter: RateLimiter | None = None,
     run_id: str | None = None,
     reasoning: bool = False,
@@ -291,23 +296,28 @@ async def run_turn(
     Use `turn = await nursery.start(run_turn, request, provider)` to get the `Turn` handle as
     soon as its actors are running, then iterate `turn.uni_events()` / `turn.run_events()` or
     await `turn.result()`. With no policy the default `Policy()` applies (deadlines, retries,
-    rescue). Without a client, the turn makes its own and closes it. `reasoning` and
+    rescue). `upstream` carries the requests (`rillet.transports.upstream`: HTTP, WebSocket,
+    replay, or the application's own transport); `client` is the HTTP default's httpx client,
+    still the caller's to close. Given neither, the turn makes an HTTP upstream and closes it
+    at the end. `reasoning` and
     `tool_arguments` opt the public stream into reasoning text and tool arguments.
     `history=False` keeps no replay history (`uni_events()` / `run_events()` then raise
     `NoHistoryError`; sinks see everything): a turn then holds only what its sinks have not
     taken yet, for servers running many turns whose events go out through sinks.
     """
     policy = policy or Policy()
-    own_client = client is None
-    http = client or httpx.AsyncClient(
-        timeout=httpx.Timeout(None), follow_redirects=False, verify=_tls_context()
-    )
+    # without an upstream, the turn routes by scheme: HTTP over the caller's client (or its
+    # own), WebSocket sessions in the turn's nursery
+    http: HttpUpstream | None = None
+    if upstream is None:
+        http = HttpUpstream() if client is None else HttpUpstream.wrapping(client)
+        upstream = http
     turn = Turn(run_id or secrets.token_hex(8), request, provider, history=history)
     builder = RunEventBuilder(
         turn.run_id, trio.current_time, reasoning=reasoning, tool_arguments=tool_arguments
     )
     accumulator = Accumulator()
-    handler = Handler(request, provider, http, policy, limiter or shared_limiter())
+    handler = Handler(request, provider, upstream, policy, limiter or shared_limiter())
     start = trio.current_time()
     outcome = Outcome.CANCELLED
     routes: list[_Route] = []
@@ -319,6 +329,8 @@ async def run_turn(
     try:
         with turn._cancel_scope:
             async with trio.open_nursery() as nursery:
+                if http is not None:
+                    handler.upstream = SchemeUpstream(http, nursery)
                 for sink, sink_given in zip(sinks, given, strict=True):
                     nowait = getattr(sink, "deliver_nowait", None)
                     if nowait is not None:
@@ -377,16 +389,10 @@ async def run_turn(
             if not history:  # every sink has had its all (or its grace): nothing more is owed
                 for log in (turn._uni, turn._run):
                     log.forget(log.base + len(log.items))
-            if own_client:
+            if http is not None:  # closes the client only if it made it
                 with trio.CancelScope(shield=True), trio.move_on_after(_SINK_GRACE):
                     await http.aclose()
     return turn._result
-
-
-@functools.cache
-def _tls_context() -> ssl.SSLContext:
-    """One TLS context for every client the turns make: building one costs ~100 ms."""
-    return ssl.create_default_context()
 
 
 @attrs.define

@@ -29,7 +29,8 @@ class WireDecoder:
     """Decodes one attempt's response body into checked UniEvents.
 
     With `stream=False` (or a dialect whose framing is `json`) the body is one JSON document,
-    decoded at `close()` by the dialect's `decode_response`.
+    decoded at `close()` by the dialect's `decode_response`. With the `message` framing every
+    piece fed is one whole frame (a message transport's message), streaming or not.
 
     Attributes:
         grammar: the grammar checking this attempt.
@@ -62,8 +63,10 @@ class WireDecoder:
         self._dialect = dialect
         self.grammar = Grammar(provider or dialect.name, clock=clock)
         self._stream = dialect.stream_decoder()
-        self._framer: SSEDecoder | NDJSONDecoder | None
-        if not stream:
+        self._framer: SSEDecoder | NDJSONDecoder | _Messages | None
+        if dialect.framing == "message":
+            self._framer = _Messages(max_frame)
+        elif not stream:
             self._framer = None  # a non-streaming reply: one JSON body
         elif dialect.framing == "sse":
             self._framer = SSEDecoder(max_frame=max_frame)
@@ -76,6 +79,11 @@ class WireDecoder:
         self._max_body = max(max_frame, 64 * 1024 * 1024)
         self.frames = 0
         self.lane_events = 0
+
+    @property
+    def framing(self) -> str:
+        """The dialect's framing."""
+        return self._dialect.framing
 
     @property
     def provider(self) -> str:
@@ -182,6 +190,23 @@ class WireDecoder:
             ) from None
         except RecursionError:
             raise _too_deep(body, self.provider, 0) from None
+
+
+class _Messages:
+    """The framer of a message transport: each piece is already one whole frame."""
+
+    __slots__ = ("_max_frame",)
+
+    def __init__(self, max_frame: int) -> None:
+        self._max_frame = max_frame
+
+    def feed(self, message: bytes) -> list[bytes]:
+        if len(message) > self._max_frame:
+            raise FrameTooLarge(self._max_frame, len(message))
+        return [message]
+
+    def close(self) -> list[bytes]:
+        return []
 
 
 def _too_deep(frame: Any, provider: str, frame_index: int) -> MalformedFrameError:
