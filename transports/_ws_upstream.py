@@ -15,9 +15,10 @@ cancels the session; closing the exchange ends it (the close handshake runs in i
 
 from __future__ import annotations
 
-import math
+import contextlib
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import attrs
 import trio
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["SchemeUpstream", "WebSocketExchange", "WebSocketUpstream", "open_websocket_upstream"]
 
 _NORMAL_CLOSURE = (1000, 1001)  # normal, going away
+_CLOSE_GRACE = 5.0  # seconds the close handshake may take
 
 
 class WebSocketExchange:
@@ -102,41 +104,130 @@ class WebSocketUpstream:
         request: HttpRequest,
         task_status: trio.TaskStatus[Exchange] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        url = request.url
-        context = _tls_context() if url.lower().startswith("wss:") else None
-        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in request.headers.items()]
-        started = False
+        """One session, from the TCP connection to its close. The socket is ours, so it is
+        closed whoever ends the session (trio-websocket leaves it open when the server does)."""
+        parts = urlsplit(request.url)
+        secure = parts.scheme.lower() == "wss"
+        host = parts.hostname or ""
+        port = parts.port or (443 if secure else 80)
+        stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]
         try:
-            async with trio_websocket.open_websocket_url(
-                url,
-                context,
+            if secure:
+                stream = await trio.open_ssl_over_tcp_stream(
+                    host, port, ssl_context=_tls_context(), https_compatible=True
+                )
+            else:
+                stream = await trio.open_tcp_stream(host, port)
+        except OSError as exc:
+            raise UpstreamError("ConnectError", str(exc)) from exc
+        started = _Started(task_status)
+        try:
+            failed: BaseException | None = None
+            try:
+                async with trio.open_nursery() as nursery:
+                    failed = await self._speak(nursery, stream, request, started)
+                    nursery.cancel_scope.cancel()  # the reader task, should it still run
+            except BaseExceptionGroup as group:  # the reader task's: a refusal, a broken socket
+                failed = started.settle(group)
+            if failed is not None:
+                raise failed
+        finally:
+            with trio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await stream.aclose()
+
+    async def _speak(
+        self,
+        nursery: trio.Nursery,
+        stream: trio.SocketStream | trio.SSLStream[trio.SocketStream],
+        request: HttpRequest,
+        started: _Started,
+    ) -> BaseException | None:
+        """The handshake, the request's messages, then the exchange until it is closed; an
+        error before the exchange started is returned (raised by the caller, outside the
+        nursery, so never inside an exception group)."""
+        parts = urlsplit(request.url)
+        default = 443 if parts.scheme.lower() == "wss" else 80
+        host = parts.netloc if parts.port not in (None, default) else parts.hostname or ""
+        resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in request.headers.items()]
+        try:
+            ws = await trio_websocket.wrap_client_stream(
+                nursery,
+                stream,
+                host,
+                resource,
                 extra_headers=headers,
                 message_queue_size=self.queue,
                 max_message_size=self.max_message,
-                connect_timeout=math.inf,  # waits on the provider are the handler's deadlines
-                disconnect_timeout=5,
-            ) as ws:
-                for message in request.messages:
-                    await ws.send_message(message.decode("utf-8"))
-                exchange = WebSocketExchange(ws)
-                task_status.started(exchange)
-                started = True
-                await exchange.wait_closed()
+            )
+            for message in request.messages:
+                await ws.send_message(message.decode("utf-8"))
         except trio_websocket.ConnectionRejected as exc:
-            if started:
-                return
-            body = exc.body or b""
-            head = {k.decode("latin-1"): v.decode("latin-1") for k, v in exc.headers}
-            task_status.started(MemoryExchange([body] if body else [], exc.status_code, head, 0.0))
-        except (
-            trio_websocket.HandshakeError,
-            trio_websocket.ConnectionClosed,
-            OSError,
-            trio.BrokenResourceError,
-        ) as exc:
-            if started:
-                return  # the exchange already saw the end, or its closer did not care
-            raise UpstreamError(type(exc).__name__, str(exc)) from exc
+            started.reject(exc)
+            return None
+        except _BROKEN as exc:
+            return _upstream_error(exc)
+        exchange = WebSocketExchange(ws)
+        started.start(exchange)
+        await exchange.wait_closed()
+        with trio.move_on_after(_CLOSE_GRACE):
+            await ws.aclose()  # the close handshake, when the server has not closed already
+        return None
+
+
+_BROKEN = (
+    trio_websocket.HandshakeError,
+    trio_websocket.ConnectionClosed,
+    trio.BrokenResourceError,
+    OSError,
+)
+
+
+def _upstream_error(exc: BaseException) -> UpstreamError:
+    error = UpstreamError(type(exc).__name__, str(exc))
+    error.__cause__ = exc
+    return error
+
+
+class _Started:
+    """Whether a session's exchange has been handed over, and the hand-over."""
+
+    __slots__ = ("done", "task_status")
+
+    def __init__(self, task_status: trio.TaskStatus[Exchange]) -> None:
+        self.task_status = task_status
+        self.done = False
+
+    def start(self, exchange: Exchange) -> None:
+        self.done = True
+        self.task_status.started(exchange)
+
+    def reject(self, exc: trio_websocket.ConnectionRejected) -> None:
+        """A refused handshake, handed over as the reply it is."""
+        body = exc.body or b""
+        head = {k.decode("latin-1"): v.decode("latin-1") for k, v in exc.headers}
+        self.start(MemoryExchange([body] if body else [], exc.status_code, head, 0.0))
+
+    def settle(self, group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+        """What the reader task's failure means: nothing once the exchange is out (its reads
+        saw the end), else the refusal as a reply, or an `UpstreamError` to raise."""
+        rejected, _ = group.split(trio_websocket.ConnectionRejected)
+        if rejected is not None and not self.done:
+            first = _leaf(rejected)
+            assert isinstance(first, trio_websocket.ConnectionRejected)
+            self.reject(first)
+            return None
+        _, other = group.split((trio_websocket.ConnectionRejected, *_BROKEN))
+        if other is not None:
+            raise group  # a cancel, or a failure that is not the socket's: not ours to hide
+        return None if self.done else _upstream_error(_leaf(group))
+
+
+def _leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    return first
 
 
 @asynccontextmanager
