@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 import attrs
 import msgspec
@@ -64,7 +64,10 @@ from ._upstream import Exchange, Upstream, UpstreamError
 from ._wire import WireDecoder
 from .providers._base import Provider, provider_error
 
-__all__ = ["AttemptReset", "Handler", "Outlet", "Status"]
+if TYPE_CHECKING:
+    from .providers._base import HttpRequest
+
+__all__ = ["AttemptOpen", "AttemptReset", "Handler", "Outlet", "Status"]
 
 _E = TypeVar("_E", bound=RilletError)
 
@@ -83,14 +86,42 @@ class Status(msgspec.Struct, frozen=True, gc=False):
     delay: float = 0.0
 
 
+class AttemptOpen(msgspec.Struct, frozen=True, gc=False):
+    """Downstream marker, to a grammar downstream only: the lanes that follow are attempt
+    `attempt`'s."""
+
+    attempt: int
+
+
 Item = UniEvent | AttemptReset | Status
 Batch = list[Item]
+
+
+class Verdict(Protocol):
+    """A grammar downstream's word on one attempt."""
+
+    @property
+    def error(self) -> RilletError | None:
+        """Its first error (a grammar breach, an in-stream error, an incomplete reply)."""
+        ...
+
+    @property
+    def emitted(self) -> int:
+        """The UniEvents it released."""
+        ...
 
 
 class Outlet(Protocol):
     """Where the handler's batches go. `offer` takes a batch at once and says whether it went
     all the way; when it did not, the handler awaits `drain` (backpressure) before the next.
-    In a batch, the markers (`AttemptReset`, `Status`) come before every UniEvent."""
+    In a batch, the markers (`AttemptReset`, `Status`) come before every UniEvent.
+
+    An outlet with `grammar_downstream` takes lane events instead of UniEvents (the grammar is
+    an actor of its own): the handler then opens each attempt (`AttemptOpen`), stops reading
+    once the outlet says the attempt `failed`, and `settle`s it for the grammar's verdict."""
+
+    grammar_downstream: bool
+    failed: bool
 
     def offer(self, items: Batch) -> bool:
         """Take the batch; False if part of it waits for room downstream."""
@@ -98,6 +129,10 @@ class Outlet(Protocol):
 
     async def drain(self) -> None:
         """Wait until what `offer` could not pass on has gone."""
+        ...
+
+    async def settle(self, *, close: bool) -> Verdict:
+        """End an attempt (`close`: its body ended); the grammar's verdict on it."""
         ...
 
 
@@ -151,11 +186,14 @@ class Handler:
     _timeouts: int = 0  # consecutive
     _start: float = 0.0
     _total_deadline: float = math.inf
+    _ended: bool = False  # the last streamed attempt's body ended (rather than being cut)
+    _hops: bool = False  # the grammar is downstream: batches are lanes, verdicts come back
 
     async def run(self, out: Outlet) -> Outcome:
         """Attempt, retry, rescue; send every batch to `out`; return the one outcome. Cancelling
         the caller cancels it (the outcome is then the caller's to record)."""
         policy = self.policy
+        self._hops = out.grammar_downstream
         self._start = trio.current_time()
         self._total_deadline = self._start + policy.total_timeout
         while True:
@@ -182,13 +220,37 @@ class Handler:
         )
 
     async def _attempt(self, out: Outlet) -> _Failure | None:
-        policy = self.policy
         try:
             http = self.provider.dialect.build_request(self.request, self.provider, stream=True)
         except RilletError as exc:  # the request cannot be sent as it is: no attempt helps
             return _Failure(error_shape(exc), exc)
+        if not self._hops:
+            return await self._stream(out, http)
+        await self._put(out, [cast("Item", AttemptOpen(self.attempts))])
+        failure = await self._stream(out, http)
+        verdict = await out.settle(close=self._ended)
+        return self._judged(failure, verdict)
+
+    def _judged(self, failure: _Failure | None, verdict: Verdict) -> _Failure | None:
+        """An attempt's failure once the grammar downstream has judged it: its error came
+        first in stream order (it only saw what the source had decoded), so it wins. (The
+        grammar counts the events it releases into `events` itself, live.)"""
+        if verdict.error is not None:
+            return self._failure_of(verdict.error, verdict.emitted)
+        if failure is not None:
+            return self._note(failure, verdict.emitted)
+        return None
+
+    async def _stream(self, out: Outlet, http: HttpRequest) -> _Failure | None:
+        """One streamed attempt: send, then read and decode until the reply ends."""
+        policy = self.policy
+        hops = self._hops
+        self._ended = False
         decoder = WireDecoder(
-            self.provider.dialect, max_frame=policy.max_frame, provider=self.provider.label
+            self.provider.dialect,
+            max_frame=policy.max_frame,
+            provider=self.provider.label,
+            grammar=not hops,
         )
         sent_at = trio.current_time()
         deadline = min(sent_at + policy.initial_event_timeout, self._total_deadline)
@@ -251,8 +313,11 @@ class Handler:
                                 await trio.lowlevel.checkpoint()
                     if error is not None:
                         return self._failure_of(error, emitted)
-                    if not chunk or decoder.grammar.stopped:
+                    if not chunk or decoder.stopped:
+                        self._ended = not chunk
                         return None  # the end of the body, or of the reply: nothing more to read
+                    if hops and out.failed:
+                        return None  # the grammar refused the attempt: its verdict says why
             return self._timed_out(emitted)  # the deadline cut a read short
         except UpstreamError as exc:
             error = _transport_error(exc, self.provider.label)
@@ -264,7 +329,10 @@ class Handler:
                 await response.aclose()
 
     def _items(self, batch: list[UniEvent]) -> Batch:
-        """What goes downstream for `batch`: the reset it owes first, if any."""
+        """What goes downstream for `batch`: the reset it owes first, if any. (With the grammar
+        downstream, it counts the events and owes the resets.)"""
+        if self._hops:
+            return cast("Batch", batch)
         self.events += len(batch)
         self.emitted_attempt = True
         if self._pending_reset:
@@ -453,7 +521,13 @@ class Handler:
             return stream_outcome
         if self.first_event_at is None:
             self.first_event_at = trio.current_time() - self._start
+        if not self._hops:
+            await self._send(out, events)
+            return Outcome.FALLBACK_TO_NON_STREAMING
+        # checked here, whole: the grammar downstream passes the events through, owing the reset
+        await self._put(out, [cast("Item", AttemptOpen(self.attempts))])
         await self._send(out, events)
+        self._judged(None, await out.settle(close=False))
         return Outcome.FALLBACK_TO_NON_STREAMING
 
 

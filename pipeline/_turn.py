@@ -23,7 +23,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import attrs
 import trio
@@ -32,8 +32,9 @@ from rillet.transports._ws_upstream import SchemeUpstream
 
 from ._accumulator import Accumulator
 from ._errors import FallbackFailed, NoHistoryError
-from ._events import UniEvent, UniMessage
-from ._handler import AttemptReset, Batch, Handler, Status
+from ._events import UniMessage
+from ._graph import AccumulatorActor, Given, Sink, SinkBatch, UniItem, route_for, run_hops
+from ._handler import Handler
 from ._policy import Outcome, Policy
 from ._ratelimit import RateLimiter, shared_limiter
 from ._request import TurnRequest
@@ -51,41 +52,13 @@ __all__ = [
     "SinkBatch",
     "Turn",
     "TurnResult",
+    "UniItem",
     "open_turn",
     "run_turn",
 ]
 
 T = TypeVar("T")
-UniItem = UniEvent | AttemptReset
 _SINK_GRACE = 2.0  # seconds a cancelled turn still gives its sinks for the final events
-
-
-@attrs.frozen
-class SinkBatch:
-    """What a sink receives: the run events and the MMSP items of one batch, in order."""
-
-    run: Sequence[RunEvent]
-    uni: Sequence[UniItem]
-
-
-class Sink(Protocol):
-    """Where a turn's events go: a terminal, a JSONL file, a hub, the application's code.
-
-    `deliver` may block: that is backpressure, and the turn waits. `close` is called once, after
-    the last batch (which holds `run.done`), even when the turn is cancelled.
-
-    A sink that can take a batch without waiting may also have `deliver_nowait(batch) -> bool`:
-    the turn then calls it on its own task as each batch is decoded (no task of its own, no
-    hop), and falls back to `deliver` for a batch it returns False for.
-    """
-
-    async def deliver(self, batch: SinkBatch) -> None:
-        """Take one batch."""
-        ...
-
-    async def close(self) -> None:
-        """The turn is over."""
-        ...
 
 
 @attrs.define(eq=False)
@@ -313,17 +286,21 @@ async def run_turn(
         http = HttpUpstream() if client is None else HttpUpstream.wrapping(client)
         upstream = http
     turn = Turn(run_id or secrets.token_hex(8), request, provider, history=history)
-    builder = RunEventBuilder(
-        turn.run_id, trio.current_time, reasoning=reasoning, tool_arguments=tool_arguments
-    )
     accumulator = Accumulator()
+    builder = RunEventBuilder(  # reads the accumulator's text: it is kept once
+        turn.run_id,
+        trio.current_time,
+        reasoning=reasoning,
+        tool_arguments=tool_arguments,
+        text=accumulator.answer,
+    )
     handler = Handler(request, provider, upstream, policy, limiter or shared_limiter())
     start = trio.current_time()
     outcome = Outcome.CANCELLED
-    routes: list[_Route] = []
     # per sink, how many run events and MMSP items it has been given: what a cancel leaves
     # undelivered is still owed to it, so its run events stay gapless up to `run.done`
-    given = [_Given() for _ in sinks]
+    given = [Given() for _ in sinks]
+    chained = policy.graph == "chained"
     opened = [builder.started(provider.label, provider.model)]
     turn._run.extend(opened)
     try:
@@ -331,21 +308,22 @@ async def run_turn(
             async with trio.open_nursery() as nursery:
                 if http is not None:
                     handler.upstream = SchemeUpstream(http, nursery)
-                for sink, sink_given in zip(sinks, given, strict=True):
-                    nowait = getattr(sink, "deliver_nowait", None)
-                    if nowait is not None:
-                        routes.append(_Route(sink, sink_given, None, nowait))
-                        continue
-                    send, recv = trio.open_memory_channel[SinkBatch](policy.channel_size)
-                    routes.append(_Route(sink, sink_given, send, None))
-                    nursery.start_soon(_sink_actor, sink, recv, sink_given)
+                routes = [
+                    route_for(sink, sink_given, nursery, policy.channel_size, chained=chained)
+                    for sink, sink_given in zip(sinks, given, strict=True)
+                ]
                 first = SinkBatch(opened, ())
                 for route in routes:
                     if not route.offer(first):
                         await route.wait(first)
                 task_status.started(turn)
-                downstream = _Downstream(accumulator, builder, turn, routes, given)
-                streamed = await handler.run(downstream)
+                accumulate = AccumulatorActor(
+                    accumulator, builder, turn._uni, turn._run, turn.history, routes, given
+                )
+                if chained:  # the grammar and the accumulator on the handler's task
+                    streamed = await handler.run(accumulate)
+                else:
+                    streamed = await run_hops(handler, accumulate, policy.channel_size)
                 for route in routes:
                     if route.send is not None:
                         await route.send.aclose()
@@ -372,7 +350,7 @@ async def run_turn(
         turn._result = TurnResult(
             message=accumulator.message(),
             outcome=outcome,
-            text=builder.text,
+            text=accumulator.text,
             attempts=handler.attempts,
             requests=handler.requests,
             events=handler.events,
@@ -395,21 +373,8 @@ async def run_turn(
     return turn._result
 
 
-@attrs.define
-class _Given:
-    """How much of the turn's logs one sink has been given."""
-
-    run: int = 0
-    uni: int = 0
-
-    def took(self, batch: SinkBatch) -> None:
-        """The sink has taken `batch`."""
-        self.run += len(batch.run)
-        self.uni += len(batch.uni)
-
-
 async def _finish_sinks(
-    sinks: Sequence[Sink], turn: Turn, given: list[_Given], *, cancelled: bool
+    sinks: Sequence[Sink], turn: Turn, given: list[Given], *, cancelled: bool
 ) -> None:
     """What each sink is still owed (the final events, and whatever a cancel cut off), then
     `close`. A turn that ended on its own waits for its sinks however slow (backpressure:
@@ -451,123 +416,3 @@ async def _run_turn_with(
     task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     await run_turn(request, provider, task_status=task_status, **options)
-
-
-@attrs.define(eq=False)
-class _Downstream:
-    """The handler's outlet: the accumulator's work, done on the handler's task as each batch
-    arrives (the message, the run events, the logs), then one batch to every sink's channel.
-
-    Doing it there costs no scheduler round and no channel hop per batch; a sink's full
-    channel is still backpressure on the handler (`offer` says so and `drain` waits)."""
-
-    accumulator: Accumulator
-    builder: RunEventBuilder
-    turn: Turn
-    routes: list[_Route]
-    given: list[_Given]
-    _owed: list[tuple[_Route, SinkBatch]] = attrs.field(factory=list)
-
-    def offer(self, items: Batch) -> bool:
-        """Take a batch; False if a sink's channel had no room for it (then `drain`)."""
-        accumulator, builder = self.accumulator, self.builder
-        runs: list[RunEvent] = []
-        unis: list[UniItem] = []
-        # markers (a reset, a status) come first in a batch (`Outlet`), UniEvents after them
-        first = 0
-        while first < len(items) and type(items[first]) is not UniEvent:
-            item = items[first]
-            if type(item) is AttemptReset:
-                accumulator.reset()
-                unis.append(item)
-                runs.append(builder.reset(item.attempt))
-            elif type(item) is Status:
-                runs.append(builder.status(item.phase, item.attempt, item.delay))
-            first += 1
-        if first < len(items):
-            _uni_events(items[first:] if first else items, accumulator, builder, unis, runs)  # type: ignore[arg-type]
-        turn = self.turn
-        turn._uni.extend(unis)
-        turn._run.extend(runs)
-        if self.routes and (runs or unis):
-            out = SinkBatch(runs, unis)
-            for route in self.routes:
-                if not route.offer(out):
-                    self._owed.append((route, out))
-        if not turn.history:  # keep only what a sink has not been given yet
-            given = self.given
-            turn._uni.forget(
-                min((g.uni for g in given), default=len(turn._uni.items) + turn._uni.base)
-            )
-            turn._run.forget(
-                min((g.run for g in given), default=len(turn._run.items) + turn._run.base)
-            )
-        return not self._owed
-
-    async def drain(self) -> None:
-        """Wait until every sink has taken what `offer` could not pass on."""
-        while self._owed:
-            route, out = self._owed[0]
-            await route.wait(out)
-            del self._owed[0]
-
-
-@attrs.define(eq=False)
-class _Route:
-    """How batches reach one sink: its channel to its actor, or its `deliver_nowait` called
-    on the turn's task (`send` None)."""
-
-    sink: Sink
-    given: _Given
-    send: trio.MemorySendChannel[SinkBatch] | None
-    nowait: Callable[[SinkBatch], bool] | None
-
-    def offer(self, batch: SinkBatch) -> bool:
-        """Pass the batch on without waiting; False if it must wait (then `wait`)."""
-        if self.send is not None:
-            try:
-                self.send.send_nowait(batch)
-            except trio.WouldBlock:
-                return False
-            return True
-        assert self.nowait is not None
-        if not self.nowait(batch):
-            return False
-        self.given.took(batch)
-        return True
-
-    async def wait(self, batch: SinkBatch) -> None:
-        """Pass the batch on, waiting as long as the sink makes us (backpressure)."""
-        if self.send is not None:
-            await self.send.send(batch)
-            return
-        await self.sink.deliver(batch)
-        self.given.took(batch)
-
-
-def _uni_events(
-    events: list[UniEvent],
-    accumulator: Accumulator,
-    builder: RunEventBuilder,
-    unis: list[UniItem],
-    runs: list[RunEvent],
-) -> None:
-    accumulator.feed_many(events)
-    builder.uni_many(events, runs)
-    unis += events
-
-
-async def _sink_actor(
-    sink: Sink, receive: trio.MemoryReceiveChannel[SinkBatch], given: _Given
-) -> None:
-    """Feeds one sink; its slowness is backpressure on the turn."""
-    async with receive:
-        async for batch in receive:
-            while True:
-                try:
-                    more = receive.receive_nowait()
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
-                batch = SinkBatch([*batch.run, *more.run], [*batch.uni, *more.uni])
-            await sink.deliver(batch)
-            given.took(batch)
