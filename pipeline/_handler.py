@@ -57,6 +57,7 @@ from ._errors import (
 )
 from ._events import UniEvent
 from ._failures import error_shape, http_shape
+from ._hedge import open_hedged
 from ._policy import Outcome, Policy, Shape, backoff_delay, retry_after
 from ._ratelimit import RateLimiter
 from ._request import TurnRequest
@@ -254,19 +255,31 @@ class Handler:
         )
         sent_at = trio.current_time()
         deadline = min(sent_at + policy.initial_event_timeout, self._total_deadline)
-        self.requests += 1
-        self.started.set()
         emitted = 0
         response: Exchange | None = None
+        pending: list[bytes] = []  # what a hedged race's winner read before it won
         try:
             with trio.move_on_at(deadline):
-                response = await self.upstream.open(http)
+                if policy.hedge_after is None:
+                    self._sent()
+                    response = await self.upstream.open(http)
+                else:
+                    opened = await open_hedged(
+                        self.upstream,
+                        http,
+                        hedge_after=policy.hedge_after,
+                        probe=decoder.probe,
+                        on_send=self._sent,
+                    )
+                    response, pending = opened.exchange, opened.pieces
+                    if opened.error is not None:
+                        raise opened.error
             if response is None:
                 return self._timed_out(emitted)
             if response.status >= 300:
                 return await self._status_failure(response, deadline)
             self._check_content_type(response)
-            receive = response.receive
+            receive = response.receive if not pending else _Replay(pending, response).receive
             # One scope guards every read; its deadline moves with each lane event and is lifted
             # while a batch waits for room downstream (a slow consumer is backpressure, not a
             # silent provider): the time spent blocked there is added back afterwards.
@@ -327,6 +340,11 @@ class Handler:
         finally:
             if response is not None:
                 await response.aclose()
+
+    def _sent(self, _: int = 0) -> None:
+        """A request went out (the hedge's too): it counts, and the turn has started."""
+        self.requests += 1
+        self.started.set()
 
     def _items(self, batch: list[UniEvent]) -> Batch:
         """What goes downstream for `batch`: the reset it owes first, if any. (With the grammar
@@ -529,6 +547,21 @@ class Handler:
         await self._send(out, events)
         self._judged(None, await out.settle(close=False))
         return Outcome.FALLBACK_TO_NON_STREAMING
+
+
+class _Replay:
+    """An exchange's pieces with the ones already read (by a hedged race's winner) first."""
+
+    __slots__ = ("_pending", "_response")
+
+    def __init__(self, pending: list[bytes], response: Exchange) -> None:
+        self._pending = pending
+        self._response = response
+
+    async def receive(self) -> bytes:
+        if self._pending:
+            return self._pending.pop(0)
+        return await self._response.receive()
 
 
 async def _read_bounded(response: Exchange, limit: int, provider: str) -> bytes:

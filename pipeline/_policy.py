@@ -69,6 +69,11 @@ def _check_graph(_: object, __: object, value: str) -> None:
         raise ValueError("graph must be 'chained' or 'hops'")
 
 
+def _check_hedge(_: object, __: object, value: float | None) -> None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ValueError("hedge_after must be a positive number of seconds, or None")
+
+
 def _check_channel(_: object, __: object, value: int) -> None:
     if not 1 <= value <= 1024:
         raise ValueError("channel_size must be between 1 and 1024")
@@ -94,6 +99,10 @@ class Policy:
         requests_per_minute: the proactive token bucket per base URL (0 = off).
         limiter_max_wait: the longest an attempt waits for a token before sending anyway.
         channel_size: the capacity of each bounded channel between actors (1..1024).
+        hedge_after: opt-in hedged requests: an attempt with no first event this many seconds
+            after sending sends the same request again, and the first of the two to deliver an
+            event wins (the other is cancelled at once: never billed twice for output). None:
+            off.
         graph: how the turn's actors run: `chained` (the default) chains every actor that
             never blocks onto the task before it, as stream engines chain operators; `hops`
             runs each on its own task with channels between (the same events, more hops).
@@ -120,6 +129,7 @@ class Policy:
     requests_per_minute: float = 0.0
     limiter_max_wait: float = 30.0
     channel_size: int = attrs.field(default=64, validator=_check_channel)
+    hedge_after: float | None = attrs.field(default=None, validator=_check_hedge)
     graph: str = attrs.field(factory=lambda: default_graph.get(), validator=_check_graph)
     max_frame: int = 32 * 1024 * 1024
     max_body: int = 16 * 1024 * 1024

@@ -51,6 +51,7 @@ class WireDecoder:
         "_framer",
         "_lane_stop",
         "_max_body",
+        "_max_frame",
         "_stream",
         "frames",
         "grammar",
@@ -85,9 +86,17 @@ class WireDecoder:
             self._framer = None
         self._body: list[bytes] = []
         self._body_size = 0
+        self._max_frame = max_frame
         self._max_body = max(max_frame, 64 * 1024 * 1024)
         self.frames = 0
         self.lane_events = 0
+
+    def probe(self) -> WireDecoder:
+        """A fresh decoder of the same reply, without the grammar: for reading ahead (a hedged
+        race watches it for the first lane event)."""
+        return WireDecoder(
+            self._dialect, max_frame=self._max_frame, provider=self.provider, grammar=False
+        )
 
     @property
     def stopped(self) -> bool:

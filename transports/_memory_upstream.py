@@ -30,15 +30,20 @@ class MemoryReply:
 
 
 class MemoryExchange:
-    """A reply played from memory, paced by its delay."""
+    """A reply played from memory, paced by its delay.
 
-    __slots__ = ("_delay", "_headers", "_i", "_pieces", "closed", "status")
+    Attributes:
+        read: how many pieces it has handed over.
+        closed: whether it was closed.
+    """
+
+    __slots__ = ("_delay", "_headers", "_pieces", "closed", "read", "status")
 
     def __init__(
         self, pieces: Sequence[bytes], status: int, headers: Mapping[str, str], delay: float
     ) -> None:
         self._pieces = pieces
-        self._i = 0
+        self.read = 0
         self._delay = delay
         self.status = status
         self._headers = {k.lower(): v for k, v in headers.items()}
@@ -51,12 +56,12 @@ class MemoryExchange:
 
     async def receive(self) -> bytes:
         """The next piece; `b""` after the last, or once closed."""
-        if self.closed or self._i >= len(self._pieces):
+        if self.closed or self.read >= len(self._pieces):
             return b""
         if self._delay:
             await trio.sleep(self._delay)
-        piece = self._pieces[self._i]
-        self._i += 1
+        piece = self._pieces[self.read]
+        self.read += 1
         return piece
 
     async def aclose(self) -> None:
