@@ -61,7 +61,7 @@ from ._hedge import open_hedged
 from ._policy import Outcome, Policy, Shape, backoff_delay, retry_after
 from ._ratelimit import RateLimiter
 from ._request import TurnRequest
-from ._upstream import Exchange, Upstream, UpstreamError
+from ._upstream import Exchange, Upstream, UpstreamError, upstream_error
 from ._wire import WireDecoder
 from .providers._base import Provider, provider_error
 
@@ -258,6 +258,7 @@ class Handler:
         emitted = 0
         response: Exchange | None = None
         pending: list[bytes] = []  # what a hedged race's winner read before it won
+        failures: tuple[type[BaseException], ...] = ()  # the exchange's own (`Exchange`)
         try:
             with trio.move_on_at(deadline):
                 if policy.hedge_after is None:
@@ -276,6 +277,7 @@ class Handler:
                         raise opened.error
             if response is None:
                 return self._timed_out(emitted)
+            failures = getattr(response, "failures", ())
             if response.status >= 300:
                 return await self._status_failure(response, deadline)
             self._check_content_type(response)
@@ -334,6 +336,11 @@ class Handler:
             return self._timed_out(emitted)  # the deadline cut a read short
         except UpstreamError as exc:
             error = _transport_error(exc, self.provider.label)
+            return self._note(_Failure(error_shape(error), error), emitted)
+        except failures as exc:  # the exchange's own exceptions, as it names them
+            failed = upstream_error(response, exc)
+            assert failed is not None
+            error = _transport_error(failed, self.provider.label)
             return self._note(_Failure(error_shape(error), error), emitted)
         except RilletError as exc:
             return self._failure_of(exc, emitted)
@@ -569,12 +576,23 @@ async def _read_bounded(response: Exchange, limit: int, provider: str) -> bytes:
     bytes: the rest is never read."""
     parts: list[bytes] = []
     size = 0
-    while part := await response.receive():
+    while part := await _receive(response):
         size += len(part)
         if size > limit:
             raise FrameTooLarge(limit, size, provider=provider)
         parts.append(part)
     return b"".join(parts)
+
+
+async def _receive(response: Exchange) -> bytes:
+    """The next piece, the transport's own failures made `UpstreamError`s (off the hot path)."""
+    try:
+        return await response.receive()
+    except Exception as exc:
+        error = upstream_error(response, exc)
+        if error is None or error is exc:
+            raise
+        raise error from exc.__cause__ or exc
 
 
 async def _read_reply(
@@ -584,7 +602,7 @@ async def _read_reply(
     (`FrameTooLarge`) once it grows past `limit` bytes. It ends at the end of the body, or at
     the reply's stop (a message transport's socket may stay open after it)."""
     size = 0
-    while part := await response.receive():
+    while part := await _receive(response):
         size += len(part)
         if size > limit:
             raise FrameTooLarge(limit, size, provider=decoder.provider)

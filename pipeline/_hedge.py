@@ -23,7 +23,7 @@ import attrs
 import trio
 
 from ._errors import RilletError
-from ._upstream import Exchange, Upstream, UpstreamError
+from ._upstream import Exchange, Upstream, UpstreamError, upstream_error
 from ._wire import WireDecoder
 from .providers._base import HttpRequest
 
@@ -89,8 +89,11 @@ class _Race:
         while True:
             try:
                 piece = await exchange.receive()
-            except UpstreamError as exc:
-                opened.error = exc
+            except Exception as exc:
+                error = upstream_error(exchange, exc)
+                if error is None:
+                    raise
+                opened.error = error
                 return
             opened.pieces.append(piece)
             if not piece:

@@ -23,11 +23,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Awaitable, Mapping
 
     from .providers._base import HttpRequest
 
-__all__ = ["Exchange", "Upstream", "UpstreamError"]
+__all__ = ["Exchange", "Upstream", "UpstreamError", "upstream_error"]
 
 
 class UpstreamError(Exception):
@@ -44,7 +44,12 @@ class UpstreamError(Exception):
 
 
 class Exchange(Protocol):
-    """One request in flight: the reply's status and headers, then its pieces."""
+    """One request in flight: the reply's status and headers, then its pieces.
+
+    A fast path, optional: an exchange whose `receive` is its transport's own call (no frame of
+    its own per read) may let that transport's exceptions out, if it names them in a
+    `failures` tuple and turns each into an `UpstreamError` with `failure(exc)`.
+    """
 
     @property
     def status(self) -> int:
@@ -56,8 +61,8 @@ class Exchange(Protocol):
         """The reply's headers, names lower-cased."""
         ...
 
-    async def receive(self) -> bytes:
-        """The next piece of the reply: bytes of a byte stream, or one whole message of a
+    def receive(self) -> Awaitable[bytes]:
+        """(Awaited) the next piece of the reply: bytes of a byte stream, or one whole message of a
         message transport; `b""` once the reply has ended. Raises `UpstreamError` when the
         transport fails."""
         ...
@@ -79,3 +84,15 @@ class Upstream(Protocol):
     async def aclose(self) -> None:
         """Release what the upstream holds (connections, processes)."""
         ...
+
+
+def upstream_error(exchange: object, exc: BaseException) -> UpstreamError | None:
+    """`exc` as an `UpstreamError`: itself, or one of the exchange's own `failures` made one;
+    None for anything else (not the transport's failure: let it be)."""
+    if isinstance(exc, UpstreamError):
+        return exc
+    failures: tuple[type[BaseException], ...] = getattr(exchange, "failures", ())
+    if failures and isinstance(exc, failures):
+        error: UpstreamError = exchange.failure(exc)  # type: ignore[attr-defined]
+        return error
+    return None

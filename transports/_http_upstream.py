@@ -20,7 +20,7 @@ import trio
 from rillet._upstream import UpstreamError
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Mapping
+    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
     from rillet.providers._base import HttpRequest
 
@@ -86,9 +86,16 @@ class HttpUpstream:
 
 
 class HttpExchange:
-    """One HTTP response being read: its status, headers and body chunks."""
+    """One HTTP response being read: its status, headers and body chunks.
 
-    __slots__ = ("_chunks", "_closed", "_headers", "response")
+    `receive` is httpx's own iterator step (no frame of ours per read), so it raises httpx's
+    `TransportError` as it is: the exchange names it in `failures`, and `failure` makes it the
+    `UpstreamError` it stands for (the `Exchange` protocol's fast path).
+    """
+
+    __slots__ = ("_chunks", "_closed", "_headers", "receive", "response")
+
+    failures: tuple[type[BaseException], ...] = (httpx.TransportError,)
 
     def __init__(self, response: httpx.Response) -> None:
         self.response = response
@@ -99,6 +106,8 @@ class HttpExchange:
         coding = response.headers.get("content-encoding", "identity").strip().lower()
         raw = coding in ("", "identity") and not response.is_stream_consumed
         self._chunks: AsyncIterator[bytes] = response.aiter_raw() if raw else response.aiter_bytes()
+        self.receive: Callable[[], Awaitable[bytes]] = functools.partial(anext, self._chunks, b"")
+        """The next body chunk; `b""` at the end (httpx yields no empty chunks)."""
 
     @property
     def status(self) -> int:
@@ -112,12 +121,12 @@ class HttpExchange:
             self._headers = {k.lower(): v for k, v in self.response.headers.items()}
         return self._headers
 
-    async def receive(self) -> bytes:
-        """The next body chunk; `b""` at the end (httpx yields no empty chunks)."""
-        try:
-            return await anext(self._chunks, b"")
-        except httpx.TransportError as exc:
-            raise UpstreamError(type(exc).__name__, str(exc)) from exc
+    @staticmethod
+    def failure(exc: BaseException) -> UpstreamError:
+        """The `UpstreamError` for one of `failures`."""
+        error = UpstreamError(type(exc).__name__, str(exc))
+        error.__cause__ = exc
+        return error
 
     async def aclose(self) -> None:
         """Close a response that may have been read only in part, even while cancelled.
