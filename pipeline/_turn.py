@@ -1,19 +1,23 @@
-"""The turn: a nursery of actors on bounded channels, and the handle an application holds.
+"""The turn: its actor graph assembled in one nursery, and the handle an application holds.
 
 ```
-handler (source actor): attempts, deadlines, --+--> sink actor (one per sink)
-  retries, rescue; decode, grammar and the     +--> the turn's two logs, read by
-  accumulator step (message, run events)            uni_events() / run_events()
+handler (source actor) --lanes--> grammar --UniEvents--> accumulator --SinkBatch--> sink actors
+  attempts, deadlines,            (_graph)               message, run events,       (one per
+  retries, rescue                                        the two logs               sink)
 ```
 
-The handler accumulates each batch on its own task as soon as it is decoded (no hop for work
-that never blocks) and offers it to every sink's bounded `trio` memory channel (the policy's
-`channel_size`, default 64). A sink actor forwards everything waiting as one batch, so a hop
-costs one channel operation per batch, not per event. A slow sink blocks the handler, all the
-way to the provider's socket (backpressure): nothing is dropped. The two logs are append-only
-and read by any number of consumers, each at its own pace, from the start.
+With the default `Policy(graph="chained")` every actor that never blocks is chained onto the
+task before it: the grammar runs in the handler's decoder, and the accumulator and every sink
+that takes a batch without waiting are called on the handler's task as each batch is decoded;
+only sinks that may wait keep a task behind a bounded channel. `graph="hops"` runs each actor on
+its own task (`_graph.run_hops`). Either way a slow sink blocks the handler, all the way to the
+provider's socket (backpressure): nothing is dropped. The two logs are append-only and read by
+any number of consumers, each at its own pace, from the start.
 
-Cancelling the caller's scope cancels the turn: the HTTP response is closed, no task outlives
+Without an upstream the turn makes its own (`SchemeUpstream`): HTTP over the caller's
+`client` (or one it makes and closes), WebSocket for `ws://` and `wss://` requests.
+
+Cancelling the caller's scope cancels the turn: the exchange is closed, no task outlives
 the nursery, and the public stream still ends with its one `run.done{status: "cancelled"}`
 (the final events are delivered to the sinks under a short shielded grace period).
 """
