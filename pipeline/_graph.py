@@ -160,6 +160,9 @@ class Counts(Protocol):
     emitted_attempt: bool
 
 
+_MARKERS = frozenset({AttemptOpen, Settle, Status, AttemptReset, UniEvent})  # all but lanes
+
+
 @attrs.define(eq=False)
 class GrammarActor:
     """Lane events in, checked UniEvents out: one fresh `Grammar` per attempt.
@@ -187,8 +190,15 @@ class GrammarActor:
         UniEvents (markers always lead a batch)."""
         self._out = out
         self._batch = []
+        lanes: list[Any] = []  # consecutive lane events: checked in one call
         for item in cast("list[Any]", items):  # lane events and the source's markers
             kind = type(item)
+            if kind not in _MARKERS:
+                lanes.append(item)
+                continue
+            if lanes:
+                self._check(lanes)
+                lanes = []
             if kind is AttemptOpen:
                 self._grammar = Grammar(self.provider, clock=self.clock)
                 self._attempt = item.attempt
@@ -196,20 +206,26 @@ class GrammarActor:
                 self._error = None
             elif kind is Settle:
                 self._settle(item)
-            elif kind is Status or kind is AttemptReset:
-                self._marker(item)
             elif kind is UniEvent:
                 self._release([item])
-            elif self._error is None and self._grammar is not None:
-                released: list[UniEvent] = []
-                try:
-                    self._grammar.feed_many([item], released)
-                except RilletError as exc:
-                    self._fail(exc)
-                self._release(released)
+            else:
+                self._marker(item)
+        if lanes:
+            self._check(lanes)
         if self._batch:
             out.append(self._batch)
         self._batch = []
+
+    def _check(self, lanes: list[Any]) -> None:
+        """Lane events through the attempt's grammar; after a breach, dropped."""
+        if self._error is not None or self._grammar is None:
+            return
+        released: list[UniEvent] = []
+        try:
+            self._grammar.feed_many(lanes, released)
+        except RilletError as exc:
+            self._fail(exc)
+        self._release(released)  # what came before the breach still goes
 
     def _marker(self, item: Any) -> None:
         if self._batch and type(self._batch[-1]) is UniEvent:

@@ -49,7 +49,6 @@ import trio
 
 from ._errors import (
     FrameError,
-    FrameTooLarge,
     ProviderError,
     RilletError,
     TransportError,
@@ -60,6 +59,7 @@ from ._failures import error_shape, http_shape
 from ._hedge import open_hedged
 from ._policy import Outcome, Policy, Shape, backoff_delay, retry_after
 from ._ratelimit import RateLimiter
+from ._reads import Replay, read_bounded, read_reply
 from ._request import TurnRequest
 from ._upstream import Exchange, Upstream, UpstreamError, upstream_error
 from ._wire import WireDecoder
@@ -281,7 +281,7 @@ class Handler:
             if response.status >= 300:
                 return await self._status_failure(response, deadline)
             self._check_content_type(response)
-            receive = response.receive if not pending else _Replay(pending, response).receive
+            receive = response.receive if not pending else Replay(pending, response).receive
             # One scope guards every read; its deadline moves with each lane event and is lifted
             # while a batch waits for room downstream (a slow consumer is backpressure, not a
             # silent provider): the time spent blocked there is added back afterwards.
@@ -391,7 +391,7 @@ class Handler:
     async def _status_failure(self, response: Exchange, deadline: float) -> _Failure:
         body = b""
         with trio.move_on_at(deadline):
-            body = await _read_bounded(response, self.policy.max_body, self.provider.label)
+            body = await read_bounded(response, self.policy.max_body, self.provider.label)
         status = response.status
         headers = response.headers
         error = self._scrubbed(self._error_from_response(status, headers, body))
@@ -527,13 +527,13 @@ class Handler:
                 response = await self.upstream.open(http)
                 try:
                     if response.status >= 300:
-                        body = await _read_bounded(response, policy.max_body, label)
+                        body = await read_bounded(response, policy.max_body, label)
                         raise self._error_from_response(response.status, response.headers, body)
                     dialect = self.provider.dialect
                     decoder = WireDecoder(
                         dialect, max_frame=policy.max_frame, provider=label, stream=False
                     )
-                    await _read_reply(response, decoder, events, policy.max_body)
+                    await read_reply(response, decoder, events, policy.max_body)
                 finally:
                     await response.aclose()
             if scope.cancelled_caught:
@@ -554,62 +554,6 @@ class Handler:
         await self._send(out, events)
         self._judged(None, await out.settle(close=False))
         return Outcome.FALLBACK_TO_NON_STREAMING
-
-
-class _Replay:
-    """An exchange's pieces with the ones already read (by a hedged race's winner) first."""
-
-    __slots__ = ("_pending", "_response")
-
-    def __init__(self, pending: list[bytes], response: Exchange) -> None:
-        self._pending = pending
-        self._response = response
-
-    async def receive(self) -> bytes:
-        if self._pending:
-            return self._pending.pop(0)
-        return await self._response.receive()
-
-
-async def _read_bounded(response: Exchange, limit: int, provider: str) -> bytes:
-    """The whole reply (an error body), refused (`FrameTooLarge`) once it grows past `limit`
-    bytes: the rest is never read."""
-    parts: list[bytes] = []
-    size = 0
-    while part := await _receive(response):
-        size += len(part)
-        if size > limit:
-            raise FrameTooLarge(limit, size, provider=provider)
-        parts.append(part)
-    return b"".join(parts)
-
-
-async def _receive(response: Exchange) -> bytes:
-    """The next piece, the transport's own failures made `UpstreamError`s (off the hot path)."""
-    try:
-        return await response.receive()
-    except Exception as exc:
-        error = upstream_error(response, exc)
-        if error is None or error is exc:
-            raise
-        raise error from exc.__cause__ or exc
-
-
-async def _read_reply(
-    response: Exchange, decoder: WireDecoder, events: list[UniEvent], limit: int
-) -> None:
-    """A non-streaming reply, whole, through `decoder` into `events`; refused
-    (`FrameTooLarge`) once it grows past `limit` bytes. It ends at the end of the body, or at
-    the reply's stop (a message transport's socket may stay open after it)."""
-    size = 0
-    while part := await _receive(response):
-        size += len(part)
-        if size > limit:
-            raise FrameTooLarge(limit, size, provider=decoder.provider)
-        decoder.feed(part, events)
-        if decoder.grammar.stopped:
-            return
-    decoder.close(events)
 
 
 def _usable_wait(seconds: float | None) -> float | None:
