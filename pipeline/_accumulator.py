@@ -86,7 +86,8 @@ class Accumulator:
                 if kind in _SKIPPED:
                     continue
             self.feed(event)
-        answer.settle()  # a few long strings, not one per fragment
+        if len(text) > 256:  # a few long strings, not one per fragment
+            answer.settle()
 
     def reset(self) -> None:
         """Void everything: the attempt that produced it is being retried."""
