@@ -147,6 +147,9 @@ from ._turn import TurnResult as TurnResult
 from ._turn import UniItem as UniItem
 from ._turn import open_turn as open_turn
 from ._turn import run_turn as run_turn
+from ._upstream import Exchange as Exchange
+from ._upstream import Upstream as Upstream
+from ._upstream import UpstreamError as UpstreamError
 from ._wire import WireDecoder as WireDecoder
 
 try:
@@ -188,6 +191,7 @@ __all__ = [
     "EmptyResponseError",
     "Entry",
     "EventItem",
+    "Exchange",
     "FallbackFailed",
     "FinishReason",
     "FrameEncodingError",
@@ -274,6 +278,8 @@ __all__ = [
     "UnknownRun",
     "UnsupportedContentError",
     "UnsupportedOperationError",
+    "Upstream",
+    "UpstreamError",
     "UsageEvent",
     "UsageMetadata",
     "WireDecoder",

@@ -2,12 +2,11 @@
 
 It trusts the grammar (which ran upstream) and only collects: the `.done` items in order, the
 stop's usage and finish reason, and the answer text as its fragments arrive, so a reply that
-fails half way still has its partial text. `reset()` voids an attempt that is being retried.
+fails half way still has its partial text (`answer`, the turn's one copy of it, which the run
+events and the result read too). `reset()` voids an attempt that is being retried.
 """
 
 from __future__ import annotations
-
-import hashlib
 
 from ._events import (
     ContentItem,
@@ -25,10 +24,10 @@ from ._events import (
     UniMessage,
     UsageMetadata,
 )
+from ._text import AnswerText
 
 __all__ = ["Accumulator"]
 
-_PIECE = 256  # text fragments joined at a time
 _SKIPPED = frozenset({ThinkingDelta, ToolCallDelta})  # fragments whose `.done` is what counts
 _DONE_TYPES = (
     TextDone,
@@ -44,18 +43,18 @@ class Accumulator:
     """Collects one reply from its UniEvents.
 
     Attributes:
+        answer: the answer text (every `text.delta`, thinking excluded).
         items: the `.done` items so far, in stream order.
         usage: the stop event's usage, once it came.
         finish_reason: the stop event's finish reason, once it came.
         stopped: whether the stop event came.
     """
 
-    __slots__ = ("_pieces", "_text", "finish_reason", "items", "stopped", "usage")
+    __slots__ = ("answer", "finish_reason", "items", "stopped", "usage")
 
     def __init__(self) -> None:
         self.items: list[ContentItem] = []
-        self._text: list[str] = []
-        self._pieces = 0  # _text[:_pieces] are runs of fragments already joined
+        self.answer = AnswerText()
         self.usage: UsageMetadata | None = None
         self.finish_reason: FinishReason | None = None
         self.stopped = False
@@ -69,13 +68,14 @@ class Accumulator:
             return
         for item in event.content_items:
             if type(item) is TextDelta:
-                self._text.append(item.text)
+                self.answer.append(item.text)
             elif isinstance(item, _DONE_TYPES):
                 self.items.append(item)
 
     def feed_many(self, events: list[UniEvent]) -> None:
         """Take a batch of UniEvents, in order."""
-        text = self._text
+        answer = self.answer
+        text = answer.parts
         for event in events:
             items = event.content_items
             if items:
@@ -86,15 +86,13 @@ class Accumulator:
                 if kind in _SKIPPED:
                     continue
             self.feed(event)
-        if len(text) - self._pieces > _PIECE:  # a few long strings, not one per fragment
-            text[self._pieces :] = ["".join(text[self._pieces :])]
-            self._pieces += 1
+        if len(text) > 256:  # a few long strings, not one per fragment
+            answer.settle()
 
     def reset(self) -> None:
         """Void everything: the attempt that produced it is being retried."""
         self.items = []
-        self._text = []
-        self._pieces = 0
+        self.answer.reset()
         self.usage = None
         self.finish_reason = None
         self.stopped = False
@@ -102,20 +100,17 @@ class Accumulator:
     @property
     def text(self) -> str:
         """The answer text so far: every `text.delta` joined (thinking excluded)."""
-        if len(self._text) > 1:
-            self._text = ["".join(self._text)]
-            self._pieces = 1
-        return self._text[0] if self._text else ""
+        return self.answer.text
 
     @property
     def chars(self) -> int:
         """The answer's length in characters (code points)."""
-        return len(self.text)
+        return self.answer.chars
 
     @property
     def sha256(self) -> str:
         """The hex SHA-256 of the answer text's UTF-8 bytes."""
-        return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
+        return self.answer.sha256
 
     def message(self) -> UniMessage:
         """The assistant message: the `.done` items, the usage and the finish reason."""

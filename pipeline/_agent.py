@@ -21,12 +21,12 @@ import re
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
-import httpx
 import msgspec
 import trio
+from rillet.transports._http_upstream import default_client
 
 from ._budget import ContextBudget, ContextWindowExceeded
 from ._conversation import Conversation, PendingApproval
@@ -44,8 +44,11 @@ from ._runevents import (
 )
 from ._runstream import RunStream
 from ._tools import Tool, ToolOutput, run_tool, tool
-from ._turn import TurnResult, UniItem, _Log, _tls_context
+from ._turn import TurnResult, UniItem, _Log
 from .providers._base import Provider
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["Agent", "AgentResult", "AgentStatus", "open_agent", "run_agent"]
 
@@ -456,9 +459,7 @@ async def run_agent(
     )
     stream = RunStream(builder, sinks, agent._run, agent._uni)
     own_client = client is None
-    http = client or httpx.AsyncClient(
-        timeout=httpx.Timeout(None), follow_redirects=False, verify=_tls_context()
-    )
+    http = client or default_client()
     options: dict[str, Any] = {
         "client": http,
         "reasoning": reasoning,

@@ -19,8 +19,8 @@ import secrets
 from typing import TYPE_CHECKING, Any
 
 import attrs
-import httpx
 import trio
+from rillet.transports._http_upstream import default_client
 
 from ._errors import FallbackFailed, ProviderError
 from ._events import UniMessage
@@ -28,10 +28,12 @@ from ._handler import AttemptReset
 from ._policy import Outcome
 from ._runevents import RunEventBuilder, StatusEvent
 from ._runstream import RunStream, StepSink
-from ._turn import Turn, TurnResult, _tls_context, run_turn
+from ._turn import Turn, TurnResult, run_turn
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+    import httpx
 
     from ._request import TurnRequest
     from .providers._base import Provider
@@ -265,9 +267,7 @@ async def run_chain(
     )
     stream = RunStream(builder, sinks, turn._run, turn._uni, history=history)
     own_client = client is None
-    http = client or httpx.AsyncClient(
-        timeout=httpx.Timeout(None), follow_redirects=False, verify=_tls_context()
-    )
+    http = client or default_client()
     start = trio.current_time()
     step: ChainStep | None = None
     status, code = "cancelled", "cancelled"

@@ -3,13 +3,14 @@
 Theory of operation
 -------------------
 One turn is a series of attempts. Before each, the handler takes a token from the rate limiter.
-An attempt sends the request with httpx and reads the body chunk by chunk; each chunk goes
-through the attempt's `WireDecoder` (framing, dialect, grammar: all pure), and the UniEvents it
-releases go downstream in one batch per chunk. Deadlines guard only the waits on the provider:
-until the first lane event, `initial_event_timeout` from sending; then `per_event_timeout` from
-the last lane event (SSE comments do not count); never past the total deadline. A send blocked
-by a slow consumer is backpressure, not silence: the time it spends blocked moves the per-event
-and total deadlines by as much.
+An attempt sends the request over the turn's upstream transport (`_upstream`: HTTP on httpx by
+default, or a WebSocket, a replay, the application's own) and reads the reply piece by piece;
+each piece goes through the attempt's `WireDecoder` (framing, dialect, grammar: all pure), and
+the UniEvents it releases go downstream in one batch per piece. Deadlines guard only the waits
+on the provider: until the first lane event, `initial_event_timeout` from sending; then
+`per_event_timeout` from the last lane event (SSE comments do not count); never past the total
+deadline. A send blocked by a slow consumer is backpressure, not silence: the time it spends
+blocked moves the per-event and total deadlines by as much.
 
 An attempt that fails is classified (`Shape`) by the failure taxonomy (`_failures`, the one
 table of what is retried) and handled by its ladder:
@@ -38,19 +39,16 @@ finally fails therefore still shows its last partial text.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 import attrs
-import httpx
 import msgspec
 import trio
 
 from ._errors import (
     FrameError,
-    FrameTooLarge,
     ProviderError,
     RilletError,
     TransportError,
@@ -58,16 +56,19 @@ from ._errors import (
 )
 from ._events import UniEvent
 from ._failures import error_shape, http_shape
+from ._hedge import open_hedged
 from ._policy import Outcome, Policy, Shape, backoff_delay, retry_after
 from ._ratelimit import RateLimiter
+from ._reads import Replay, read_bounded, read_reply
 from ._request import TurnRequest
+from ._upstream import Exchange, Upstream, UpstreamError, upstream_error
 from ._wire import WireDecoder
 from .providers._base import Provider, provider_error
 
 if TYPE_CHECKING:
     from .providers._base import HttpRequest
 
-__all__ = ["AttemptReset", "Handler", "Outlet", "Status"]
+__all__ = ["AttemptOpen", "AttemptReset", "Handler", "Outlet", "Status"]
 
 _E = TypeVar("_E", bound=RilletError)
 
@@ -86,14 +87,42 @@ class Status(msgspec.Struct, frozen=True, gc=False):
     delay: float = 0.0
 
 
+class AttemptOpen(msgspec.Struct, frozen=True, gc=False):
+    """Downstream marker, to a grammar downstream only: the lanes that follow are attempt
+    `attempt`'s."""
+
+    attempt: int
+
+
 Item = UniEvent | AttemptReset | Status
 Batch = list[Item]
+
+
+class Verdict(Protocol):
+    """A grammar downstream's word on one attempt."""
+
+    @property
+    def error(self) -> RilletError | None:
+        """Its first error (a grammar breach, an in-stream error, an incomplete reply)."""
+        ...
+
+    @property
+    def emitted(self) -> int:
+        """The UniEvents it released."""
+        ...
 
 
 class Outlet(Protocol):
     """Where the handler's batches go. `offer` takes a batch at once and says whether it went
     all the way; when it did not, the handler awaits `drain` (backpressure) before the next.
-    In a batch, the markers (`AttemptReset`, `Status`) come before every UniEvent."""
+    In a batch, the markers (`AttemptReset`, `Status`) come before every UniEvent.
+
+    An outlet with `grammar_downstream` takes lane events instead of UniEvents (the grammar is
+    an actor of its own): the handler then opens each attempt (`AttemptOpen`), stops reading
+    once the outlet says the attempt `failed`, and `settle`s it for the grammar's verdict."""
+
+    grammar_downstream: bool
+    failed: bool
 
     def offer(self, items: Batch) -> bool:
         """Take the batch; False if part of it waits for room downstream."""
@@ -101,6 +130,10 @@ class Outlet(Protocol):
 
     async def drain(self) -> None:
         """Wait until what `offer` could not pass on has gone."""
+        ...
+
+    async def settle(self, *, close: bool) -> Verdict:
+        """End an attempt (`close`: its body ended); the grammar's verdict on it."""
         ...
 
 
@@ -134,7 +167,7 @@ class Handler:
 
     request: TurnRequest
     provider: Provider
-    client: httpx.AsyncClient
+    upstream: Upstream
     policy: Policy
     limiter: RateLimiter
     stream: bool = True  # False: non-streaming requests (the rescue's) instead of a stream
@@ -155,11 +188,14 @@ class Handler:
     _timeouts: int = 0  # consecutive
     _start: float = 0.0
     _total_deadline: float = math.inf
+    _ended: bool = False  # the last streamed attempt's body ended (rather than being cut)
+    _hops: bool = False  # the grammar is downstream: batches are lanes, verdicts come back
 
     async def run(self, out: Outlet) -> Outcome:
         """Attempt, retry, rescue; send every batch to `out`; return the one outcome. Cancelling
         the caller cancels it (the outcome is then the caller's to record)."""
         policy = self.policy
+        self._hops = out.grammar_downstream
         self._start = trio.current_time()
         self._total_deadline = self._start + policy.total_timeout
         if not self.stream:
@@ -188,30 +224,67 @@ class Handler:
         )
 
     async def _attempt(self, out: Outlet) -> _Failure | None:
-        policy = self.policy
         try:
             http = self.provider.dialect.build_request(self.request, self.provider, stream=True)
         except RilletError as exc:  # the request cannot be sent as it is: no attempt helps
             return _Failure(error_shape(exc), exc)
+        if not self._hops:
+            return await self._stream(out, http)
+        await self._put(out, [cast("Item", AttemptOpen(self.attempts))])
+        failure = await self._stream(out, http)
+        verdict = await out.settle(close=self._ended)
+        return self._judged(failure, verdict)
+
+    def _judged(self, failure: _Failure | None, verdict: Verdict) -> _Failure | None:
+        """An attempt's failure once the grammar downstream has judged it: its error came
+        first in stream order (it only saw what the source had decoded), so it wins. (The
+        grammar counts the events it releases into `events` itself, live.)"""
+        if verdict.error is not None:
+            return self._failure_of(verdict.error, verdict.emitted)
+        if failure is not None:
+            return self._note(failure, verdict.emitted)
+        return None
+
+    async def _stream(self, out: Outlet, http: HttpRequest) -> _Failure | None:
+        """One streamed attempt: send, then read and decode until the reply ends."""
+        policy = self.policy
+        hops = self._hops
+        self._ended = False
         decoder = WireDecoder(
-            self.provider.dialect, max_frame=policy.max_frame, provider=self.provider.label
+            self.provider.dialect,
+            max_frame=policy.max_frame,
+            provider=self.provider.label,
+            grammar=not hops,
         )
         sent_at = trio.current_time()
         deadline = min(sent_at + policy.initial_event_timeout, self._total_deadline)
-        self.requests += 1
-        self.started.set()
         emitted = 0
-        response: httpx.Response | None = None
-        chunks: AsyncIterator[bytes] | None = None
+        response: Exchange | None = None
+        pending: list[bytes] = []  # what a hedged race's winner read before it won
+        failures: tuple[type[BaseException], ...] = ()  # the exchange's own (`Exchange`)
         try:
             with trio.move_on_at(deadline):
-                response = await self.client.send(_httpx_request(self.client, http), stream=True)
+                if policy.hedge_after is None:
+                    self._sent()
+                    response = await self.upstream.open(http)
+                else:
+                    opened = await open_hedged(
+                        self.upstream,
+                        http,
+                        hedge_after=policy.hedge_after,
+                        probe=decoder.probe,
+                        on_send=self._sent,
+                    )
+                    response, pending = opened.exchange, opened.pieces
+                    if opened.error is not None:
+                        raise opened.error
             if response is None:
                 return self._timed_out(emitted)
-            if response.status_code >= 300:
+            failures = getattr(response, "failures", ())
+            if response.status >= 300:
                 return await self._status_failure(response, deadline)
             self._check_content_type(response)
-            chunks = _body(response)
+            receive = response.receive if not pending else Replay(pending, response).receive
             # One scope guards every read; its deadline moves with each lane event and is lifted
             # while a batch waits for room downstream (a slow consumer is backpressure, not a
             # silent provider): the time spent blocked there is added back afterwards.
@@ -219,7 +292,7 @@ class Handler:
                 armed = deadline  # reading.deadline, kept here (moving it is not free)
                 quiet = 0  # reads since the last checkpoint of ours
                 while True:
-                    chunk = await anext(chunks, b"")  # b"": end of body (httpx yields no empties)
+                    chunk = await receive()  # b"": the end of the reply
                     batch: list[UniEvent] = []
                     before = decoder.lane_events
                     error: RilletError | None = None
@@ -258,20 +331,36 @@ class Handler:
                                 await trio.lowlevel.checkpoint()
                     if error is not None:
                         return self._failure_of(error, emitted)
-                    if not chunk or decoder.grammar.stopped:
+                    if not chunk or decoder.stopped:
+                        self._ended = not chunk
                         return None  # the end of the body, or of the reply: nothing more to read
+                    if hops and out.failed:
+                        return None  # the grammar refused the attempt: its verdict says why
             return self._timed_out(emitted)  # the deadline cut a read short
-        except httpx.TransportError as exc:
+        except UpstreamError as exc:
             error = _transport_error(exc, self.provider.label)
+            return self._note(_Failure(error_shape(error), error), emitted)
+        except failures as exc:  # the exchange's own exceptions, as it names them
+            failed = upstream_error(response, exc)
+            assert failed is not None
+            error = _transport_error(failed, self.provider.label)
             return self._note(_Failure(error_shape(error), error), emitted)
         except RilletError as exc:
             return self._failure_of(exc, emitted)
         finally:
             if response is not None:
-                await _stop_reading(response, chunks)
+                await response.aclose()
+
+    def _sent(self, _: int = 0) -> None:
+        """A request went out (the hedge's too): it counts, and the turn has started."""
+        self.requests += 1
+        self.started.set()
 
     def _items(self, batch: list[UniEvent]) -> Batch:
-        """What goes downstream for `batch`: the reset it owes first, if any."""
+        """What goes downstream for `batch`: the reset it owes first, if any. (With the grammar
+        downstream, it counts the events and owes the resets.)"""
+        if self._hops:
+            return cast("Batch", batch)
         self.events += len(batch)
         self.emitted_attempt = True
         if self._pending_reset:
@@ -290,7 +379,7 @@ class Handler:
             await out.drain()
             self._total_deadline += trio.current_time() - start
 
-    def _check_content_type(self, response: httpx.Response) -> None:
+    def _check_content_type(self, response: Exchange) -> None:
         framing = self.provider.dialect.framing
         accepted = _STREAM_TYPES.get(framing)
         if accepted is None:
@@ -302,12 +391,12 @@ class Handler:
                 self.provider.label,
             )
 
-    async def _status_failure(self, response: httpx.Response, deadline: float) -> _Failure:
+    async def _status_failure(self, response: Exchange, deadline: float) -> _Failure:
         body = b""
         with trio.move_on_at(deadline):
-            body = await _read_bounded(response, self.policy.max_body, self.provider.label)
-        status = response.status_code
-        headers = {k.lower(): v for k, v in response.headers.items()}
+            body = await read_bounded(response, self.policy.max_body, self.provider.label)
+        status = response.status
+        headers = response.headers
         error = self._scrubbed(self._error_from_response(status, headers, body))
         # the wait: a header wins over the hint the dialect read from the body (Gemini's
         # `RetryInfo`), which wins over the default; an unusable hint counts as none
@@ -457,30 +546,29 @@ class Handler:
         self.attempts += 1
         self.requests += 1
         events: list[UniEvent] = []
+        label = self.provider.label
         try:
             http = self.provider.dialect.build_request(self.request, self.provider, stream=False)
             with trio.move_on_at(deadline) as scope:
-                response = await self.client.send(_httpx_request(self.client, http), stream=True)
-                body = await _read_bounded(response, policy.max_body, self.provider.label)
-                if response.status_code >= 300:
-                    headers = {k.lower(): v for k, v in response.headers.items()}
-                    raise self._error_from_response(response.status_code, headers, body)
-                # a server that streams anyway (it ignored `"stream": false`) is read as a stream
-                streamed = self.provider.dialect.framing == "sse" and "text/event-stream" in (
-                    response.headers.get("content-type", "").lower()
-                )
-                decoder = WireDecoder(
-                    self.provider.dialect,
-                    max_frame=policy.max_frame,
-                    provider=self.provider.label,
-                    stream=streamed,
-                )
-                decoder.feed(body, events)
-                decoder.close(events)
+                response = await self.upstream.open(http)
+                try:
+                    if response.status >= 300:
+                        body = await read_bounded(response, policy.max_body, label)
+                        raise self._error_from_response(response.status, response.headers, body)
+                    dialect = self.provider.dialect
+                    # a server that streams anyway (it ignored `"stream": false`) is read as one
+                    streamed = dialect.framing == "sse" and "text/event-stream" in (
+                        response.headers.get("content-type", "").lower()
+                    )
+                    decoder = WireDecoder(
+                        dialect, max_frame=policy.max_frame, provider=label, stream=streamed
+                    )
+                    await read_reply(response, decoder, events, policy.max_body)
+                finally:
+                    await response.aclose()
             if scope.cancelled_caught:
-                kind = "rescue"
-                raise TurnTimeout(self.provider.label, kind, deadline - start)
-        except httpx.TransportError as exc:
+                raise TurnTimeout(label, "rescue", deadline - start)
+        except UpstreamError as exc:
             self.rescue_error = _transport_error(exc, self.provider.label)
             return stream_outcome
         except RilletError as exc:
@@ -488,72 +576,14 @@ class Handler:
             return stream_outcome
         if self.first_event_at is None:
             self.first_event_at = trio.current_time() - self._start
+        if not self._hops:
+            await self._send(out, events)
+            return Outcome.FALLBACK_TO_NON_STREAMING
+        # checked here, whole: the grammar downstream passes the events through, owing the reset
+        await self._put(out, [cast("Item", AttemptOpen(self.attempts))])
         await self._send(out, events)
+        self._judged(None, await out.settle(close=False))
         return Outcome.FALLBACK_TO_NON_STREAMING
-
-
-def _httpx_request(client: httpx.AsyncClient, http: HttpRequest) -> httpx.Request:
-    """The request for `client`. Its read timeout is lifted: waits on the provider are the
-    handler's deadlines alone (a client's 5 s default would cut a provider that thinks before
-    its first token); the client's connect, write and pool timeouts still apply."""
-    limits = client.timeout
-    timeout = httpx.Timeout(None, connect=limits.connect, write=limits.write, pool=limits.pool)
-    return client.build_request(
-        http.method, http.url, headers=http.headers, content=http.body, timeout=timeout
-    )
-
-
-def _body(response: httpx.Response) -> AsyncIterator[bytes]:
-    """The body's reads: raw when it has no content coding (httpx's decoding layer would only
-    copy them through), decoded otherwise."""
-    coding = response.headers.get("content-encoding", "identity").strip().lower()
-    if coding in ("", "identity"):
-        return response.aiter_raw()
-    return response.aiter_bytes()
-
-
-async def _read_bounded(response: httpx.Response, limit: int, provider: str) -> bytes:
-    """The whole body, refused (`FrameTooLarge`) once it grows past `limit` bytes: the rest is
-    never read. The response is closed either way."""
-    parts: list[bytes] = []
-    size = 0
-    chunks = response.aiter_bytes()
-    try:
-        async for chunk in chunks:
-            size += len(chunk)
-            if size > limit:
-                raise FrameTooLarge(limit, size, provider=provider)
-            parts.append(chunk)
-    finally:
-        await _stop_reading(response, chunks)
-    return b"".join(parts)
-
-
-_DRAIN_LIMIT = 256  # chunks an abandoned body may still hand over from memory
-
-
-async def _stop_reading(response: httpx.Response, chunks: AsyncIterator[bytes] | None) -> None:
-    """Close a response that may have been read only in part, even while cancelled.
-
-    The connection closes first, so the rest of the body is never read from the network. Then
-    the body's iterators (httpx's and the transport's: a chain of async generators) are run to
-    their end: on the closed stream they finish at once (any wait raises `Cancelled` inside
-    them, which ends them). Closing only the outermost would leave the inner ones suspended for
-    the garbage collector, which trio reports as a `ResourceWarning` for each.
-    """
-    with trio.CancelScope(shield=True):
-        with trio.move_on_after(5):
-            await response.aclose()
-        if chunks is None:
-            return
-        with trio.CancelScope() as drain:
-            drain.cancel()
-            with contextlib.suppress(Exception):
-                count = 0
-                async for _ in chunks:
-                    count += 1
-                    if count >= _DRAIN_LIMIT:
-                        break
 
 
 def _usable_wait(seconds: float | None) -> float | None:
@@ -567,7 +597,9 @@ def _frame_error(message: str, provider: str) -> FrameError:
     return FrameError(message, provider=provider)
 
 
-def _transport_error(exc: httpx.TransportError, provider: str) -> TransportError:
-    error = TransportError(provider, type(exc).__name__)
-    error.__cause__ = exc
+def _transport_error(exc: UpstreamError, provider: str) -> TransportError:
+    """The transport's failure as the provider's `TransportError` (the transport's own
+    exception stays its cause)."""
+    error = TransportError(provider, exc.kind)
+    error.__cause__ = exc.__cause__ if exc.__cause__ is not None else exc
     return error

@@ -11,6 +11,7 @@ without a policy gets these defaults: an unguarded stream is never the default.
 
 from __future__ import annotations
 
+import contextvars
 import enum
 import math
 import random
@@ -20,7 +21,13 @@ from email.utils import parsedate_to_datetime
 
 import attrs
 
-__all__ = ["Outcome", "Policy", "Shape", "backoff_delay", "retry_after"]
+__all__ = ["Outcome", "Policy", "Shape", "backoff_delay", "default_graph", "retry_after"]
+
+default_graph: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "default_graph", default="chained"
+)
+"""The graph a `Policy` gets when it names none, in this context: `chained` unless set (the
+test suite runs the turn's tests under both graphs with it)."""
 
 
 class Outcome(enum.IntEnum):
@@ -65,6 +72,16 @@ class Shape(enum.Enum):
     WRONG_SHAPE = "wrong_shape"  # valid JSON of the wrong shape: no 2nd streamed attempt, rescue
 
 
+def _check_graph(_: object, __: object, value: str) -> None:
+    if value not in ("chained", "hops"):
+        raise ValueError("graph must be 'chained' or 'hops'")
+
+
+def _check_hedge(_: object, __: object, value: float | None) -> None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ValueError("hedge_after must be a positive number of seconds, or None")
+
+
 def _check_channel(_: object, __: object, value: int) -> None:
     if not 1 <= value <= 1024:
         raise ValueError("channel_size must be between 1 and 1024")
@@ -90,6 +107,13 @@ class Policy:
         requests_per_minute: the proactive token bucket per base URL (0 = off).
         limiter_max_wait: the longest an attempt waits for a token before sending anyway.
         channel_size: the capacity of each bounded channel between actors (1..1024).
+        hedge_after: opt-in hedged requests: an attempt with no first event this many seconds
+            after sending sends the same request again, and the first of the two to deliver an
+            event wins (the other is cancelled at once: never billed twice for output). None:
+            off.
+        graph: how the turn's actors run: `chained` (the default) chains every actor that
+            never blocks onto the task before it, as stream engines chain operators; `hops`
+            runs each on its own task with channels between (the same events, more hops).
         max_frame: the cap on one incoming frame of the provider's stream, in bytes (32 MiB:
             real frames repeat a whole answer or carry an image); past it, `FrameTooLarge`.
         max_body: the cap on a non-streaming (rescue) or error body, in bytes.
@@ -113,6 +137,8 @@ class Policy:
     requests_per_minute: float = 0.0
     limiter_max_wait: float = 30.0
     channel_size: int = attrs.field(default=64, validator=_check_channel)
+    hedge_after: float | None = attrs.field(default=None, validator=_check_hedge)
+    graph: str = attrs.field(factory=lambda: default_graph.get(), validator=_check_graph)
     max_frame: int = 32 * 1024 * 1024
     max_body: int = 16 * 1024 * 1024
     random: Callable[[], float] = attrs.field(default=random.random, eq=False, repr=False)

@@ -17,7 +17,6 @@ final outcome into run events, numbering them.
 
 from __future__ import annotations
 
-import hashlib
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
@@ -36,6 +35,7 @@ from ._events import (
     UniEvent,
 )
 from ._policy import Outcome
+from ._text import AnswerText
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -254,6 +254,9 @@ class RunEventBuilder:
 
     Attributes:
         text: the answer text delivered so far (since the last reset).
+
+    Given the accumulator's `answer` (`text=`), it reads the text from there, which its owner
+    keeps and resets: the turn's text is accumulated once. Without one, it keeps its own.
     """
 
     def __init__(
@@ -263,6 +266,7 @@ class RunEventBuilder:
         *,
         reasoning: bool = False,
         tool_arguments: bool = False,
+        text: AnswerText | None = None,
     ) -> None:
         self.run_id = run_id
         self._clock = clock
@@ -270,8 +274,8 @@ class RunEventBuilder:
         self._seq = 0
         self._reasoning = reasoning
         self._tool_arguments = tool_arguments
-        self._text: list[str] = []
-        self._pieces = 0  # _text[:_pieces] are runs of fragments already joined
+        self._answer = text if text is not None else AnswerText()
+        self._writes = text is None  # it keeps the text itself
         self.finish_reason: str | None = None
         self.done = False
 
@@ -286,10 +290,7 @@ class RunEventBuilder:
     @property
     def text(self) -> str:
         """The answer text delivered since the last reset."""
-        if len(self._text) > 1:
-            self._text = ["".join(self._text)]
-            self._pieces = 1
-        return self._text[0] if self._text else ""
+        return self._answer.text
 
     def started(self, provider: str, model: str) -> RunEvent:
         """`run.started`."""
@@ -302,8 +303,8 @@ class RunEventBuilder:
 
     def reset(self, attempt: int) -> RunEvent:
         """`attempt.reset`: the text so far is void."""
-        self._text = []
-        self._pieces = 0
+        if self._writes:
+            self._answer.reset()
         self.finish_reason = None
         return AttemptResetEvent(**self._env(), attempt=attempt)
 
@@ -312,14 +313,15 @@ class RunEventBuilder:
         stamped once (its events arrived together), and a text fragment takes one step."""
         run_id = self.run_id
         elapsed = int((self._clock() - self._t0) * 1000)
-        text = self._text
+        text = self._answer.parts if self._writes else None
         for event in events:
             items = event.content_items
             if items and type(items[0]) is TextDelta:
                 fragment = items[0].text
                 if fragment:
                     self._seq += 1
-                    text.append(fragment)
+                    if text is not None:
+                        text.append(fragment)
                     out.append(
                         AnswerDelta(
                             run_id=run_id, seq=self._seq, elapsed_ms=elapsed, delta=fragment
@@ -331,9 +333,8 @@ class RunEventBuilder:
             run = self.uni(event)
             if run is not None:
                 out.append(run)
-        if len(text) - self._pieces > 256:  # a few long strings, not one per fragment
-            text[self._pieces :] = ["".join(text[self._pieces :])]
-            self._pieces += 1
+        if text is not None:
+            self._answer.settle()  # a few long strings, not one per fragment
 
     def uni(self, event: UniEvent) -> RunEvent | None:
         """The run event a UniEvent shows as, if any."""
@@ -355,7 +356,8 @@ class RunEventBuilder:
             text = item.text  # type: ignore[union-attr]
             if not text:
                 return None
-            self._text.append(text)
+            if self._writes:
+                self._answer.append(text)
             return AnswerDelta(**self._env(), delta=text)
         if kind is ThinkingDelta:
             thinking = item.thinking  # type: ignore[union-attr]
@@ -385,10 +387,9 @@ class RunEventBuilder:
         (`answer.delta` appends, `attempt.reset` voids)."""
         kind = type(event)
         if kind is AnswerDelta:
-            self._text.append(event.delta)  # type: ignore[union-attr]
+            self._answer.append(event.delta)  # type: ignore[union-attr]
         elif kind is AttemptResetEvent:
-            self._text = []
-            self._pieces = 0
+            self._answer.reset()
             self.finish_reason = None
         elif kind is AnswerDone:
             self.finish_reason = event.finish_reason  # type: ignore[union-attr]
@@ -399,21 +400,20 @@ class RunEventBuilder:
         run_id = self.run_id
         elapsed = int((self._clock() - self._t0) * 1000)
         replace = msgspec.structs.replace
-        text = self._text
+        answer = self._answer
+        parts = answer.parts
         out: list[RunEvent] = []
         for event in events:
             kind = type(event)
             if kind is AnswerDelta:
-                text.append(event.delta)  # type: ignore[union-attr]
+                parts.append(event.delta)  # type: ignore[union-attr]
             elif kind is AttemptResetEvent or kind is AnswerDone:
                 out.append(self.adopt(event))
-                text = self._text
+                parts = answer.parts
                 continue
             self._seq += 1
             out.append(replace(event, run_id=run_id, seq=self._seq, elapsed_ms=elapsed))
-        if len(text) - self._pieces > 256:  # a few long strings, not one per fragment
-            text[self._pieces :] = ["".join(text[self._pieces :])]
-            self._pieces += 1
+        answer.settle()  # a few long strings, not one per fragment
         return out
 
     def close(
@@ -430,11 +430,13 @@ class RunEventBuilder:
         `run.done` (`requests`, the HTTP requests sent, defaults to `attempts`)."""
         out: list[RunEvent] = []
         if status == "completed":
-            text = self.text
-            digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+            answer = self._answer
             out.append(
                 AnswerDone(
-                    **self._env(), sha256=digest, chars=len(text), finish_reason=self.finish_reason
+                    **self._env(),
+                    sha256=answer.sha256,
+                    chars=answer.chars,
+                    finish_reason=self.finish_reason,
                 )
             )
         retry_ms = int(retry_after * 1000) if retry_after is not None else None
@@ -468,17 +470,16 @@ class RunEventBuilder:
         """
         out: list[RunEvent] = []
         if outcome.succeeded:
-            text = self.text
+            answer = self._answer
             if self.finish_reason == "length":
                 status, code = "error", "provider_length"
             else:
                 status, code = "completed", "completed"
-                digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
                 out.append(
                     AnswerDone(
                         **self._env(),
-                        sha256=digest,
-                        chars=len(text),
+                        sha256=answer.sha256,
+                        chars=answer.chars,
                         finish_reason=self.finish_reason,
                     )
                 )

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import attrs
 import trio
 
+from ._graph import Given
 from ._runevents import (
     AnswerDelta,
     AnswerDone,
@@ -25,7 +26,7 @@ from ._runevents import (
     RunEventBuilder,
     RunStarted,
 )
-from ._turn import Sink, SinkBatch, UniItem, _Given, _Log
+from ._turn import Sink, SinkBatch, UniItem, _Log
 
 __all__ = ["RunStream", "StepSink"]
 
@@ -41,11 +42,11 @@ class RunStream:
     run_log: _Log[RunEvent]
     uni_log: _Log[UniItem]
     history: bool = True
-    _given: list[_Given] = attrs.field(init=False)
+    _given: list[Given] = attrs.field(init=False)
     _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
 
     def __attrs_post_init__(self) -> None:
-        self._given = [_Given() for _ in self.sinks]
+        self._given = [Given() for _ in self.sinks]
 
     async def emit(self, runs: Sequence[RunEvent], unis: Sequence[UniItem] = ()) -> None:
         """Append to the logs, then bring every sink up to date (waiting as it makes us)."""

@@ -1,47 +1,56 @@
-"""The turn: a nursery of actors on bounded channels, and the handle an application holds.
+"""The turn: its actor graph assembled in one nursery, and the handle an application holds.
 
 ```
-handler (source actor): attempts, deadlines, --+--> sink actor (one per sink)
-  retries, rescue; decode, grammar and the     +--> the turn's two logs, read by
-  accumulator step (message, run events)            uni_events() / run_events()
+handler (source actor) --lanes--> grammar --UniEvents--> accumulator --SinkBatch--> sink actors
+  attempts, deadlines,            (_graph)               message, run events,       (one per
+  retries, rescue                                        the two logs               sink)
 ```
 
-The handler accumulates each batch on its own task as soon as it is decoded (no hop for work
-that never blocks) and offers it to every sink's bounded `trio` memory channel (the policy's
-`channel_size`, default 64). A sink actor forwards everything waiting as one batch, so a hop
-costs one channel operation per batch, not per event. A slow sink blocks the handler, all the
-way to the provider's socket (backpressure): nothing is dropped. The two logs are append-only
-and read by any number of consumers, each at its own pace, from the start.
+With the default `Policy(graph="chained")` every actor that never blocks is chained onto the
+task before it: the grammar runs in the handler's decoder, and the accumulator and every sink
+that takes a batch without waiting are called on the handler's task as each batch is decoded;
+only sinks that may wait keep a task behind a bounded channel. `graph="hops"` runs each actor on
+its own task (`_graph.run_hops`). Either way a slow sink blocks the handler, all the way to the
+provider's socket (backpressure): nothing is dropped. The two logs are append-only and read by
+any number of consumers, each at its own pace, from the start.
 
-Cancelling the caller's scope cancels the turn: the HTTP response is closed, no task outlives
+Without an upstream the turn makes its own (`SchemeUpstream`): HTTP over the caller's
+`client` (or one it makes and closes), WebSocket for `ws://` and `wss://` requests.
+
+Cancelling the caller's scope cancels the turn: the exchange is closed, no task outlives
 the nursery, and the public stream still ends with its one `run.done{status: "cancelled"}`
 (the final events are delivered to the sinks under a short shielded grace period).
 """
 
 from __future__ import annotations
 
-import functools
 import secrets
-import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import attrs
-import httpx
 import trio
+from rillet.transports._http_upstream import HttpUpstream
+from rillet.transports._ws_upstream import SchemeUpstream
 
 from ._accumulator import Accumulator
 from ._admission import Admission, shared_admission
 from ._callbacks import FragmentSink, require_trio
 from ._errors import FallbackFailed, NoHistoryError
-from ._events import UniEvent, UniMessage
-from ._handler import AttemptReset, Batch, Handler, Status
+from ._events import UniMessage
+from ._graph import AccumulatorActor, Given, Sink, SinkBatch, UniItem, route_for, run_hops
+from ._handler import Handler, Status
 from ._policy import Outcome, Policy
 from ._ratelimit import RateLimiter, shared_limiter
 from ._request import TurnRequest
 from ._runevents import RunEvent, RunEventBuilder
 from .providers._base import Provider
+
+if TYPE_CHECKING:
+    import httpx
+
+    from ._upstream import Upstream
 
 __all__ = [
     "CallbackSink",
@@ -49,41 +58,13 @@ __all__ = [
     "SinkBatch",
     "Turn",
     "TurnResult",
+    "UniItem",
     "open_turn",
     "run_turn",
 ]
 
 T = TypeVar("T")
-UniItem = UniEvent | AttemptReset
 _SINK_GRACE = 2.0  # seconds a cancelled turn still gives its sinks for the final events
-
-
-@attrs.frozen
-class SinkBatch:
-    """What a sink receives: the run events and the MMSP items of one batch, in order."""
-
-    run: Sequence[RunEvent]
-    uni: Sequence[UniItem]
-
-
-class Sink(Protocol):
-    """Where a turn's events go: a terminal, a JSONL file, a hub, the application's code.
-
-    `deliver` may block: that is backpressure, and the turn waits. `close` is called once, after
-    the last batch (which holds `run.done`), even when the turn is cancelled.
-
-    A sink that can take a batch without waiting may also have `deliver_nowait(batch) -> bool`:
-    the turn then calls it on its own task as each batch is decoded (no task of its own, no
-    hop), and falls back to `deliver` for a batch it returns False for.
-    """
-
-    async def deliver(self, batch: SinkBatch) -> None:
-        """Take one batch."""
-        ...
-
-    async def close(self) -> None:
-        """The turn is over."""
-        ...
 
 
 @attrs.define(eq=False)
@@ -284,6 +265,7 @@ async def run_turn(
     sinks: Sequence[Sink] = (),
     policy: Policy | None = None,
     client: httpx.AsyncClient | None = None,
+    upstream: Upstream | None = None,
     limiter: RateLimiter | None = None,
     run_id: str | None = None,
     reasoning: bool = False,
@@ -307,7 +289,10 @@ async def run_turn(
     await `turn.result()`. `nursery.start` passes no keywords: bind them first,
     `nursery.start(functools.partial(run_turn, sinks=[...]), request, provider)`, or use
     `open_turn`, which takes them. With no policy the default `Policy()` applies (deadlines,
-    retries, rescue). Without a client, the turn makes its own and closes it. `reasoning` and
+    retries, rescue). `upstream` carries the requests (`rillet.transports.upstream`: HTTP,
+    WebSocket, replay, or the application's own transport); `client` is the HTTP default's
+    httpx client, still the caller's to close. Given neither, the turn makes an HTTP upstream
+    and closes it at the end. `reasoning` and
     `tool_arguments` opt the public stream into reasoning text and tool arguments.
     `history=False` keeps no replay history (`uni_events()` / `run_events()` then raise
     `NoHistoryError`; sinks see everything): a turn then holds only what its sinks have not
@@ -345,53 +330,65 @@ async def run_turn(
             admission=admission,
             stream=stream,
             task_status=task_status,
+            upstream=upstream,
             **chain,
         )
     if chain:
         raise TypeError(f"unexpected options for one provider: {sorted(chain)}")
     policy = policy or Policy()
     slots = admission or shared_admission()
-    own_client = client is None
-    http = client or httpx.AsyncClient(
-        timeout=httpx.Timeout(None), follow_redirects=False, verify=_tls_context()
-    )
+    # without an upstream, the turn routes by scheme: HTTP over the caller's client (or its
+    # own), WebSocket sessions in the turn's nursery
+    http: HttpUpstream | None = None
+    if upstream is None:
+        http = HttpUpstream() if client is None else HttpUpstream.wrapping(client)
+        upstream = http
     turn = Turn(run_id or secrets.token_hex(8), request, provider, history=history)
-    builder = RunEventBuilder(
-        turn.run_id, trio.current_time, reasoning=reasoning, tool_arguments=tool_arguments
-    )
     accumulator = Accumulator()
-    handler = Handler(request, provider, http, policy, limiter or shared_limiter(), stream=stream)
+    builder = RunEventBuilder(  # reads the accumulator's text: it is kept once
+        turn.run_id,
+        trio.current_time,
+        reasoning=reasoning,
+        tool_arguments=tool_arguments,
+        text=accumulator.answer,
+    )
+    handler = Handler(
+        request, provider, upstream, policy, limiter or shared_limiter(), stream=stream
+    )
     start = trio.current_time()
     outcome = Outcome.CANCELLED
-    routes: list[_Route] = []
     # per sink, how many run events and MMSP items it has been given: what a cancel leaves
     # undelivered is still owed to it, so its run events stay gapless up to `run.done`
-    given = [_Given() for _ in sinks]
+    given = [Given() for _ in sinks]
+    chained = policy.graph == "chained"
     opened = [builder.started(provider.label, provider.model)]
     turn._run.extend(opened)
     try:
         with turn._cancel_scope:
             async with trio.open_nursery() as nursery:
-                for sink, sink_given in zip(sinks, given, strict=True):
-                    nowait = getattr(sink, "deliver_nowait", None)
-                    if nowait is not None:
-                        routes.append(_Route(sink, sink_given, None, nowait))
-                        continue
-                    send, recv = trio.open_memory_channel[SinkBatch](policy.channel_size)
-                    routes.append(_Route(sink, sink_given, send, None))
-                    nursery.start_soon(_sink_actor, sink, recv, sink_given)
+                if http is not None:
+                    handler.upstream = SchemeUpstream(http, nursery)
+                routes = [
+                    route_for(sink, sink_given, nursery, policy.channel_size, chained=chained)
+                    for sink, sink_given in zip(sinks, given, strict=True)
+                ]
                 first = SinkBatch(opened, ())
                 for route in routes:
                     if not route.offer(first):
                         await route.wait(first)
                 task_status.started(turn)
-                downstream = _Downstream(accumulator, builder, turn, routes, given)
+                accumulate = AccumulatorActor(
+                    accumulator, builder, turn._uni, turn._run, turn.history, routes, given
+                )
                 if not slots.try_acquire():
-                    if not downstream.offer([Status("queued", 1)]):
-                        await downstream.drain()
+                    if not accumulate.offer([Status("queued", 1)]):
+                        await accumulate.drain()
                     await slots.acquire()
                 try:
-                    streamed = await handler.run(downstream)
+                    if chained:  # the grammar and the accumulator on the handler's task
+                        streamed = await handler.run(accumulate)
+                    else:
+                        streamed = await run_hops(handler, accumulate, policy.channel_size)
                 finally:
                     slots.release()
                 for route in routes:
@@ -420,7 +417,7 @@ async def run_turn(
         turn._result = TurnResult(
             message=accumulator.message(),
             outcome=outcome,
-            text=builder.text,
+            text=accumulator.text,
             attempts=handler.attempts,
             requests=handler.requests,
             events=handler.events,
@@ -438,33 +435,14 @@ async def run_turn(
             if not history:  # every sink has had its all (or its grace): nothing more is owed
                 for log in (turn._uni, turn._run):
                     log.forget(log.base + len(log.items))
-            if own_client:
+            if http is not None:  # closes the client only if it made it
                 with trio.CancelScope(shield=True), trio.move_on_after(_SINK_GRACE):
                     await http.aclose()
     return turn._result
 
 
-@functools.cache
-def _tls_context() -> ssl.SSLContext:
-    """One TLS context for every client the turns make: building one costs ~100 ms."""
-    return ssl.create_default_context()
-
-
-@attrs.define
-class _Given:
-    """How much of the turn's logs one sink has been given."""
-
-    run: int = 0
-    uni: int = 0
-
-    def took(self, batch: SinkBatch) -> None:
-        """The sink has taken `batch`."""
-        self.run += len(batch.run)
-        self.uni += len(batch.uni)
-
-
 async def _finish_sinks(
-    sinks: Sequence[Sink], turn: Turn, given: list[_Given], *, cancelled: bool
+    sinks: Sequence[Sink], turn: Turn, given: list[Given], *, cancelled: bool
 ) -> None:
     """What each sink is still owed (the final events, and whatever a cancel cut off), then
     `close`. A turn that ended on its own waits for its sinks however slow (backpressure:
@@ -507,123 +485,3 @@ async def _run_turn_with(
     task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     await run_turn(request, provider, task_status=task_status, **options)
-
-
-@attrs.define(eq=False)
-class _Downstream:
-    """The handler's outlet: the accumulator's work, done on the handler's task as each batch
-    arrives (the message, the run events, the logs), then one batch to every sink's channel.
-
-    Doing it there costs no scheduler round and no channel hop per batch; a sink's full
-    channel is still backpressure on the handler (`offer` says so and `drain` waits)."""
-
-    accumulator: Accumulator
-    builder: RunEventBuilder
-    turn: Turn
-    routes: list[_Route]
-    given: list[_Given]
-    _owed: list[tuple[_Route, SinkBatch]] = attrs.field(factory=list)
-
-    def offer(self, items: Batch) -> bool:
-        """Take a batch; False if a sink's channel had no room for it (then `drain`)."""
-        accumulator, builder = self.accumulator, self.builder
-        runs: list[RunEvent] = []
-        unis: list[UniItem] = []
-        # markers (a reset, a status) come first in a batch (`Outlet`), UniEvents after them
-        first = 0
-        while first < len(items) and type(items[first]) is not UniEvent:
-            item = items[first]
-            if type(item) is AttemptReset:
-                accumulator.reset()
-                unis.append(item)
-                runs.append(builder.reset(item.attempt))
-            elif type(item) is Status:
-                runs.append(builder.status(item.phase, item.attempt, item.delay))
-            first += 1
-        if first < len(items):
-            _uni_events(items[first:] if first else items, accumulator, builder, unis, runs)  # type: ignore[arg-type]
-        turn = self.turn
-        turn._uni.extend(unis)
-        turn._run.extend(runs)
-        if self.routes and (runs or unis):
-            out = SinkBatch(runs, unis)
-            for route in self.routes:
-                if not route.offer(out):
-                    self._owed.append((route, out))
-        if not turn.history:  # keep only what a sink has not been given yet
-            given = self.given
-            turn._uni.forget(
-                min((g.uni for g in given), default=len(turn._uni.items) + turn._uni.base)
-            )
-            turn._run.forget(
-                min((g.run for g in given), default=len(turn._run.items) + turn._run.base)
-            )
-        return not self._owed
-
-    async def drain(self) -> None:
-        """Wait until every sink has taken what `offer` could not pass on."""
-        while self._owed:
-            route, out = self._owed[0]
-            await route.wait(out)
-            del self._owed[0]
-
-
-@attrs.define(eq=False)
-class _Route:
-    """How batches reach one sink: its channel to its actor, or its `deliver_nowait` called
-    on the turn's task (`send` None)."""
-
-    sink: Sink
-    given: _Given
-    send: trio.MemorySendChannel[SinkBatch] | None
-    nowait: Callable[[SinkBatch], bool] | None
-
-    def offer(self, batch: SinkBatch) -> bool:
-        """Pass the batch on without waiting; False if it must wait (then `wait`)."""
-        if self.send is not None:
-            try:
-                self.send.send_nowait(batch)
-            except trio.WouldBlock:
-                return False
-            return True
-        assert self.nowait is not None
-        if not self.nowait(batch):
-            return False
-        self.given.took(batch)
-        return True
-
-    async def wait(self, batch: SinkBatch) -> None:
-        """Pass the batch on, waiting as long as the sink makes us (backpressure)."""
-        if self.send is not None:
-            await self.send.send(batch)
-            return
-        await self.sink.deliver(batch)
-        self.given.took(batch)
-
-
-def _uni_events(
-    events: list[UniEvent],
-    accumulator: Accumulator,
-    builder: RunEventBuilder,
-    unis: list[UniItem],
-    runs: list[RunEvent],
-) -> None:
-    accumulator.feed_many(events)
-    builder.uni_many(events, runs)
-    unis += events
-
-
-async def _sink_actor(
-    sink: Sink, receive: trio.MemoryReceiveChannel[SinkBatch], given: _Given
-) -> None:
-    """Feeds one sink; its slowness is backpressure on the turn."""
-    async with receive:
-        async for batch in receive:
-            while True:
-                try:
-                    more = receive.receive_nowait()
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
-                batch = SinkBatch([*batch.run, *more.run], [*batch.uni, *more.uni])
-            await sink.deliver(batch)
-            given.took(batch)

@@ -14,11 +14,11 @@ from rillet.transports import NDJSONDecoder, SSEDecoder
 
 from ._errors import FrameEncodingError, FrameError, FrameTooLarge, MalformedFrameError
 from ._grammar import Grammar, wall_clock_ms
+from ._lanes import MessageStop, ProviderErrorEvent
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ._events import UniEvent
     from ._lanes import LaneEvent
     from .providers._base import Dialect
 
@@ -29,7 +29,12 @@ class WireDecoder:
     """Decodes one attempt's response body into checked UniEvents.
 
     With `stream=False` (or a dialect whose framing is `json`) the body is one JSON document,
-    decoded at `close()` by the dialect's `decode_response`.
+    decoded at `close()` by the dialect's `decode_response`. With the `message` framing every
+    piece fed is one whole frame (a message transport's message), streaming or not.
+
+    With `grammar=False` it stops short of the grammar: `feed` and `close` hand out the lane
+    events themselves, for a grammar actor downstream (the actor graph's `hops` mode); it is
+    `stopped` once a lane ends the reply (a stop, an in-stream error).
 
     Attributes:
         grammar: the grammar checking this attempt.
@@ -41,9 +46,12 @@ class WireDecoder:
     __slots__ = (
         "_body",
         "_body_size",
+        "_checks",
         "_dialect",
         "_framer",
+        "_lane_stop",
         "_max_body",
+        "_max_frame",
         "_stream",
         "frames",
         "grammar",
@@ -58,12 +66,17 @@ class WireDecoder:
         clock: Callable[[], int] = wall_clock_ms,
         provider: str | None = None,
         stream: bool = True,
+        grammar: bool = True,
     ) -> None:
         self._dialect = dialect
         self.grammar = Grammar(provider or dialect.name, clock=clock)
+        self._checks = grammar
+        self._lane_stop = False
         self._stream = dialect.stream_decoder()
-        self._framer: SSEDecoder | NDJSONDecoder | None
-        if not stream:
+        self._framer: SSEDecoder | NDJSONDecoder | _Messages | None
+        if dialect.framing == "message":
+            self._framer = _Messages(max_frame)
+        elif not stream:
             self._framer = None  # a non-streaming reply: one JSON body
         elif dialect.framing == "sse":
             self._framer = SSEDecoder(max_frame=max_frame)
@@ -73,23 +86,42 @@ class WireDecoder:
             self._framer = None
         self._body: list[bytes] = []
         self._body_size = 0
+        self._max_frame = max_frame
         self._max_body = max(max_frame, 64 * 1024 * 1024)
         self.frames = 0
         self.lane_events = 0
+
+    def probe(self) -> WireDecoder:
+        """A fresh decoder of the same reply, without the grammar: for reading ahead (a hedged
+        race watches it for the first lane event)."""
+        return WireDecoder(
+            self._dialect, max_frame=self._max_frame, provider=self.provider, grammar=False
+        )
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the reply is over: its stop came (or, without the grammar, a lane ended
+        it). Nothing fed after is read."""
+        return self._lane_stop or self.grammar.stopped
+
+    @property
+    def framing(self) -> str:
+        """The dialect's framing."""
+        return self._dialect.framing
 
     @property
     def provider(self) -> str:
         """The provider name errors carry."""
         return self.grammar.provider
 
-    def feed(self, chunk: bytes, out: list[UniEvent] | None = None) -> list[UniEvent]:
+    def feed(self, chunk: bytes, out: list[Any] | None = None) -> list[Any]:
         """Take the next bytes of the body; append the UniEvents they complete to `out` (a new
         list if None) and return it. If it raises, `out` still holds every event released before
         the error, so a caller that passes its own list loses nothing. Bytes after the reply's
         stop are ignored."""
         if out is None:
             out = []
-        if self.grammar.stopped:
+        if self._lane_stop or self.grammar.stopped:
             return out  # the reply is over: what follows is not even framed
         framer = self._framer
         if framer is None:
@@ -107,7 +139,7 @@ class WireDecoder:
             self._frames(frames, out)
         return out
 
-    def close(self, out: list[UniEvent] | None = None) -> list[UniEvent]:
+    def close(self, out: list[Any] | None = None) -> list[Any]:
         """End of the body: append what the last frames and the end itself release to `out` and
         return it; raises `IncompleteStreamError` (or another typed error) when the reply was
         not complete, with `out` holding what came before."""
@@ -120,10 +152,11 @@ class WireDecoder:
         else:
             self._frames(self._framer.close(), out)
         self._lanes(self._stream_close(), out)
-        out.extend(self.grammar.close())
+        if self._checks:
+            out.extend(self.grammar.close())
         return out
 
-    def _frames(self, frames: list[Any], out: list[UniEvent]) -> None:
+    def _frames(self, frames: list[Any], out: list[Any]) -> None:
         # the lanes of every frame go to the grammar in one call, even when a frame fails: what
         # the frames before it released still reaches `out` before the error is raised
         feed_frame = self._stream.feed
@@ -146,11 +179,26 @@ class WireDecoder:
             self.frames += done
             if pending:
                 self.lane_events += len(pending)
-                self.grammar.feed_many(pending, out)
+                if self._checks:
+                    self.grammar.feed_many(pending, out)
+                else:
+                    self._pass(pending, out)
 
-    def _lanes(self, lanes: list[LaneEvent], out: list[UniEvent]) -> None:
+    def _lanes(self, lanes: list[LaneEvent], out: list[Any]) -> None:
         self.lane_events += len(lanes)
-        self.grammar.feed_many(lanes, out)
+        if self._checks:
+            self.grammar.feed_many(lanes, out)
+        else:
+            self._pass(lanes, out)
+
+    def _pass(self, lanes: list[LaneEvent], out: list[Any]) -> None:
+        """Without the grammar: the lanes themselves, up to the one that ends the reply."""
+        for i, lane in enumerate(lanes):
+            if type(lane) is MessageStop or type(lane) is ProviderErrorEvent:
+                self._lane_stop = True
+                out += lanes[: i + 1]
+                return
+        out += lanes
 
     def _stream_close(self) -> list[LaneEvent]:
         try:
@@ -182,6 +230,23 @@ class WireDecoder:
             ) from None
         except RecursionError:
             raise _too_deep(body, self.provider, 0) from None
+
+
+class _Messages:
+    """The framer of a message transport: each piece is already one whole frame."""
+
+    __slots__ = ("_max_frame",)
+
+    def __init__(self, max_frame: int) -> None:
+        self._max_frame = max_frame
+
+    def feed(self, message: bytes) -> list[bytes]:
+        if len(message) > self._max_frame:
+            raise FrameTooLarge(self._max_frame, len(message))
+        return [message]
+
+    def close(self) -> list[bytes]:
+        return []
 
 
 def _too_deep(frame: Any, provider: str, frame_index: int) -> MalformedFrameError:

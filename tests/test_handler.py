@@ -65,6 +65,8 @@ from rillet.providers._ollama import OllamaDialect
 from rillet.providers._openai_chat import OpenAIChatDialect
 from rillet.transports.testing import openai_text_body, openai_text_stream, sse
 
+pytestmark = pytest.mark.usefixtures("graph")  # every turn here runs under both graphs
+
 if TYPE_CHECKING:
     from rillet.transports import SSEEvent
 

@@ -48,6 +48,13 @@ KINDS = {
         "gpt-4.1-mini",
         OPENAI_KEY,
     ),
+    "openai-realtime": (
+        "openai_realtime",
+        "OpenAIRealtimeDialect",
+        "https://api.openai.com/v1",
+        "gpt-realtime",
+        OPENAI_KEY,
+    ),
     "anthropic": (
         "anthropic",
         "AnthropicDialect",

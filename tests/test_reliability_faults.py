@@ -98,6 +98,8 @@ from .test_handler import (
     seen,
 )
 
+pytestmark = pytest.mark.usefixtures("graph")  # every turn here runs under both graphs
+
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
@@ -563,6 +565,8 @@ LOOP_CASES = _loop_cases()
 async def test_catalogue_script_over_loopback(
     loop_clock: trio.testing.MockClock, case: LoopCase
 ) -> None:
+    # a fresh copy: some scripts count the requests they answered (each graph runs the case)
+    case = next(c for c in _loop_cases() if str(c) == str(case))
     dialect = OllamaDialect() if case.dialect == "ollama" else None
     run = await loop_turn(case.script, pol=policy(**case.pol), dialect=dialect)
     check_loop(

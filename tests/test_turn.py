@@ -62,6 +62,8 @@ from .test_handler import (
     tool_stream,
 )
 
+pytestmark = pytest.mark.usefixtures("graph")  # every turn here runs under both graphs
+
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
@@ -560,6 +562,7 @@ class HalfInlineSink:
         self.closed += 1
 
 
+@pytest.mark.chained_only
 async def test_a_sink_that_takes_batches_on_the_turns_task_gets_everything_in_order(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

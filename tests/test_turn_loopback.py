@@ -60,6 +60,8 @@ from .test_handler import (
     seen,
 )
 
+pytestmark = pytest.mark.usefixtures("graph")  # every turn here runs under both graphs
+
 LIMIT = 3600.0  # virtual seconds: beyond every scripted wait, never reached by a passing test
 OK_REPLY = Reply(chunks=tuple(OK))
 

@@ -1,10 +1,11 @@
 """Replay: a recorded wire file played back as if the provider were sending it.
 
-`ReplayTransport` is an httpx transport that answers every request with the recorded bytes,
-chunk by chunk at a chosen pace, so the whole pipeline (dialect, grammar, handler, sinks) runs
-exactly as it would against the live provider: `httpx.AsyncClient(transport=ReplayTransport(
-path))` passed to `run_turn(client=...)`. The dialect is the one that recorded the file (the
-caller's provider says which).
+`ReplayTransport` answers every request with the recorded bytes, chunk by chunk at a chosen
+pace, so the whole pipeline (dialect, grammar, handler, sinks) runs exactly as it would against
+the live provider. It is an upstream transport of rillet's own (`run_turn(upstream=
+ReplayTransport(path))`: no HTTP at all) and an httpx transport too (`httpx.AsyncClient(
+transport=ReplayTransport(path))` passed to `run_turn(client=...)`). The dialect is the one that
+recorded the file (the caller's provider says which).
 """
 
 from __future__ import annotations
@@ -16,8 +17,12 @@ import attrs
 import httpx
 import trio
 
+from ._memory_upstream import MemoryExchange
+
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+
+    from rillet.providers._base import HttpRequest
 
 __all__ = ["ReplayTransport", "content_type_for"]
 
@@ -50,7 +55,7 @@ class _PacedStream(httpx.AsyncByteStream):
 
 @attrs.define(eq=False)
 class ReplayTransport(httpx.AsyncBaseTransport):
-    """Answers every request with a recorded body.
+    """Answers every request with a recorded body, as an upstream or as an httpx transport.
 
     Attributes:
         path: the recording (`.sse`, `.ndjson`, `.json`).
@@ -81,3 +86,15 @@ class ReplayTransport(httpx.AsyncBaseTransport):
             stream=_PacedStream(self._data, self.chunk_size, self.delay),
             request=request,
         )
+
+    async def open(self, request: HttpRequest) -> MemoryExchange:
+        """The recording, paced, as an upstream exchange."""
+        self.requests += 1
+        data, size = self._data, self.chunk_size
+        pieces = [data[i : i + size] for i in range(0, len(data), size)]
+        headers = {"content-type": content_type_for(self.path)}
+        await trio.lowlevel.checkpoint()
+        return MemoryExchange(pieces, self.status, headers, self.delay)
+
+    async def aclose(self) -> None:
+        """Nothing to release."""

@@ -14,6 +14,7 @@ from ._gemini import GeminiDialect as GeminiDialect
 from ._mmsp import MMSPDialect as MMSPDialect
 from ._ollama import OllamaDialect as OllamaDialect
 from ._openai_chat import OpenAIChatDialect as OpenAIChatDialect
+from ._openai_realtime import OpenAIRealtimeDialect as OpenAIRealtimeDialect
 from ._openai_responses import OpenAIResponsesDialect as OpenAIResponsesDialect
 from ._registry import DIALECT_NAMES as DIALECT_NAMES
 from ._registry import PROVIDER_KINDS as PROVIDER_KINDS
@@ -33,6 +34,7 @@ __all__ = [
     "OllamaDialect",
     "OpenAIChatDialect",
     "OpenAIEmbeddingsDialect",
+    "OpenAIRealtimeDialect",
     "OpenAIResponsesDialect",
     "Provider",
     "Secret",

@@ -46,7 +46,7 @@ __all__ = [
     "strict_decode",
 ]
 
-Framing = Literal["sse", "ndjson", "json"]
+Framing = Literal["sse", "ndjson", "json", "message"]
 Frame = SSEEvent | str
 
 
@@ -71,15 +71,18 @@ class Secret:
 
 
 class HttpRequest(msgspec.Struct, frozen=True, kw_only=True):
-    """One HTTP request, ready for any client: method, absolute URL, headers, JSON body bytes.
+    """One request, ready for any upstream transport: method, absolute URL, headers, body bytes.
 
-    Its repr never shows header values, since one of them is usually a credential.
+    A provider that streams over a socket (`ws://`, `wss://`) opens it with the URL and headers
+    and is then sent `messages`, in order, one whole message each; `body` is then empty. Its
+    repr never shows header values, since one of them is usually a credential.
     """
 
     method: str = "POST"
     url: str
     headers: dict[str, str]
-    body: bytes
+    body: bytes = b""
+    messages: tuple[bytes, ...] = ()
 
     def __repr__(self) -> str:
         return f"HttpRequest({self.method} {self.url}, headers={sorted(self.headers)})"
@@ -112,7 +115,8 @@ class Dialect(Protocol):
 
     @property
     def framing(self) -> Framing:
-        """How its streams are framed: `sse`, `ndjson`, or one `json` body."""
+        """How its streams are framed: `sse`, `ndjson`, one `json` body, or `message` (a
+        message transport's messages, each one whole frame)."""
         ...
 
     def build_request(

@@ -85,6 +85,10 @@ _KINDS: dict[str, _Kind] = {
     "openai-responses": attrs.evolve(
         _OPENAI, module=_P + "_openai_responses", cls="OpenAIResponsesDialect", model="gpt-4.1-mini"
     ),
+    # the Realtime API over a WebSocket (text mode); the base URL is http(s), spelled ws(s)
+    "openai-realtime": attrs.evolve(
+        _OPENAI, module=_P + "_openai_realtime", cls="OpenAIRealtimeDialect", model="gpt-realtime"
+    ),
     "anthropic": _Kind(
         _P + "_anthropic",
         "AnthropicDialect",
