@@ -100,6 +100,9 @@ class ServerConfig:
         redis_url: keep run logs in this Redis (`redis://...`, needs the `redis` extra), so that
             every server sharing it serves every run's subscribers; None keeps them in memory.
             An unreachable Redis stops the server from starting (no fallback to memory).
+        tools: a named tool set (`demo`) runs may ask for (`"tools": "demo"` in
+            `POST /v1/runs`): such a run is an agent run, its approvals answered at
+            `POST /v1/runs/{id}/approvals/{approval_id}`. None: runs are single turns.
     """
 
     provider: Provider | Callable[[str], Provider]
@@ -112,6 +115,7 @@ class ServerConfig:
     reasoning: bool = False
     tool_arguments: bool = False
     redis_url: str | None = None
+    tools: str | None = None
 
     @property
     def loopback(self) -> bool:
