@@ -20,8 +20,10 @@ import trio
 
 from ._runevents import (
     ApprovalRequired,
+    ApprovalResolved,
     RunDone,
     StatusEvent,
+    ToolCallReady,
     ToolCompleted,
     ToolStarted,
 )
@@ -64,6 +66,8 @@ class AgentTerminal:
     sink: Any
     err: Any = None  # where the tool lines go; None: the current sys.stderr
     _started: dict[str, ToolStarted] = attrs.field(factory=dict)
+    _arguments: dict[str, dict[str, Any] | None] = attrs.field(factory=dict)  # by call id
+    _asked: dict[str, ApprovalRequired] = attrs.field(factory=dict)  # by approval id
 
     @property
     def broken_pipe(self) -> bool:
@@ -75,6 +79,19 @@ class AgentTerminal:
         kept: list[Any] = []
         for event in batch.run:
             kind = type(event)
+            if kind is ToolCallReady:
+                assert isinstance(event, ToolCallReady)
+                self._arguments[event.tool_call_id] = event.arguments
+            elif kind is ApprovalRequired:
+                assert isinstance(event, ApprovalRequired)
+                self._asked[event.approval_id] = event
+            elif kind is ApprovalResolved:
+                assert isinstance(event, ApprovalResolved)
+                asked = self._asked.pop(event.approval_id, None)
+                if asked is not None and event.decision == "denied":
+                    await self._flush(kept, batch)
+                    arguments = self._arguments.get(asked.tool_call_id)
+                    self._write(f"⚙ {call_signature(asked.name, arguments)} … denied")
             if kind is ToolStarted:
                 assert isinstance(event, ToolStarted)
                 self._started[event.span_id] = event
@@ -104,17 +121,18 @@ class AgentTerminal:
             "denied": "denied",
             "cancelled": "cancelled",
         }[done.status]
-        line = (
-            f"⚙ {call_signature(done.name, arguments)} … {outcome} {done.duration_ms / 1000:.1f} s"
-        )
+        seconds = done.duration_ms / 1000
+        self._write(f"⚙ {call_signature(done.name, arguments)} … {outcome} {seconds:.1f} s")
+
+    def _write(self, line: str) -> None:
+        """One line on stderr (what its encoding cannot show replaced); a closed stderr is
+        silently skipped."""
         err = self.err if self.err is not None else sys.stderr
+        encoding = getattr(err, "encoding", None) or "utf-8"
         try:
-            err.write(
-                line.encode(err.encoding or "utf-8", "replace").decode(err.encoding or "utf-8")
-            )
-            err.write("\n")
+            err.write(line.encode(encoding, "replace").decode(encoding) + "\n")
             err.flush()
-        except (BrokenPipeError, UnicodeError, ValueError):
+        except (BrokenPipeError, ValueError):
             pass
 
     async def close(self) -> None:
