@@ -131,8 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--tools",
         choices=TOOLSETS,
         default=None,
-        help='let runs (POST /v1/runs with "tools": "demo") call these tools; approvals '
-        "are answered at POST /v1/runs/{id}/approvals/{approval_id} (default: none)",
+        help="runs (POST /v1/runs without tools of their own) are agent runs with these "
+        "tools; approvals are answered at POST /v1/runs/{id}/approvals/{approval_id} with the "
+        "run's token (default: none, a run is one turn)",
     )
     _log_options(serve)
 
