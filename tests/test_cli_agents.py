@@ -45,13 +45,16 @@ def calls(name: str, arguments: dict[str, Any]) -> bytes:
     return sse(*frames) + sse("[DONE]")
 
 
-def tool_then_answer(name: str, arguments: dict[str, Any]) -> Any:
-    """A script: a request with no tool result gets the call, one with a result the answer."""
+def tool_then_answer(name: str, arguments: dict[str, Any], *, delay: float = 0.0) -> Any:
+    """A script: a request with no tool result gets the call, one with a result the answer
+    (`delay` seconds between its chunks)."""
 
     def reply(request: RecordedRequest, n: int) -> Reply:
         del n
         if b'"role":"tool"' in request.body.replace(b" ", b""):
-            return Reply(chunks=(openai_text_stream(ANSWER),))
+            stream = openai_text_stream(ANSWER)
+            frames = tuple(f + b"\n\n" for f in stream.split(b"\n\n") if f)
+            return Reply(chunks=frames, chunk_delay=delay)
         return Reply(chunks=(calls(name, arguments),))
 
     return reply
