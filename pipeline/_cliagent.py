@@ -10,6 +10,7 @@ status `approval_required`, which the command line exits 3 for.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import signal
 import sys
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AgentTerminal",
     "agent_outcome",
+    "answer_approvals",
     "ask_on_tty",
     "call_signature",
     "parse_fallback",
@@ -157,8 +159,9 @@ async def ask_on_tty(question: str) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
-async def _answer_approvals(agent: Agent, ask: Callable[[str], Any]) -> None:
-    """Ask about each approval the run waits for, one at a time, as they come."""
+async def answer_approvals(agent: Agent, ask: Callable[[str], Any]) -> None:
+    """Ask about each approval the run waits for, one at a time, as they come: `ask(question)`
+    returns (or awaits to) whether to let the call run."""
     async for event in agent.run_events():
         if type(event) is not ApprovalRequired:
             continue
@@ -167,7 +170,9 @@ async def _answer_approvals(agent: Agent, ask: Callable[[str], Any]) -> None:
         if not waiting:
             continue
         shown = call_signature(event.name, waiting[0].tool_call.arguments)
-        allowed = await ask(f"rillet: {shown} needs your approval — run it? [y/N] ")
+        allowed = ask(f"rillet: {shown} needs your approval — run it? [y/N] ")
+        if inspect.isawaitable(allowed):
+            allowed = await allowed
         with contextlib.suppress(ValueError):  # the run may have ended meanwhile
             if allowed:
                 agent.approve(event.approval_id)
@@ -212,7 +217,7 @@ async def run_agent_cli(
 
         nursery.start_soon(on_sigint)
         if interactive:
-            nursery.start_soon(_answer_approvals, agent, ask)
+            nursery.start_soon(answer_approvals, agent, ask)
         result = await agent.result()
         nursery.cancel_scope.cancel()
     return result

@@ -259,3 +259,46 @@ async def test_help_documents_the_new_options_and_exit_3() -> None:
         [sys.executable, "-m", "rillet", "--help"], capture_stdout=True, env=_env()
     )
     assert "3 approval required" in " ".join(done.stdout.decode().split())
+
+
+@pytest.mark.slow
+async def test_the_demo_runs_a_tool_and_one_that_needs_approval() -> None:
+    cmd = [sys.executable, "-m", "rillet", "demo", "--fast"]
+    done = await trio.run_process(
+        cmd, stdin=b"", capture_stdout=True, capture_stderr=True, check=False, env=_env(), cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    err = done.stderr.decode()
+    assert '⚙ get_weather(city="Paris") … done ' in err
+    assert 'the demo approves delete_file(path="notes.txt")' in err
+    assert '⚙ delete_file(path="notes.txt") … done ' in err
+    assert "all turns completed" in err
+    out = done.stdout.decode()
+    assert "It is 18 °C in Paris with light rain" in out
+    assert "The tool says: pretended to delete notes.txt (the demo deletes nothing)." in out
+
+
+async def test_the_demo_page_runs_agents_with_the_demo_tools() -> None:
+    import httpx
+    from rillet._demo import _script, _start_page
+    from rillet.providers import OpenAIChatDialect
+    from rillet.providers._base import Provider
+    from rillet.transports.testing import open_loopback_provider
+
+    async with open_loopback_provider(_script(0.0)) as embedded, trio.open_nursery() as nursery:
+        chat = Provider(OpenAIChatDialect(), embedded.url + "/v1", "gpt-demo")
+        page = await _start_page(nursery, chat, 0)
+        assert page is not None
+        async with httpx.AsyncClient(base_url=page, timeout=20) as client:
+            run = (await client.post("/v1/runs", json={"prompt": "weather in Tokyo?"})).json()
+            events = []
+            async with client.stream("GET", run["events_url"]) as reply:
+                async for line in reply.aiter_lines():
+                    if line.startswith("data: "):
+                        events.append(json.loads(line[6:]))
+        nursery.cancel_scope.cancel()
+    started = [e for e in events if e["type"] == "tool.started"]
+    assert [(e["name"], e["arguments"]) for e in started] == [("get_weather", {"city": "Tokyo"})]
+    text = "".join(e["delta"] for e in events if e["type"] == "answer.delta")
+    assert text == "The tool says: 24 °C, clear in Tokyo."
+    assert events[-1]["status"] == "completed"
