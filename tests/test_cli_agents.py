@@ -302,3 +302,28 @@ async def test_the_demo_page_runs_agents_with_the_demo_tools() -> None:
     text = "".join(e["delta"] for e in events if e["type"] == "answer.delta")
     assert text == "The tool says: 24 °C, clear in Tokyo."
     assert events[-1]["status"] == "completed"
+
+
+async def test_a_failed_step_is_one_line_with_its_cause_and_exit_1() -> None:
+    from rillet.transports.testing import status_reply
+
+    script = [status_reply(400, body={"error": {"message": "bad tools", "type": "invalid"}})]
+    async with open_loopback_provider(script) as provider:
+        done = await cli(["hi", "--tools", "demo", "--output", "jsonl"], provider.url)
+    assert done.returncode == 1
+    events = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert events[-1]["type"] == "run.done"
+    assert events[-1]["status"] == "error"
+    lines = [line for line in done.stderr.decode().splitlines() if line.startswith("rillet: ")]
+    assert len(lines) == 1
+    assert "400" in lines[0]
+
+
+async def test_max_steps_stops_a_model_that_only_calls_tools() -> None:
+    script = [Reply(chunks=(calls("get_time", {"timezone": "UTC"}),))] * 3
+    async with open_loopback_provider(script) as provider:
+        done = await cli(["hi", "--tools", "demo", "--max-steps", "2"], provider.url)
+        requests = list(provider.requests)
+    assert done.returncode == 1
+    assert len(requests) == 2
+    assert "the agent made 2 model requests without an answer" in done.stderr.decode()
