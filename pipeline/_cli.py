@@ -1,11 +1,12 @@
 """The `rillet` command line (also `python -m rillet`).
 
 `rillet run "question"` streams the answer to stdout as it arrives; progress and diagnostics go
-to stderr. Exit codes: 0 completed, 1 error, 2 usage error (unknown option, missing argument),
-130 cancelled (Ctrl-C keeps the partial text and still writes the final `run.done` line in JSONL
-mode), 141 when stdout's reader goes away. Every failure is one line on stderr, in every output
-mode, naming its cause and what to do (`_explain.py`); `--debug`, anywhere on the line, adds the
-traceback.
+to stderr. With `--tools demo` it runs the agent loop (`_cliagent.py`). Exit codes: 0 completed,
+1 error, 2 usage error (unknown option, missing argument), 3 approval required (a tool waits for
+an approval and no one could be asked: stdin is not a terminal, or `--no-input`), 130 cancelled
+(Ctrl-C keeps the partial text and still writes the final `run.done` line in JSONL mode), 141
+when stdout's reader goes away. Every failure is one line on stderr, in every output mode, naming
+its cause and what to do (`_explain.py`); `--debug`, anywhere on the line, adds the traceback.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
+    from ._agent import AgentResult
     from ._turn import Sink, TurnResult
     from .providers._base import Provider
 
@@ -45,6 +47,7 @@ __all__ = ["main"]
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+EXIT_APPROVAL = 3
 EXIT_CANCELLED = 130
 EXIT_PIPE = 141
 
@@ -153,7 +156,9 @@ class _WithoutErrorLine:
         await self.sink.close()
 
 
-async def _open_sinks(stack: contextlib.AsyncExitStack, output: _Output) -> list[Sink]:
+async def _open_sinks(
+    stack: contextlib.AsyncExitStack, output: _Output, *, spinner: bool | None = None
+) -> list[Sink]:
     from rillet.transports.sinks import JSONLSink, TerminalSink
 
     if output.mode == "jsonl":
@@ -163,7 +168,7 @@ async def _open_sinks(stack: contextlib.AsyncExitStack, output: _Output) -> list
     out = io.StringIO() if output.no_stream else None
     # `open` runs the spinner's ticker: it counts the seconds until the first token arrives
     terminal = await stack.enter_async_context(
-        TerminalSink.open(out=out, show_reasoning=output.show_reasoning)
+        TerminalSink.open(out=out, show_reasoning=output.show_reasoning, spinner=spinner)
     )
     return [_WithoutErrorLine(terminal)]
 
@@ -180,7 +185,7 @@ def _exit_code(result: TurnResult, sinks: Sequence[Any]) -> int:
 
 async def _run_turn_cli(
     request: TurnRequest,
-    provider: Provider,
+    provider: Provider | list[Provider],
     output: _Output,
     policy: Policy,
     *,
@@ -240,22 +245,96 @@ def _report(result: TurnResult, provider: Provider, *, key_hint: str | None, deb
     print(f"rillet: {line}", file=sys.stderr, flush=True)
 
 
+def _fallbacks(spec: str | None) -> list[Provider]:
+    """The `--fallback` chain, each provider configured from the environment."""
+    from ._cliagent import parse_fallback
+    from .providers._registry import ConfigurationError, provider_from_env
+
+    chain: list[Provider] = []
+    for kind, model in parse_fallback(spec):
+        try:
+            chain.append(provider_from_env(kind, model=model))
+        except ConfigurationError as exc:
+            raise CliError(f"--fallback {kind}: {exc}") from None
+        _note_unsent_key(kind, chain[-1])
+    if spec is not None and not chain:
+        raise CliError("--fallback names no provider", "pass PROVIDER[:MODEL],...")
+    return chain
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     configure_from(args)
     provider = _provider(args)
+    chain = [provider, *_fallbacks(args.fallback)]
     request = _request(args)
     output = _Output(args.output, args.show_reasoning, args.no_stream)
-    result, sinks = trio.run(lambda: _run_turn_cli(request, provider, output, policy_from(args)))
-    log_run_end(result, provider)
+    if args.tools is not None:
+        return _cmd_run_agent(args, chain, request, output)
+    result, sinks = trio.run(
+        lambda: _run_turn_cli(
+            request, chain if len(chain) > 1 else provider, output, policy_from(args)
+        )
+    )
+    answered = result.provider or provider
+    log_run_end(result, answered)
     if args.no_stream and args.output == "text" and result.ok:
         _write_stdout(result.text + ("" if result.text.endswith("\n") else "\n"))
     _report(
         result,
-        provider,
-        key_hint=_key_hint(args.provider, provider, args.api_key),
+        answered,
+        key_hint=_key_hint(args.provider, provider, args.api_key) if answered is provider else None,
         debug=args.debug,
     )
     return _exit_code(result, sinks)
+
+
+def _cmd_run_agent(
+    args: argparse.Namespace, chain: list[Provider], request: TurnRequest, output: _Output
+) -> int:
+    from ._cliagent import AgentTerminal, agent_outcome, run_agent_cli
+    from ._demo_tools import toolset
+
+    if args.max_steps < 1:
+        raise CliError("--max-steps must be at least 1")
+    interactive = not args.no_input and sys.stdin.isatty()
+    text = output.mode == "text"
+
+    async def go() -> tuple[AgentResult, list[Sink]]:
+        async with contextlib.AsyncExitStack() as stack:
+            # a y/N question and a ticking spinner cannot share the terminal's last line
+            sinks = await _open_sinks(stack, output, spinner=False if interactive else None)
+            if text:
+                sinks = [
+                    AgentTerminal(s.sink if isinstance(s, _WithoutErrorLine) else s) for s in sinks
+                ]
+            result = await run_agent_cli(
+                request,
+                chain,
+                toolset(args.tools),
+                sinks,
+                interactive=interactive,
+                max_steps=args.max_steps,
+                policy=policy_from(args),
+                reasoning=output.show_reasoning,
+                tool_arguments=text,
+                stream=not output.no_stream,
+            )
+        return result, sinks
+
+    result, sinks = trio.run(go)
+    answered = result.provider or chain[0]
+    if args.no_stream and text and result.ok:
+        _write_stdout(result.text + ("" if result.text.endswith("\n") else "\n"))
+    if any(getattr(s, "broken_pipe", False) for s in sinks):
+        return EXIT_PIPE
+    code, line = agent_outcome(result)
+    if line:
+        print(f"rillet: {line}", file=sys.stderr)
+    if code is not None:
+        return code
+    hint = _key_hint(args.provider, chain[0], args.api_key) if answered is chain[0] else None
+    _report(result.turns[-1], answered, key_hint=hint, debug=args.debug)  # the failed turn
+    return EXIT_ERROR
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
@@ -351,6 +430,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         reasoning=args.show_reasoning,
         tool_arguments=args.show_tool_arguments,
         redis_url=args.redis,
+        tools=args.tools,
     )
     try:
         config.check()  # before the nursery: its refusal is one line, not an exception group

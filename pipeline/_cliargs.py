@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 from ._clilog import LOG_FORMATS, LOG_LEVELS, configure_logging
+from ._demo_tools import TOOLSETS
 from ._policy import Policy
 
 __all__ = ["build_parser", "configure_from", "policy_from"]
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_Formatter,
         description="Stream LLM responses from many providers through one checked pipeline.",
         epilog="Exit codes: 0 completed, 1 error (one line on stderr says why), 2 usage error, "
+        "3 approval required (a tool waits for an approval no one could give), "
         "130 cancelled (Ctrl-C), 141 stdout closed.",
     )
     parser.add_argument(
@@ -76,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="send one non-streaming request and print the whole answer once",
     )
+    _agent_options(run)
     _policy_options(run)
     _log_options(run)
 
@@ -123,6 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="keep run logs in this Redis (redis://host:port/db) so that every server sharing "
         "it serves every run; needs the `redis` extra. Default: in memory",
+    )
+    serve.add_argument(
+        "--tools",
+        choices=TOOLSETS,
+        default=None,
+        help="runs (POST /v1/runs without tools of their own) are agent runs with these "
+        "tools; approvals are answered at POST /v1/runs/{id}/approvals/{approval_id} with the "
+        "run's token (default: none, a run is one turn)",
     )
     _log_options(serve)
 
@@ -219,6 +230,35 @@ def _policy_options(p: argparse.ArgumentParser) -> None:
         type=float,
         default=0.0,
         help="requests per minute to this provider (default: 0, no limiter)",
+    )
+
+
+def _agent_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--tools",
+        choices=TOOLSETS,
+        default=None,
+        help="run the agent loop with these tools: demo is get_weather, get_time and "
+        "delete_file (which asks for approval and only pretends). Default: no tools",
+    )
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=8,
+        help="most model requests of an agent run (default: %(default)s)",
+    )
+    p.add_argument(
+        "--no-input",
+        action="store_true",
+        help="never ask: a tool that needs approval ends the run with exit code 3 "
+        "(also when stdin is not a terminal)",
+    )
+    p.add_argument(
+        "--fallback",
+        default=None,
+        metavar="PROVIDER[:MODEL],...",
+        help="providers to try in order when the first fails, e.g. anthropic,openai:gpt-4o "
+        "(each with its own key from the environment). Default: none",
     )
 
 

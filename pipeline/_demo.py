@@ -1,12 +1,14 @@
 """`rillet demo`: everything rillet does, against an embedded provider, with no key.
 
 An embedded provider on 127.0.0.1 streams recorded-style replies over real HTTP at a realistic
-pace: a reasoning model that thinks, calls a tool and then answers (Anthropic's wire); a plain
-answer with multi-byte text (OpenAI Chat's wire); and a reply that breaks off mid-stream, is
-retried and visibly reset. Each turn runs through the full pipeline and prints live in the
-terminal; the live page is served too (its URL is printed), answering any prompt from the same
-embedded provider. The demo ends by itself after the scripted turns; with `keep_serving` (what
-`make demo` passes) the page stays up until Ctrl-C, and the demo says so.
+pace: an agent whose reasoning model thinks, calls a tool, gets its result and answers
+(Anthropic's wire); a plain answer with multi-byte text (OpenAI Chat's wire); a reply that breaks
+off mid-stream, is retried and visibly reset; and an agent whose tool needs approval (approved by
+the demo itself, where `rillet run --tools demo` asks y/N). Each turn runs through the full
+pipeline and prints live in the terminal; the live page is served too (its URL is printed),
+answering any prompt from the same embedded provider, with the demo tools (ask it about the
+weather, or to delete a file). The demo ends by itself after the scripted turns; with
+`keep_serving` (what `make demo` passes) the page stays up until Ctrl-C, and the demo says so.
 """
 
 from __future__ import annotations
@@ -17,19 +19,15 @@ from typing import Any
 
 import trio
 
-from ._events import ToolCallDone, ToolResultDone, UniMessage
+from ._agent import run_agent
+from ._cliagent import AgentTerminal, answer_approvals
+from ._demo_tools import demo_tools
 from ._policy import Policy
-from ._request import ToolSpec, TurnRequest, user
+from ._request import TurnRequest, user
 from ._turn import run_turn
 from .providers._base import Provider
 
 __all__ = ["run_demo"]
-
-WEATHER = ToolSpec(
-    name="get_weather",
-    description="Current weather for a city.",
-    parameters={"type": "object", "properties": {"city": {"type": "string"}}},
-)
 
 
 def _anthropic_events(blocks: list[tuple[str, list[str], dict[str, Any]]], stop: str) -> bytes:
@@ -162,6 +160,9 @@ def _script(pace: float) -> Any:
             data = ANSWER_AFTER_TOOL if has_result else THINK_AND_CALL
             return Reply(chunks=_per_event(data), chunk_delay=pace)
         body = request.body.decode("utf-8", "replace")
+        agent: Reply | None = _agent_reply(json.loads(body or "{}"), pace)
+        if agent is not None:
+            return agent
         if "break" in body:
             state["chat"] += 1
             stream = openai_text_stream(RETRIED)
@@ -173,6 +174,73 @@ def _script(pace: float) -> Any:
         return Reply(chunks=_per_event(openai_text_stream(HELLO)), chunk_delay=pace)
 
     return reply
+
+
+def _chat_call(name: str, arguments: dict[str, Any]) -> bytes:
+    """An OpenAI Chat stream that calls one tool."""
+    from rillet.transports.testing import sse
+
+    head = {"id": "chatcmpl-demo", "object": "chat.completion.chunk", "created": 1}
+    head["model"] = "gpt-demo"
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    call = {"index": 0, "id": f"call_demo_{name}", "type": "function"}
+    call["function"] = {"name": name, "arguments": json.dumps(arguments)}
+    frames = [chunk({"role": "assistant", "content": ""}), chunk({"tool_calls": [call]})]
+    return sse(*frames, chunk({}, "tool_calls")) + sse("[DONE]")
+
+
+def _text_of(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):
+        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return str(content or "")
+
+
+def _agent_reply(body: dict[str, Any], pace: float) -> Any:
+    """What the embedded model says to an agent's request (one that offers the demo tools):
+    a tool call for a question one of them answers, then an answer from the tool's result.
+    None for anything else."""
+    from rillet.transports.testing import Reply, openai_text_stream
+
+    messages = body.get("messages") or []
+    offered = {t.get("function", {}).get("name") for t in body.get("tools") or []}
+    if not messages or "get_weather" not in offered:
+        return None
+    last = messages[-1]
+    if last.get("role") == "tool":
+        said = _text_of(last)
+        words = (
+            ["The tool", " says: ", said, "."]
+            if not said.startswith("denied")
+            else ["Understood:", " I left it", " alone."]
+        )
+        return Reply(chunks=_per_event(openai_text_stream(words)), chunk_delay=pace)
+    prompt = _text_of(last).lower()
+    words = prompt.replace("?", " ").replace(",", " ").split()
+    if "delete" in words or "remove" in words:
+        target = next((w for w in words if "." in w), "notes.txt")
+        call = _chat_call("delete_file", {"path": target})
+    elif "weather" in words:
+        city = words[words.index("in") + 1].title() if "in" in words[:-1] else "Paris"
+        call = _chat_call("get_weather", {"city": city})
+    elif "time" in words:
+        call = _chat_call("get_time", {"timezone": "Europe/Paris"})
+    else:
+        return None
+    return Reply(chunks=_per_event(call), chunk_delay=pace)
+
+
+def _approve(question: str) -> bool:
+    """The demo's answer to an approval: yes, said on stderr (`rillet run` asks y/N)."""
+    shown = question.removeprefix("rillet: ").split(" needs your approval")[0]
+    print(
+        f"  (the demo approves {shown}; rillet run --tools demo asks y/N on a terminal)",
+        file=sys.stderr,
+    )
+    return True
 
 
 def _say(text: str) -> None:
@@ -197,32 +265,19 @@ async def run_demo(*, keep_serving: bool = False, port: int = 0, fast: bool = Fa
             print(f"rillet demo: the live page is at {page}/{until}", file=sys.stderr, flush=True)
 
         ok = True
-        # 1. a reasoning model thinks, calls a tool, and answers with its result
-        question = user("What's the weather in Paris?")
-        _say("A reasoning model thinks, calls a tool, then answers (Anthropic wire)")
-        first = await run_turn(
-            TurnRequest(messages=[question], tools=[WEATHER], thinking_level="low"),
+        # 1. an agent: a reasoning model thinks, calls a tool, and answers with its result
+        _say("An agent: a reasoning model thinks, calls a tool, then answers (Anthropic wire)")
+        first = await run_agent(
+            TurnRequest(messages=[user("What's the weather in Paris?")], thinking_level="low"),
             claude,
-            sinks=[TerminalSink(show_reasoning=True)],
+            tools=demo_tools(),
+            sinks=[AgentTerminal(TerminalSink(show_reasoning=True))],
             policy=policy,
             reasoning=True,
+            tool_arguments=True,
         )
         ok &= first.ok
-        calls = [i for i in first.message.content_items if isinstance(i, ToolCallDone)]
-        results: list[Any] = []
-        for call in calls:
-            print(f"  (running {call.name}({json.dumps(call.arguments)}))", file=sys.stderr)
-            results.append(ToolResultDone(text="18 °C, light rain", tool_call_id=call.tool_call_id))
-        second = await run_turn(
-            TurnRequest(
-                messages=[question, first.message, UniMessage(role="user", content_items=results)],
-                tools=[WEATHER],
-            ),
-            claude,
-            sinks=[TerminalSink()],
-            policy=policy,
-        )
-        ok &= second.ok
+        calls = [o.call for o in first.tool_outputs if o.status == "ok"]
 
         # 2. plain text with multi-byte characters
         _say("Plain text with multi-byte characters (OpenAI Chat wire)")
@@ -244,9 +299,28 @@ async def run_demo(*, keep_serving: bool = False, port: int = 0, fast: bool = Fa
         )
         ok &= retried.ok and retried.attempts == 2 and retried.text == "".join(RETRIED)
 
+        # 4. an agent whose tool needs approval: asked, approved, run, answered
+        _say("A tool that needs approval: the agent waits for a yes (OpenAI Chat wire)")
+        async with trio.open_nursery() as approvals:
+            agent = await approvals.start(
+                lambda task_status: run_agent(
+                    TurnRequest(messages=[user("Please delete notes.txt")]),
+                    chat,
+                    tools=demo_tools(),
+                    sinks=[AgentTerminal(TerminalSink())],
+                    policy=policy,
+                    tool_arguments=True,
+                    task_status=task_status,
+                )
+            )
+            approvals.start_soon(answer_approvals, agent, _approve)
+            approved = await agent.result()
+            approvals.cancel_scope.cancel()
+        ok &= approved.ok and [o.status for o in approved.tool_outputs] == ["ok"]
+
         print(
             f"\nrillet demo: {'all turns completed' if ok else 'a turn failed'} "
-            f"(tool call {calls[0].name if calls else 'missing'}; "
+            f"(tool run {calls[0].name if calls else 'missing'}; "
             f"retry: {retried.attempts} attempts, text exact: {retried.text == ''.join(RETRIED)})",
             file=sys.stderr,
         )
@@ -267,6 +341,13 @@ async def _start_page(nursery: trio.Nursery, provider: Provider, port: int) -> s
         from rillet.transports.server import ServerConfig, serve
     except ImportError:
         return None
-    config = ServerConfig(port=port, provider=provider, models=[provider.model], reasoning=True)
+    config = ServerConfig(
+        port=port,
+        provider=provider,
+        models=[provider.model],
+        reasoning=True,
+        tool_arguments=True,
+        tools="demo",
+    )
     url: str = await nursery.start(lambda task_status: serve(config, task_status=task_status))
     return url

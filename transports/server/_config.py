@@ -54,6 +54,8 @@ class Limits:
             the connection is closed.
         close_timeout: seconds a closing stream gives a client to take its last bytes.
         sweep_interval: seconds between sweeps of expired runs (and their tokens).
+        approval_timeout: seconds an agent run's approval may wait for an answer before it is
+            denied (the run holds its provider-stream slot while it waits).
         send_buffer: the kernel send buffer of each connection (`SO_SNDBUF`), None for the
             system's: what may sit in the kernel for a client that stopped reading.
     """
@@ -74,6 +76,7 @@ class Limits:
     write_timeout: float = 30.0
     close_timeout: float = 2.0
     sweep_interval: float = 30.0
+    approval_timeout: float = 300.0
     send_buffer: int | None = None
 
 
@@ -100,6 +103,9 @@ class ServerConfig:
         redis_url: keep run logs in this Redis (`redis://...`, needs the `redis` extra), so that
             every server sharing it serves every run's subscribers; None keeps them in memory.
             An unreachable Redis stops the server from starting (no fallback to memory).
+        tools: a named tool set (`demo`) runs may ask for (`"tools": "demo"` in
+            `POST /v1/runs`): such a run is an agent run, its approvals answered at
+            `POST /v1/runs/{id}/approvals/{approval_id}`. None: runs are single turns.
     """
 
     provider: Provider | Callable[[str], Provider]
@@ -112,6 +118,7 @@ class ServerConfig:
     reasoning: bool = False
     tool_arguments: bool = False
     redis_url: str | None = None
+    tools: str | None = None
 
     @property
     def loopback(self) -> bool:

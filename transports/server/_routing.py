@@ -213,6 +213,8 @@ class Server:
             if len(parts) >= 4 and parts[:3] == ["", "v1", "runs"]:
                 arg = parts[3]
                 methods = self._per_run.get("/".join(parts[4:]))
+                if methods is None and len(parts) == 6 and parts[4] == "approvals" and parts[5]:
+                    arg, methods = f"{parts[3]}/{parts[5]}", {"POST": self.runs.agents.answer}
         if methods is None:
             raise ErrorReply(404, "not_found", "no such route")
         head = "GET" in methods and not arg  # a run's streams have no HEAD

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import msgspec
 import trio
+from rillet._agent import Agent
 from rillet._events import UniMessage
 from rillet._hub import (
     CursorExpired,
@@ -30,6 +31,7 @@ from rillet._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest, us
 from rillet._runevents import RunDone, RunEvent, StatusEvent
 from rillet._turn import Sink, SinkBatch, Turn, TurnResult, run_turn
 
+from ._agentruns import AgentRuns
 from ._capacity import Ticket, uncount
 from ._metrics import Metrics
 from ._replies import ErrorReply, Refused, log_unavailable, not_found
@@ -56,6 +58,7 @@ class RunRecord:
 
     token: str
     turn: Turn | None = None
+    agent: Agent | None = None  # an agent run's, while it runs (`_agentruns`)
     waiting: trio.CancelScope | None = None  # its wait for admission, while queued
     access: bytes = attrs.field()
 
@@ -166,6 +169,10 @@ class Runs:
     per_run: collections.Counter[str] = attrs.field(factory=collections.Counter)
     per_client: collections.Counter[bytes] = attrs.field(factory=collections.Counter)
     decoy: str = attrs.field(factory=lambda: secrets.token_urlsafe(24))
+    agents: AgentRuns = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.agents = AgentRuns(self)
 
     async def start_run(self, http: HttpConnection, request: Request, _: str) -> None:
         """`POST /v1/runs`: 201 with the run's id, token and URLs once its turn runs (or it
@@ -190,9 +197,10 @@ class Runs:
                 raise log_unavailable().reply() from None
             sink = HubFeed(inner, self.shared.metrics, run_id)
             self.runs[run_id] = record
+            runner = self.agents.run if self.agents.wanted(body.tools) else self._run
             try:
                 await self.shared.nursery.start(
-                    self._run, turn_request, provider, run_id, sink, record, ticket
+                    runner, turn_request, provider, run_id, sink, record, ticket
                 )
             except RuntimeError:  # it failed before it could start (logged by `_run`)
                 raise ErrorReply(500, "internal_error", "the run could not start") from None
@@ -324,6 +332,8 @@ class Runs:
             raise ErrorReply(409, "elsewhere", "cancel the run on the server that started it")
         if record.turn is not None:
             record.turn.cancel()
+        elif record.agent is not None:
+            record.agent.cancel()
         elif record.waiting is not None:
             record.waiting.cancel()
         await http.respond(202, msgspec.json.encode({"run_id": run_id}))
