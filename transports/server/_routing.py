@@ -29,6 +29,7 @@ from .._http11 import (
 from ._config import is_loopback
 from ._fanout import Fanout
 from ._mmsp import Mmsp
+from ._openai import OpenAIChat
 from ._page import Page
 from ._replies import GONE, CloseConnection, ErrorReply, error_body
 from ._runs import Runs
@@ -74,6 +75,7 @@ class Server:
     runs: Runs = attrs.field()
     fanout: Fanout = attrs.field()
     mmsp: Mmsp = attrs.field()
+    openai: OpenAIChat = attrs.field()
     page: Page = attrs.field(factory=Page)
     connection_cap: int = attrs.field()
     _static: dict[str, dict[str, _Handler]] = attrs.field(init=False)
@@ -95,6 +97,10 @@ class Server:
     def _mmsp(self) -> Mmsp:
         return Mmsp(self.shared)
 
+    @openai.default
+    def _openai(self) -> OpenAIChat:
+        return OpenAIChat(self.shared)
+
     def __attrs_post_init__(self) -> None:
         self._static = {
             "/": {"GET": self.page.serve},
@@ -104,6 +110,7 @@ class Server:
             "/metrics": {"GET": self._metrics},
             "/v1/models": {"GET": self.mmsp.models},
             "/v1/stream": {"POST": self.mmsp.stream},
+            "/v1/chat/completions": {"POST": self.openai.completions},
             "/v1/runs": {"POST": self.runs.start_run},
         }
         self._per_run = {
