@@ -70,6 +70,10 @@ def ai_entry() -> Path:
         pytest.skip(
             "node and npm are needed to run the ai package's client (apt install nodejs npm)"
         )
+    version = subprocess.run([node, "--version"], capture_output=True, text=True, check=False)
+    major = version.stdout.strip().lstrip("v").split(".")[0]
+    if not major.isdigit() or int(major) < 20:
+        pytest.skip(f"node {version.stdout.strip() or '?'} is too old for the ai package (20+)")
     entry = PACKAGE_DIR / "node_modules" / "ai" / "dist" / "index.js"
     stamp = PACKAGE_DIR / f".ai-{AI_VERSION}"
     if stamp.exists() and entry.exists():
