@@ -310,3 +310,47 @@ async def test_a_kind_the_server_does_not_route_is_model_not_found() -> None:
     assert loopback.requests == []
     assert text.status_code == 415
     assert text.json()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "/v1/chat/completions",
+            {"model": "loop-gpt", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+        ),
+        (
+            "/v1/ui/chat",
+            {"messages": [{"id": "u", "role": "user", "parts": [{"type": "text", "text": "hi"}]}]},
+        ),
+    ],
+)
+async def test_a_client_that_leaves_mid_stream_cancels_the_turn_upstream(
+    path: str, body: dict[str, Any]
+) -> None:
+    stream = openai_text_stream(["first", "never"])
+    frames = tuple(frame + b"\n\n" for frame in stream.split(b"\n\n") if frame)
+    stalled = Reply(chunks=frames, stall_after=2)  # the role chunk and "first", then silence
+    with trio.fail_after(20):
+        async with (
+            open_loopback_provider([stalled]) as loopback,
+            trio.open_nursery() as nursery,
+        ):
+            url = await _server(nursery, loopback.url)
+            host, port = url.removeprefix("http://").split(":")
+            payload = msgspec.json.encode(body)
+            head = (
+                f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\n"
+                f"content-type: application/json\r\ncontent-length: {len(payload)}\r\n\r\n"
+            )
+            client = await trio.open_tcp_stream(host, int(port))
+            await client.send_all(head.encode() + payload)
+            seen = b""
+            while b"first" not in seen:
+                seen += await client.receive_some()
+            await client.aclose()
+            # the client is gone: the server cancels the turn, which closes its upstream request
+            await loopback.wait_connections_closed()
+            assert loopback.connections == 1
+            nursery.cancel_scope.cancel()
+    assert b"first" in seen
