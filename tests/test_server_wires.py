@@ -23,7 +23,7 @@ from rillet._events import (
 from rillet._policy import Policy
 from rillet.providers._base import Provider
 from rillet.providers._registry import dialect_from_name
-from rillet.transports.server import ServerConfig, serve
+from rillet.transports.server import Limits, ServerConfig, serve
 from rillet.transports.server._openai import openai_finish_reason, openai_usage
 from rillet.transports.server._openai_request import BadRequest, chat_request, decode_chat_body
 from rillet.transports.server._uistream import UiBody, UiParts, ui_request
@@ -354,3 +354,42 @@ async def test_a_client_that_leaves_mid_stream_cancels_the_turn_upstream(
             assert loopback.connections == 1
             nursery.cancel_scope.cancel()
     assert b"first" in seen
+
+
+async def test_past_the_clients_share_the_openai_wire_answers_its_rate_limit_error() -> None:
+    stream = openai_text_stream(["first", "never"])
+    frames = tuple(frame + b"\n\n" for frame in stream.split(b"\n\n") if frame)
+    with trio.fail_after(20):
+        async with (
+            open_loopback_provider([Reply(chunks=frames, stall_after=2)]) as loopback,
+            trio.open_nursery() as nursery,
+        ):
+            url = await _server(nursery, loopback.url, limits=Limits(max_runs_per_client=1))
+            body = {"model": "loop-gpt", "messages": [{"role": "user", "content": "hi"}]}
+            async with httpx.AsyncClient(timeout=10) as http:
+                held = await http.send(
+                    http.build_request(
+                        "POST",
+                        f"{url}/v1/ui/chat",
+                        json={
+                            "messages": [
+                                {
+                                    "id": "u",
+                                    "role": "user",
+                                    "parts": [{"type": "text", "text": "x"}],
+                                }
+                            ]
+                        },
+                    ),
+                    stream=True,
+                )
+                await loopback.wait_for_requests(1)  # the client's one run is taken
+                refused = await http.post(f"{url}/v1/chat/completions", json=body)
+                await held.aclose()
+            nursery.cancel_scope.cancel()
+    assert refused.status_code == 429
+    assert refused.headers["retry-after"] == "1"
+    error = refused.json()["error"]
+    assert error["type"] == "rate_limit_error"
+    assert error["code"] == "rate_limit_exceeded"
+    assert len(loopback.requests) == 1
