@@ -393,3 +393,20 @@ async def test_past_the_clients_share_the_openai_wire_answers_its_rate_limit_err
     assert error["type"] == "rate_limit_error"
     assert error["code"] == "rate_limit_exceeded"
     assert len(loopback.requests) == 1
+
+
+async def test_a_routed_kind_without_its_key_is_model_unavailable() -> None:
+    async with (
+        open_loopback_provider([Reply(chunks=(FILTERED,))]) as loopback,
+        trio.open_nursery() as nursery,
+    ):
+        # anthropic is routed, but its environment holds no key for its default endpoint
+        url = await _server(nursery, loopback.url, route_kinds=["anthropic"], route_env={})
+        async with httpx.AsyncClient(timeout=10) as http:
+            body = {"model": "anthropic/claude-sonnet-4-5", "messages": [{"role": "user"}]}
+            answer = await http.post(f"{url}/v1/chat/completions", json=body)
+        nursery.cancel_scope.cancel()
+    assert answer.status_code == 400
+    assert answer.json()["error"]["type"] == "invalid_request_error"
+    assert answer.json()["error"]["code"] == "model_unavailable"
+    assert loopback.requests == []

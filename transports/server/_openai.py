@@ -275,6 +275,8 @@ class OpenAIChat:
             ) from None
         try:
             provider = route_model(self.shared, body.model)
+        except ErrorReply as reply:  # a model that cannot be served as configured
+            raise _reply_error(reply, "invalid_request_error", "model_unavailable") from None
         except ModelNotFound:
             raise ErrorReply(
                 404,
