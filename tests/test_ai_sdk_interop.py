@@ -32,7 +32,7 @@ from rillet._request import TurnRequest, user
 from rillet._turn import open_turn
 from rillet.providers._base import Provider, Secret
 from rillet.providers._registry import dialect_from_name
-from rillet.transports.server import ServerConfig, serve
+from rillet.transports.server import Limits, ServerConfig, serve
 from rillet.transports.testing import (
     RecordedRequest,
     Reply,
@@ -124,6 +124,9 @@ class Upstream:
             return Reply(chunks=split(_tool_call_stream(), 29))
         if "THINK" in text:
             return fixture_reply(wire_path("openai-chat", "reasoning_deepseek"), chunk_size=31)
+        if "SLOW" in text:  # silent before its head and between frames: keep-alives go out
+            frames = tuple(f + b"\n\n" for f in stream.split(b"\n\n") if f)
+            return Reply(chunks=frames, headers_delay=0.35, chunk_delay=0.25)
         if "LIMITED" in text:
             return status_reply(429, retry_after=7)
         if "RESET" in text:
@@ -156,7 +159,11 @@ async def _collect(entry: Path) -> dict[str, Any]:
             references = {k: await _reference(loopback.url, k) for k in ("Say hello", "THINK")}
             provider = Provider(dialect_from_name("openai"), f"{loopback.url}/srv/v1", MODEL)
             config = ServerConfig(
-                provider=provider, port=0, api_key=Secret(SERVER_KEY), policy=POLICY
+                provider=provider,
+                port=0,
+                api_key=Secret(SERVER_KEY),
+                policy=POLICY,
+                limits=Limits(heartbeat=0.1),
             )
             url = await nursery.start(functools.partial(serve, config))
             tools = {"tools": [WEATHER]}
@@ -168,6 +175,7 @@ async def _collect(entry: Path) -> dict[str, Any]:
                     {"name": "text", "text": "Say hello", "body": {"system": "Be brief."}},
                     {"name": "think", "text": "THINK"},
                     {"name": "tool", "text": "WEATHER in Paris?", "body": tools},
+                    {"name": "slow", "text": "SLOW"},
                     {"name": "limited", "text": "LIMITED"},
                     {"name": "reset", "text": "RESET"},
                     {"name": "unknown_model", "text": "Say hello", "body": {"model": "x/y"}},
@@ -247,6 +255,14 @@ def test_text_is_assembled_into_one_text_part(sdk: dict[str, Any]) -> None:
     sent = _sent(sdk, "Say hello")[0]
     assert sent["messages"][0] == {"role": "system", "content": "Be brief."}
     assert sent["messages"][-1]["role"] == "user"
+
+
+def test_the_reader_skips_the_keep_alive_comments(sdk: dict[str, Any]) -> None:
+    job = sdk["slow"]
+    assert job["errors"] == []
+    texts = [p["text"] for p in job["message"]["parts"] if p["type"] == "text"]
+    assert texts == ["".join(FRAGMENTS)]
+    assert _types(job)[-1] == "finish"
 
 
 def test_reasoning_is_a_reasoning_part_before_the_text(sdk: dict[str, Any]) -> None:

@@ -22,13 +22,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import httpx
 import msgspec
 import pytest
 import trio
 from rillet._policy import Policy
 from rillet.providers._base import Provider, Secret
 from rillet.providers._registry import dialect_from_name
-from rillet.transports.server import ServerConfig, serve
+from rillet.transports.server import Limits, ServerConfig, serve
 from rillet.transports.testing import (
     RecordedRequest,
     Reply,
@@ -59,6 +60,7 @@ WEATHER_TOOL: dict[str, Any] = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
     },
 }
+HEARTBEAT = 0.1
 POLICY = Policy(rate_limit_retries=0, backoff_base=0.01, random=lambda: 0.0)
 
 
@@ -109,6 +111,9 @@ class Upstream:
             return Reply(chunks=split(openai_text_stream(["18 °C, light rain."]), 23))
         if "WEATHER" in text:
             return Reply(chunks=split(_tool_call_stream(), 29))
+        if "SLOW" in text:  # silent before its head and between frames: keep-alives go out
+            frames = tuple(f + b"\n\n" for f in stream.split(b"\n\n") if f)
+            return Reply(chunks=frames, headers_delay=0.35, chunk_delay=0.25)
         if "LIMITED" in text:
             return status_reply(429, retry_after=7)
         if "FILTERED" in text:
@@ -158,6 +163,7 @@ user = lambda text: [{"role": "system", "content": "Be brief."}, {"role": "user"
 stream("text", model=spec["model"], messages=user("Say hello"),
        stream_options={"include_usage": True})
 stream("text_no_usage", model=spec["model"], messages=user("Say hello"))
+stream("slow", model=spec["model"], messages=user("SLOW"))
 whole("whole", model=spec["model"], messages=user("Say hello"))
 stream("tool", model=spec["model"], messages=user("WEATHER in Paris?"), tools=[spec["tool"]],
        tool_choice="auto", stream_options={"include_usage": True})
@@ -225,6 +231,7 @@ async def _collect(python: Path) -> dict[str, Any]:
                 port=0,
                 api_key=Secret(SERVER_KEY),
                 policy=POLICY,
+                limits=Limits(heartbeat=HEARTBEAT),
                 route_kinds=("anthropic",),
                 route_env={
                     "ANTHROPIC_BASE_URL": f"{loopback.url}/anthropic",
@@ -246,9 +253,20 @@ async def _collect(python: Path) -> dict[str, Any]:
                 check=False,
                 env={**os.environ, "PYTHONIOENCODING": "utf-8"},
             )
+            async with httpx.AsyncClient(timeout=30) as http:  # the same slow reply, read raw
+                raw = await http.post(
+                    f"{url}/v1/chat/completions",
+                    headers={"authorization": f"Bearer {SERVER_KEY}"},
+                    json={
+                        "model": MODEL,
+                        "stream": True,
+                        "messages": [{"role": "user", "content": "SLOW"}],
+                    },
+                )
             nursery.cancel_scope.cancel()
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-4000:]
     out: dict[str, Any] = json.loads(done.stdout)
+    out["_raw_slow"] = raw.content
     out["_requests"] = [
         {"path": r.path, "headers": r.headers, "body": msgspec.json.decode(r.body)}
         for r in loopback.requests
@@ -306,6 +324,13 @@ def test_without_include_usage_no_usage_chunk_is_sent(sdk: dict[str, Any]) -> No
     assert _content(chunks) == "".join(FRAGMENTS)
     assert all(c["choices"] for c in chunks)
     assert all(c.get("usage") is None for c in chunks)
+
+
+def test_the_sdk_skips_the_keep_alive_comments(sdk: dict[str, Any]) -> None:
+    slow = sdk["slow"]
+    assert slow["error"] is None
+    assert _content(slow["chunks"]) == "".join(FRAGMENTS)
+    assert sdk["_raw_slow"].count(b": keep-alive\n\n") >= 3
 
 
 def test_a_whole_completion(sdk: dict[str, Any]) -> None:
