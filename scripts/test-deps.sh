@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # System packages the test suite uses when they are there: Debian's chromium (the live page in a
 # real headless browser, driven by Playwright with this chromium: no browser download), fonts for
-# the page's CJK text and emoji in its screenshots, and redis-server (the Redis run log).
+# the page's CJK text and emoji in its screenshots, redis-server (the Redis run log), and node
+# with npm (the AI SDK's own client against the UI message stream route).
 # Installed when we are root and they are missing; otherwise the tests that need them skip and
 # say why.
 set -u
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v npm >/dev/null 2>&1 || need+=(npm)
 for font in fonts-wqy-microhei fonts-noto-color-emoji; do
   dpkg-query -W -f='${Status}' "$font" 2>/dev/null | grep -q 'ok installed' || need+=("$font")
 done

@@ -34,6 +34,7 @@ __all__ = [
     "encode_sse",
     "jsonl_lines",
     "sse_data",
+    "sse_json",
     "sse_run_events",
     "text_frame",
     "uni_jsonl",
@@ -108,6 +109,12 @@ def sse_data(payload: bytes) -> bytes:
     """One `data:` event of JSON as msgspec writes it (no raw line break in it): an MMSP
     UniEvent or error."""
     return b"data: %s\n\n" % payload
+
+
+def sse_json(value: object) -> bytes:
+    """One `data:` event of any JSON value (msgspec's JSON holds no raw line break): OpenAI's
+    chunks and the AI SDK's UI message stream parts."""
+    return b"data: %s\n\n" % _encoder.encode(value)
 
 
 def sse_run_events(run_id: str, batch: Iterable[Entry]) -> bytes:

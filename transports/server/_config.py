@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 from rillet._errors import RilletError
@@ -100,6 +100,11 @@ class ServerConfig:
         limits: sizes, rates and timeouts.
         reasoning: whether run events carry the model's reasoning text.
         tool_arguments: whether run events carry tool call arguments.
+        route_kinds: provider kinds (`anthropic`, `gemini`, ...) a model name `kind/model` routes
+            to on the OpenAI and UI stream endpoints (`anthropic/claude-sonnet-4-5`); a kind not
+            listed is `model_not_found`. Empty: only the offered models.
+        route_env: where those providers' keys and base URLs come from (the variables
+            `provider_from_env` reads); None: the process's environment.
         redis_url: keep run logs in this Redis (`redis://...`, needs the `redis` extra), so that
             every server sharing it serves every run's subscribers; None keeps them in memory.
             An unreachable Redis stops the server from starting (no fallback to memory).
@@ -119,6 +124,8 @@ class ServerConfig:
     tool_arguments: bool = False
     redis_url: str | None = None
     tools: str | None = None
+    route_kinds: tuple[str, ...] = attrs.field(default=(), converter=_models)
+    route_env: Mapping[str, str] | None = None
 
     @property
     def loopback(self) -> bool:

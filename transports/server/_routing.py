@@ -29,10 +29,12 @@ from .._http11 import (
 from ._config import is_loopback
 from ._fanout import Fanout
 from ._mmsp import Mmsp
+from ._openai import OpenAIChat
 from ._page import Page
 from ._replies import GONE, CloseConnection, ErrorReply, error_body
 from ._runs import Runs
 from ._shared import Shared
+from ._uistream import UiStream
 
 if TYPE_CHECKING:
     from ._config import Limits
@@ -74,6 +76,8 @@ class Server:
     runs: Runs = attrs.field()
     fanout: Fanout = attrs.field()
     mmsp: Mmsp = attrs.field()
+    openai: OpenAIChat = attrs.field()
+    ui: UiStream = attrs.field()
     page: Page = attrs.field(factory=Page)
     connection_cap: int = attrs.field()
     _static: dict[str, dict[str, _Handler]] = attrs.field(init=False)
@@ -95,6 +99,14 @@ class Server:
     def _mmsp(self) -> Mmsp:
         return Mmsp(self.shared)
 
+    @openai.default
+    def _openai(self) -> OpenAIChat:
+        return OpenAIChat(self.shared)
+
+    @ui.default
+    def _ui(self) -> UiStream:
+        return UiStream(self.shared)
+
     def __attrs_post_init__(self) -> None:
         self._static = {
             "/": {"GET": self.page.serve},
@@ -104,6 +116,8 @@ class Server:
             "/metrics": {"GET": self._metrics},
             "/v1/models": {"GET": self.mmsp.models},
             "/v1/stream": {"POST": self.mmsp.stream},
+            "/v1/chat/completions": {"POST": self.openai.completions},
+            "/v1/ui/chat": {"POST": self.ui.chat},
             "/v1/runs": {"POST": self.runs.start_run},
         }
         self._per_run = {

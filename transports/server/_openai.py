@@ -1,0 +1,398 @@
+"""OpenAI's Chat Completions wire: `POST /v1/chat/completions`, streamed (`chat.completion.chunk`
+SSE events, a usage chunk on `stream_options.include_usage`, `data: [DONE]`) or whole (one
+`chat.completion`), tool calls both ways, errors in OpenAI's `{"error": {...}}` shape.
+
+Behind it is the same turn as everywhere: the server's policy (deadlines, retries, rescue,
+fallback chains) and its admission. `docs/decisions.md` ("Other protocols' wires") says how the
+finish reasons, usage, reasoning and a reset are mapped."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import msgspec
+import trio
+from rillet._errors import EmptyResponseError
+from rillet._events import (
+    FinishReason,
+    TextDelta,
+    TextDone,
+    ThinkingDelta,
+    ThinkingDone,
+    ToolCallDelta,
+    ToolCallDone,
+    UniEvent,
+    UniMessage,
+    UsageMetadata,
+)
+from rillet._handler import AttemptReset
+
+from .._encode import SSE_DONE, SSE_HEARTBEAT, sse_json
+from ._mmsp import mmsp_error
+from ._openai_request import BadRequest, ChatBody, chat_request, decode_chat_body
+from ._replies import ErrorReply
+from ._shared import Shared
+from ._streamed import SSE_HEADERS
+from ._wireturn import ModelNotFound, route_model, run_wire_turn
+
+if TYPE_CHECKING:
+    from rillet._turn import Turn, TurnResult, UniItem
+    from rillet.providers._base import Provider
+
+    from .._http11 import HttpConnection, Request
+
+__all__ = ["OpenAIChat", "completion", "openai_error", "openai_finish_reason", "openai_usage"]
+
+
+# --- what goes back -------------------------------------------------------------------------------
+
+
+def openai_finish_reason(reason: FinishReason | None) -> str:
+    """MMSP's finish reason in OpenAI's words: `tool_call` is `tool_calls`; `unknown` with an
+    answer is `stop` (the text stands; it is also what a gateway that never says why ends with,
+    WIRE.md §9 j). A reply withheld whole is `content_filter` (see `withheld`)."""
+    if reason == "tool_call":
+        return "tool_calls"
+    if reason == "length":
+        return reason
+    return "stop"
+
+
+def withheld(result: TurnResult) -> bool:
+    """Whether the turn failed only because the provider withheld the reply (nothing but an
+    `unknown` finish: filtered or blocked, WIRE.md §9 g). OpenAI answers that with
+    `finish_reason: "content_filter"` and no content, and so does this endpoint."""
+    error = result.error
+    return isinstance(error, EmptyResponseError) and error.finish_reason == "unknown"
+
+
+def openai_usage(usage: UsageMetadata | None) -> dict[str, Any] | None:
+    """MMSP's usage in OpenAI's terms: OpenAI's prompt tokens include the cached ones and its
+    completion tokens the reasoning ones; MMSP counts each apart. None when none was reported."""
+    if usage is None or (usage.prompt_tokens is None and usage.response_tokens is None):
+        return None
+    cached = usage.cached_tokens or 0
+    thoughts = usage.thoughts_tokens or 0
+    prompt = (usage.prompt_tokens or 0) + cached
+    completion = (usage.response_tokens or 0) + thoughts
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+        "completion_tokens_details": {"reasoning_tokens": thoughts},
+    }
+
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+def openai_error(
+    result: TurnResult, provider: Provider
+) -> tuple[dict[str, Any], int, list[tuple[str, str]]]:
+    """A failed turn as OpenAI's error object (`message`, `type` by status, `param`, `code`: the
+    rillet error's name), with the HTTP status and extra headers MMSP's endpoint gives it."""
+    error, status, headers = mmsp_error(result, provider)
+    body = {
+        "message": error["message"],
+        "type": _TYPES.get(status, "server_error"),
+        "param": None,
+        "code": error["type"],
+    }
+    return body, status, headers
+
+
+def _reply_error(reply: ErrorReply, kind: str, code: str | None) -> ErrorReply:
+    """One of the shared checks' refusals, reworded in OpenAI's error shape."""
+    message = msgspec.json.decode(reply.body)["error"]["message"]
+    return ErrorReply(
+        reply.status, kind, message, headers=reply.headers, close=reply.close, param=None, code=code
+    )
+
+
+@attrs.define
+class _Chunks:
+    """Builds the `chat.completion.chunk`s of one response."""
+
+    id: str
+    model: str
+    include_usage: bool
+    created: int = attrs.field(factory=lambda: int(time.time()))
+    calls: dict[str, int] = attrs.field(factory=dict)  # tool_call_id -> index
+    current: int | None = None  # the call the next fragment without an id continues
+    role_sent: bool = False
+
+    def chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        if not self.role_sent:
+            delta = {"role": "assistant", **delta}
+            self.role_sent = True
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        value: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        }
+        if self.include_usage:
+            value["usage"] = None
+        return sse_json(value)
+
+    def usage_chunk(self, usage: UsageMetadata | None) -> bytes:
+        value = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": openai_usage(usage),
+        }
+        return sse_json(value)
+
+    def tool_call(self, call_id: str, name: str, arguments: str) -> bytes:
+        """A tool call's fragment: MMSP names the call on its first fragment only, so a
+        fragment without an id continues the call begun last."""
+        index = self.calls.get(call_id) if call_id else self.current
+        if index is None:
+            index = self.calls[call_id] = len(self.calls)
+            call = {
+                "index": index,
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": arguments},
+            }
+        else:
+            call = {"index": index, "function": {"arguments": arguments}}
+        self.current = index
+        return self.chunk({"tool_calls": [call]})
+
+    def event(self, event: UniEvent) -> bytes:
+        """The chunks of one UniEvent (b"" for what OpenAI's wire has no place for)."""
+        if event.event_type == "stop":
+            reason = openai_finish_reason(event.finish_reason)
+            out = self.chunk({}, reason)
+            if self.include_usage:
+                out += self.usage_chunk(event.usage_metadata)
+            return out
+        out = b""
+        for item in event.content_items:
+            if type(item) is TextDelta and item.text:
+                out += self.chunk({"content": item.text})
+            elif type(item) is ThinkingDelta and item.thinking:
+                out += self.chunk({"reasoning_content": item.thinking})
+            elif type(item) is ToolCallDelta:
+                out += self.tool_call(item.tool_call_id, item.name, item.arguments)
+            elif type(item) is ToolCallDone and item.tool_call_id not in self.calls:
+                out += self.tool_call(item.tool_call_id, item.name, _json(item.arguments))
+        return out
+
+
+def _json(value: Any) -> str:
+    return msgspec.json.encode(value).decode()
+
+
+def completion(
+    message: UniMessage, completion_id: str, model: str, finish: str | None = None
+) -> dict[str, Any]:
+    """A whole `chat.completion` for the turn's assistant message (`finish` overrides its
+    finish reason)."""
+    text = "".join(item.text for item in message.content_items if type(item) is TextDone)
+    thinking = "".join(
+        item.thinking for item in message.content_items if type(item) is ThinkingDone
+    )
+    calls = [
+        {
+            "id": item.tool_call_id,
+            "type": "function",
+            "function": {"name": item.name, "arguments": _json(item.arguments)},
+        }
+        for item in message.content_items
+        if type(item) is ToolCallDone
+    ]
+    reply: dict[str, Any] = {"role": "assistant", "content": text or None, "refusal": None}
+    if thinking:
+        reply["reasoning_content"] = thinking
+    if calls:
+        reply["tool_calls"] = calls
+    reason = openai_finish_reason(message.finish_reason)
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {"index": 0, "message": reply, "logprobs": None, "finish_reason": finish or reason}
+        ],
+        "usage": openai_usage(message.usage_metadata),
+    }
+
+
+_INCOMPLETE = {
+    "message": "the upstream attempt failed mid-stream; retry the request",
+    "type": "server_error",
+    "param": None,
+    "code": "IncompleteStreamError",
+}
+
+
+@attrs.define(eq=False)
+class OpenAIChat:
+    """`POST /v1/chat/completions`."""
+
+    shared: Shared
+
+    async def completions(self, http: HttpConnection, request: Request, _: str) -> None:
+        """A chat completion, streamed or whole, once admitted."""
+        try:
+            self.shared.require_key(request)
+        except ErrorReply as reply:
+            raise _reply_error(reply, "authentication_error", "invalid_api_key") from None
+        try:
+            body: ChatBody = await self.shared.read_json(
+                http, request, decode_chat_body, "invalid_request_error"
+            )
+        except ErrorReply as reply:
+            raise _reply_error(reply, "invalid_request_error", None) from None
+        try:
+            turn_request = chat_request(body)
+        except BadRequest as exc:
+            raise ErrorReply(
+                400, "invalid_request_error", str(exc), param=exc.param, code=None
+            ) from None
+        try:
+            provider = route_model(self.shared, body.model)
+        except ErrorReply as reply:  # a model that cannot be served as configured
+            raise _reply_error(reply, "invalid_request_error", "model_unavailable") from None
+        except ModelNotFound:
+            raise ErrorReply(
+                404,
+                "invalid_request_error",
+                f"the model {body.model!r} does not exist or is not served here",
+                param="model",
+                code="model_not_found",
+            ) from None
+        try:
+            ticket = self.shared.reserve(request, mmsp=False)
+        except ErrorReply as reply:
+            raise _reply_error(reply, "rate_limit_error", "rate_limit_exceeded") from None
+        completion_id = f"chatcmpl-{secrets.token_hex(12)}"
+        model = body.model or provider.model
+        if body.stream:
+            include = body.stream_options is not None and body.stream_options.include_usage
+            chunks = _Chunks(completion_id, model, include)
+
+            async def pump(turn: Turn, receive: trio.MemoryReceiveChannel[list[UniItem]]) -> None:
+                await self._stream(http, turn, receive, provider, chunks)
+
+        else:
+
+            async def pump(turn: Turn, receive: trio.MemoryReceiveChannel[list[UniItem]]) -> None:
+                async for _ in receive:  # a whole reply: what the turn brings home is answered
+                    pass
+                result = await turn.result()
+                if result.ok or withheld(result):
+                    finish = None if result.ok else "content_filter"
+                    whole = completion(result.message, completion_id, model, finish)
+                    if not result.ok:
+                        assert isinstance(result.error, EmptyResponseError)
+                        whole["usage"] = openai_usage(result.error.usage_metadata)
+                    await http.respond(200, msgspec.json.encode(whole))
+                    return
+                error, status, headers = openai_error(result, provider)
+                await http.respond(status, msgspec.json.encode({"error": error}), headers)
+
+        await run_wire_turn(self.shared, http, ticket, turn_request, provider, pump)
+
+    async def _stream(
+        self,
+        http: HttpConnection,
+        turn: Turn,
+        receive: trio.MemoryReceiveChannel[list[UniItem]],
+        provider: Provider,
+        chunks: _Chunks,
+    ) -> None:
+        """The turn as chunks. As on the MMSP endpoint, the head waits up to one heartbeat for
+        the first event so an upstream refusal gets its HTTP status; after that an error is one
+        `{"error"}` event and `[DONE]`, and a reset that voids chunks the client has ends the
+        stream so (`IncompleteStreamError`): OpenAI's wire cannot take text back."""
+        heartbeat = self.shared.limits.heartbeat
+        started = written = False
+        deadline = trio.current_time() + heartbeat
+        while True:
+            items: list[UniItem] | None = None
+            with trio.move_on_at(deadline) as idle:
+                try:
+                    items = await receive.receive()
+                except trio.EndOfChannel:
+                    break
+            if idle.cancelled_caught:
+                if started:
+                    await http.send_data(SSE_HEARTBEAT)
+                else:
+                    await http.start_stream(200, SSE_HEADERS)
+                    started = True
+                deadline = trio.current_time() + heartbeat
+                continue
+            assert items is not None
+            out: list[bytes] = []
+            stopped = reset = False
+            for item in items:
+                if type(item) is AttemptReset:
+                    if written:
+                        reset = True
+                        break
+                    out.clear()  # nothing sent yet: the voided chunks are dropped unsent
+                    chunks.calls.clear()
+                    chunks.current = None
+                    chunks.role_sent = False
+                    continue
+                assert isinstance(item, UniEvent)
+                out.append(chunks.event(item))
+                stopped = item.event_type == "stop"
+            frames = b"".join(out)
+            if frames:
+                self.shared.metrics.count(len(out))
+                if not started:
+                    await http.start_stream(200, SSE_HEADERS)
+                    started = True
+                await http.send_data(frames)
+                written = True
+                deadline = trio.current_time() + heartbeat
+            if reset:
+                await http.send_data(sse_json({"error": _INCOMPLETE}) + SSE_DONE)
+                turn.cancel()
+                return
+            if stopped:
+                await http.send_data(SSE_DONE)
+                return
+        result = await turn.result()
+        if result.ok or withheld(result):
+            if not started:
+                await http.start_stream(200, SSE_HEADERS)
+            end = SSE_DONE
+            if not result.ok:
+                assert isinstance(result.error, EmptyResponseError)
+                usage = chunks.usage_chunk(result.error.usage_metadata)
+                finish = chunks.chunk({}, "content_filter")
+                end = finish + (usage if chunks.include_usage else b"") + end
+            await http.send_data(end)
+            return
+        error, status, headers = openai_error(result, provider)
+        if not started:
+            await http.respond(status, msgspec.json.encode({"error": error}), headers)
+            return
+        await http.send_data(sse_json({"error": error}) + SSE_DONE)

@@ -1,0 +1,348 @@
+"""The AI SDK's UI message stream (the `ai` npm package, 7.x): `POST /v1/ui/chat` takes what
+`useChat`'s default transport sends (`{id, messages: [{id, role, parts}], trigger, ...}`) and
+answers SSE parts (`start`, `start-step`, `text-*`, `reasoning-*`, `tool-input-*`, `finish-step`,
+`finish`, `error`, then `data: [DONE]`) with the `x-vercel-ai-ui-message-stream: v1` header.
+
+Tools run on the client (`onToolCall` / `addToolOutput`): their outputs come back as the tool
+parts of the next request. A retry that voids parts the client already shows is a `reset-step`,
+which the reader answers by dropping the step's parts: this wire can take text back.
+`docs/decisions.md` ("Other protocols' wires") says why each choice is what it is."""
+
+from __future__ import annotations
+
+import secrets
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import msgspec
+import trio
+from rillet._errors import EmptyResponseError
+from rillet._events import (
+    FinishReason,
+    ImageUrlDone,
+    TextDelta,
+    TextDone,
+    ThinkingDelta,
+    ThinkingDone,
+    ToolCallDelta,
+    ToolCallDone,
+    ToolResultDone,
+    UniEvent,
+    UniMessage,
+)
+from rillet._handler import AttemptReset
+from rillet._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
+
+from .._encode import SSE_DONE, SSE_HEARTBEAT, sse_json
+from ._mmsp import mmsp_error
+from ._replies import ErrorReply
+from ._shared import Shared
+from ._streamed import SSE_HEADERS
+from ._wireturn import ModelNotFound, route_model, run_wire_turn
+
+if TYPE_CHECKING:
+    from rillet._events import ContentItem
+    from rillet._turn import Turn, UniItem
+    from rillet.providers._base import Provider
+
+    from .._http11 import HttpConnection, Request
+
+__all__ = ["UI_STREAM_HEADERS", "UiBody", "UiParts", "UiStream", "ui_request"]
+
+
+class _UiMessage(msgspec.Struct, frozen=True, kw_only=True):
+    role: str
+    parts: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    id: str = ""
+
+
+class UiBody(msgspec.Struct, frozen=True, kw_only=True):
+    """`useChat`'s request: the chat's id and messages, and the fields a front end may add
+    through the transport's `body` (`model`, `system`, `tools`, settings)."""
+
+    messages: list[_UiMessage]
+    id: str = ""
+    trigger: str = "submit-message"
+    model: str | None = None
+    system: str | None = None
+    tools: list[ToolSpec] | None = None
+    toolChoice: ToolChoice | None = None
+    temperature: float | None = None
+    maxOutputTokens: int | None = None
+    thinkingLevel: ThinkingLevel | None = None
+
+
+_decode_body = msgspec.json.Decoder(UiBody).decode
+
+UI_STREAM_HEADERS = (*SSE_HEADERS, ("x-vercel-ai-ui-message-stream", "v1"))
+"""The head of a UI message stream: an event stream, and the protocol's version."""
+
+
+def _output_text(part: dict[str, Any]) -> str | None:
+    """A tool part's result as text, or None while it has none."""
+    state = part.get("state")
+    if state == "output-available":
+        output = part.get("output")
+        return output if isinstance(output, str) else msgspec.json.encode(output).decode()
+    if state == "output-error":
+        return str(part.get("errorText") or "the tool failed")
+    if state == "output-denied":
+        return "the user denied this tool call"
+    return None
+
+
+def _tool_name(part: dict[str, Any]) -> str | None:
+    kind = str(part.get("type", ""))
+    if kind == "dynamic-tool":
+        name = part.get("toolName")
+        return name if isinstance(name, str) else None
+    return kind.removeprefix("tool-") if kind.startswith("tool-") else None
+
+
+def _assistant(parts: list[dict[str, Any]], out: list[UniMessage]) -> None:
+    """An assistant UI message as rillet's messages: each step's text and tool calls, then a
+    user message with the results the client filled in."""
+    items: list[ContentItem] = []
+    results: list[ContentItem] = []
+
+    def flush() -> None:
+        if items:
+            finish: FinishReason = (
+                "tool_call" if any(type(i) is ToolCallDone for i in items) else "stop"
+            )
+            out.append(
+                UniMessage(role="assistant", content_items=list(items), finish_reason=finish)
+            )
+        if results:
+            out.append(UniMessage(role="user", content_items=list(results)))
+        items.clear()
+        results.clear()
+
+    for part in parts:
+        kind = part.get("type")
+        if kind == "step-start":
+            flush()
+        elif kind == "text" and isinstance(part.get("text"), str) and part["text"]:
+            if results:  # a step's text after its tool results: a new step
+                flush()
+            items.append(TextDone(text=part["text"]))
+        elif (name := _tool_name(part)) is not None and isinstance(part.get("toolCallId"), str):
+            arguments = part.get("input")
+            if not isinstance(arguments, dict):
+                arguments = {}
+            call_id = part["toolCallId"]
+            items.append(ToolCallDone(name=name, arguments=arguments, tool_call_id=call_id))
+            text = _output_text(part)
+            if text is not None:
+                results.append(ToolResultDone(text=text, tool_call_id=call_id))
+        # reasoning (no signature to replay it with), sources, files and data parts: not sent
+    flush()
+
+
+def ui_request(body: UiBody) -> TurnRequest:
+    """`useChat`'s messages as rillet's turn request: system messages and `system` are the
+    system prompt; user text and image files are the user's items; assistant tool parts are
+    tool calls, and their outputs tool results. Raises `ValueError`."""
+    system = [body.system] if body.system else []
+    messages: list[UniMessage] = []
+    for message in body.messages:
+        texts = [p["text"] for p in message.parts if p.get("type") == "text"]
+        if message.role == "system":
+            system.extend(t for t in texts if isinstance(t, str))
+        elif message.role == "user":
+            items: list[ContentItem] = [TextDone(text=t) for t in texts if isinstance(t, str) and t]
+            for part in message.parts:
+                media = str(part.get("mediaType", ""))
+                if part.get("type") == "file" and media.startswith("image/"):
+                    items.append(ImageUrlDone(image_url=str(part.get("url", ""))))
+            if items:
+                messages.append(UniMessage(role="user", content_items=items))
+        elif message.role == "assistant":
+            _assistant(message.parts, messages)
+        else:
+            raise ValueError(f"unknown role {message.role!r}")
+    if not messages:
+        raise ValueError("`messages` holds nothing to answer")
+    return TurnRequest(
+        messages=messages,
+        system_prompt="\n\n".join(system) or None,
+        tools=body.tools or [],
+        tool_choice=body.toolChoice,
+        max_tokens=body.maxOutputTokens,
+        temperature=body.temperature,
+        thinking_level=body.thinkingLevel,
+    )
+
+
+_FINISH = {"stop": "stop", "length": "length", "tool_call": "tool-calls", "unknown": "other"}
+
+
+@attrs.define
+class UiParts:
+    """Turns a turn's UniEvents into UI message stream parts: one text or reasoning part per
+    item (opened at its first fragment, ended at its `.done`), a tool call's input streamed and
+    then made available whole."""
+
+    count: int = 0
+    text: str | None = None  # the open text part's id
+    reasoning: str | None = None  # the open reasoning part's id
+    call: tuple[str, str] | None = None  # the call whose input streams: its id and name
+
+    def _id(self, kind: str) -> str:
+        self.count += 1
+        return f"{kind}-{self.count}"
+
+    def close(self) -> list[dict[str, Any]]:
+        """The ends of the open text and reasoning parts."""
+        parts: list[dict[str, Any]] = []
+        if self.text is not None:
+            parts.append({"type": "text-end", "id": self.text})
+        if self.reasoning is not None:
+            parts.append({"type": "reasoning-end", "id": self.reasoning})
+        self.text = self.reasoning = None
+        return parts
+
+    def reset(self) -> None:
+        """A new attempt: the reader dropped the step's parts; nothing is open."""
+        self.text = self.reasoning = self.call = None
+
+    def event(self, event: UniEvent) -> list[dict[str, Any]]:
+        """The parts of one UniEvent."""
+        if event.event_type == "stop":
+            reason = _FINISH.get(event.finish_reason or "unknown", "other")
+            return [*self.close(), {"type": "finish-step"}, self.finish(reason)]
+        parts: list[dict[str, Any]] = []
+        for item in event.content_items:
+            if type(item) is TextDelta:
+                if self.text is None:
+                    parts += self.close()
+                    self.text = self._id("text")
+                    parts.append({"type": "text-start", "id": self.text})
+                if item.text:
+                    parts.append({"type": "text-delta", "id": self.text, "delta": item.text})
+            elif type(item) is TextDone:
+                if self.text is None and item.text:  # a whole item with no fragments before
+                    parts += [*self.close(), *self._whole("text", item.text)]
+                parts += self.close()
+            elif type(item) is ThinkingDelta:
+                if self.reasoning is None:
+                    parts += self.close()
+                    self.reasoning = self._id("reasoning")
+                    parts.append({"type": "reasoning-start", "id": self.reasoning})
+                if item.thinking:
+                    delta = {"type": "reasoning-delta", "id": self.reasoning}
+                    parts.append({**delta, "delta": item.thinking})
+            elif type(item) is ThinkingDone:
+                parts += self.close()
+            elif type(item) is ToolCallDelta:
+                if item.tool_call_id:  # MMSP names a call on its first fragment only
+                    parts += self.close()
+                    self.call = (item.tool_call_id, item.name)
+                    start = {"toolCallId": item.tool_call_id, "toolName": item.name}
+                    parts.append({"type": "tool-input-start", **start})
+                if self.call is not None and item.arguments:
+                    delta = {"toolCallId": self.call[0], "inputTextDelta": item.arguments}
+                    parts.append({"type": "tool-input-delta", **delta})
+            elif type(item) is ToolCallDone:
+                parts += self.close()
+                self.call = None
+                done = {"toolCallId": item.tool_call_id, "toolName": item.name}
+                parts.append({"type": "tool-input-available", **done, "input": item.arguments})
+        return parts
+
+    def _whole(self, kind: str, text: str) -> list[dict[str, Any]]:
+        part_id = self._id(kind)
+        return [
+            {"type": f"{kind}-start", "id": part_id},
+            {"type": f"{kind}-delta", "id": part_id, "delta": text},
+            {"type": f"{kind}-end", "id": part_id},
+        ]
+
+    @staticmethod
+    def finish(reason: str) -> dict[str, Any]:
+        """The `finish` part."""
+        return {"type": "finish", "finishReason": reason}
+
+
+@attrs.define(eq=False)
+class UiStream:
+    """`POST /v1/ui/chat`."""
+
+    shared: Shared
+
+    async def chat(self, http: HttpConnection, request: Request, _: str) -> None:
+        """A turn as the AI SDK's UI message stream, once admitted. Refusals of the request
+        itself (the key, the body, the model, the admission) are HTTP errors, which the
+        transport throws; a turn that fails is an `error` part, which `useChat` shows."""
+        self.shared.require_key(request)
+        body: UiBody = await self.shared.read_json(http, request, _decode_body, "invalid_request")
+        try:
+            turn_request = ui_request(body)
+        except ValueError as exc:
+            raise ErrorReply(400, "invalid_request", str(exc)) from None
+        try:
+            provider = route_model(self.shared, body.model)
+        except ModelNotFound:
+            raise ErrorReply(404, "model_not_found", "no such model is served here") from None
+        ticket = self.shared.reserve(request, mmsp=False)
+
+        async def pump(turn: Turn, receive: trio.MemoryReceiveChannel[list[UniItem]]) -> None:
+            await self._stream(http, turn, receive, provider)
+
+        await run_wire_turn(self.shared, http, ticket, turn_request, provider, pump)
+
+    async def _stream(
+        self,
+        http: HttpConnection,
+        turn: Turn,
+        receive: trio.MemoryReceiveChannel[list[UniItem]],
+        provider: Provider,
+    ) -> None:
+        heartbeat = self.shared.limits.heartbeat
+        parts = UiParts()
+        message_id = f"msg-{secrets.token_hex(12)}"
+        await http.start_stream(200, UI_STREAM_HEADERS)
+        await http.send_data(
+            sse_json({"type": "start", "messageId": message_id}) + sse_json({"type": "start-step"})
+        )
+        written = stopped = False
+        while not stopped:
+            items: list[UniItem] | None = None
+            with trio.move_on_after(heartbeat):
+                try:
+                    items = await receive.receive()
+                except trio.EndOfChannel:
+                    break
+            if items is None:
+                await http.send_data(SSE_HEARTBEAT)
+                continue
+            out: list[dict[str, Any]] = []
+            for item in items:
+                if type(item) is AttemptReset:
+                    parts.reset()
+                    # parts not yet sent are dropped; the reader drops those it has
+                    out = [{"type": "reset-step"}] if written else []
+                    continue
+                assert isinstance(item, UniEvent)
+                out += parts.event(item)
+                stopped = item.event_type == "stop"
+            if out:
+                self.shared.metrics.count(len(out))
+                await http.send_data(b"".join(sse_json(part) for part in out))
+                written = True
+        if stopped:
+            await http.send_data(SSE_DONE)
+            return
+        result = await turn.result()
+        end: list[dict[str, Any]] = parts.close()
+        if result.ok:  # a rescued reply ends without a stop of its own
+            end += [{"type": "finish-step"}, parts.finish("stop")]
+        elif isinstance(result.error, EmptyResponseError) and result.error.finish_reason in (
+            "unknown",
+            None,
+        ):  # withheld whole: filtered or blocked
+            end += [{"type": "finish-step"}, parts.finish("content-filter")]
+        else:
+            error, _, _ = mmsp_error(result, provider)
+            end.append({"type": "error", "errorText": error["message"]})
+        await http.send_data(b"".join(sse_json(part) for part in end) + SSE_DONE)

@@ -1,0 +1,102 @@
+"""What the other protocols' endpoints share (OpenAI's Chat Completions, the AI SDK's UI message
+stream): the provider a model name routes to, and a turn run behind the admission while its
+connection is watched, its items handed to the wire's own pump."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+from rillet._errors import RilletError
+from rillet._policy import Policy
+from rillet._turn import Turn, UniItem, run_turn
+from rillet.providers._registry import provider_from_env
+
+from ._mmsp import ChannelSink
+from ._replies import CloseConnection, ErrorReply
+from ._streamed import end_stream, until_gone
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from rillet._request import TurnRequest
+    from rillet.providers._base import Provider
+
+    from .._http11 import HttpConnection
+    from ._capacity import Ticket
+    from ._shared import Shared
+
+__all__ = ["ModelNotFound", "route_model", "run_wire_turn"]
+
+logger = logging.getLogger("rillet.transports.server")
+
+
+class ModelNotFound(Exception):
+    """The model asked for is not one this server serves (each wire says so its own way)."""
+
+
+def route_model(shared: Shared, model: str | None) -> Provider:
+    """The provider for `model`: a name the server offers (or none: its default) is the server's
+    own provider; `kind/model` (e.g. `anthropic/claude-sonnet-4-5`) is that provider kind,
+    configured from the server's `route_env`, when the kind is in its `route_kinds`. Raises
+    `ModelNotFound` otherwise, `ErrorReply` (400) for a kind that cannot be configured."""
+    offered = shared.offered_models()
+    if model is None or not model or model in offered or not offered:
+        try:
+            return shared.provider(model or None, mmsp=False)
+        except ErrorReply as reply:
+            if reply.status == 404:
+                raise ModelNotFound(model) from None
+            raise
+    kind, slash, name = model.partition("/")
+    if not slash or not name or kind not in shared.config.route_kinds:
+        raise ModelNotFound(model)
+    try:
+        return provider_from_env(kind, model=name, env=shared.config.route_env)
+    except RilletError as exc:
+        logger.warning("no provider for a routed model: %s", type(exc).__name__)
+        raise ErrorReply(400, "invalid_request_error", "model unavailable") from None
+
+
+async def run_wire_turn(
+    shared: Shared,
+    http: HttpConnection,
+    ticket: Ticket,
+    turn_request: TurnRequest,
+    provider: Provider,
+    pump: Callable[[Turn, trio.MemoryReceiveChannel[list[UniItem]]], Awaitable[None]],
+) -> None:
+    """Wait for a slot (while the client stays), run the turn with the server's policy, and let
+    `pump` write it; a client that leaves cancels the turn. The ticket is released here."""
+    try:
+        admit = functools.partial(shared.admission.admit, ticket)
+        if not shared.admission.try_admit(ticket) and not await until_gone(http, admit):
+            raise CloseConnection
+        policy = shared.config.policy or Policy()
+        send, receive = trio.open_memory_channel[list[UniItem]](policy.channel_size)
+        shared.metrics.streams_started += 1
+        completed = False
+        async with trio.open_nursery() as nursery:
+            turn: Turn = await nursery.start(
+                functools.partial(
+                    run_turn,
+                    turn_request,
+                    provider,
+                    sinks=[ChannelSink(send)],
+                    policy=policy,
+                    client=shared.client,
+                    admission=shared.streams,
+                    history=False,
+                )
+            )
+            try:
+                completed = await until_gone(http, functools.partial(pump, turn, receive))
+            finally:
+                if not completed:
+                    turn.cancel()
+        shared.metrics.finished(await turn.result())
+        await end_stream(http, completed, shared.limits.close_timeout)
+    finally:
+        shared.admission.release(ticket)
