@@ -410,6 +410,19 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _route_kinds(text: str) -> tuple[str, ...]:
+    from .providers import PROVIDER_KINDS
+
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in PROVIDER_KINDS]
+    if unknown:
+        raise CliError(
+            f"--route: unknown provider kind {unknown[0]!r}",
+            f"use some of {', '.join(PROVIDER_KINDS)}",
+        )
+    return kinds
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from ._hub import HubUnavailable
     from .providers._base import Secret
@@ -431,6 +444,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         tool_arguments=args.show_tool_arguments,
         redis_url=args.redis,
         tools=args.tools,
+        route_kinds=_route_kinds(args.route),
     )
     try:
         config.check()  # before the nursery: its refusal is one line, not an exception group

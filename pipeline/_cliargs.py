@@ -135,6 +135,14 @@ def build_parser() -> argparse.ArgumentParser:
         "tools; approvals are answered at POST /v1/runs/{id}/approvals/{approval_id} with the "
         "run's token (default: none, a run is one turn)",
     )
+    serve.add_argument(
+        "--route",
+        metavar="KIND[,KIND...]",
+        default="",
+        help="provider kinds a model name `kind/model` may route to on /v1/chat/completions "
+        "and /v1/ui/chat (e.g. anthropic,gemini; their keys come from the environment). "
+        "Default: none, only the server's own provider answers",
+    )
     _log_options(serve)
 
     demo = _command(

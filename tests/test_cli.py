@@ -525,3 +525,12 @@ async def test_providers_lists_each_default_model_and_masks_keys() -> None:
         assert rows[kind][1] == (spec.model or "-")
     assert rows["anthropic"][3] == "…wxyz"
     assert b"0123456789" not in done.stdout
+
+
+def test_serve_route_names_provider_kinds() -> None:
+    from rillet._cli import CliError, _route_kinds
+
+    assert _route_kinds("") == ()
+    assert _route_kinds("anthropic, gemini") == ("anthropic", "gemini")
+    with pytest.raises(CliError, match="unknown provider kind 'nope'"):
+        _route_kinds("anthropic,nope")
