@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep run logs in this Redis (redis://host:port/db) so that every server sharing "
         "it serves every run; needs the `redis` extra. Default: in memory",
     )
-    _log_options(serve)
+    _log_options(serve, default="info")  # a server's operator reads its runs and requests
 
     demo = _command(
         sub, "demo", help="everything, against an embedded recorded provider", parents=[common]
@@ -222,13 +222,15 @@ def _policy_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _log_options(p: argparse.ArgumentParser) -> None:
+def _log_options(p: argparse.ArgumentParser, default: str = "warning") -> None:
     p.add_argument(
         "--log-level",
         choices=LOG_LEVELS,
         default=None,
-        help="log records at this level and above to stderr (default: warning; debug with --debug)",
+        help=f"log records at this level and above to stderr (default: {default}; "
+        "debug with --debug)",
     )
+    p.set_defaults(default_log_level=default)
     p.add_argument(
         "--log-format", choices=LOG_FORMATS, default="text", help="log lines (default: text)"
     )
@@ -236,7 +238,8 @@ def _log_options(p: argparse.ArgumentParser) -> None:
 
 def configure_from(args: argparse.Namespace) -> None:
     """Configure logging as `--log-level` / `--log-format` (and `--debug`) say."""
-    level = args.log_level or ("debug" if args.debug else "warning")
+    default = getattr(args, "default_log_level", "warning")
+    level = args.log_level or ("debug" if args.debug else default)
     configure_logging(level, args.log_format)
 
 
