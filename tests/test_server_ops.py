@@ -375,3 +375,20 @@ async def test_serve_logs_a_provider_401_behind_the_page_on_stderr() -> None:
     assert PROVIDER_KEY not in output
     assert run["token"] not in output
     assert "Traceback" not in output
+
+
+async def test_a_long_path_is_logged_cut_and_a_refusal_with_its_status(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="rillet")
+    with trio.fail_after(10):
+        async with serving() as served:
+            missing = await served.client.get("/" + "x" * 1000 + "?token=secret-in-query")
+    assert missing.status_code == 404
+    access = _fields(caplog, "rillet.transports.server.access")
+    assert len(access) == 1
+    assert access[0]["status"] == 404
+    assert access[0]["path"] == "/" + "x" * 199 + "…"
+    # the status line, the headers and the body were counted, not the body alone
+    assert len(missing.content) < int(str(access[0]["bytes"])) < len(missing.content) + 400
+    assert "secret-in-query" not in "\n".join(r.getMessage() for r in caplog.records)

@@ -27,6 +27,8 @@ __all__ = ["log_request", "log_run_end", "log_run_start"]
 logger = logging.getLogger("rillet.transports.server")
 access = logging.getLogger("rillet.transports.server.access")
 
+_MAX_PATH = 200
+
 # outcomes that are no provider's failure: nothing to explain
 _QUIET = frozenset({Outcome.COMPLETED, Outcome.FALLBACK_TO_NON_STREAMING, Outcome.CANCELLED})
 
@@ -37,6 +39,8 @@ def log_request(
     """The access line of one request: method, path (never its query), status, bytes sent,
     seconds. `status` None: no response went out (the client left, or the connection closed)."""
     shown = status if status is not None else "-"
+    if len(path) > _MAX_PATH:  # a client's path is its own text: keep a line a line's size
+        path = path[:_MAX_PATH] + "…"
     fields = {
         "method": method,
         "path": path,
