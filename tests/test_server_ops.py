@@ -392,3 +392,27 @@ async def test_a_long_path_is_logged_cut_and_a_refusal_with_its_status(
     # the status line, the headers and the body were counted, not the body alone
     assert len(missing.content) < int(str(access[0]["bytes"])) < len(missing.content) + 400
     assert "secret-in-query" not in "\n".join(r.getMessage() for r in caplog.records)
+
+
+async def test_a_run_cancelled_while_queued_ends_cancelled_without_a_request(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="rillet")
+    with trio.fail_after(10):
+        async with serving([Reply(stall_headers=True)], limits=Limits(max_streams=1)) as served:
+            await served.start()
+            queued = await served.start()
+            await served.loopback.wait_for_requests(1)
+            headers = {"authorization": f"Bearer {queued['token']}"}
+            cancel = await served.client.delete(f"/v1/runs/{queued['run_id']}", headers=headers)
+            samples = await scrape_until(
+                served, lambda s: value(s, "rillet_runs_total", outcome="cancelled") == 1
+            )
+    assert cancel.status_code == 202
+    assert value(samples, "rillet_runs_queued") == 0
+    assert value(samples, "rillet_runs_active") == 1  # the first still holds its slot
+    assert len(served.loopback.requests) == 1
+    ends = [r for r in _fields(caplog, "rillet.transports.server") if "outcome" in r]
+    assert [(e["run_id"], e["outcome"], e["requests"]) for e in ends] == [
+        (queued["run_id"], "cancelled", 0)
+    ]

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from rillet._turn import TurnResult
     from rillet.providers._base import Provider
 
-__all__ = ["log_request", "log_run_end", "log_run_start"]
+__all__ = ["log_queued_cancel", "log_request", "log_run_end", "log_run_start"]
 
 logger = logging.getLogger("rillet.transports.server")
 access = logging.getLogger("rillet.transports.server.access")
@@ -69,6 +69,24 @@ def log_run_start(run_id: str, provider: Provider, kind: str) -> None:
         run_id,
         provider.label,
         provider.model,
+        extra={"fields": fields},
+    )
+
+
+def log_queued_cancel(run_id: str, provider: Provider) -> None:
+    """The end line of a run cancelled while it waited for a slot (no provider request)."""
+    fields = {
+        "run_id": run_id,
+        "kind": "run",
+        "provider": provider.label,
+        "model": provider.model,
+        "outcome": "cancelled",
+        "requests": 0,
+        "attempts": 0,
+    }
+    logger.info(
+        "run %s ended: outcome cancelled while queued, 0 request(s)",
+        run_id,
         extra={"fields": fields},
     )
 

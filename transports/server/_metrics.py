@@ -145,6 +145,11 @@ class Metrics:
             prom.first_event.observe(result.time_to_first_event)
         prom.duration.observe(result.total_time)
 
+    def cancelled_queued(self) -> None:
+        """A run was cancelled while it waited for a slot: it ended before reaching a provider."""
+        if self.prom is not None:
+            self.prom.runs.labels(outcome="cancelled").inc()
+
     def reset(self) -> None:
         """An attempt that had streamed events was voided (a retry after it)."""
         if self.prom is not None:

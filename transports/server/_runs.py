@@ -31,7 +31,7 @@ from rillet._runevents import AttemptResetEvent, RunDone, RunEvent, StatusEvent
 from rillet._turn import Sink, SinkBatch, Turn, TurnResult, run_turn
 
 from ._capacity import Ticket, uncount
-from ._log import log_run_end, log_run_start
+from ._log import log_queued_cancel, log_run_end, log_run_start
 from ._metrics import Metrics
 from ._replies import ErrorReply, Refused, log_unavailable, not_found
 from ._shared import Shared
@@ -251,7 +251,8 @@ class Runs:
             if not self.shared.admission.try_admit(ticket):
                 await self._queued(sink, record, ticket, task_status)
                 if not ticket.admitted:
-                    logger.info("run %s cancelled while queued", run_id)
+                    self.shared.metrics.cancelled_queued()
+                    log_queued_cancel(run_id, provider)
                     return
                 task_status = trio.TASK_STATUS_IGNORED
             async with trio.open_nursery() as nursery:
