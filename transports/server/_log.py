@@ -4,8 +4,8 @@ provider failed (`rillet.transports.server`).
 
 Each line's facts also ride on the record as `fields` (the command line's JSON format puts
 them in the object). No line carries a credential: the path is logged without its query (a
-run's token travels there), provider messages go through `explain`, which masks keys, and
-request headers are never logged.
+run's token travels there), the cause is `explain`'s sentence without the provider's own
+message (a 401 body may echo the key), and request headers are never logged.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ def log_request(
 ) -> None:
     """The access line of one request: method, path (never its query), status, bytes sent,
     seconds. `status` None: no response went out (the client left, or the connection closed)."""
+    if not access.isEnabledFor(logging.INFO):  # the hot path: nothing built for nobody
+        return
     shown = status if status is not None else "-"
     if len(path) > _MAX_PATH:  # a client's path is its own text: keep a line a line's size
         path = path[:_MAX_PATH] + "…"
@@ -119,7 +121,8 @@ def log_run_end(run_id: str, provider: Provider, kind: str, result: TurnResult) 
     )
     if result.outcome in _QUIET:
         return
-    cause = explain(result.error, answered, attempts=result.attempts)
+    # the provider's own words stay out: its 401 body may echo the key (S13)
+    cause = explain(result.error, answered, attempts=result.attempts, quote=False)
     logger.warning(
         "%s %s failed: provider %s, model %s: %s",
         kind,
