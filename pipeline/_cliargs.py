@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and /v1/ui/chat (e.g. anthropic,gemini; their keys come from the environment). "
         "Default: none, only the server's own provider answers",
     )
-    _log_options(serve)
+    _log_options(serve, default="info")  # a server's operator reads its runs and requests
 
     demo = _command(
         sub, "demo", help="everything, against an embedded recorded provider", parents=[common]
@@ -270,13 +270,15 @@ def _agent_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _log_options(p: argparse.ArgumentParser) -> None:
+def _log_options(p: argparse.ArgumentParser, default: str = "warning") -> None:
     p.add_argument(
         "--log-level",
         choices=LOG_LEVELS,
         default=None,
-        help="log records at this level and above to stderr (default: warning; debug with --debug)",
+        help=f"log records at this level and above to stderr (default: {default}; "
+        "debug with --debug)",
     )
+    p.set_defaults(default_log_level=default)
     p.add_argument(
         "--log-format", choices=LOG_FORMATS, default="text", help="log lines (default: text)"
     )
@@ -284,7 +286,8 @@ def _log_options(p: argparse.ArgumentParser) -> None:
 
 def configure_from(args: argparse.Namespace) -> None:
     """Configure logging as `--log-level` / `--log-format` (and `--debug`) say."""
-    level = args.log_level or ("debug" if args.debug else "warning")
+    default = getattr(args, "default_log_level", "warning")
+    level = args.log_level or ("debug" if args.debug else default)
     configure_logging(level, args.log_format)
 
 

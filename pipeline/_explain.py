@@ -85,24 +85,32 @@ def explain(
     *,
     attempts: int = 1,
     key_hint: str | None = None,
+    quote: bool = True,
 ) -> str:
     """One line saying why a turn failed and what to do: `authentication failed (401): ... —
     check OPENAI_API_KEY`, `cannot connect to 127.0.0.1:1: connection refused (4 attempts)`.
 
     `key_hint` names where the key came from (`OPENAI_API_KEY`, `--api-key`), for the advice on
-    an authentication failure."""
+    an authentication failure. `quote=False` leaves the provider's own message out (the
+    server's logs: a provider's 401 body is never passed on, not even masked)."""
     if isinstance(error, FallbackFailed):
-        first = explain(error.stream_error, provider, attempts=attempts, key_hint=key_hint)
+        first = explain(
+            error.stream_error, provider, attempts=attempts, key_hint=key_hint, quote=quote
+        )
         if _same_cause(error.stream_error, error.rescue_error):
             return first
-        second = explain(error.rescue_error, provider, attempts=1, key_hint=key_hint)
+        second = explain(error.rescue_error, provider, attempts=1, key_hint=key_hint, quote=quote)
         return f"{first}; the non-streaming retry failed too: {second}"
-    line = _explain_one(error, provider, attempts, key_hint)
+    line = _explain_one(error, provider, attempts, key_hint, quote)
     return mask_keys(line, provider)
 
 
 def _explain_one(
-    error: BaseException | None, provider: Provider, attempts: int, key_hint: str | None
+    error: BaseException | None,
+    provider: Provider,
+    attempts: int,
+    key_hint: str | None,
+    quote: bool,
 ) -> str:
     tries = f" ({attempts} attempts)" if attempts > 1 else ""
     after = f" after {attempts} attempts" if attempts > 1 else ""
@@ -123,7 +131,7 @@ def _explain_one(
             f"({error.seconds:g} s){tries} — raise {option} if the model needs longer"
         )
     if isinstance(error, ProviderError):
-        return _provider_error(error, provider, after, key_hint)
+        return _provider_error(error, provider, after, key_hint, quote)
     if isinstance(error, IncompleteStreamError):
         words = {"finish_reason": "its finish reason", "usage_metadata": "its usage"}
         missing = " and ".join(words.get(m, m) for m in error.missing) or "its end"
@@ -146,10 +154,10 @@ def _explain_one(
 
 
 def _provider_error(
-    error: ProviderError, provider: Provider, after: str, key_hint: str | None
+    error: ProviderError, provider: Provider, after: str, key_hint: str | None, quote: bool
 ) -> str:
     status = f" ({error.status})" if error.status is not None else ""
-    said = f": {error.provider_message}" if error.provider_message else ""
+    said = f": {error.provider_message}" if error.provider_message and quote else ""
     if isinstance(error, AuthenticationError):
         what = "permission denied" if error.status == 403 else "authentication failed"
         check = key_hint or "the API key (--api-key)"

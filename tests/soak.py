@@ -370,7 +370,7 @@ async def soak(turns: int, seconds: float, concurrency: int, seed: int) -> Tally
             with trio.move_on_after(10):
                 while True:
                     async with httpx.AsyncClient(base_url=url) as probe:
-                        metrics = (await probe.get("/metrics")).json()
+                        metrics = (await probe.get("/metrics.json")).json()
                     if not hub.statistics()["subscribers"] and metrics["connections"] <= 1:
                         break
                     await trio.sleep(0.05)

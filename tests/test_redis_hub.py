@@ -519,7 +519,7 @@ async def test_a_redis_outage_closes_subscribers_with_a_reason_and_refuses_new_r
             events = await two.get(f"/v1/runs/{run['run_id']}/events?token={run['token']}")
 
             async def turn_over() -> bool:  # the turn runs to its end all the same
-                metrics: dict[str, int] = (await one.get("/metrics")).json()
+                metrics: dict[str, int] = (await one.get("/metrics.json")).json()
                 return metrics["runs_active"] == 0
 
             await eventually(turn_over)

@@ -704,11 +704,11 @@ class Site:
             await run.wait()
 
     async def metrics(self) -> dict[str, Any]:
-        """`GET /metrics` (once more if the server had just closed the idle connection)."""
+        """`GET /metrics.json` (once more if the server had just closed the idle connection)."""
         try:
-            reply = await self.client.get("/metrics")
+            reply = await self.client.get("/metrics.json")
         except (httpx.RemoteProtocolError, httpx.ReadError):
-            reply = await self.client.get("/metrics")
+            reply = await self.client.get("/metrics.json")
         assert reply.status_code == 200
         metrics: dict[str, Any] = reply.json()
         return metrics

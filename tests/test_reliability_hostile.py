@@ -129,11 +129,11 @@ async def test_s17_clients_that_never_read_are_cut_off_and_health_still_answers(
                 stream = await connect(served.url, rcvbuf=16384)
                 await stream.send_all(pages)
                 clients.append(stream)
-            while (await served.client.get("/metrics")).json()["connections"] < 301:  # noqa: ASYNC110
+            while (await served.client.get("/metrics.json")).json()["connections"] < 301:  # noqa: ASYNC110
                 await trio.sleep(0.01)  # the server counts connections; it has no event
             stuck = await health_latencies(served.client, 10)
             start = trio.current_time()
-            while (await served.client.get("/metrics")).json()["connections"] > 1:  # noqa: ASYNC110
+            while (await served.client.get("/metrics.json")).json()["connections"] > 1:  # noqa: ASYNC110
                 await trio.sleep(1.0)
             cut_after = trio.current_time() - start
             for stream in clients:
@@ -162,7 +162,7 @@ async def test_s17_past_the_connection_cap_a_connection_gets_503_and_is_closed(
             for stream in held:  # the head deadline closes them: the cap frees itself
                 assert await read_all(stream) == b""
                 await stream.aclose()
-            metrics = (await served.client.get("/metrics")).json()
+            metrics = (await served.client.get("/metrics.json")).json()
     assert all(answer.startswith(b"HTTP/1.1 503 ") for answer in refused)
     assert all(b"retry-after: 1" in answer for answer in refused)
     assert metrics["connections_refused"] == 5
@@ -298,9 +298,9 @@ async def test_s19_expired_runs_are_swept_on_a_timer_without_new_runs(
         async with serving(hub=Hub(log=log)) as served:
             run = await served.start()
             await served.wait_for(run["run_id"])
-            kept_before = (await served.client.get("/metrics")).json()["runs_kept"]
+            kept_before = (await served.client.get("/metrics.json")).json()["runs_kept"]
             await trio.sleep(60.0 + 2 * Limits().sweep_interval)  # no run starts meanwhile
-            kept_after = (await served.client.get("/metrics")).json()["runs_kept"]
+            kept_after = (await served.client.get("/metrics.json")).json()["runs_kept"]
             runs = log.runs()
     assert kept_before == 1
     assert runs == []
@@ -374,7 +374,7 @@ async def test_s21_no_client_takes_the_whole_capacity_and_the_rest_queue_then_42
             c = await start_as(served, "c")  # the capacity is taken: it queues
             d = await start_as(served, "d")
             e = await start_as(served, "e")  # past the queue
-            metrics = (await served.client.get("/metrics")).json()
+            metrics = (await served.client.get("/metrics.json")).json()
             queued = c.json()
             await served.wait_for(queued["run_id"], 1)
             first = decode_run_event(served.log(queued["run_id"])[0])
@@ -425,7 +425,7 @@ async def test_s21_concurrent_starts_never_count_past_the_limit() -> None:
                     for i in range(60):
                         nursery.start_soon(start, i)
                 outer.cancel_scope.cancel()
-            metrics = (await served.client.get("/metrics")).json()
+            metrics = (await served.client.get("/metrics.json")).json()
     assert statuses.count(201) == 8
     assert statuses.count(429) == 52
     assert peak <= 8

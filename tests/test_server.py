@@ -333,7 +333,7 @@ async def test_a_slow_subscriber_is_dropped_and_resumes_while_a_fast_one_gets_ev
                         slow += decoder.feed(chunk)
                         if not fast_done.is_set():
                             await fast_done.wait()  # stop reading until the run is over
-            metrics = (await served.client.get("/metrics")).json()
+            metrics = (await served.client.get("/metrics.json")).json()
             async with httpx.AsyncClient() as other:
                 resumed = await read_sse(
                     other, run["events_url"], headers={"last-event-id": slow[-1].id}
@@ -706,7 +706,7 @@ async def test_health_and_metrics() -> None:
             run = await served.start()
             await read_sse(served.client, run["events_url"])
             health = await served.client.get("/healthz")
-            metrics = (await served.client.get("/metrics")).json()
+            metrics = (await served.client.get("/metrics.json")).json()
     assert health.json() == {"status": "ok"}
     assert metrics["runs_started"] == 1
     assert metrics["runs_active"] == 0

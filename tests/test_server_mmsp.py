@@ -266,5 +266,5 @@ async def test_a_client_that_leaves_cancels_its_turn() -> None:
             # the provider's connection closes once the turn is over (nothing to wait on but it)
             while served.loopback.open_connections:  # noqa: ASYNC110
                 await trio.sleep(0.01)
-            metrics = (await served.client.get("/metrics")).json()
+            metrics = (await served.client.get("/metrics.json")).json()
     assert metrics["runs_active"] == 0

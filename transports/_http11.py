@@ -106,6 +106,7 @@ class ConnectionStream(trio.abc.Stream):
         self._flushed = trio.lowlevel.ParkingLot()  # the tasks waiting for it to finish
         self._fd = self._socket.fileno()
         self.peer = _peer_address(stream)
+        self.sent = 0  # bytes the socket took, for the access log and the metrics
 
     @property
     def parked(self) -> bool:
@@ -178,6 +179,7 @@ class ConnectionStream(trio.abc.Stream):
             sent = os.write(self._fd, data)
         except OSError:  # full (BlockingIOError), or gone: `send_all` finds out which
             return False
+        self.sent += sent
         if sent < len(data):
             self._pending.append(memoryview(data)[sent:])
         return True
@@ -200,6 +202,7 @@ class ConnectionStream(trio.abc.Stream):
                         raise trio.BrokenResourceError(f"the client went away ({exc})") from None
                 if stalled.cancelled_caught:  # `send` is atomic: nothing of it went out
                     raise trio.BrokenResourceError("the client stopped reading")
+                self.sent += sent
                 if sent == len(head):
                     self._pending.popleft()
                 else:
@@ -342,6 +345,7 @@ class HttpConnection:
     )
     chunked: bool = False  # the streamed response's body is chunked (`body_chunk`)
     refused: bool = False  # a response with `close` went out: linger before closing
+    status: int | None = None  # the status of the response last started (the access log's)
 
     async def next_request(self, within: float) -> Request | None:
         """The next request's head, or None when the client closed the connection between
@@ -419,6 +423,7 @@ class HttpConnection:
     async def start_stream(self, status: int, headers: Iterable[tuple[str, str]]) -> None:
         """The head of a streamed response (chunked, for HTTP/1.1 clients)."""
         head = self.conn.send(_response(status, headers))
+        self.status = status
         self.chunked = _CHUNKED in (head or b"").lower()
         if head:
             await self.stream.send_all(head)
@@ -475,6 +480,8 @@ class HttpConnection:
             self.conn.receive_data(await self.stream.receive_some(_RECEIVE_SIZE))
 
     async def _send(self, event: h11.Event) -> None:
+        if isinstance(event, h11.Response):
+            self.status = event.status_code
         data = self.conn.send(event)
         if data:
             await self.stream.send_all(data)

@@ -17,7 +17,11 @@ Endpoints:
   1009 message too big, 1003 binary message, 1007 invalid UTF-8.
 - `POST /v1/stream`, `GET /v1/models`: MMSP's server wire (UniEvents as SSE `data:` lines ended
   by `data: [DONE]`; errors as `{"error": {"type", "message", ...}}`).
-- `GET /healthz`, `GET /metrics` (JSON).
+- `GET /healthz`; `GET /metrics` (Prometheus text format; the `metrics` extra, else 501);
+  `GET /metrics.json` (the counters as JSON).
+
+Logs (`rillet.transports.server`, never a handler of its own): a line per request (`.access`),
+per run start and end, and a warning with the cause in words of every provider failure.
 
 Security: the server key is compared in constant time; a run's token reads only that run, and an
 unknown run and a wrong token get the same bytes; provider keys, provider messages (but for an
@@ -36,8 +40,8 @@ loop, the sweep), `_routing` (connections, routes, Host and Origin checks), `_sh
 handlers share and the checks they all make), `_capacity` (client identity, admission),
 `_runs` (the runs API), `_fanout` (one pump for SSE and WebSocket subscribers), `_mmsp`
 (MMSP's server wire), `_streamed` (a streamed body watched against its client), `_page`,
-`_metrics`, `_replies`. Every byte sequence that goes on the wire is built in
-`rillet.transports._encode`.
+`_metrics` (what both metrics endpoints count), `_log` (the log lines), `_replies`. Every
+byte sequence that goes on the wire is built in `rillet.transports._encode`.
 """
 
 from rillet._public import fixup_module_metadata as _fixup_module_metadata

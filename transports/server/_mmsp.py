@@ -27,6 +27,7 @@ from rillet._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
 from rillet._turn import SinkBatch, Turn, TurnResult, UniItem, run_turn
 
 from .._encode import SSE_DONE, SSE_HEARTBEAT, sse_data
+from ._log import log_run_end, log_run_start
 from ._replies import GONE, CloseConnection, ErrorReply, to_json
 from ._shared import Shared
 from ._streamed import SSE_HEADERS, end_stream, until_gone
@@ -141,6 +142,7 @@ class Mmsp:
         policy = self.shared.config.policy or Policy()
         send, receive = trio.open_memory_channel[list[UniItem]](policy.channel_size)
         self.shared.metrics.streams_started += 1
+        self.shared.metrics.serving(provider)
         completed = False
         async with trio.open_nursery() as nursery:
             turn: Turn = await nursery.start(
@@ -155,13 +157,16 @@ class Mmsp:
                     history=False,  # the stream is written from the sink's channel
                 )
             )
+            log_run_start(turn.run_id, provider, "stream")
             try:
                 pump = functools.partial(self._pump_mmsp, http, turn, receive, provider)
                 completed = await until_gone(http, pump)
             finally:
                 if not completed:
                     turn.cancel()
-        self.shared.metrics.finished(await turn.result())
+        result = await turn.result()
+        self.shared.metrics.finished(result)
+        log_run_end(turn.run_id, provider, "stream", result)
         await end_stream(http, completed, self.shared.limits.close_timeout)
 
     async def _pump_mmsp(
@@ -202,6 +207,7 @@ class Mmsp:
             stopped = reset = False
             for item in items:
                 if type(item) is AttemptReset:
+                    self.shared.metrics.reset()
                     if written:
                         reset = True
                         break

@@ -28,6 +28,8 @@ from .._http11 import (
 )
 from ._config import is_loopback
 from ._fanout import Fanout
+from ._log import log_request
+from ._metrics import METRICS_EXTRA
 from ._mmsp import Mmsp
 from ._openai import OpenAIChat
 from ._page import Page
@@ -42,6 +44,8 @@ if TYPE_CHECKING:
 __all__ = ["Server", "connection_cap"]
 
 logger = logging.getLogger("rillet.transports.server")
+
+PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _SPARE_FDS = 64  # descriptors kept for what is not a client connection
 
@@ -113,7 +117,8 @@ class Server:
             "/index.html": {"GET": self.page.serve},
             "/favicon.ico": {"GET": self.page.favicon},
             "/healthz": {"GET": self._healthz},
-            "/metrics": {"GET": self._metrics},
+            "/metrics": {"GET": self._prometheus},
+            "/metrics.json": {"GET": self._metrics},
             "/v1/models": {"GET": self.mmsp.models},
             "/v1/stream": {"POST": self.mmsp.stream},
             "/v1/chat/completions": {"POST": self.openai.completions},
@@ -185,7 +190,19 @@ class Server:
             http.next_cycle()
 
     async def _dispatch(self, http: HttpConnection, request: Request) -> bool:
-        """Answer one request; False when the connection must close after it."""
+        """Answer one request and log it; False when the connection must close after it."""
+        started, sent = trio.current_time(), http.stream.sent
+        http.status = None
+        try:
+            return await self._answer(http, request)
+        finally:
+            size = http.stream.sent - sent
+            self.shared.metrics.sent(size)
+            status = http.status or (101 if request.is_websocket and size else None)
+            duration = trio.current_time() - started
+            log_request(request.method, request.path, status, size, duration, request.client)
+
+    async def _answer(self, http: HttpConnection, request: Request) -> bool:
         try:
             self._check_host(request)
             handler, arg = self._route(request)
@@ -274,8 +291,31 @@ class Server:
         """`GET /healthz`: the server answers."""
         await http.respond(200, b'{"status":"ok"}', head_only=request.method == "HEAD")
 
+    async def _prometheus(self, http: HttpConnection, request: Request, _: str) -> None:
+        """`GET /metrics` (the server key, when one is set): the Prometheus text format; 501
+        with the way to install it when `prometheus-client` is not installed."""
+        self.shared.require_key(request)
+        prom = self.shared.metrics.prom
+        if prom is None:
+            raise ErrorReply(
+                501,
+                "not_implemented",
+                f"Prometheus metrics need prometheus-client: {METRICS_EXTRA} "
+                "(the counters are at /metrics.json)",
+            )
+        prom.active.set(self.shared.admission.running)
+        prom.queued.set(self.shared.admission.waiting)
+        prom.subscribers.set(self.shared.hub.subscribers)
+        prom.connections.set(self.shared.metrics.connections)
+        await http.respond(
+            200,
+            prom.exposition(),
+            content_type=PROMETHEUS_TYPE,
+            head_only=request.method == "HEAD",
+        )
+
     async def _metrics(self, http: HttpConnection, request: Request, _: str) -> None:
-        """`GET /metrics` (the server key, when one is set): counters as JSON."""
+        """`GET /metrics.json` (the server key, when one is set): counters as JSON."""
         self.shared.require_key(request)
         m = self.shared.metrics
         body = {

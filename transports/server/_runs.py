@@ -28,11 +28,12 @@ from rillet._hub import (
     parse_cursor,
 )
 from rillet._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest, user
-from rillet._runevents import RunDone, RunEvent, StatusEvent
+from rillet._runevents import AttemptResetEvent, RunDone, RunEvent, StatusEvent
 from rillet._turn import Sink, SinkBatch, Turn, TurnResult, run_turn
 
 from ._agentruns import AgentRuns
 from ._capacity import Ticket, uncount
+from ._log import log_queued_cancel, log_run_end, log_run_start
 from ._metrics import Metrics
 from ._replies import ErrorReply, Refused, log_unavailable, not_found
 from ._shared import Shared
@@ -90,6 +91,9 @@ class HubFeed:
         """Count the batch's run events and append them (moved past the server's own)."""
         if batch.run:
             self.metrics.count(len(batch.run))
+            for event in batch.run:
+                if type(event) is AttemptResetEvent:
+                    self.metrics.reset()
             if self.shift:
                 shift = self.shift
                 offset = self.offset_ms
@@ -249,16 +253,22 @@ class Runs:
             )
 
         self.shared.metrics.runs_started += 1
+        self.shared.metrics.serving(provider)
+        log_run_start(run_id, provider, "run")
         try:
             if not self.shared.admission.try_admit(ticket):
                 await self._queued(sink, record, ticket, task_status)
                 if not ticket.admitted:
+                    self.shared.metrics.cancelled_queued()
+                    log_queued_cancel(run_id, provider)
                     return
                 task_status = trio.TASK_STATUS_IGNORED
             async with trio.open_nursery() as nursery:
                 record.turn = sink.turn = await nursery.start(turn_task)
                 task_status.started()
-                self.shared.metrics.finished(await record.turn.result())
+                result = await record.turn.result()
+                self.shared.metrics.finished(result)
+                log_run_end(run_id, provider, "run", result)
         except Exception as exc:  # a bug in one run must not take the server down
             logger.error("run %s failed: %s", run_id, type(exc).__name__, exc_info=True)
         finally:

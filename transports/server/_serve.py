@@ -11,6 +11,7 @@ import httpx
 import trio
 from rillet._hub import Hub, RunHub
 
+from ._metrics import METRICS_EXTRA, CountingTransport, Metrics
 from ._routing import Server
 from ._shared import Shared
 
@@ -58,20 +59,25 @@ async def _serve(config: ServerConfig, hub: RunHub, task_status: trio.TaskStatus
         max_connections=config.limits.max_streams,
         max_keepalive_connections=config.limits.max_streams,
     )
+    metrics = Metrics()
+    # every provider request goes through it, counted by its answer's status
+    transport = CountingTransport(httpx.AsyncHTTPTransport(limits=pool), metrics)
     async with (
         httpx.AsyncClient(
-            timeout=httpx.Timeout(None), follow_redirects=False, limits=pool
+            timeout=httpx.Timeout(None), follow_redirects=False, transport=transport
         ) as client,
         trio.open_nursery() as nursery,
     ):
         listeners = await trio.open_tcp_listeners(config.port, host=config.host)
-        server = Server(Shared(config, hub, client, nursery))
+        server = Server(Shared(config, hub, client, nursery, metrics=metrics))
         for listener in listeners:
             nursery.start_soon(_accept, listener, server, nursery)
         nursery.start_soon(server.runs.sweep)
         host, port = listeners[0].socket.getsockname()[:2]
         url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-        logger.info("serving on %s", url)
+        logger.info("serving on %s", url, extra={"fields": {"url": url}})
+        if metrics.prom is None:
+            logger.warning("no Prometheus metrics at /metrics: %s", METRICS_EXTRA)
         task_status.started(url)
 
 
