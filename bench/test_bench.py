@@ -12,7 +12,7 @@ import pytest
 
 from .contestants import RILLET, dialect_of, limit_httpx, message_digest
 from .core import rillet_core
-from .latency import run_ttfd
+from .latency import run_ttfd, ttfd_stream
 from .peers import _limit_sync, _Loaded, _rillet_pipeline, family, paired
 from .report import judge_targets, replace_section
 from .transport import ChunkTransport, transport_class
@@ -123,6 +123,17 @@ def test_peer_ratios_divide_by_rillets_rounds_in_the_peers_process() -> None:
     series = [row("pipeline", 10.0), row("openai-iter", 100.0)]
     targets = {t.name: t for t in judge_targets({"peers": {"streams": [], "series": series}})}
     assert targets[name].measured.startswith("10.0×")
+
+
+def test_a_4k_ttfd_stream_has_the_first_fragment_and_many_frames_in_its_first_read() -> None:
+    plain, big = ttfd_stream("anthropic"), ttfd_stream("anthropic+4k")
+    assert plain.chunks[0].endswith(b"\n\n")
+    assert plain.chunks[0].count(b"\n\n") < 6
+    assert len(big.chunks[0]) == 4096
+    assert big.chunks[0].count(b"\n\n") > 12
+    assert b"Hello" in big.chunks[0]
+    acc = rillet_core(dialect_of(big.dialect), big.chunks)
+    assert message_digest(acc.message()) == big.expected.digest()
 
 
 def test_ttfd_measures_every_contestant_without_error() -> None:
