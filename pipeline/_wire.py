@@ -126,9 +126,10 @@ class WireDecoder:
     def head_piece(self, chunk: bytes) -> int:
         """Where the first piece of a read at the body's start ends (`HEAD_PIECE`): just past
         the first frame end at or after `HEAD_PIECE` bytes; 0 to decode the read whole (a
-        small read, no frame end before its last bytes, a framing whose pieces are whole
-        frames or that is not cut into frames). Feeding the two parts one after the other
-        decodes exactly what feeding the read would."""
+        small read, less than `HEAD_PIECE` bytes after that end (not worth a handover of its
+        own), a framing whose pieces are whole frames or that is not cut into frames).
+        Feeding the two parts one after the other decodes exactly what feeding the read
+        would."""
         if len(chunk) <= HEAD_PIECE or self._framer is None:
             return 0
         end = _FRAME_ENDS.get(self._dialect.framing)
@@ -138,7 +139,7 @@ class WireDecoder:
         if cut < 0:
             return 0
         cut += len(end)
-        return cut if cut < len(chunk) else 0
+        return cut if len(chunk) - cut >= HEAD_PIECE else 0
 
     def feed(self, chunk: bytes, out: list[Any] | None = None) -> list[Any]:
         """Take the next bytes of the body; append the UniEvents they complete to `out` (a new

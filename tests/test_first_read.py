@@ -163,8 +163,9 @@ def test_the_head_pieces_then_the_rest_decode_exactly_what_the_whole_body_does(
         reads.append(rest[:cut])
         rest = rest[cut:]
     end = b"\n" if folder == "ollama-chat" else b"\n\n"
-    if 0 <= body.find(end, HEAD_PIECE) < len(body) - len(end):
-        assert reads  # a frame ends past HEAD_PIECE bytes, before the body's end: it is cut
+    at = body.find(end, HEAD_PIECE)
+    if at >= 0 and len(body) - (at + len(end)) >= HEAD_PIECE:
+        assert reads  # a frame ends past HEAD_PIECE bytes, well before the body's end: cut
     assert decoded(folder, [*reads, rest]) == decoded(folder, [body])
 
 
@@ -172,6 +173,10 @@ def test_a_small_read_and_an_unframed_body_are_decoded_whole() -> None:
     decoder = WireDecoder(OpenAIChatDialect(), clock=lambda: 0)
     assert decoder.head_piece(BODY[:HEAD_PIECE]) == 0
     assert decoder.head_piece(BODY[:4096]) > HEAD_PIECE
+    # a read whose first frame end past HEAD_PIECE leaves little after it: decoded whole
+    end = BODY.index(b"\n\n", HEAD_PIECE) + 2
+    assert decoder.head_piece(BODY[: end + HEAD_PIECE - 1]) == 0
+    assert decoder.head_piece(BODY[: end + HEAD_PIECE]) == end
     whole = WireDecoder(OpenAIChatDialect(), clock=lambda: 0, stream=False)
     assert whole.head_piece(BODY[:4096]) == 0
     assert HEAD_BYTES > HEAD_PIECE
