@@ -154,7 +154,7 @@ def _ttfd(run: RunState) -> None:
     iterations = a.iterations or (40 if a.quick else 200)
     kinds = tuple(k for k in TTFD_KINDS if not a.kind or k in a.kind)
     if a.quick and not a.kind:
-        kinds = ("openai-chat", "anthropic")
+        kinds = ("openai-chat", "anthropic", "openai-chat+4k", "anthropic+4k")
     results = run_ttfd(kinds, iterations, _progress)
     section = {"iterations": iterations, "results": [r.as_dict() for r in results]}
     run.record("ttfd", section, {"ttfd": report.ttfd_markdown({**section, **_now()})})

@@ -53,8 +53,13 @@ def _throughput(results: dict[str, Any], out: Path) -> Path | None:
         return None
     rows: dict[str, list[dict[str, Any]]] = {}
     for s in tp["series"]:
-        # the diagnostic reads the bytes in other reads: not a contestant on the same reads
-        if s.get("events_per_s") and s["contestant"] != "pipeline-16k":
+        # the diagnostic reads the bytes in other reads: not a contestant on the same reads;
+        # rillet's rounds in the peers' process are the ratios' denominators, not bars
+        if (
+            s.get("events_per_s")
+            and s["contestant"] != "pipeline-16k"
+            and not s["contestant"].startswith("pipeline:")
+        ):
             rows.setdefault(s["stream"], []).append(s)
     # every stream a peer ran on, at its largest size, and the smallest OpenAI one (LiteLLM)
     peer_streams = {s["stream"] for s in tp["series"] if s["side"] == "peers"}

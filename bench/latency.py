@@ -5,8 +5,10 @@ Each stream's first read ends right after the frame carrying the first text frag
 (`wire.first_delta_stream`); the in-memory transport stamps `time.perf_counter()` just before
 handing it over. The next read comes `_GAP` later, as the next token would: a body that is all
 there at once would let the reading task go on decoding later reads before the first delta's
-batch is passed on, which no network allows. Contestants, interleaved iteration by
-iteration:
+batch is passed on, which no network allows. A kind with `+4k` (`openai-chat+4k`) is the same
+stream with a 4 KB first read instead, holding the first fragment and a dozen or more frames
+after it, as a provider's first packet often does: it shows what the first delta waits for
+when the rest of its read is decoded first. Contestants, interleaved iteration by iteration:
 
 - `limit-httpx`: the limit loop reading through httpx in one task; stamped once that read's
   frames are decoded;
@@ -20,6 +22,7 @@ noise of a shared machine.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import time
@@ -41,9 +44,18 @@ if TYPE_CHECKING:
 
     from .wire import Stream
 
-__all__ = ["TTFD_CONTESTANTS", "TTFD_KINDS", "TtfdResult", "run_ttfd"]
+__all__ = ["TTFD_CONTESTANTS", "TTFD_KINDS", "TtfdResult", "run_ttfd", "ttfd_stream"]
 
-TTFD_KINDS = ("openai-chat", "openai-responses", "anthropic", "gemini", "ollama")
+TTFD_KINDS = (
+    "openai-chat",
+    "openai-responses",
+    "anthropic",
+    "gemini",
+    "ollama",
+    "openai-chat+4k",
+    "anthropic+4k",
+)
+_BIG_FIRST_READ = 4096
 TTFD_CONTESTANTS = ("limit-httpx", "pipeline", "jsonl")
 _WARMUP = 5
 _GAP = 0.002  # seconds between the reads after the first
@@ -150,6 +162,18 @@ async def _one(
     return (stamp[0] - mark) * 1e6
 
 
+def ttfd_stream(kind: str) -> Stream:
+    """The stream of a ttfd kind: `first_delta_stream`, its first read 4 KB for `+4k`."""
+    base, _, big = kind.partition("+")
+    stream = first_delta_stream(base, 400 if big else 64)
+    if not big:
+        return stream
+    data = b"".join(stream.chunks)
+    first, rest = data[:_BIG_FIRST_READ], data[_BIG_FIRST_READ:]
+    reads = [rest[i : i + 1024] for i in range(0, len(rest), 1024)]
+    return dataclasses.replace(stream, kind=base, chunks=[first, *reads])
+
+
 def _gap() -> Callable[[], Awaitable[object]]:
     """One body's pace: a gap before its second read only (the rest follow at once)."""
     gaps = [_GAP]
@@ -167,7 +191,7 @@ async def _run(
     results = {(c, k): TtfdResult(c, k) for k in kinds for c in TTFD_CONTESTANTS}
     with open(os.devnull, "wb") as devnull:  # noqa: ASYNC230 - the null device never blocks
         for kind in kinds:
-            stream = first_delta_stream(kind)
+            stream = ttfd_stream(kind)
             transport = ChunkTransport(
                 stream.chunks, stream.content_type, mark_at=0, keep=True, pacer=_gap
             )

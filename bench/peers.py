@@ -13,6 +13,11 @@ construction of clients (the SDK's and its httpx client) are not timed; a warm-u
 contestant and stream kind runs before any timing. It prints one
 JSON document on stdout.
 
+With `--rillet SITE` (rillet's site-packages, appended to the path after this venv's own),
+rillet's `run_turn` is timed on each stream right before or right after each peer (which goes
+first alternates with `--round`), reported as `pipeline:<peer>`: each peer's ratio then
+divides two figures from this one process, taken moments apart.
+
 Contestants (the ones whose library is missing are reported "not available" with the reason):
 
 - `limit-sync`: the limit loop read through a sync httpx client (split lines, decode each data
@@ -35,6 +40,7 @@ import gc
 import importlib
 import json
 import os
+import site
 import sys
 import time
 import traceback
@@ -51,7 +57,7 @@ from .wire import digest
 if TYPE_CHECKING:
     from types import ModuleType
 
-__all__ = ["CONTESTANTS", "main"]
+__all__ = ["CONTESTANTS", "main", "paired"]
 
 _BASE_OPENAI = "http://bench.invalid/v1"
 _BASE_ANTHROPIC = "http://bench.invalid"
@@ -95,6 +101,7 @@ class _Loaded:
         data = (directory / f"{name}.bin").read_bytes()
         self.name = name
         self.kind: str = meta["kind"]
+        self.dialect: str = meta.get("dialect", "")
         self.events: int = meta["events"]
         self.content_type: str = meta["content_type"]
         self.digest: str = meta["digest"]
@@ -340,6 +347,30 @@ def _mmsp(s: _Loaded) -> Run:
 
 _LOOP = asyncio.new_event_loop()
 
+
+def _rillet_pipeline(s: _Loaded) -> Run:
+    """rillet's `run_turn` (the full actor pipeline) on the same bytes, in this process: the
+    figure each peer is divided by. Needs rillet's site-packages on the path (`--rillet`)."""
+    trio: Any = importlib.import_module("trio")
+    contestants: Any = importlib.import_module("bench.contestants")
+    client = contestants.http_client(s)
+    provider = contestants.provider_for(s.dialect)
+    request = contestants.request()
+
+    async def turn() -> str:
+        result = await contestants.run_turn(request, provider, client=client)
+        if not result.ok:
+            return f"turn {result.outcome.name}: {result.error!r}"[:200]
+        digest_: str = contestants.message_digest(result.message)
+        return digest_
+
+    def run() -> str:
+        got: str = trio.run(turn)
+        return got
+
+    return run
+
+
 _SETUP: dict[str, Callable[[_Loaded], Run]] = {
     "limit-sync": _limit_sync,
     "openai-iter": _openai_iter,
@@ -371,6 +402,32 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _timed(run: Run, expected: str) -> dict[str, Any]:
+    """One timed call: CPU and wall seconds, and whether it assembled the expected reply."""
+    gc.collect()
+    t0, w0 = time.process_time(), time.perf_counter()
+    got = run()
+    entry: dict[str, Any] = {
+        "cpu": time.process_time() - t0,
+        "wall": time.perf_counter() - w0,
+        "valid": got == expected,
+    }
+    if got != expected:
+        entry["error"] = f"assembled reply differs ({got} != {expected})"
+    return entry
+
+
+def _failed(entry: dict[str, Any], exc: Exception) -> None:
+    entry["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    entry["trace"] = traceback.format_exc(limit=-3)[-900:]
+
+
+def paired(name: str) -> str:
+    """The name under which rillet's `run_turn` rounds interleaved with peer `name` (in the
+    peers' process) are reported."""
+    return f"pipeline:{name}"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Time the named contestants on the named streams; print JSON."""
     parser = argparse.ArgumentParser(prog="python -m bench.peers")
@@ -384,7 +441,21 @@ def main(argv: list[str] | None = None) -> None:
         default=[],
         help="NAME=EVENTS: run contestant NAME only on streams of at most EVENTS events",
     )
+    parser.add_argument(
+        "--rillet",
+        default="",
+        help="rillet's site-packages: time rillet's run_turn here too, alternating with each "
+        "peer on each stream, so every ratio divides figures from this one process",
+    )
+    parser.add_argument(
+        "--round", type=int, default=0, help="the round's number: odd rounds time rillet first"
+    )
     args = parser.parse_args(argv)
+    rillet: Callable[[_Loaded], Run] | None = None
+    if args.rillet:
+        # appended after this venv's own packages: the peers keep their httpx and msgspec
+        site.addsitedir(args.rillet)
+        rillet = _rillet_pipeline
     caps = {name: int(n) for name, _, n in (c.partition("=") for c in args.cap)}
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     names = [n for n in args.only.split(",") if n] or list(CONTESTANTS)
@@ -402,23 +473,28 @@ def main(argv: list[str] | None = None) -> None:
             if family(s.kind) not in families or s.events > caps.get(name, s.events):
                 continue
             entry: dict[str, Any] = {"contestant": name, "stream": s.name}
+            ours: dict[str, Any] = {"contestant": paired(name), "stream": s.name}
+            pair = rillet is not None and name != "limit-sync"
             try:
                 if s.kind not in warmed:
                     warmed.add(s.kind)
                     setup(warmups.get(s.kind, s))()
-                run = setup(s)
-                gc.collect()
-                t0, w0 = time.process_time(), time.perf_counter()
-                got = run()
-                entry["cpu"] = time.process_time() - t0
-                entry["wall"] = time.perf_counter() - w0
-                entry["valid"] = got == s.digest
-                if got != s.digest:
-                    entry["error"] = f"assembled reply differs ({got} != {s.digest})"
+                    if pair and rillet is not None:
+                        rillet(warmups.get(s.kind, s))()
+                steps = [(entry, setup(s))]
+                if pair and rillet is not None:
+                    steps.append((ours, rillet(s)))
             except Exception as exc:  # a peer that breaks is reported, not fatal
-                entry["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-                entry["trace"] = traceback.format_exc(limit=-3)[-900:]
-            results.append(entry)
+                _failed(entry, exc)
+                results.append(entry)
+                continue
+            # rillet's round right before or right after the peer's, alternating by round
+            for e, run in steps if args.round % 2 == 0 else steps[::-1]:
+                try:
+                    e.update(_timed(run, s.digest))
+                except Exception as exc:
+                    _failed(e, exc)
+                results.append(e)
     report = {"versions": _versions(), "unavailable": unavailable, "results": results}
     sys.stdout.write(json.dumps(report) + "\n")
     sys.stdout.flush()

@@ -12,8 +12,8 @@ import pytest
 
 from .contestants import RILLET, dialect_of, limit_httpx, message_digest
 from .core import rillet_core
-from .latency import run_ttfd
-from .peers import _limit_sync, _Loaded, family
+from .latency import run_ttfd, ttfd_stream
+from .peers import _limit_sync, _Loaded, _rillet_pipeline, family, paired
 from .report import judge_targets, replace_section
 from .transport import ChunkTransport, transport_class
 from .turns import run_turns
@@ -92,6 +92,48 @@ def test_peers_driver_reads_the_written_stream_back(tmp_path: Path) -> None:
     assert _limit_sync(loaded)() == stream.expected.digest()
     assert family("anthropic-tools") == "anthropic"
     assert family("gemini") is None
+
+
+def test_peers_driver_runs_rillets_turn_on_the_written_stream(tmp_path: Path) -> None:
+    stream = build_stream("anthropic-tools", 100)
+    write_stream(stream, tmp_path)
+    loaded = _Loaded(tmp_path, stream.name)
+    assert loaded.dialect == stream.dialect
+    run = _rillet_pipeline(loaded)
+    assert run() == stream.expected.digest()
+    assert run() == stream.expected.digest()  # set up once, run round after round
+
+
+def test_peer_ratios_divide_by_rillets_rounds_in_the_peers_process() -> None:
+    def row(contestant: str, us: float, stream: str = "openai-chat@1000") -> dict[str, object]:
+        return {"contestant": contestant, "stream": stream, "kind": stream.split("@")[0],
+                "events": 1000, "us_per_event": us}  # fmt: skip
+
+    name = "rillet run_turn vs OpenAI SDK iterator"
+    # rillet's own process says 10 µs, the peers' process 4 µs: the ratio is the latter's
+    series = [row("pipeline", 10.0), row(paired("openai-iter"), 4.0), row("openai-iter", 100.0)]
+    section = {"streams": [], "series": series}
+    targets = {t.name: t for t in judge_targets({"peers": section})}
+    assert targets[name].measured.startswith("25.0×")
+    # paired rounds were run but none for this peer on this stream: no cross-process ratio
+    series = [row("pipeline", 10.0), row(paired("mmsp"), 4.0), row("openai-iter", 100.0)]
+    targets = {t.name: t for t in judge_targets({"peers": {"streams": [], "series": series}})}
+    assert targets[name].met is None
+    # a run from before the pairing: rillet's own process is all there is
+    series = [row("pipeline", 10.0), row("openai-iter", 100.0)]
+    targets = {t.name: t for t in judge_targets({"peers": {"streams": [], "series": series}})}
+    assert targets[name].measured.startswith("10.0×")
+
+
+def test_a_4k_ttfd_stream_has_the_first_fragment_and_many_frames_in_its_first_read() -> None:
+    plain, big = ttfd_stream("anthropic"), ttfd_stream("anthropic+4k")
+    assert plain.chunks[0].endswith(b"\n\n")
+    assert plain.chunks[0].count(b"\n\n") < 6
+    assert len(big.chunks[0]) == 4096
+    assert big.chunks[0].count(b"\n\n") > 12
+    assert b"Hello" in big.chunks[0]
+    acc = rillet_core(dialect_of(big.dialect), big.chunks)
+    assert message_digest(acc.message()) == big.expected.digest()
 
 
 def test_ttfd_measures_every_contestant_without_error() -> None:

@@ -4,8 +4,11 @@ peers (the SDKs a user would pick instead) in the peers' virtualenv, round by ro
 Every stream is built once; the peers' driver reads the very same bytes from bench/out/streams.
 Each round runs every rillet contestant on every stream (contestant order rotated per round) in
 this process, and the peers' driver once as a subprocess (`python -m bench.peers`) with the
-peers' interpreter, alternating which goes first. Figures are CPU seconds per whole stream
-(`time.process_time`, in the process that did the work); the report takes medians.
+peers' interpreter, alternating which goes first. Inside the peers' driver, rillet's `run_turn`
+runs on each stream right before or after each peer (alternating by round; recorded as
+`pipeline:<peer>`), so every peer's ratio divides two figures from one process taken moments
+apart. Figures are CPU seconds per whole stream (`time.process_time`, in the process that did
+the work); the report takes medians.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import functools
 import gc
 import json
 import subprocess
+import sysconfig
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +27,7 @@ import trio
 
 from .contestants import RILLET
 from .peers import CONTESTANTS as PEER_CONTESTANTS
-from .peers import family
+from .peers import family, paired
 from .wire import Stream, build_stream, write_stream
 
 if TYPE_CHECKING:
@@ -181,6 +185,11 @@ def _peers_round(
         "--only",
         ",".join(plan.contestants),
         *(f"--cap={name}={n}" for name, n in plan.caps.items()),
+        # rillet's run_turn alternates with each peer in the peers' process
+        "--rillet",
+        sysconfig.get_paths()["purelib"],
+        "--round",
+        str(r),
     ]
     start = time.monotonic()
     with subprocess.Popen(
@@ -264,6 +273,9 @@ def run_throughput(
             for name in peers.contestants:
                 if fam in PEER_CONTESTANTS[name] and s.events <= peers.caps.get(name, s.events):
                     table[(name, s.name)] = Series(name, s.name, s.kind, s.events, "peers")
+                    if name != "limit-sync":
+                        ours = paired(name)
+                        table[(ours, s.name)] = Series(ours, s.name, s.kind, s.events, "peers")
         if not PEERS_PYTHON.exists():
             why = "bench/.venv-peers is missing (`make bench` creates it)"
             for series in table.values():

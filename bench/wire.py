@@ -430,6 +430,7 @@ def write_stream(stream: Stream, directory: Path) -> None:
     (directory / f"{stream.name}.bin").write_bytes(b"".join(stream.chunks))
     meta = {
         "kind": stream.kind,
+        "dialect": stream.dialect,
         "events": stream.events,
         "content_type": stream.content_type,
         "lengths": [len(c) for c in stream.chunks],

@@ -62,7 +62,7 @@ from ._ratelimit import RateLimiter
 from ._reads import Replay, read_bounded, read_reply
 from ._request import TurnRequest
 from ._upstream import Exchange, Upstream, UpstreamError, upstream_error
-from ._wire import WireDecoder
+from ._wire import HEAD_BYTES, WireDecoder
 from .providers._base import Provider, provider_error
 
 if TYPE_CHECKING:
@@ -291,8 +291,20 @@ class Handler:
             with trio.CancelScope(deadline=deadline) as reading:
                 armed = deadline  # reading.deadline, kept here (moving it is not free)
                 quiet = 0  # reads since the last checkpoint of ours
+                # the body's first bytes go in pieces (`WireDecoder.head_piece`), each piece's
+                # events handed on before the next is decoded; `rest` is what is left of a read
+                head = HEAD_BYTES
+                rest = b""
                 while True:
-                    chunk = await receive()  # b"": the end of the reply
+                    if rest:
+                        chunk, rest = rest, b""
+                    else:
+                        chunk = await receive()  # b"": the end of the reply
+                    if head > 0:
+                        cut = decoder.head_piece(chunk)
+                        head -= cut or len(chunk)  # the rest counts when its turn comes
+                        if cut:
+                            chunk, rest = chunk[:cut], chunk[cut:]
                     batch: list[UniEvent] = []
                     before = decoder.lane_events
                     error: RilletError | None = None
@@ -324,6 +336,9 @@ class Handler:
                             self._total_deadline += blocked
                             reading.deadline = armed = min(armed + blocked, self._total_deadline)
                             quiet = 0
+                        elif rest:
+                            quiet = 0  # let this piece's events reach a sink first
+                            await trio.lowlevel.checkpoint()
                         else:
                             quiet += 1
                             if quiet >= _YIELD_EVERY:

@@ -22,7 +22,16 @@ if TYPE_CHECKING:
     from ._lanes import LaneEvent
     from .providers._base import Dialect
 
-__all__ = ["WireDecoder"]
+__all__ = ["HEAD_BYTES", "HEAD_PIECE", "WireDecoder"]
+
+HEAD_PIECE = 384
+"""While the body's first bytes are read, a read is decoded in pieces of about this many bytes,
+each cut where a frame ends, and each piece's events are handed on before the next is decoded:
+the first delta is not held back while the rest of a big first read (often 1-4 KB, a dozen
+frames or more) is decoded (`WireDecoder.head_piece`)."""
+HEAD_BYTES = 2048
+"""How many of the body's first bytes are read in `HEAD_PIECE` pieces; past them, whole reads."""
+_FRAME_ENDS = {"sse": b"\n\n", "ndjson": b"\n"}
 
 
 class WireDecoder:
@@ -113,6 +122,24 @@ class WireDecoder:
     def provider(self) -> str:
         """The provider name errors carry."""
         return self.grammar.provider
+
+    def head_piece(self, chunk: bytes) -> int:
+        """Where the first piece of a read at the body's start ends (`HEAD_PIECE`): just past
+        the first frame end at or after `HEAD_PIECE` bytes; 0 to decode the read whole (a
+        small read, less than `HEAD_PIECE` bytes after that end (not worth a handover of its
+        own), a framing whose pieces are whole frames or that is not cut into frames).
+        Feeding the two parts one after the other decodes exactly what feeding the read
+        would."""
+        if len(chunk) <= HEAD_PIECE or self._framer is None:
+            return 0
+        end = _FRAME_ENDS.get(self._dialect.framing)
+        if end is None:
+            return 0
+        cut = chunk.find(end, HEAD_PIECE)
+        if cut < 0:
+            return 0
+        cut += len(end)
+        return cut if len(chunk) - cut >= HEAD_PIECE else 0
 
     def feed(self, chunk: bytes, out: list[Any] | None = None) -> list[Any]:
         """Take the next bytes of the body; append the UniEvents they complete to `out` (a new
