@@ -32,7 +32,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import trio
-from rillet import Policy, TurnResult, run_turn
+from rillet import Admission, Policy, TurnResult, run_turn
 
 from .contestants import http_client, message_digest, provider_for, request
 from .wire import build_stream
@@ -106,6 +106,8 @@ async def run_turns(turns: int, events: int, mode: str, period: float) -> dict[s
     provider = provider_for(stream.dialect)
     req = request()
     policy = Policy()
+    # every turn streams at once: the process's default of 32 provider streams would queue them
+    slots = Admission(turns)
     expected = stream.expected.digest()
     async with http_client(stream) as unpaced:  # warm-up (no tick driver runs yet)
         await run_turn(req, provider, client=unpaced, policy=policy)
@@ -126,7 +128,7 @@ async def run_turns(turns: int, events: int, mode: str, period: float) -> dict[s
     async def one(delay: float) -> None:
         if delay:
             await trio.sleep(delay)
-        results.append(await run_turn(req, provider, client=client, policy=policy))
+        results.append(await run_turn(req, provider, client=client, policy=policy, admission=slots))
 
     gc_before = sum(s["collections"] for s in gc.get_stats())
     cpu0, wall0 = time.process_time(), time.perf_counter()
