@@ -26,11 +26,11 @@ from rillet._policy import Outcome, Policy
 from rillet._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
 from rillet._turn import SinkBatch, Turn, TurnResult, UniItem, run_turn
 
-from .._encode import SSE_DONE, SSE_HEARTBEAT, sse_data
+from .._encode import SSE_DONE, sse_data
 from ._log import log_run_end, log_run_start
 from ._replies import GONE, CloseConnection, ErrorReply, to_json
 from ._shared import Shared
-from ._streamed import SSE_HEADERS, end_stream, until_gone
+from ._streamed import HeldHead, end_stream, until_gone
 
 if TYPE_CHECKING:
     from rillet.providers._base import Provider
@@ -184,25 +184,9 @@ class Mmsp:
         stream then ends with `IncompleteStreamError` (what the client would have seen from the
         failed attempt itself), and the client's own retry takes over. A reset before anything
         was written just drops the voided events."""
-        heartbeat = self.shared.limits.heartbeat
-        started = written = False
-        deadline = trio.current_time() + heartbeat
-        while True:
-            items: list[UniItem] | None = None
-            with trio.move_on_at(deadline) as idle:
-                try:
-                    items = await receive.receive()
-                except trio.EndOfChannel:
-                    break
-            if idle.cancelled_caught:
-                if started:
-                    await http.send_data(SSE_HEARTBEAT)
-                else:
-                    await http.start_stream(200, SSE_HEADERS)
-                    started = True
-                deadline = trio.current_time() + heartbeat
-                continue
-            assert items is not None
+        head = HeldHead(http, self.shared.limits.heartbeat)
+        written = False
+        while (items := await head.receive(receive)) is not None:
             frames: list[bytes] = []
             stopped = reset = False
             for item in items:
@@ -218,12 +202,8 @@ class Mmsp:
                 stopped = item.event_type == "stop"
             if frames:
                 self.shared.metrics.count(len(frames))
-                if not started:
-                    await http.start_stream(200, SSE_HEADERS)
-                    started = True
-                await http.send_data(b"".join(frames))
+                await head.send(b"".join(frames))
                 written = True
-                deadline = trio.current_time() + heartbeat
             if reset:
                 error = {
                     "type": "IncompleteStreamError",
@@ -240,12 +220,11 @@ class Mmsp:
                 return
         result = await turn.result()
         if result.ok:  # a rescued reply without a stop cannot happen; end the stream anyway
-            if not started:
-                await http.start_stream(200, SSE_HEADERS)
+            await head.start()
             await http.send_data(SSE_DONE)
             return
         error, status, headers = mmsp_error(result, provider)
-        if not started:
+        if not head.started:
             await http.respond(status, to_json({"error": error}), headers)
             return
         await http.send_data(sse_data(to_json({"error": error})) + SSE_DONE)

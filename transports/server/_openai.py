@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import msgspec
-import trio
 from rillet._errors import EmptyResponseError
 from rillet._events import (
     FinishReason,
@@ -30,15 +29,16 @@ from rillet._events import (
 )
 from rillet._handler import AttemptReset
 
-from .._encode import SSE_DONE, SSE_HEARTBEAT, sse_json
+from .._encode import SSE_DONE, sse_json
 from ._mmsp import mmsp_error
 from ._openai_request import BadRequest, ChatBody, chat_request, decode_chat_body
 from ._replies import ErrorReply
 from ._shared import Shared
-from ._streamed import SSE_HEADERS
+from ._streamed import HeldHead
 from ._wireturn import ModelNotFound, route_model, run_wire_turn
 
 if TYPE_CHECKING:
+    import trio
     from rillet._turn import Turn, TurnResult, UniItem
     from rillet.providers._base import Provider
 
@@ -329,25 +329,9 @@ class OpenAIChat:
         the first event so an upstream refusal gets its HTTP status; after that an error is one
         `{"error"}` event and `[DONE]`, and a reset that voids chunks the client has ends the
         stream so (`IncompleteStreamError`): OpenAI's wire cannot take text back."""
-        heartbeat = self.shared.limits.heartbeat
-        started = written = False
-        deadline = trio.current_time() + heartbeat
-        while True:
-            items: list[UniItem] | None = None
-            with trio.move_on_at(deadline) as idle:
-                try:
-                    items = await receive.receive()
-                except trio.EndOfChannel:
-                    break
-            if idle.cancelled_caught:
-                if started:
-                    await http.send_data(SSE_HEARTBEAT)
-                else:
-                    await http.start_stream(200, SSE_HEADERS)
-                    started = True
-                deadline = trio.current_time() + heartbeat
-                continue
-            assert items is not None
+        head = HeldHead(http, self.shared.limits.heartbeat)
+        written = False
+        while (items := await head.receive(receive)) is not None:
             out: list[bytes] = []
             stopped = reset = False
             for item in items:
@@ -366,12 +350,8 @@ class OpenAIChat:
             frames = b"".join(out)
             if frames:
                 self.shared.metrics.count(len(out))
-                if not started:
-                    await http.start_stream(200, SSE_HEADERS)
-                    started = True
-                await http.send_data(frames)
+                await head.send(frames)
                 written = True
-                deadline = trio.current_time() + heartbeat
             if reset:
                 await http.send_data(sse_json({"error": _INCOMPLETE}) + SSE_DONE)
                 turn.cancel()
@@ -381,8 +361,7 @@ class OpenAIChat:
                 return
         result = await turn.result()
         if result.ok or withheld(result):
-            if not started:
-                await http.start_stream(200, SSE_HEADERS)
+            await head.start()
             end = SSE_DONE
             if not result.ok:
                 assert isinstance(result.error, EmptyResponseError)
@@ -392,7 +371,7 @@ class OpenAIChat:
             await http.send_data(end)
             return
         error, status, headers = openai_error(result, provider)
-        if not started:
+        if not head.started:
             await http.respond(status, msgspec.json.encode({"error": error}), headers)
             return
         await http.send_data(sse_json({"error": error}) + SSE_DONE)

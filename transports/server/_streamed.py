@@ -3,12 +3,12 @@ cancels it, one that only half-closed keeps reading to the end."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import h11
 import trio
 
-from .._encode import SSE_PROBE
+from .._encode import SSE_HEARTBEAT, SSE_PROBE
 from ._replies import GONE, CloseConnection
 
 if TYPE_CHECKING:
@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 
     from .._http11 import HttpConnection
 
-__all__ = ["SSE_HEADERS", "end_stream", "until_gone"]
+__all__ = ["SSE_HEADERS", "HeldHead", "end_stream", "until_gone"]
+
+T = TypeVar("T")
 
 SSE_HEADERS = (
     ("content-type", "text/event-stream; charset=utf-8"),
@@ -25,6 +27,46 @@ SSE_HEADERS = (
     ("x-accel-buffering", "no"),
 )
 """The head of every event stream the server sends (run events, MMSP)."""
+
+
+class HeldHead:
+    """An event stream whose head waits for its first data up to one heartbeat, so a refusal
+    upstream can still get its HTTP status; while nothing comes, a heartbeat comment goes out
+    every `heartbeat` seconds (the first of them sends the head)."""
+
+    def __init__(self, http: HttpConnection, heartbeat: float) -> None:
+        self.http = http
+        self.heartbeat = heartbeat
+        self.started = False  # the head went out
+        self._deadline = trio.current_time() + heartbeat
+
+    async def receive(self, channel: trio.MemoryReceiveChannel[T]) -> T | None:
+        """The channel's next item, or None once it has ended; heartbeats meanwhile."""
+        while True:
+            with trio.move_on_at(self._deadline):
+                try:
+                    return await channel.receive()
+                except trio.EndOfChannel:
+                    return None
+            if self.started:
+                await self.http.send_data(SSE_HEARTBEAT)
+            else:
+                await self.start()
+            self._deadline = trio.current_time() + self.heartbeat
+
+    async def start(self) -> None:
+        """Send the head, if it has not gone out."""
+        if not self.started:
+            await self.http.start_stream(200, SSE_HEADERS)
+            self.started = True
+
+    async def send(self, data: bytes) -> None:
+        """Send data (the head first, if it has not gone out); the next heartbeat is due one
+        heartbeat from now."""
+        await self.start()
+        await self.http.send_data(data)
+        self._deadline = trio.current_time() + self.heartbeat
+
 
 _PROBE_WAIT = 0.05  # seconds for a reset to come back over loopback or a LAN
 _PROBE_EVERY = 1.0  # seconds between looks at whether the head went out, to probe after it
