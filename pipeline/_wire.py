@@ -10,11 +10,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from rillet.transports import NDJSONDecoder, SSEDecoder
 
 from ._errors import FrameEncodingError, FrameError, FrameTooLarge, MalformedFrameError
 from ._grammar import Grammar, wall_clock_ms
 from ._lanes import MessageStop, ProviderErrorEvent
+from ._ndjson import NDJSONDecoder
+from ._sse import SSEDecoder
 
 if TYPE_CHECKING:
     from collections.abc import Callable

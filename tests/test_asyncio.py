@@ -32,8 +32,8 @@ from rillet import (
 )
 from rillet._guest import GuestRun, guest_run
 from rillet.asyncio import TurnStream, run_in_trio, stream_turn
+from rillet.frames import SSEDecoder, encode_sse
 from rillet.providers import OpenAIChatDialect, Provider
-from rillet.transports import SSEDecoder, encode_sse
 from rillet.transports.testing import Reply, openai_text_stream, status_reply
 from starlette.applications import Starlette
 from starlette.responses import StreamingResponse

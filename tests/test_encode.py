@@ -1,16 +1,11 @@
-"""The wire encoders (`rillet.transports._encode`): what each writes is what the matching
+"""The wire encoders (`rillet._encode`): what each writes is what the matching
 decoder (ours for SSE, wsproto for WebSocket, msgspec for JSON Lines) reads back."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
-from rillet._events import UniEvent
-from rillet._handler import AttemptReset
-from rillet._hub import Entry
-from rillet._runevents import AnswerDelta, decode_run_event
-from rillet.transports import SSEDecoder
-from rillet.transports._encode import (
+from rillet._encode import (
     SSE_DONE,
     SSE_HEARTBEAT,
     SSE_PROBE,
@@ -22,6 +17,11 @@ from rillet.transports._encode import (
     uni_jsonl,
     ws_text_frames,
 )
+from rillet._events import UniEvent
+from rillet._handler import AttemptReset
+from rillet._hub import Entry
+from rillet._runevents import AnswerDelta, decode_run_event
+from rillet.frames import SSEDecoder
 from wsproto.frame_protocol import FrameProtocol, Opcode
 
 

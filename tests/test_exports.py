@@ -58,7 +58,8 @@ def _defines(obj: object) -> bool:
 
 def test_the_modules_are_found() -> None:
     names = {m.__name__ for m in PUBLIC}
-    assert {"rillet", "rillet.providers", "rillet.transports", "rillet.redis"} <= names
+    public = {"rillet", "rillet.frames", "rillet.providers", "rillet.transports", "rillet.redis"}
+    assert public <= names
     assert "rillet.transports.server" in names
     assert any(_is_private(m.__name__) for m in MODULES)
 

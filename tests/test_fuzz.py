@@ -51,9 +51,9 @@ from rillet._lanes import (
     ProviderErrorEvent,
     RawUsage,
 )
+from rillet.frames import NDJSONDecoder, SSEDecoder
 from rillet.providers._base import Provider, Secret
 from rillet.providers._openai_chat import OpenAIChatDialect
-from rillet.transports import NDJSONDecoder, SSEDecoder
 from rillet.transports.server import Limits, ServerConfig, serve
 from rillet.transports.testing import open_loopback_provider
 

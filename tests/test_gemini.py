@@ -30,9 +30,9 @@ from rillet import (
     WireDecoder,
     user,
 )
+from rillet.frames import SSEEvent
 from rillet.providers import Provider, Secret
 from rillet.providers._gemini import GeminiDialect
-from rillet.transports import SSEEvent
 
 from .wire_cases import FIXTURES, run
 

@@ -68,7 +68,7 @@ from rillet.transports.testing import openai_text_body, openai_text_stream, sse
 pytestmark = pytest.mark.usefixtures("graph")  # every turn here runs under both graphs
 
 if TYPE_CHECKING:
-    from rillet.transports import SSEEvent
+    from rillet.frames import SSEEvent
 
 # --- the scripted provider --------------------------------------------------------------------
 

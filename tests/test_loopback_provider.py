@@ -14,7 +14,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from rillet.transports import SSEDecoder
+from rillet.frames import SSEDecoder
 from rillet.transports.testing import (
     PING,
     LoopbackProvider,

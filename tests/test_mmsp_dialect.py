@@ -41,6 +41,7 @@ from rillet import (
     user,
 )
 from rillet._events import EmbeddingDelta, EmbeddingDone, delta_event, stop_event
+from rillet.frames import SSEEvent
 from rillet.providers import Provider, Secret
 from rillet.providers._mmsp import (
     MMSPDialect,
@@ -49,7 +50,6 @@ from rillet.providers._mmsp import (
     list_models_request,
     parse_model_list,
 )
-from rillet.transports import SSEEvent
 
 from .wire_cases import chunkings, entry_of, error_entry, run
 

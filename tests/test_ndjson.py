@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rillet import FrameEncodingError, FrameTooLarge, RilletError
-from rillet.transports import DEFAULT_MAX_FRAME, NDJSONDecoder
+from rillet.frames import DEFAULT_MAX_FRAME, NDJSONDecoder
 
 STREAM = '{"a":1}\n{"b":"é😀"}\n{"c":[1,2,3]}\n'.encode()
 LINES = ['{"a":1}', '{"b":"é😀"}', '{"c":[1,2,3]}']

@@ -26,11 +26,11 @@ from rillet import (
 )
 from rillet._policy import Outcome
 from rillet._runevents import RunDone
+from rillet.frames import DEFAULT_MAX_FRAME, SSEDecoder
 from rillet.providers._anthropic import AnthropicDialect
 from rillet.providers._gemini import GeminiDialect
 from rillet.providers._ollama import OllamaDialect
 from rillet.providers._openai_chat import OpenAIChatDialect
-from rillet.transports import DEFAULT_MAX_FRAME, SSEDecoder
 from rillet.transports.testing import Reply, open_loopback_provider, openai_text_stream, sse
 
 from .test_handler import (

@@ -48,10 +48,10 @@ from rillet._policy import Outcome, Policy
 from rillet._ratelimit import RateLimiter
 from rillet._runevents import AnswerDone, RunDone, RunEvent, StatusEvent, decode_run_event
 from rillet._turn import Sink, Turn, TurnResult, run_turn
+from rillet.frames import SSEDecoder
 from rillet.providers._base import Dialect, Provider, Secret
 from rillet.providers._ollama import OllamaDialect
 from rillet.providers._openai_chat import OpenAIChatDialect
-from rillet.transports import SSEDecoder
 from rillet.transports.server import Limits, ServerConfig, serve
 from rillet.transports.sinks import JSONLSink
 from rillet.transports.testing import (

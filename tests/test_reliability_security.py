@@ -58,6 +58,7 @@ from rillet._grammar import MAX_ARGUMENT_DEPTH
 from rillet._policy import Outcome
 from rillet._request import TurnRequest, user
 from rillet._runevents import AnswerDelta, RunDone
+from rillet.frames import SSEDecoder, encode_sse
 from rillet.providers._anthropic import AnthropicDialect
 from rillet.providers._base import Dialect, Provider, Secret
 from rillet.providers._embeddings import OpenAIEmbeddingsDialect
@@ -66,7 +67,6 @@ from rillet.providers._mmsp import MMSPDialect
 from rillet.providers._ollama import OllamaDialect
 from rillet.providers._openai_chat import OpenAIChatDialect
 from rillet.providers._openai_responses import OpenAIResponsesDialect
-from rillet.transports import SSEDecoder, encode_sse
 from rillet.transports.server import Limits, ServerConfig, ServerConfigError, serve
 from rillet.transports.testing import Reply, openai_text_stream, status_reply
 

@@ -31,9 +31,9 @@ from rillet._runevents import (
     RunEvent,
     decode_run_event,
 )
+from rillet.frames import SSEDecoder, SSEEvent
 from rillet.providers._base import Provider, Secret
 from rillet.providers._openai_chat import OpenAIChatDialect
-from rillet.transports import SSEDecoder, SSEEvent
 from rillet.transports.server import Limits, ServerConfig, ServerConfigError, serve
 from rillet.transports.testing import (
     LoopbackProvider,

@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 from rillet._runevents import AnswerDelta, decode_run_event
-from rillet.transports import SSEDecoder
+from rillet.frames import SSEDecoder
 from rillet.transports._http11 import ConnectionStream
 from rillet.transports._ws import text_frame
 from rillet.transports.server import Limits

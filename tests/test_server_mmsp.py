@@ -17,9 +17,9 @@ from rillet import IncompleteStreamError
 from rillet._events import UniEvent, decode_uni_event
 from rillet._request import TurnRequest, user
 from rillet._turn import open_turn, run_turn
+from rillet.frames import SSEDecoder, SSEEvent
 from rillet.providers._base import Provider, Secret
 from rillet.providers._mmsp import MMSPDialect, error_from_wire, parse_model_list
-from rillet.transports import SSEDecoder, SSEEvent
 from rillet.transports.testing import (
     Reply,
     open_loopback_provider,

@@ -20,12 +20,12 @@ from rillet._events import (
     UniEvent,
     UsageMetadata,
 )
+from rillet._openai_request import BadRequest, chat_request, decode_chat_body
 from rillet._policy import Policy
 from rillet.providers._base import Provider
 from rillet.providers._registry import dialect_from_name
 from rillet.transports.server import Limits, ServerConfig, serve
 from rillet.transports.server._openai import openai_finish_reason, openai_usage
-from rillet.transports.server._openai_request import BadRequest, chat_request, decode_chat_body
 from rillet.transports.server._uistream import UiBody, UiParts, ui_request
 from rillet.transports.testing import Reply, open_loopback_provider, openai_text_stream
 

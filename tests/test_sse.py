@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rillet import FrameTooLarge, RilletError, SSEEncodeError
-from rillet.transports import DEFAULT_MAX_FRAME, SSEDecoder, SSEEvent, encode_sse
+from rillet.frames import DEFAULT_MAX_FRAME, SSEDecoder, SSEEvent, encode_sse
 
 BOM = b"\xef\xbb\xbf"
 EMOJI = "😀".encode()  # four bytes

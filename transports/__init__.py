@@ -1,17 +1,21 @@
-"""rillet's transports: what carries bytes and frames in and out, and nothing else.
+"""rillet's I/O transports: what carries bytes and frames in and out, and nothing else.
 
-The frame codecs here are sans-I/O (`feed(bytes) -> frames`, `close()`); the I/O transports
-(httpx streaming, WebSocket, replay files, servers and sinks) are built on them.
+Upstream (`rillet.transports.upstream`: HTTP on httpx, WebSocket, in memory; `replay`), the
+sinks (`sinks`), the HTTP/SSE/WebSocket server (`server`) and the loopback test providers
+(`testing`). The sans-I/O frame codecs they are built on live in the core: `rillet.frames`.
 """
 
-from rillet._public import fixup_module_metadata as _fixup_module_metadata
+from typing import Any
 
-from ._ndjson import NDJSONDecoder as NDJSONDecoder
-from ._sse import DEFAULT_MAX_FRAME as DEFAULT_MAX_FRAME
-from ._sse import SSEDecoder as SSEDecoder
-from ._sse import SSEEvent as SSEEvent
-from ._sse import encode_sse as encode_sse
+__all__: list[str] = []
 
-__all__ = ["DEFAULT_MAX_FRAME", "NDJSONDecoder", "SSEDecoder", "SSEEvent", "encode_sse"]
+_MOVED = {"DEFAULT_MAX_FRAME", "NDJSONDecoder", "SSEDecoder", "SSEEvent", "encode_sse"}
 
-_fixup_module_metadata(__name__, globals())
+
+def __getattr__(name: str) -> Any:
+    """The frame codecs' names, still importable from here (their home is `rillet.frames`)."""
+    if name in _MOVED:
+        import rillet.frames
+
+        return getattr(rillet.frames, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

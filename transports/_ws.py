@@ -26,10 +26,9 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 import trio_websocket
+from rillet._encode import close_frame
+from rillet._encode import text_frame as text_frame  # the frames live with the other wire encoders
 from wsproto.connection import ConnectionState
-
-from ._encode import close_frame
-from ._encode import text_frame as text_frame  # the frames live with the other wire encoders
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

@@ -25,6 +25,7 @@ from contextlib import asynccontextmanager
 from typing import IO, TYPE_CHECKING, Literal, TextIO, cast
 
 import trio
+from rillet._encode import jsonl_lines, uni_jsonl
 from rillet._runevents import (
     AnswerDelta,
     AttemptResetEvent,
@@ -33,8 +34,6 @@ from rillet._runevents import (
     StatusEvent,
     ToolCallStarted,
 )
-
-from ._encode import jsonl_lines, uni_jsonl
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

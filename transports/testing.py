@@ -31,8 +31,7 @@ import attrs
 import h11
 import msgspec
 import trio
-
-from ._encode import encode_sse
+from rillet._encode import encode_sse
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable, Mapping

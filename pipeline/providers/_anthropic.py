@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 
     from rillet._errors import ProviderError
     from rillet._request import TurnRequest
-    from rillet.transports import SSEEvent
+    from rillet._sse import SSEEvent
 
     from ._base import StreamDecoder
 

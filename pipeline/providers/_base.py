@@ -25,7 +25,7 @@ from rillet._errors import (
     RateLimitError,
     ServerError,
 )
-from rillet.transports import DEFAULT_MAX_FRAME, SSEEvent
+from rillet._sse import DEFAULT_MAX_FRAME, SSEEvent
 
 if TYPE_CHECKING:
     from rillet._lanes import LaneEvent

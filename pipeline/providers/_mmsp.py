@@ -71,7 +71,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from rillet._request import TurnRequest
-    from rillet.transports import SSEEvent
+    from rillet._sse import SSEEvent
 
     from ._base import StreamDecoder
 

@@ -62,7 +62,7 @@ from rillet._lanes import (
 from ._base import ToolIds, answer_tokens, error_from_body, strict_decode
 
 if TYPE_CHECKING:
-    from rillet.transports import SSEEvent
+    from rillet._sse import SSEEvent
 
 __all__ = ["NAME", "ChatStreamDecoder", "decode_completion", "sniff_audio"]
 

@@ -43,9 +43,9 @@ from rillet._runevents import (
     decode_run_event,
 )
 from rillet._turn import CallbackSink, SinkBatch, run_turn
+from rillet.frames import SSEDecoder
 from rillet.providers._base import Provider, Secret
 from rillet.providers._openai_chat import OpenAIChatDialect
-from rillet.transports import SSEDecoder
 from rillet.transports.server import Limits
 
 from ..test_handler import FakeProvider, openai_events, policy, provider_for, rescue_ok, status

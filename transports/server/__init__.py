@@ -41,7 +41,7 @@ handlers share and the checks they all make), `_capacity` (client identity, admi
 `_runs` (the runs API), `_fanout` (one pump for SSE and WebSocket subscribers), `_mmsp`
 (MMSP's server wire), `_streamed` (a streamed body watched against its client), `_page`,
 `_metrics` (what both metrics endpoints count), `_log` (the log lines), `_replies`. Every
-byte sequence that goes on the wire is built in `rillet.transports._encode`.
+byte sequence that goes on the wire is built in `rillet._encode`.
 """
 
 from rillet._public import fixup_module_metadata as _fixup_module_metadata

@@ -19,9 +19,9 @@ import attrs
 import msgspec
 import trio
 import trio_websocket
+from rillet._encode import SSE_HEARTBEAT, SSE_RETRY, sse_run_events, ws_text_frames
 from rillet._hub import CursorExpired, Entry, SubscriberDropped, Subscription
 
-from .._encode import SSE_HEARTBEAT, SSE_RETRY, sse_run_events, ws_text_frames
 from .._http11 import ConnectionStream
 from .._ws import TokenBucket, close_websocket, handshake_problem, open_websocket
 from ._capacity import subscriber

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import msgspec
 import trio
+from rillet._encode import SSE_DONE, sse_data
 from rillet._errors import (
     FallbackFailed,
     FrameError,
@@ -26,7 +27,6 @@ from rillet._policy import Outcome, Policy
 from rillet._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
 from rillet._turn import SinkBatch, Turn, TurnResult, UniItem, run_turn
 
-from .._encode import SSE_DONE, sse_data
 from ._log import log_run_end, log_run_start
 from ._replies import GONE, CloseConnection, ErrorReply, to_json
 from ._shared import Shared

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import msgspec
+from rillet._encode import SSE_DONE, sse_json
 from rillet._errors import EmptyResponseError
 from rillet._events import (
     FinishReason,
@@ -28,10 +29,9 @@ from rillet._events import (
     UsageMetadata,
 )
 from rillet._handler import AttemptReset
+from rillet._openai_request import BadRequest, ChatBody, chat_request, decode_chat_body
 
-from .._encode import SSE_DONE, sse_json
 from ._mmsp import mmsp_error
-from ._openai_request import BadRequest, ChatBody, chat_request, decode_chat_body
 from ._replies import ErrorReply
 from ._shared import Shared
 from ._streamed import HeldHead

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 import h11
 import trio
+from rillet._encode import SSE_HEARTBEAT, SSE_PROBE
 
-from .._encode import SSE_HEARTBEAT, SSE_PROBE
 from ._replies import GONE, CloseConnection
 
 if TYPE_CHECKING:

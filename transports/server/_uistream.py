@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import msgspec
 import trio
+from rillet._encode import SSE_DONE, SSE_HEARTBEAT, sse_json
 from rillet._errors import EmptyResponseError
 from rillet._events import (
     FinishReason,
@@ -33,7 +34,6 @@ from rillet._events import (
 from rillet._handler import AttemptReset
 from rillet._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
 
-from .._encode import SSE_DONE, SSE_HEARTBEAT, sse_json
 from ._mmsp import mmsp_error
 from ._replies import ErrorReply
 from ._shared import Shared

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from rillet._events import (
+
+from ._events import (
     FinishReason,
     ImageUrlDone,
     TextDone,
@@ -15,10 +16,10 @@ from rillet._events import (
     ToolResultDone,
     UniMessage,
 )
-from rillet._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
+from ._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
 
 if TYPE_CHECKING:
-    from rillet._events import ContentItem
+    from ._events import ContentItem
 
 __all__ = ["BadRequest", "ChatBody", "chat_request", "decode_chat_body"]
 

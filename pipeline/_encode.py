@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from ._errors import SSEEncodeError
+
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
-    from types import ModuleType
 
     from rillet._events import UniEvent
     from rillet._handler import AttemptReset
@@ -45,14 +46,6 @@ _LINE_END = re.compile(r"\r\n|\r|\n")
 _FORBIDDEN = re.compile(r"[\r\n\x00]")
 
 
-def _errors() -> ModuleType:
-    """The error module, imported when first needed: `rillet` imports this package while it
-    initialises, so a module-level import would be circular."""
-    import rillet._errors
-
-    return rillet._errors
-
-
 # --- SSE ------------------------------------------------------------------------------------------
 
 
@@ -75,11 +68,11 @@ def encode_sse(
         parts.extend(f": {line}\n" for line in _LINE_END.split(comment))
     if event is not None:
         if _FORBIDDEN.search(event):
-            raise _errors().SSEEncodeError("event")
+            raise SSEEncodeError("event")
         parts.append(f"event: {event}\n")
     if id is not None:
         if _FORBIDDEN.search(id):
-            raise _errors().SSEEncodeError("id")
+            raise SSEEncodeError("id")
         parts.append(f"id: {id}\n")
     if retry is not None:
         if retry < 0:

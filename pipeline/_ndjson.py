@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import msgspec
 
-from ._sse import DEFAULT_MAX_FRAME, _errors
+from ._errors import FrameEncodingError, FrameError, FrameTooLarge
+from ._sse import DEFAULT_MAX_FRAME
 
 __all__ = ["NDJSONDecoder"]
 
@@ -66,9 +67,7 @@ class NDJSONDecoder:
             self._held_size += len(chunk)
             size = len(self._tail) + self._held_size
             if size > self.max_frame:
-                self._error = _errors().FrameTooLarge(
-                    self.max_frame, size, offset=self._tail_offset
-                )
+                self._error = FrameTooLarge(self.max_frame, size, offset=self._tail_offset)
                 self._tail = b""
                 self._held.clear()
                 raise self._error
@@ -96,12 +95,12 @@ class NDJSONDecoder:
                     except UnicodeDecodeError:
                         self._line(raw, at, len(out))  # raises FrameEncodingError, located
                         raise
-            except _errors().FrameError as exc:
+            except FrameError as exc:
                 error = exc
                 break
             at += size + 1
         if error is None and len(tail) > cap:
-            error = _errors().FrameTooLarge(cap, len(tail), offset=at)
+            error = FrameTooLarge(cap, len(tail), offset=at)
         self.frames += len(out)
         if error is not None:
             self._error = error
@@ -143,7 +142,7 @@ class NDJSONDecoder:
     def _line(self, raw: bytes, offset: int, done: int) -> str | None:
         """One line's text (None for a blank one); `done` lines of this chunk came before it."""
         if len(raw) > self.max_frame:
-            raise _errors().FrameTooLarge(self.max_frame, len(raw), offset=offset)
+            raise FrameTooLarge(self.max_frame, len(raw), offset=offset)
         if raw.endswith(b"\r"):
             raw = raw[:-1]
         if not raw.strip():
@@ -151,7 +150,7 @@ class NDJSONDecoder:
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise _errors().FrameEncodingError(
+            raise FrameEncodingError(
                 f"NDJSON line is not valid UTF-8 (byte {exc.start} of the line)",
                 offset=offset,
                 frame_index=self.frames + done,

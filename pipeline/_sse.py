@@ -20,14 +20,10 @@ every one after it), so what a caller receives does not depend on how the bytes 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import msgspec
 
 from ._encode import encode_sse as encode_sse  # the encoder lives with the other wire encoders
-
-if TYPE_CHECKING:
-    from types import ModuleType
+from ._errors import FrameTooLarge
 
 __all__ = ["DEFAULT_MAX_FRAME", "SSEDecoder", "SSEEvent", "encode_sse"]
 
@@ -35,14 +31,6 @@ DEFAULT_MAX_FRAME = 32 * 1024 * 1024
 """The cap on one incoming frame: real frames repeat a whole answer or carry an inline image."""
 _BOM = b"\xef\xbb\xbf"
 _NAMES: dict[bytes, str] = {}  # event names seen, decoded once (bounded: names are few)
-
-
-def _errors() -> ModuleType:
-    """The error module, imported when first needed: `rillet` imports this package while it
-    initialises, so a module-level import would be circular."""
-    import rillet._errors
-
-    return rillet._errors
 
 
 class SSEEvent(msgspec.Struct, frozen=True, gc=False):
@@ -307,7 +295,7 @@ class SSEDecoder:
         return error
 
     def _too_large(self, size: int) -> Exception:
-        error: Exception = _errors().FrameTooLarge(self.max_frame, size, offset=self.offset)
+        error: Exception = FrameTooLarge(self.max_frame, size, offset=self.offset)
         return error
 
 
