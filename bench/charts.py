@@ -28,6 +28,7 @@ _COLOURS = {
     "limit-sync": "#c4c4c4",
     "core": "#5aa0dc",
     "pipeline": _RILLET,
+    "pipeline-hops": "#3b7dc4",
     "jsonl": "#163f6b",
     "pipeline-16k": "#9cc3e6",
 }
@@ -57,7 +58,7 @@ def _throughput(results: dict[str, Any], out: Path) -> Path | None:
         # rillet's rounds in the peers' process are the ratios' denominators, not bars
         if (
             s.get("events_per_s")
-            and s["contestant"] != "pipeline-16k"
+            and s["contestant"] not in ("pipeline-16k", "pipeline-hops")
             and not s["contestant"].startswith("pipeline:")
         ):
             rows.setdefault(s["stream"], []).append(s)
@@ -115,7 +116,15 @@ def _pipeline(results: dict[str, Any], out: Path) -> Path | None:
     streams = [st["name"] for st in tp["streams"] if st["events"] == top]
     names = [
         n
-        for n in ("limit", "limit-httpx", "core", "pipeline", "jsonl", "pipeline-16k")
+        for n in (
+            "limit",
+            "limit-httpx",
+            "core",
+            "pipeline",
+            "pipeline-hops",
+            "jsonl",
+            "pipeline-16k",
+        )
         if any((n, s) in table for s in streams)
     ]
     if not streams or not names:

@@ -12,6 +12,8 @@ Each contestant consumes one whole `Stream` and returns the fingerprint of what 
 - `pipeline`: the full actor pipeline, `run_turn` with an httpx client on the in-memory
   transport (handler, accumulator actor, logs, run events).
 - `jsonl`: `open_turn` with a `JSONLSink` writing the run events to the null device.
+- `pipeline-hops`: `run_turn` with `Policy(graph="hops")`, every actor on its own task with
+  real channels between them: what the default's chaining saves.
 - `pipeline-16k` (diagnostic): `run_turn` on the same bytes in 16 KiB reads, to tell the cost
   paid per read from the cost paid per event.
 """
@@ -28,6 +30,7 @@ import httpx
 import msgspec
 from rillet import (
     Accumulator,
+    Policy,
     TextDone,
     ThinkingDone,
     ToolCallDone,
@@ -242,6 +245,20 @@ class _Pipeline(Contestant):
         await self.client.aclose()
 
 
+class _PipelineHops(_Pipeline):
+    """`run_turn` with every actor on its own task (`Policy(graph="hops")`)."""
+
+    name = "pipeline-hops"
+    label = "rillet run_turn, hops mode"
+    policy = Policy(graph="hops")
+
+    async def run(self) -> str:
+        result = await run_turn(self.request, self.provider, client=self.client, policy=self.policy)
+        if not result.ok:
+            return f"turn {result.outcome.name}: {result.error!r}"[:200]
+        return message_digest(result.message)
+
+
 class _PipelineBigReads(_Pipeline):
     """Diagnostic: the same bytes in 16 KiB reads. Against `pipeline` it splits rillet's cost
     into what it pays per read and what it pays per event."""
@@ -278,5 +295,6 @@ class _Jsonl(_Pipeline):
 
 # in the order they are reported
 RILLET: dict[str, type[Contestant]] = {
-    c.name: c for c in (_Limit, _LimitHttpx, _Core, _Pipeline, _Jsonl, _PipelineBigReads)
+    c.name: c
+    for c in (_Limit, _LimitHttpx, _Core, _Pipeline, _PipelineHops, _Jsonl, _PipelineBigReads)
 }

@@ -30,7 +30,7 @@ __all__ = ["DEFAULT_MAX_FRAME", "SSEDecoder", "SSEEvent", "encode_sse"]
 DEFAULT_MAX_FRAME = 32 * 1024 * 1024
 """The cap on one incoming frame: real frames repeat a whole answer or carry an inline image."""
 _BOM = b"\xef\xbb\xbf"
-_NAMES: dict[bytes, str] = {}  # event names seen, decoded once (bounded: names are few)
+_NAMES: dict[bytes, str] = {}  # `event: name` lines seen, names decoded once (bounded: few)
 
 
 class SSEEvent(msgspec.Struct, frozen=True, gc=False):
@@ -149,22 +149,25 @@ class SSEDecoder:
                 raise self._fail(self._too_large(self._held_size))
             return []
         if held:
-            held.append(chunk)
-            chunk = b"".join(held)
+            chunk = held[0] + chunk if len(held) == 1 else b"".join(held) + chunk
             held.clear()
         blocks = chunk.split(b"\n\n")
         tail = blocks.pop()  # its comment lines, if any, are bounded by this chunk
         if tail:
             held.append(tail)
+            self._held_lf = tail[-1] == 0x0A
+        else:
+            self._held_lf = False
         self._held_size = len(tail)
-        self._held_lf = tail[-1:] == b"\n"
         out: list[SSEEvent] = []
         cap = self.max_frame
         event_id = self._id
+        names = _NAMES
         fast = 0  # events dispatched by the fast paths (they change no state but the count)
         failed: Exception | None = None
+        small = len(chunk) <= cap  # then no block in it is over the cap
         for block in blocks:
-            if len(block) > cap and _uncommented_size(block) > cap:
+            if not small and len(block) > cap and _uncommented_size(block) > cap:
                 failed = self._too_large(len(block))
                 break
             if block[:6] == b"data: ":
@@ -173,18 +176,19 @@ class SSEDecoder:
                     out.append(SSEEvent(block[6:].decode("utf-8", "replace"), "message", event_id))
                     fast += 1
                     continue
-            elif block[:7] == b"event: ":
+            else:
                 # the next commonest: `event: name` then one `data:` line
-                nl = block.find(b"\n")
-                if nl > 0 and block[nl + 1 : nl + 7] == b"data: " and block.find(b"\n", nl + 1) < 0:
-                    name = _NAMES.get(block[7:nl])
-                    if name is None:
-                        name = block[7:nl].decode("utf-8", "replace") or "message"
-                        if len(_NAMES) < 256:
-                            _NAMES[block[7:nl]] = name
-                    out.append(SSEEvent(block[nl + 7 :].decode("utf-8", "replace"), name, event_id))
-                    fast += 1
-                    continue
+                head, sep, data = block.partition(b"\ndata: ")
+                if sep and 0x0A not in data:
+                    name = names.get(head)
+                    if name is None and head[:7] == b"event: " and 0x0A not in head:
+                        name = head[7:].decode("utf-8", "replace") or "message"
+                        if len(names) < 256:
+                            names[head] = name
+                    if name is not None:
+                        out.append(SSEEvent(data.decode("utf-8", "replace"), name, event_id))
+                        fast += 1
+                        continue
             self.frames += fast
             fast = 0
             self._block(block, out)

@@ -347,7 +347,7 @@ async def run_turn(
     accumulator = Accumulator()
     builder = RunEventBuilder(  # reads the accumulator's text: it is kept once
         turn.run_id,
-        trio.current_time,
+        trio.lowlevel.current_clock().current_time,  # trio's clock, one call fewer per batch
         reasoning=reasoning,
         tool_arguments=tool_arguments,
         text=accumulator.answer,
