@@ -105,7 +105,14 @@ class HttpExchange:
         # bytes through), decoded otherwise, or when an httpx transport already read it whole
         coding = response.headers.get("content-encoding", "identity").strip().lower()
         raw = coding in ("", "identity") and not response.is_stream_consumed
-        self._chunks: AsyncIterator[bytes] = response.aiter_raw() if raw else response.aiter_bytes()
+        # raw: the response's own stream, not `aiter_raw`, whose layer per read only counts
+        # bytes and re-chunks them (errors come the same: the transport's stream maps them)
+        stream = response.stream
+        self._chunks: AsyncIterator[bytes] = (
+            stream.__aiter__()
+            if raw and isinstance(stream, httpx.AsyncByteStream)
+            else response.aiter_bytes()
+        )
         self.receive: Callable[[], Awaitable[bytes]] = functools.partial(anext, self._chunks, b"")
         """The next body chunk; `b""` at the end (httpx yields no empty chunks)."""
 
