@@ -15,7 +15,7 @@ from ._errors import FrameEncodingError, FrameError, FrameTooLarge, MalformedFra
 from ._grammar import Grammar, wall_clock_ms
 from ._lanes import MessageStop, ProviderErrorEvent
 from ._ndjson import NDJSONDecoder
-from ._sse import SSEDecoder
+from ._sse import DEFAULT_MAX_FRAME, SSEDecoder
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -72,7 +72,7 @@ class WireDecoder:
         self,
         dialect: Dialect,
         *,
-        max_frame: int = 64 * 1024,
+        max_frame: int = DEFAULT_MAX_FRAME,
         clock: Callable[[], int] = wall_clock_ms,
         provider: str | None = None,
         stream: bool = True,

@@ -38,10 +38,10 @@ CORE = [
     *[f"providers/{p.name}" for p in sorted((PIPELINE / "providers").glob("*.py"))],
 ]
 IO = ("rillet.transports", "httpx", "httpcore", "trio", "trio_websocket", "socket", "h11")
-# What makes a module I/O: it talks to sockets, httpx, trio or the network server.
 # The server's settings: plain attrs classes read only by the server's I/O modules.
 SETTINGS = {TRANSPORTS / "server" / "_config.py"}
-IO_MARKERS = ("trio", "httpx", "trio_websocket", "socket", "h11", "rillet.transports")
+# What makes a module I/O: it talks to sockets, httpx, trio, files or the network server.
+IO_MARKERS = ("trio", "httpx", "trio_websocket", "socket", "h11", "io", "rillet.transports")
 
 
 def _imports(path: Path) -> set[str]:

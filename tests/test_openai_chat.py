@@ -1051,3 +1051,16 @@ def test_reasoning_tokens_are_taken_out_of_the_completion_only_when_it_holds_the
     got = decode(data)[-1]["usage_metadata"]
     assert got["response_tokens"] == answer
     assert got["thoughts_tokens"] == reasoning
+
+
+def test_a_wire_decoder_takes_the_same_frames_a_turn_does() -> None:
+    """Used directly, the wire decoder accepts frames as large as a turn does (32 MiB), not a
+    smaller cap of its own."""
+    from rillet.frames import DEFAULT_MAX_FRAME
+
+    text = "x" * (1024 * 1024)
+    chunk = '{"id":"c","model":"m","choices":[{"index":0,"delta":{"content":"' + text + '"}}]}'
+    decoder = WireDecoder(OpenAIChatDialect(), clock=lambda: 0)
+    events = decoder.feed(f"data: {chunk}\n\n".encode())
+    assert DEFAULT_MAX_FRAME == 32 * 1024 * 1024
+    assert "".join(e.content_items[0].text for e in events if e.content_items) == text
