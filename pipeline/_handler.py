@@ -179,6 +179,7 @@ class Handler:
     first_event_at: float | None = None
     error: BaseException | None = None  # the last error
     rescue_error: BaseException | None = None
+    _rescue_failure: _Failure | None = None  # an error status's verdict, read as a stream's is
     retry_after: float | None = None  # the server-directed wait that ended a RateLimited turn
     emitted_attempt: bool = False  # some attempt emitted events (partial data was seen)
     _pending_reset: bool = False
@@ -533,10 +534,13 @@ class Handler:
         while True:
             await self._rescue(out, Outcome.INIT_FAILED, announce=False)
             error, self.rescue_error = self.rescue_error, None
+            judged, self._rescue_failure = self._rescue_failure, None
             if error is None:
                 return Outcome.COMPLETED
             self.error = error
-            if isinstance(error, TurnTimeout):
+            if judged is not None:
+                failure = judged  # an error status: its header, body hint and x-should-retry
+            elif isinstance(error, TurnTimeout):
                 failure = _Failure(Shape.STALL, error)
             elif isinstance(error, RilletError):
                 failure = self._failure_of(error, 0)
@@ -551,6 +555,7 @@ class Handler:
     ) -> Outcome:
         """One non-streaming request; its reply goes downstream as ordinary groups and a stop."""
         policy = self.policy
+        self._rescue_failure = None
         if announce:
             await self._put(out, [Status("rescuing", self.attempts + 1)])
         await self._take_token()
@@ -568,9 +573,11 @@ class Handler:
             with trio.move_on_at(deadline) as scope:
                 response = await self.upstream.open(http)
                 try:
-                    if response.status >= 300:
-                        body = await read_bounded(response, policy.max_body, label)
-                        raise self._error_from_response(response.status, response.headers, body)
+                    if response.status >= 300:  # judged as a stream's status is (D5, F58)
+                        failure = await self._status_failure(response, deadline)
+                        self._rescue_failure = failure
+                        self.rescue_error = failure.error
+                        return stream_outcome
                     dialect = self.provider.dialect
                     # a server that streams anyway (it ignored `"stream": false`) is read as one
                     streamed = dialect.framing == "sse" and "text/event-stream" in (

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from rillet import (
     Outcome,
     Policy,
@@ -241,6 +242,38 @@ async def test_stream_false_sends_non_streaming_requests_on_the_retry_ladder() -
     assert result.text == TEXT
     assert result.attempts == 2
     assert [b["stream"] for b in bodies] == [False, False]
+
+
+async def test_stream_false_reads_an_error_status_as_a_stream_does(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A 503 is a rate limit whose `Retry-After` is waited (not a transport failure retried at
+    once), and `x-should-retry: false` is one request, whether the turn streams or not."""
+    busy = b'{"error": {"message": "busy", "type": "server_error"}}'
+    whole = Reply(chunks=(openai_text_body(TEXT),), content_type="application/json")
+    script = [
+        Reply(status=503, chunks=(busy,), content_type="application/json",
+              headers=(("retry-after", "7"),)),
+        whole,
+    ]  # fmt: skip
+    async with open_loopback_provider(script) as provider:
+        result = await run_turn(REQUEST, _chat(provider.url), policy=NO_WAIT, stream=False)
+        at = [r.at for r in provider.requests]
+    assert result.outcome is Outcome.COMPLETED
+    assert result.text == TEXT
+    assert len(at) == 2
+    assert at[1] - at[0] == pytest.approx(7.0, abs=1e-3)
+    script = [
+        Reply(status=500, chunks=(busy,), content_type="application/json",
+              headers=(("x-should-retry", "false"),)),
+        whole,
+    ]  # fmt: skip
+    async with open_loopback_provider(script) as provider:
+        result = await run_turn(REQUEST, _chat(provider.url), policy=NO_WAIT, stream=False)
+        sent = len(provider.requests)
+    assert result.outcome is Outcome.INIT_FAILED
+    assert sent == 1
+    assert result.requests == 1
 
 
 async def test_stream_false_tries_a_permanent_error_once() -> None:
