@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 __all__ = ["HttpExchange", "HttpUpstream"]
 
 _DRAIN_LIMIT = 256  # chunks an abandoned body may still hand over from memory
+_FINISH_GRACE = 0.005  # seconds a complete reply's body may take to end, to keep its connection
+_FINISH_BYTES = 64 * 1024  # and how much of it may still be read (and dropped) for that
 
 
 @functools.cache
@@ -120,6 +122,22 @@ class HttpExchange:
         if self._headers is None:
             self._headers = {k.lower(): v for k, v in self.response.headers.items()}
         return self._headers
+
+    async def finish(self) -> None:
+        """The reply has said it is complete (a stop, `[DONE]`) before its body ended: read the
+        body's end if it comes at once, bounded in time and bytes, so that httpx puts the
+        connection back in the client's pool for the next request instead of closing it. What
+        is read is dropped; a failure, or a body that does not end within the bounds, leaves
+        `aclose` to close the connection as it would have."""
+        if self._closed:
+            return
+        left = _FINISH_BYTES
+        with trio.move_on_after(_FINISH_GRACE), contextlib.suppress(httpx.TransportError):
+            while left > 0:
+                chunk = await anext(self._chunks, b"")
+                if not chunk:
+                    return
+                left -= len(chunk)
 
     @staticmethod
     def failure(exc: BaseException) -> UpstreamError:
