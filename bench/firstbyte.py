@@ -58,7 +58,9 @@ __all__ = [
 FIRSTBYTE_CONTESTANTS = ("trio", "run_turn", "open_turn")
 FIRSTBYTE_CASES = ("cold", "warm")
 _WARMUP = 10
-_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None)
+_SO_TIMESTAMPNS: int | None = getattr(
+    socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None
+)
 _STAMP = struct.Struct("qq")  # struct timespec
 
 
@@ -123,6 +125,8 @@ class FirstByteServer:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
+            if self._proc.stdout is not None:
+                self._proc.stdout.close()
 
     def take(self) -> tuple[int, bytes]:
         """The next request the server received: when its first byte arrived
@@ -146,12 +150,13 @@ def _serve() -> None:
 
 async def _server_main() -> None:
     listener = trio.socket.socket()
-    kernel = _SO_TIMESTAMPNS is not None
-    if kernel:
+    kernel = False
+    if _SO_TIMESTAMPNS is not None:
         try:  # accepted sockets inherit it
             listener.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+            kernel = True
         except OSError:
-            kernel = False
+            pass
     await listener.bind(("127.0.0.1", 0))
     listener.listen(64)
     print(listener.getsockname()[1], flush=True)
@@ -200,7 +205,7 @@ def _arrival(ancillary: list[tuple[int, int, bytes]]) -> int:
     for level, kind, value in ancillary:
         if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
             seconds, nanos = _STAMP.unpack(value[: _STAMP.size])
-            return seconds * 1_000_000_000 + nanos
+            return int(seconds) * 1_000_000_000 + int(nanos)
     return 0
 
 

@@ -19,6 +19,8 @@ import httpx
 import trio
 from rillet._upstream import UpstreamError
 
+from ._pool_path import PoolPath
+
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
@@ -56,6 +58,9 @@ class HttpUpstream:
 
     client: httpx.AsyncClient = attrs.field(factory=default_client)
     owns_client: bool = True
+    _pool_path: PoolPath | bool | None = attrs.field(default=False, init=False)
+    """The short way to the client's pool (`PoolPath`), None if it has none; False: not
+    looked for yet."""
 
     @classmethod
     def wrapping(cls, client: httpx.AsyncClient) -> HttpUpstream:
@@ -64,6 +69,17 @@ class HttpUpstream:
 
     async def open(self, request: HttpRequest) -> HttpExchange:
         """Send the request; the exchange once the response's head has come."""
+        path = self._pool_path
+        if path is False:
+            path = self._pool_path = PoolPath.of(self.client)
+        if path is not None and path is not True and path.usable(request.url):
+            try:
+                response = await path.send(
+                    request.method, request.url, request.headers, request.body
+                )
+            except httpx.TransportError as exc:
+                raise UpstreamError(type(exc).__name__, str(exc)) from exc
+            return HttpExchange(response)
         client = self.client
         limits = client.timeout
         timeout = httpx.Timeout(None, connect=limits.connect, write=limits.write, pool=limits.pool)
