@@ -5,6 +5,10 @@ client's httpx transport: a mock, a replay, a real pool). A request's read timeo
 waits on the provider are the handler's deadlines alone (a client's 5 s default would cut a
 provider that thinks before its first token); the client's connect, write and pool timeouts
 still apply. httpx's failures leave as `UpstreamError`, named by httpx's class.
+
+A plain client's requests go straight to its transport's pool (`_pool_path`: the same bytes,
+fewer layers); a reply that is complete before its body ended reads that end (`finish`), so its
+connection goes back to the pool for the next turn.
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ class HttpUpstream:
         path = self._pool_path
         if path is False:
             path = self._pool_path = PoolPath.of(self.client)
-        if path is not None and path is not True and path.usable(request.url):
+        if isinstance(path, PoolPath) and path.usable(request.url):
             try:
                 response = await path.send(
                     request.method, request.url, request.headers, request.body
