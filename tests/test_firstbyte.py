@@ -7,6 +7,7 @@ ever waiting long on a body that does not end. Real sockets: the loopback provid
 from __future__ import annotations
 
 import functools
+import os
 
 import attrs
 import httpx
@@ -17,7 +18,7 @@ from rillet._policy import Policy
 from rillet._turn import run_turn
 from rillet.providers._base import HttpRequest, Provider, Secret
 from rillet.providers._openai_chat import OpenAIChatDialect
-from rillet.transports._http_upstream import HttpUpstream
+from rillet.transports._http_upstream import HttpUpstream, default_client
 from rillet.transports._pool_path import PoolPath
 from rillet.transports.testing import Reply, open_loopback_provider, openai_text_stream, split
 
@@ -244,3 +245,18 @@ def test_the_firstbyte_targets_are_the_worse_of_run_turn_and_open_turn() -> None
     assert (warm.met, warm.measured) == (False, "1.60× (worst: open_turn)")
     unmeasured = judge_targets({})
     assert [t.met for t in unmeasured if "first request byte" in t.name] == [None, None]
+
+
+async def test_the_default_client_reads_proxies_from_the_environment_only_when_some_are_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in [n for n in os.environ if n.lower().endswith("_proxy")]:
+        monkeypatch.delenv(name)
+    async with default_client() as bare:
+        assert not bare._mounts
+        assert PoolPath.of(bare) is not None
+    monkeypatch.setenv("https_proxy", "http://127.0.0.1:3128")
+    async with default_client() as proxied:
+        assert proxied.trust_env
+        assert "https://" in {pattern.pattern for pattern in proxied._mounts}
+        assert PoolPath.of(proxied) is None  # a proxy: httpx's `send` picks the proxy transport
