@@ -349,6 +349,7 @@ class Handler:
                     if not chunk or decoder.stopped:
                         self._ended = not chunk
                         if chunk:  # the reply is complete before its body: keep the connection
+                            reading.deadline = math.inf  # complete: no deadline can undo it now
                             await _finish(response)
                         return None  # the end of the body, or of the reply: nothing more to read
                     if hops and out.failed:

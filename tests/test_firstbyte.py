@@ -260,3 +260,18 @@ async def test_the_default_client_reads_proxies_from_the_environment_only_when_s
         assert proxied.trust_env
         assert "https://" in {pattern.pattern for pattern in proxied._mounts}
         assert PoolPath.of(proxied) is None  # a proxy: httpx's `send` picks the proxy transport
+
+
+async def test_a_deadline_due_while_the_body_ends_does_not_undo_a_complete_reply(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    # the per-event deadline falls inside the finishing grace: the reply was complete, so the
+    # turn is too, on its one request
+    stalled = Reply(chunks=TEXT_STREAM, stall_after=len(TEXT_STREAM))
+    policy = Policy(per_event_timeout=0.001, initial_event_timeout=5.0)
+    async with open_loopback_provider([stalled]) as server, httpx.AsyncClient() as client:
+        with trio.fail_after(60):
+            result = await run_turn(REQUEST, _provider(server.url), client=client, policy=policy)
+    assert result.ok
+    assert result.text == "Hello"
+    assert result.requests == 1

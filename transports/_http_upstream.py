@@ -169,7 +169,8 @@ class HttpExchange:
         if self._closed:
             return
         left = _FINISH_BYTES
-        with trio.move_on_after(_FINISH_GRACE), contextlib.suppress(httpx.TransportError):
+        quiet = contextlib.suppress(httpx.HTTPError, httpx.StreamError)
+        with trio.move_on_after(_FINISH_GRACE), quiet:
             while left > 0:
                 chunk = await anext(self._chunks, b"")
                 if not chunk:
