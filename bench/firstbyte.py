@@ -50,7 +50,9 @@ if TYPE_CHECKING:
 __all__ = [
     "FIRSTBYTE_CASES",
     "FIRSTBYTE_CONTESTANTS",
+    "FirstByteResult",
     "FirstByteServer",
+    "ratios",
     "reply_bytes",
     "run_firstbyte",
 ]
@@ -128,19 +130,20 @@ class FirstByteServer:
             if self._proc.stdout is not None:
                 self._proc.stdout.close()
 
-    def take(self) -> tuple[int, bytes]:
+    def take(self) -> tuple[int, int, bytes]:
         """The next request the server received: when its first byte arrived
-        (`time.time_ns()` scale) and its bytes. The server notes it before it answers, so once
-        a contestant has its answer the note is there."""
+        (`time.time_ns()` scale), the number of the connection it came on, and its bytes. The
+        server notes it before it answers, so once a contestant has its answer the note is
+        there."""
         assert self._proc is not None
         assert self._proc.stdout is not None
         line = self._proc.stdout.readline()
         if not line:
             raise RuntimeError("the first-byte server has stopped")
-        kind, stamp, data = line.split()
+        kind, stamp, connection, data = line.split()
         if kind != "kernel":
             self.kernel_stamps = False
-        return int(stamp), bytes.fromhex(data)
+        return int(stamp), int(connection), bytes.fromhex(data)
 
 
 def _serve() -> None:
@@ -161,6 +164,7 @@ async def _server_main() -> None:
     listener.listen(64)
     print(listener.getsockname()[1], flush=True)
     reply = reply_bytes()
+    connections = 0
     async with trio.open_nursery() as nursery:
 
         async def stop_with_stdin() -> None:
@@ -171,10 +175,13 @@ async def _server_main() -> None:
         with listener:
             while True:
                 conn, _ = await listener.accept()
-                nursery.start_soon(_connection, conn, reply, kernel)
+                nursery.start_soon(_connection, conn, connections, reply, kernel)
+                connections += 1
 
 
-async def _connection(conn: trio.socket.SocketType, reply: bytes, kernel: bool) -> None:
+async def _connection(
+    conn: trio.socket.SocketType, number: int, reply: bytes, kernel: bool
+) -> None:
     with conn:
         data = b""
         stamp = 0
@@ -192,7 +199,7 @@ async def _connection(conn: trio.socket.SocketType, reply: bytes, kernel: bool) 
             data += piece
             while (end := _request_end(data)) >= 0:
                 kind = "kernel" if kernel and stamp else "read"
-                print(kind, stamp, data[:end].hex(), flush=True)
+                print(kind, stamp, number, data[:end].hex(), flush=True)
                 data = data[end:]
                 try:
                     await _send_all(conn, reply)
@@ -286,47 +293,66 @@ class _Round:
         self.payload = payload
         self.reply_size = len(reply_bytes())
 
-    def _since(self, start: int) -> float:
-        return (self.server.take()[0] - start) / 1e3
+    def _since(self, start: int, connections: list[int]) -> float:
+        """µs from `start` to the arrival of the request just made; notes its connection."""
+        stamp, connection, _ = self.server.take()
+        connections.append(connection)
+        return (stamp - start) / 1e3
+
+    @staticmethod
+    def _pair(times: list[float], connections: list[int]) -> tuple[float, float]:
+        """Cold and warm, once the warm request is known to have reused the cold one's
+        connection (otherwise it was not warm)."""
+        if connections[0] != connections[1]:
+            raise RuntimeError("the second request did not reuse the first one's connection")
+        return times[0], times[1]
 
     async def trio_alone(self) -> tuple[float, float]:
+        times: list[float] = []
+        connections: list[int] = []
         start = time.time_ns()
         stream = await trio.open_tcp_stream("127.0.0.1", self.server.port)
         await stream.send_all(self.payload)
         async with stream:
             await _read_reply(stream, self.reply_size)
-            cold = self._since(start)
+            times.append(self._since(start, connections))
             start = time.time_ns()
             await stream.send_all(self.payload)
             await _read_reply(stream, self.reply_size)
-            return cold, self._since(start)
+            times.append(self._since(start, connections))
+        return self._pair(times, connections)
 
     async def run_turn(self) -> tuple[float, float]:
+        times: list[float] = []
+        connections: list[int] = []
         async with _client() as client:
-            times = []
             for _ in FIRSTBYTE_CASES:
+                asked = request()
                 start = time.time_ns()
-                result = await run_turn(request(), self.provider, client=client)
+                result = await run_turn(asked, self.provider, client=client)
                 _check(result.ok, result)
-                times.append(self._since(start))
-            return times[0], times[1]
+                times.append(self._since(start, connections))
+        return self._pair(times, connections)
 
     async def open_turn(self) -> tuple[float, float]:
+        times: list[float] = []
+        connections: list[int] = []
         async with _client() as client:
-            times = []
             for _ in FIRSTBYTE_CASES:
+                asked = request()
                 start = time.time_ns()
-                async with open_turn(request(), self.provider, client=client) as turn:
+                async with open_turn(asked, self.provider, client=client) as turn:
                     result = await turn.result()
                 _check(result.ok, result)
-                times.append(self._since(start))
-            return times[0], times[1]
+                times.append(self._since(start, connections))
+        return self._pair(times, connections)
 
     async def own_client(self) -> float:
+        asked = request()
         start = time.time_ns()
-        result = await run_turn(request(), self.provider)
+        result = await run_turn(asked, self.provider)
         _check(result.ok, result)
-        return self._since(start)
+        return self._since(start, [])
 
 
 def _check(ok: bool, result: object) -> None:
@@ -343,7 +369,7 @@ async def _run(rounds: int, progress: Callable[[str], None]) -> dict[str, Any]:
         # the request bytes trio alone sends: rillet's own, as the server received them
         async with _client() as client:
             await run_turn(request(), _provider(server.port), client=client)
-        one = _Round(server, server.take()[1])
+        one = _Round(server, server.take()[2])
         steps: dict[str, Callable[[], Awaitable[tuple[float, float]]]] = {
             "trio": one.trio_alone,
             "run_turn": one.run_turn,
