@@ -1,5 +1,5 @@
-"""`python -m bench [core|pipeline|peers|ttfd|turns|fanout|redis|all]`: rillet against the limit
-and against what users would pick instead, side by side.
+"""`python -m bench [core|pipeline|peers|ttfd|firstbyte|turns|fanout|redis|all]`: rillet against
+the limit and against what users would pick instead, side by side.
 
 - core: each stream kind's sans-I/O decode in one task against the limit loop;
 - pipeline: the limit loops, rillet's core, `run_turn` and `open_turn` + JSONL sink on every
@@ -7,10 +7,13 @@ and against what users would pick instead, side by side.
 - peers: the OpenAI and Anthropic SDKs, LiteLLM and MMSP (in bench/.venv-peers, which `make
   bench` creates) on the same bytes, interleaved with rillet's `run_turn`;
 - ttfd: time from the first delta's bytes to a sink;
+- firstbyte: time from calling `run_turn` / `open_turn` to the request's first byte at a server
+  on 127.0.0.1, cold and warm, against trio alone sending the same bytes;
 - turns: 1,000 concurrent turns (loop lag, memory per turn, throughput);
 - fanout, redis: the fan-out and Redis benchmarks of bench/fanout.py and bench/redis_hub.py,
   when those modules are there;
-- all (the default): core, pipeline and peers (interleaved), ttfd, turns, and fanout / redis
+- all (the default): core, pipeline and peers (interleaved), ttfd, firstbyte, turns, and
+  fanout / redis
   with `--fanout` / `--redis`.
 
 Figures go to bench/out/results.json and the marked sections of bench/RESULTS.md (targets
@@ -160,6 +163,17 @@ def _ttfd(run: RunState) -> None:
     run.record("ttfd", section, {"ttfd": report.ttfd_markdown({**section, **_now()})})
 
 
+def _firstbyte(run: RunState) -> None:
+    from .firstbyte import run_firstbyte
+
+    a = run.args
+    rounds = a.iterations or (60 if a.quick else 300)
+    section = run_firstbyte(rounds, _progress)
+    run.record(
+        "firstbyte", section, {"firstbyte": report.firstbyte_markdown({**section, **_now()})}
+    )
+
+
 def _turns(run: RunState) -> None:
     a = run.args
     turns = a.turns or (200 if a.quick else 1000)
@@ -286,7 +300,17 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    commands = ("core", "pipeline", "peers", "ttfd", "turns", "fanout", "redis", "all")
+    commands = (
+        "core",
+        "pipeline",
+        "peers",
+        "ttfd",
+        "firstbyte",
+        "turns",
+        "fanout",
+        "redis",
+        "all",
+    )
     parser.add_argument("command", nargs="?", default="all", choices=commands)
     parser.add_argument("--quick", action="store_true", help="a short run (about 2 minutes)")
     parser.add_argument("--rounds", type=int, help="interleaved rounds (core 7, pipeline 5)")
@@ -298,7 +322,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--kind", action="append", help="only this stream kind (repeatable)")
     parser.add_argument("--fragments", type=int, help="core: events per stream (20000)")
-    parser.add_argument("--iterations", type=int, help="ttfd: turns per contestant (200)")
+    parser.add_argument(
+        "--iterations", type=int, help="ttfd: turns per contestant (200); firstbyte: rounds (300)"
+    )
     parser.add_argument("--turns", type=int, help="turns: concurrent turns (1000)")
     parser.add_argument("--events", type=int, help="turns: events per turn (100)")
     parser.add_argument("--period", type=float, default=0.5, help="turns: seconds between reads")
@@ -319,6 +345,8 @@ def main(argv: list[str] | None = None) -> None:
         _throughput(run, every_kind=c != "peers", peers=c != "pipeline")
     if c in ("ttfd", "all"):
         _ttfd(run)
+    if c in ("firstbyte", "all"):
+        _firstbyte(run)
     if c in ("turns", "all"):
         _turns(run)
     if c == "fanout" or (c == "all" and args.fanout):

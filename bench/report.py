@@ -13,12 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .firstbyte_report import FIRSTBYTE_GOAL, firstbyte_markdown, firstbyte_targets
+
 __all__ = [
+    "FIRSTBYTE_GOAL",
     "OUT",
     "RESULTS",
     "RESULTS_JSON",
     "Target",
     "core_markdown",
+    "firstbyte_markdown",
     "judge_targets",
     "load_results",
     "machine",
@@ -492,6 +496,7 @@ def judge_targets(results: dict[str, Any]) -> list[Target]:
             )
     else:
         out.append(Target(name, "≤ 40 µs", "not measured", None, "–"))
+    out += firstbyte_targets(results.get("firstbyte"), Target)
     # concurrent turns
     turns = results.get("turns", {})
     paced = turns.get("paced")
@@ -573,7 +578,7 @@ def targets_markdown(targets: list[Target], results: dict[str, Any]) -> str:
     """The targets table."""
     when = {
         k: results[k].get("machine", {}).get("at", "?")
-        for k in ("core", "pipeline", "peers", "ttfd", "turns")
+        for k in ("core", "pipeline", "peers", "ttfd", "firstbyte", "turns")
         if k in results
     }
     lines = [

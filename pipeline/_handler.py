@@ -350,6 +350,9 @@ class Handler:
                         return self._failure_of(error, emitted)
                     if not chunk or decoder.stopped:
                         self._ended = not chunk
+                        if chunk:  # the reply is complete before its body: keep the connection
+                            reading.deadline = math.inf  # complete: no deadline can undo it now
+                            await _finish(response)
                         return None  # the end of the body, or of the reply: nothing more to read
                     if hops and out.failed:
                         return None  # the grammar refused the attempt: its verdict says why
@@ -607,6 +610,14 @@ class Handler:
         await self._send(out, events)
         self._judged(None, await out.settle(close=False))
         return Outcome.FALLBACK_TO_NON_STREAMING
+
+
+async def _finish(exchange: Exchange) -> None:
+    """Let an exchange whose reply said it is complete end its body, if it can (`finish`, an
+    optional part of the `Exchange` protocol: HTTP keeps its connection for the next request)."""
+    finish = getattr(exchange, "finish", None)
+    if finish is not None:
+        await finish()
 
 
 def _usable_wait(seconds: float | None) -> float | None:

@@ -49,6 +49,10 @@ class Exchange(Protocol):
     A fast path, optional: an exchange whose `receive` is its transport's own call (no frame of
     its own per read) may let that transport's exceptions out, if it names them in a
     `failures` tuple and turns each into an `UpstreamError` with `failure(exc)`.
+
+    Also optional: `async def finish()`, called when the reply has said it is complete before
+    its body ended, to read the body's end if it comes at once (HTTP keeps the connection for
+    the next request); bounded, it never raises.
     """
 
     @property

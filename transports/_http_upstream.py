@@ -5,19 +5,27 @@ client's httpx transport: a mock, a replay, a real pool). A request's read timeo
 waits on the provider are the handler's deadlines alone (a client's 5 s default would cut a
 provider that thinks before its first token); the client's connect, write and pool timeouts
 still apply. httpx's failures leave as `UpstreamError`, named by httpx's class.
+
+A plain client's requests go straight to its transport's pool (`_pool_path`: the same bytes,
+fewer layers); a reply that is complete before its body ended reads that end (`finish`), so its
+connection goes back to the pool for the next turn.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import ssl
+import urllib.request
 from typing import TYPE_CHECKING
 
 import attrs
 import httpx
 import trio
 from rillet._upstream import UpstreamError
+
+from ._pool_path import PoolPath
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -27,6 +35,8 @@ if TYPE_CHECKING:
 __all__ = ["HttpExchange", "HttpUpstream"]
 
 _DRAIN_LIMIT = 256  # chunks an abandoned body may still hand over from memory
+_FINISH_GRACE = 0.005  # seconds a complete reply's body may take to end, to keep its connection
+_FINISH_BYTES = 64 * 1024  # and how much of it may still be read (and dropped) for that
 
 
 @functools.cache
@@ -35,11 +45,26 @@ def _tls_context() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
+def _proxies_in_environment() -> bool:
+    """Whether httpx would find proxies to use: a `*_proxy` variable (any case), or a system
+    whose proxies are not only the environment's (macOS's and Windows' settings)."""
+    if urllib.request.getproxies is not urllib.request.getproxies_environment:
+        return True
+    return any(name[-6:].lower() == "_proxy" for name in os.environ)
+
+
 def default_client() -> httpx.AsyncClient:
     """The client a turn makes when it is given none: no timeouts of its own (the handler's
-    deadlines rule), no redirects followed, the process's shared TLS context."""
+    deadlines rule), no redirects followed, the process's shared TLS context.
+
+    It reads proxies from the environment as httpx does, but only when some are named there:
+    httpx's own look decodes every variable of the environment, two thirds of what making a
+    client costs. (With a TLS context given, the environment means nothing else to it.)"""
     return httpx.AsyncClient(
-        timeout=httpx.Timeout(None), follow_redirects=False, verify=_tls_context()
+        timeout=httpx.Timeout(None),
+        follow_redirects=False,
+        verify=_tls_context(),
+        trust_env=_proxies_in_environment(),
     )
 
 
@@ -54,6 +79,9 @@ class HttpUpstream:
 
     client: httpx.AsyncClient = attrs.field(factory=default_client)
     owns_client: bool = True
+    _pool_path: PoolPath | bool | None = attrs.field(default=False, init=False)
+    """The short way to the client's pool (`PoolPath`), None if it has none; False: not
+    looked for yet."""
 
     @classmethod
     def wrapping(cls, client: httpx.AsyncClient) -> HttpUpstream:
@@ -62,6 +90,17 @@ class HttpUpstream:
 
     async def open(self, request: HttpRequest) -> HttpExchange:
         """Send the request; the exchange once the response's head has come."""
+        path = self._pool_path
+        if path is False:
+            path = self._pool_path = PoolPath.of(self.client)
+        if isinstance(path, PoolPath) and path.usable(request.url):
+            try:
+                response = await path.send(
+                    request.method, request.url, request.headers, request.body
+                )
+            except httpx.TransportError as exc:
+                raise UpstreamError(type(exc).__name__, str(exc)) from exc
+            return HttpExchange(response)
         client = self.client
         limits = client.timeout
         timeout = httpx.Timeout(None, connect=limits.connect, write=limits.write, pool=limits.pool)
@@ -127,6 +166,23 @@ class HttpExchange:
         if self._headers is None:
             self._headers = {k.lower(): v for k, v in self.response.headers.items()}
         return self._headers
+
+    async def finish(self) -> None:
+        """The reply has said it is complete (a stop, `[DONE]`) before its body ended: read the
+        body's end if it comes at once, bounded in time and bytes, so that httpx puts the
+        connection back in the client's pool for the next request instead of closing it. What
+        is read is dropped; a failure, or a body that does not end within the bounds, leaves
+        `aclose` to close the connection as it would have."""
+        if self._closed:
+            return
+        left = _FINISH_BYTES
+        quiet = contextlib.suppress(httpx.HTTPError, httpx.StreamError)
+        with trio.move_on_after(_FINISH_GRACE), quiet:
+            while left > 0:
+                chunk = await anext(self._chunks, b"")
+                if not chunk:
+                    return
+                left -= len(chunk)
 
     @staticmethod
     def failure(exc: BaseException) -> UpstreamError:
