@@ -597,7 +597,7 @@ def test_s01_oversized_frames_are_bounded_and_typed_in_every_framing() -> None:
             case.frames, case.text, b'"zz": "' + b"x" * 70_000 + b'", ' + case.text
         )
         data = b"".join(frames)
-        decoder = WireDecoder(case.dialect(), clock=lambda: 0)
+        decoder = WireDecoder(case.dialect(), clock=lambda: 0, max_frame=65_536)
         error: RilletError | None = None
         fed = 0
         try:
