@@ -37,11 +37,13 @@ subscriber limits keyed by what identifies a client, not its address alone.
 
 The package, by concept: `_config` (what is served, the limits), `_serve` (binding, the accept
 loop, the sweep), `_routing` (connections, routes, Host and Origin checks), `_shared` (what
-handlers share and the checks they all make), `_capacity` (client identity, admission),
-`_runs` (the runs API), `_fanout` (one pump for SSE and WebSocket subscribers), `_mmsp`
-(MMSP's server wire), `_streamed` (a streamed body watched against its client), `_page`,
-`_metrics` (what both metrics endpoints count), `_log` (the log lines), `_replies`. Every
-byte sequence that goes on the wire is built in `rillet.transports._encode`.
+handlers share and the checks they all make), `_capacity` (client identity, admission), `_runs`
+(the runs API), `_workers` (several processes on one port, `workers`), `_control` (cancels and
+approval answers handed to the server that drives the run, over Redis), `_fanout` (one pump for
+SSE and WebSocket subscribers), `_mmsp` (MMSP's server wire), `_streamed` (a streamed body
+watched against its client), `_page`, `_metrics` (what both metrics endpoints count), `_log`
+(the log lines), `_replies`. Every byte sequence that goes on the wire is built in
+`rillet.transports._encode`.
 """
 
 from rillet._public import fixup_module_metadata as _fixup_module_metadata
@@ -50,7 +52,8 @@ from ._config import Limits as Limits
 from ._config import ServerConfig as ServerConfig
 from ._config import ServerConfigError as ServerConfigError
 from ._serve import serve as serve
+from ._workers import WorkerFailed as WorkerFailed
 
-__all__ = ["Limits", "ServerConfig", "ServerConfigError", "serve"]
+__all__ = ["Limits", "ServerConfig", "ServerConfigError", "WorkerFailed", "serve"]
 
 _fixup_module_metadata(__name__, globals())
