@@ -257,11 +257,11 @@ def worker_main() -> None:
     until SIGTERM, SIGINT or the end of standard input."""
     stdin = sys.stdin.buffer
     size = int.from_bytes(stdin.read(8) or b"\0", "big")
-    config, setup = pickle.loads(stdin.read(size))
-    if setup is not None:
-        setup()
     code = 0
     try:
+        config, setup = pickle.loads(stdin.read(size))
+        if setup is not None:
+            setup()
         trio.run(functools.partial(_work, config, stdin.fileno()))
     except KeyboardInterrupt:
         pass
