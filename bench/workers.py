@@ -65,7 +65,7 @@ from .redis_hub import local_redis
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["WorkersPhase", "WorkersResult", "run_workers"]
+__all__ = ["WorkersPhase", "WorkersResult", "run_phase", "run_workers"]
 
 _ROOT = Path(__file__).resolve().parent.parent
 _MARK = b'{"type":"'
@@ -93,6 +93,8 @@ class WorkersPhase:
     client_cpu: float
     spread: list[int]  # runs started on each worker (saturation) or subscribers seen
     rounds: list[float] = attrs.field(factory=list)  # deliveries/s of each round
+    fewest: int = 0  # the fewest and most events a subscriber that finished got
+    most: int = 0
 
 
 @attrs.define
@@ -235,8 +237,11 @@ def _client(spec: dict[str, Any]) -> dict[str, Any]:
     delivered = 0
     done = 0
     delays: list[float] = []
+    counts: dict[int, int] = {}  # events each subscriber got
+    finished_counts: list[int] = []
     for fd, rest in zip(list(socks), pending, strict=True):
-        delivered += rest.count(_MARK)
+        counts[fd] = rest.count(_MARK)
+        delivered += counts[fd]
         tails[fd] = rest[-8:]
         poller.register(fd, select.EPOLLIN)
     buffer = bytearray(262144)
@@ -256,6 +261,7 @@ def _client(spec: dict[str, Any]) -> dict[str, Any]:
             chunk = tails[fd] + bytes(view[:size])
             count = chunk.count(_MARK)
             delivered += count
+            counts[fd] += count
             if count and rate:
                 at = chunk.find(_DELTA)
                 end = chunk.find(b" ", at + 10) if at >= 0 else -1
@@ -266,6 +272,7 @@ def _client(spec: dict[str, Any]) -> dict[str, Any]:
             finished = _DONE in chunk
             if finished or not size:
                 done += finished
+                finished_counts.append(counts[fd] if finished else -1)
                 last = now
                 poller.unregister(fd)
                 sock.close()
@@ -282,6 +289,8 @@ def _client(spec: dict[str, Any]) -> dict[str, Any]:
         "p50": _rank(delays, 0.50),
         "p99": _rank(delays, 0.99),
         "max": delays[-1] if delays else math.nan,
+        "fewest": min(finished_counts, default=0),  # -1: one ended without `run.done`
+        "most": max(finished_counts, default=0),
     }
 
 
@@ -322,7 +331,7 @@ async def _open(args: list[str]) -> trio.Process:
     )
 
 
-async def _phase(
+async def run_phase(
     redis: str,
     workers: int,
     phase: str,
@@ -331,7 +340,9 @@ async def _phase(
     events: int,
     rate: float,
 ) -> WorkersPhase:
-    """One phase: a provider, `workers` worker processes, the runs, the subscribers."""
+    """One phase: a provider of `events` fragments, `workers` worker processes on the Redis at
+    `redis`, `runs` runs, and a subscriber for each `(run index, "ws" or "sse")` of `subs`;
+    `rate` events/s on the provider's schedule, 0 for all at once."""
     provider_process = await _open(["--provider", str(events)])
     client_process: trio.Process | None = None
     try:
@@ -403,6 +414,8 @@ async def _phase(
             server_cpu=cpu / seconds if seconds > 0 else math.nan,
             client_cpu=found["cpu"] / seconds if seconds > 0 else math.nan,
             spread=spread,
+            fewest=found["fewest"],
+            most=found["most"],
         )
     finally:
         with trio.CancelScope(shield=True):
@@ -489,7 +502,7 @@ def run_workers(
                         f"({len(saturated):,} subscribers)"
                     )
                 tries[n].append(
-                    trio.run(_phase, redis, n, "saturation", runs, saturated, events, 0.0)
+                    trio.run(run_phase, redis, n, "saturation", runs, saturated, events, 0.0)
                 )
         for n in workers:
             ordered = sorted(tries[n], key=lambda p: p.deliveries_per_s)
@@ -499,7 +512,7 @@ def run_workers(
             if progress:
                 progress(f"workers: {n} worker(s), paced ({len(at_pace):,} at {rate:g}/s)")
             phases.append(
-                trio.run(_phase, redis, n, f"paced {rate:g}/s", 1, at_pace, paced_events, rate)
+                trio.run(run_phase, redis, n, f"paced {rate:g}/s", 1, at_pace, paced_events, rate)
             )
     return WorkersResult(phases, os.cpu_count() or 0, load, note)
 

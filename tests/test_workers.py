@@ -9,6 +9,7 @@ each connection reached. Every wait is bounded (a deadline, or a count of attemp
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import signal
@@ -23,12 +24,16 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import httpx
 import pytest
+import trio
+from rillet.transports import SSEDecoder
 from rillet.transports.server import ServerConfig, WorkerFailed, serve
+from rillet.transports.testing import open_loopback_provider
 
 from .load._provider import fragments
+from .test_cli_agents import tool_then_answer
 from .test_redis_hub import redis_server  # noqa: F401 - the session fixture
 from .test_reliability_faults import next_frame
-from .test_server import chat_provider
+from .test_server import chat_provider, read_sse
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -399,3 +404,68 @@ async def test_a_worker_that_cannot_start_stops_serve_with_its_cause(
     )
     with pytest.raises(WorkerFailed, match=r"did not start: RuntimeError: no worker today"):
         await serve(config, worker_setup=_fail_to_start)
+
+
+async def _first(client: httpx.AsyncClient, path: str, kind: str) -> dict[str, Any]:
+    """The run's first event of type `kind`, read over SSE (the stream then closed)."""
+    decoder = SSEDecoder()
+    found: dict[str, Any] = {}
+    async with client.stream("GET", path) as response:
+        with trio.CancelScope() as cut:  # cancelled, not broken out of: the body is closed
+            async for chunk in response.aiter_raw():
+                for frame in decoder.feed(chunk):
+                    event = json.loads(frame.data)
+                    if event["type"] == kind and not found:
+                        found = event
+                        cut.cancel()
+    assert found, f"no {kind} event"
+    return found
+
+
+async def test_an_approval_answered_on_another_server_reaches_the_run(
+    redis_server: RedisServer,  # noqa: F811
+) -> None:
+    """Two servers sharing a Redis (as two workers do), in this process: an agent run on one
+    waits for an approval; the answer posted to the other is handed over (`_control`), lets the
+    call run, and a second answer there is refused as the run's own server refuses it."""
+    script = tool_then_answer("delete_file", {"path": "a.txt"})
+    async with open_loopback_provider(script) as loopback:
+        config = ServerConfig(
+            provider=chat_provider(loopback.url),
+            port=0,
+            redis_url=redis_server.url,
+            tools="demo",
+        )
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                url1 = await nursery.start(functools.partial(serve, config))
+                url2 = await nursery.start(functools.partial(serve, config))
+                async with (
+                    httpx.AsyncClient(base_url=url1) as one,
+                    httpx.AsyncClient(base_url=url2) as two,
+                ):
+                    run = (await one.post("/v1/runs", json={"prompt": "tidy up"})).json()
+                    path = f"/v1/runs/{run['run_id']}/events?token={run['token']}"
+                    approval_id = (await _first(two, path, "approval.required"))["approval_id"]
+                    url = f"/v1/runs/{run['run_id']}/approvals/{approval_id}"
+                    auth = {"authorization": f"Bearer {run['token']}"}
+                    approved = await two.post(url, json={"approve": True}, headers=auth)
+                    again = await two.post(url, json={"approve": False}, headers=auth)
+                    stranger = await two.post(
+                        url, json={"approve": True}, headers={"authorization": "Bearer nope"}
+                    )
+                    whole = await read_sse(two, path)
+                nursery.cancel_scope.cancel()
+    assert approved.status_code == 200, approved.text
+    assert approved.json() == {
+        "run_id": run["run_id"],
+        "approval_id": approval_id,
+        "decision": "approved",
+    }
+    assert again.status_code == 409
+    assert again.json()["error"]["type"] == "approval_not_waiting"
+    assert stranger.status_code == 404
+    kinds = [json.loads(e.data)["type"] for e in whole.events]
+    assert "tool.completed" in kinds
+    assert kinds[-1] == "run.done"
+    assert json.loads(whole.events[-1].data)["status"] == "completed"
