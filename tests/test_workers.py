@@ -228,6 +228,18 @@ def test_config_with_workers_needs_a_redis_url() -> None:
         config.check()
 
 
+def test_workers_where_the_system_has_no_so_reuseport_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delattr(socket, "SO_REUSEPORT")
+    config = ServerConfig(
+        provider=chat_provider("http://127.0.0.1:1"), workers=2, redis_url="redis://127.0.0.1:1"
+    )
+    with pytest.raises(ValueError, match="no SO_REUSEPORT: serve with one worker"):
+        config.check()
+    ServerConfig(provider=chat_provider("http://127.0.0.1:1")).check()  # one worker: served
+
+
 def test_both_workers_serve_connections_and_runs(two: Served) -> None:
     first = {w: _metrics(two.url, w)["runs_started"] for w in (0, 1)}
     runs = []
