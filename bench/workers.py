@@ -1,7 +1,7 @@
 """Workers: deliveries per second with 1 and 2 server processes on one port (`serve` with
 `workers`, SO_REUSEPORT, runs shared through a real `redis-server`).
 
-`python -m bench.workers [--workers 1,2] [--runs 4] [--per-run 500] [--events 1000]
+`python -m bench.workers [--workers 1,2] [--runs 8] [--per-run 250] [--events 1000]
 [--paced 1000] [--rate 50]` prints a Markdown table; `run_workers(...)` returns the figures.
 
 Processes, on loopback only: `redis-server` (no persistence), a provider (an OpenAI Chat
@@ -471,8 +471,8 @@ async def _spread(url: str, workers: int, counter: str) -> list[int]:
 def run_workers(
     workers: tuple[int, ...] = (1, 2),
     *,
-    runs: int = 4,
-    per_run: int = 500,
+    runs: int = 8,
+    per_run: int = 250,
     events: int = 1000,
     paced: int = 1000,
     paced_events: int = 500,
@@ -521,8 +521,8 @@ def main(argv: list[str] | None = None) -> None:
     """Run the benchmark and print its table (or be the provider or the subscribers)."""
     parser = argparse.ArgumentParser(prog="python -m bench.workers", description=__doc__)
     parser.add_argument("--workers", default="1,2", help="worker counts, comma-separated")
-    parser.add_argument("--runs", type=int, default=4, help="saturation: runs")
-    parser.add_argument("--per-run", type=int, default=500, help="saturation: subscribers a run")
+    parser.add_argument("--runs", type=int, default=8, help="saturation: runs")
+    parser.add_argument("--per-run", type=int, default=250, help="saturation: subscribers a run")
     parser.add_argument("--events", type=int, default=1000, help="saturation: events a run")
     parser.add_argument("--paced", type=int, default=1000, help="paced: WS and SSE subscribers")
     parser.add_argument("--paced-events", type=int, default=500, help="paced: events")
