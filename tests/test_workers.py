@@ -97,7 +97,9 @@ def _serve(tmp: Path, redis: str | None, provider: str, *extra: str) -> Iterator
     args = [sys.executable, "-m", "rillet", "serve", "--port", "0", "--provider", provider]
     args += ["--model", "m", *(("--redis", redis) if redis else ()), *extra]
     with log.open("wb") as out:
-        process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=out)
+        process = subprocess.Popen(  # a process group of its own, as a terminal's job is
+            args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=out, start_new_session=True
+        )
     served = Served(process, log)
     try:
         line = _wait_for(
@@ -398,6 +400,21 @@ def test_sigterm_to_the_supervisor_stops_every_worker(
         _wait_for(lambda: not any(_alive(pid) for pid in pids), "the workers to end", 10)
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{served.url}/healthz", timeout=5)
+
+
+def test_ctrl_c_to_the_process_group_stops_every_worker_once(
+    redis_server: RedisServer,  # noqa: F811
+    provider: str,
+    tmp_path: Path,
+) -> None:
+    with _serve(tmp_path, redis_server.url, provider, "--workers", "2") as served:
+        pids = served.pids()
+        os.killpg(served.process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        assert served.process.wait(timeout=30) == 130
+        _wait_for(lambda: not any(_alive(pid) for pid in pids), "the workers to end", 10)
+    log = served.log.read_text()
+    assert "starting it again" not in log  # no worker was taken for dead
+    assert log.count("SIGTERM, stopping") == 2  # each stopped by its supervisor
 
 
 def _fail_to_start() -> None:

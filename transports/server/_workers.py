@@ -12,7 +12,8 @@ pipe, never the command line or the environment), and waits for each to say `rea
 that fails to start stops them all, and `serve` raises `WorkerFailed` with that worker's cause.
 A worker that dies later is started again after a pause (0.5 s, doubling to 8 s); one that dies
 `_MAX_DEATHS` times within `_DEATH_WINDOW` seconds stops them all with `WorkerFailed`.
-Cancelling `serve` (SIGINT, or SIGTERM at the command line) sends each worker SIGTERM, waits
+Cancelling `serve` (SIGINT, or SIGTERM at the command line) sends each worker SIGTERM (a worker
+ignores SIGINT: Ctrl-C reaches the whole process group, and the supervisor handles it), waits
 `_GRACE` seconds for it to finish, then kills what is left. A worker also stops by itself when
 its standard input closes, so a supervisor killed outright leaves no worker behind.
 """
@@ -254,7 +255,10 @@ def _say(line: str) -> None:
 
 def worker_main() -> None:
     """A worker process's entry point: read the configuration from standard input, serve
-    until SIGTERM, SIGINT or the end of standard input."""
+    until SIGTERM or the end of standard input (SIGINT is its supervisor's to handle)."""
+    # Ctrl-C reaches the whole process group: the supervisor stops the workers (SIGTERM), so
+    # none of them ends first and looks like a worker that died
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     stdin = sys.stdin.buffer
     size = int.from_bytes(stdin.read(8) or b"\0", "big")
     code = 0
@@ -278,7 +282,7 @@ async def _work(config: ServerConfig, stdin: int) -> None:
         url = await nursery.start(functools.partial(serve, config))
         _say(f"ready {url}")
         nursery.start_soon(_until_closed, stdin, nursery.cancel_scope)
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        with trio.open_signal_receiver(signal.SIGTERM) as signals:
             async for signum in signals:
                 logger.info("worker %s: %s, stopping", config.worker, signal.Signals(signum).name)
                 nursery.cancel_scope.cancel()
