@@ -33,6 +33,12 @@ CHANNEL = "rillet:control"
 _FAILURES = (RedisError, OSError, TimeoutError)
 
 
+def _describe(exc: BaseException) -> str:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"
+
+
 class _Answer(msgspec.Struct, frozen=True):
     id: str
     status: int
@@ -62,26 +68,47 @@ class Control:
         return f"{CHANNEL}:{self.name}"
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Subscribe, then answer requests for this server's runs until cancelled."""
-        client: coredis.Redis[bytes] = coredis.Redis.from_url(self.url, connect_timeout=5.0)
-        async with (
-            client,
-            client.pubsub(channels=[CHANNEL, self._replies], ignore_subscribe_messages=True) as ps,
-            trio.open_nursery() as nursery,
-        ):
-            self._client = client
-            task_status.started()
-            async for message in ps:
-                if message.get("type") != "message":
-                    continue
-                channel = message.get("channel")
-                data = message.get("data")
-                if not isinstance(data, bytes):
-                    continue
-                if channel in (CHANNEL, CHANNEL.encode()):
-                    nursery.start_soon(self._serve, data)
-                else:
-                    self._answered(data)
+        """Subscribe, then answer requests for this server's runs until cancelled. Started
+        once subscribed; a failure later (Redis gone) is logged and the subscription opened
+        again a second later, never raised into the server."""
+        started = False
+        while True:
+            try:
+                client: coredis.Redis[bytes] = coredis.Redis.from_url(self.url, connect_timeout=5.0)
+                async with (
+                    client,
+                    client.pubsub(
+                        channels=[CHANNEL, self._replies], ignore_subscribe_messages=True
+                    ) as ps,
+                    trio.open_nursery() as nursery,
+                ):
+                    self._client = client
+                    if not started:
+                        started = True
+                        task_status.started()
+                    async for message in ps:
+                        self._dispatch(message, nursery)
+            except Exception as exc:  # the server runs on without it
+                if not started:
+                    raise
+                logger.warning(
+                    "the control channel failed (%s): cancels and answers for other servers' "
+                    "runs wait until it is back",
+                    _describe(exc),
+                )
+            await trio.sleep(1.0)
+
+    def _dispatch(self, message: Any, nursery: trio.Nursery) -> None:
+        if message.get("type") != "message":
+            return
+        channel = message.get("channel")
+        data = message.get("data")
+        if not isinstance(data, bytes):
+            return
+        if channel in (CHANNEL, CHANNEL.encode()):
+            nursery.start_soon(self._serve, data)
+        else:
+            self._answered(data)
 
     async def _serve(self, data: bytes) -> None:
         """One request: answered if the run is this server's."""
@@ -127,8 +154,8 @@ class Control:
                 message = {**request, "id": request_id, "reply": self.name}
                 await self._client.publish(CHANNEL, msgspec.json.encode(message))
                 await arrived.wait()
-        except _FAILURES as exc:
-            logger.warning("a control request was not sent: %s", type(exc).__name__)
+        except Exception as exc:  # Redis gone, or the channel being opened again: no answer
+            logger.warning("a control request was not sent: %s", _describe(exc))
         finally:
             del self._waiting[request_id]
         if not answers:
