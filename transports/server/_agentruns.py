@@ -109,7 +109,8 @@ class AgentRuns:
         """`POST /v1/runs/{id}/approvals/{approval_id}` with the run's token and
         `{"approve": true|false, "reason": "..."}`: 200 once the waiting tool call is let run
         or refused; 404 for an unknown run or another run's token (the same bytes); 409 for
-        an approval that is not waiting (unknown, or answered already)."""
+        an approval that is not waiting (unknown, or answered already). A run another server
+        drives is answered there (`Runs.elsewhere`)."""
         run_id, _, approval_id = arg.partition("/")
         try:
             record = await self.runs.authorized(request, run_id)
@@ -124,12 +125,10 @@ class AgentRuns:
             raise ErrorReply(400, "invalid_request", f"`reason` is over {_MAX_REASON} characters")
         mine = self.runs.runs.get(run_id)
         if mine is not None:
-            status, body = (
-                200,
-                self.decide(
-                    mine, run_id, approval_id, approve=answer.approve, reason=answer.reason
-                ),
+            body = self.decide(
+                mine, run_id, approval_id, approve=answer.approve, reason=answer.reason
             )
+            status = 200
         else:  # another server drives the run: it decides
             status, body = await self.runs.elsewhere(
                 {
