@@ -6,7 +6,8 @@ Endpoints:
 - `GET /`: the live page (`static/index.html`).
 - `POST /v1/runs`: start a run (`{"prompt"}` or `{"messages", ...}`); the server key when one is
   configured; answers 201 `{"run_id", "token", "events_url", "ws_url"}`. The token reads that
-  run only. `DELETE /v1/runs/{id}` (with the token) cancels it.
+  run only. `DELETE /v1/runs/{id}` (with the token) cancels it, on any server sharing its Redis
+  (handed to the one that runs it).
 - `GET /v1/runs/{id}/events`: the run events as SSE, `id: <run_id>:<seq>`, resumable by
   `Last-Event-ID` (which wins) or `?after=<seq>`; a comment every `heartbeat` seconds of
   silence; 204 when the cursor is already at the end of a finished run (an EventSource then
