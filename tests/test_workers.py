@@ -498,3 +498,30 @@ async def test_an_approval_answered_on_another_server_reaches_the_run(
     assert "tool.completed" in kinds
     assert kinds[-1] == "run.done"
     assert json.loads(whole.events[-1].data)["status"] == "completed"
+
+
+async def test_serve_with_workers_in_a_trio_app_starts_them_and_stops_them_when_cancelled(
+    redis_server: RedisServer,  # noqa: F811
+) -> None:
+    """The library's way: `serve(ServerConfig(workers=2, ...))` in a nursery supervises two
+    processes; cancelling it stops both."""
+    config = ServerConfig(
+        provider=chat_provider("http://127.0.0.1:1"),
+        port=0,
+        workers=2,
+        redis_url=redis_server.url,
+    )
+    seen: dict[int, int] = {}
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(functools.partial(serve, config))
+            for _ in range(400):  # fresh connections until both workers answered
+                async with httpx.AsyncClient(base_url=url) as client:
+                    metrics = (await client.get("/metrics.json")).json()
+                seen[metrics["worker"]] = metrics["pid"]
+                if len(seen) == 2:
+                    break
+            nursery.cancel_scope.cancel()
+    assert sorted(seen) == [0, 1]
+    assert os.getpid() not in seen.values()
+    assert not any(_alive(pid) for pid in seen.values())  # serve waited for them to end

@@ -113,8 +113,10 @@ class ServerConfig:
         tools: a named tool set (`demo`) runs may ask for (`"tools": "demo"` in
             `POST /v1/runs`): such a run is an agent run, its approvals answered at
             `POST /v1/runs/{id}/approvals/{approval_id}`. None: runs are single turns.
-        workers: server processes sharing the port (`SO_REUSEPORT`; Linux, the BSDs, macOS),
-            their runs shared through `redis_url`, which more than one needs. `serve` then
+        workers: server processes sharing the port (`SO_REUSEPORT`: Linux spreads new
+            connections over them; macOS and the BSDs have the option but may hand every
+            connection to one), their runs shared through `redis_url`, which more than one
+            needs. `serve` then
             supervises them: the configuration (and `api_key`) reaches each worker pickled,
             so the provider (or its function) must pickle. 1: this process serves.
         reuse_port: bind with `SO_REUSEPORT`, so that other processes may bind the same port
