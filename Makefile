@@ -53,7 +53,7 @@ $(PEERS_STAMP): bench/peers-requirements.txt
 
 bench: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/python -m pip install -q -e '.[test,bench]'
-	$(BIN)/python -m bench all --fanout --redis $(BENCH_ARGS)
+	$(BIN)/python -m bench all --fanout --redis --workers $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -1,5 +1,5 @@
-"""`python -m bench [core|pipeline|peers|ttfd|firstbyte|turns|fanout|redis|all]`: rillet against
-the limit and against what users would pick instead, side by side.
+"""`python -m bench [core|pipeline|peers|ttfd|firstbyte|turns|fanout|redis|workers|all]`:
+rillet against the limit and against what users would pick instead, side by side.
 
 - core: each stream kind's sans-I/O decode in one task against the limit loop;
 - pipeline: the limit loops, rillet's core, `run_turn` and `open_turn` + JSONL sink on every
@@ -12,9 +12,9 @@ the limit and against what users would pick instead, side by side.
 - turns: 1,000 concurrent turns (loop lag, memory per turn, throughput);
 - fanout, redis: the fan-out and Redis benchmarks of bench/fanout.py and bench/redis_hub.py,
   when those modules are there;
+- workers: deliveries/s with 1 and 2 server processes on one port (bench/workers.py);
 - all (the default): core, pipeline and peers (interleaved), ttfd, firstbyte, turns, and
-  fanout / redis
-  with `--fanout` / `--redis`.
+  fanout / redis / workers with `--fanout` / `--redis` / `--workers`.
 
 Figures go to bench/out/results.json and the marked sections of bench/RESULTS.md (targets
 judged from them), and charts to bench/charts/. A progress line runs on stderr.
@@ -270,7 +270,7 @@ def _external(
     except ImportError:
         pass
     data = json.loads(json.dumps(data, default=str)) if data is not None else None
-    title = {"fanout": "## Fan-out", "redis": "## Redis hub"}[key]
+    title = {"fanout": "## Fan-out", "redis": "## Redis hub", "workers": "## Workers"}[key]
     body = markdown.strip()
     if body and not body.startswith("#"):
         body = f"{title}\n\n`python -m bench {key}`\n\n{body}"
@@ -293,6 +293,16 @@ def _redis(run: RunState) -> None:
     _external(run, "redis", "redis_hub", "run_redis_bench", {"runs": 20, "events": 50})
 
 
+def _workers(run: RunState) -> None:
+    _external(
+        run,
+        "workers",
+        "workers",
+        "run_workers",
+        {"runs": 2, "per_run": 200, "events": 500, "paced": 200, "paced_events": 200, "rounds": 1},
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse the command line and run the chosen benchmarks."""
     parser = argparse.ArgumentParser(
@@ -309,6 +319,7 @@ def main(argv: list[str] | None = None) -> None:
         "turns",
         "fanout",
         "redis",
+        "workers",
         "all",
     )
     parser.add_argument("command", nargs="?", default="all", choices=commands)
@@ -330,6 +341,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--period", type=float, default=0.5, help="turns: seconds between reads")
     parser.add_argument("--fanout", action="store_true", help="all: run the fan-out benchmark")
     parser.add_argument("--redis", action="store_true", help="all: run the Redis benchmark")
+    parser.add_argument(
+        "--workers", action="store_true", help="all: run the workers benchmark (1 and 2 processes)"
+    )
     parser.add_argument("--no-write", action="store_true", help="print only; write no files")
     parser.add_argument("--no-charts", action="store_true", help="do not redraw the charts")
     args = parser.parse_args(argv)
@@ -353,6 +367,8 @@ def main(argv: list[str] | None = None) -> None:
         _fanout(run)
     if c == "redis" or (c == "all" and args.redis):
         _redis(run)
+    if c == "workers" or (c == "all" and args.workers):
+        _workers(run)
     run.finish()
     print(f"done in {time.monotonic() - _START:.0f} s", file=sys.stderr)
 

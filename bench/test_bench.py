@@ -178,3 +178,39 @@ def test_targets_say_by_how_much_a_goal_is_missed() -> None:
     sdk = targets["rillet run_turn vs OpenAI SDK iterator"]
     assert sdk.met is False
     assert sdk.margin == "short by 2.00×"
+
+
+def _workers_phase(workers: int, phase: str, per_s: float, p99: float) -> dict[str, object]:
+    return {
+        "workers": workers,
+        "phase": phase,
+        "subscribers": 4,
+        "events": 10,
+        "deliveries_per_s": per_s,
+        "complete": 4,
+        "p50_ms": p99 / 2,
+        "p99_ms": p99,
+        "max_ms": p99,
+        "server_cpu": 0.5,
+        "client_cpu": 0.1,
+        "spread": [2] * workers,
+        "rounds": [per_s],
+    }
+
+
+@pytest.mark.parametrize(("two", "met"), [(170_000.0, True), (150_000.0, False)])
+def test_the_workers_target_is_2_workers_saturated_deliveries_over_1s(
+    two: float, met: bool
+) -> None:
+    phases = [
+        _workers_phase(1, "saturation", 100_000.0, float("nan")),
+        _workers_phase(2, "saturation", two, float("nan")),
+        _workers_phase(2, "paced 50/s", 90_000.0, 40.0),
+    ]
+    targets = {t.name: t for t in judge_targets({"workers": {"result": {"phases": phases}}})}
+    speedup = targets["serve --workers 2: saturated deliveries/s ÷ 1 worker's"]
+    assert speedup.met is met
+    assert speedup.measured == f"{two / 100_000:.2f}×"
+    delay = targets["serve --workers 2: p99 delay, 4 subscribers at 50/s"]
+    assert delay.met is True
+    assert delay.measured == "40.0 ms"

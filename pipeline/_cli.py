@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import io
 import os
 import signal
@@ -53,10 +54,11 @@ EXIT_PIPE = 141
 
 
 class CliError(Exception):
-    """A one-line error for the user, with an optional hint."""
+    """A one-line error for the user, with an optional hint, and the exit code it gives."""
 
-    def __init__(self, message: str, hint: str = "") -> None:
+    def __init__(self, message: str, hint: str = "", *, code: int = EXIT_ERROR) -> None:
         self.hint = hint
+        self.code = code
         super().__init__(message)
 
 
@@ -427,9 +429,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from ._hub import HubUnavailable
     from .providers._base import Secret
 
+    if args.workers > 1 and args.redis is None:
+        raise CliError(
+            f"--workers {args.workers} needs --redis URL: the workers share their runs "
+            "through Redis",
+            "add --redis redis://127.0.0.1:6379/0, or leave --workers out",
+            code=EXIT_USAGE,
+        )
+    if args.workers < 1:
+        raise CliError("--workers must be at least 1", code=EXIT_USAGE)
     configure_from(args)
     try:
-        from rillet.transports.server import ServerConfig, serve
+        from rillet.transports.server import ServerConfig, WorkerFailed, serve
     except ImportError:  # pragma: no cover - the server ships with the package
         raise CliError("the server is not available in this installation") from None
     provider = _provider(args)
@@ -445,6 +456,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         redis_url=args.redis,
         tools=args.tools,
         route_kinds=_route_kinds(args.route),
+        workers=args.workers,
     )
     try:
         config.check()  # before the nursery: its refusal is one line, not an exception group
@@ -459,16 +471,26 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             ) from None
 
     refused: list[str] = []
+    failed: list[str] = []
     unbound: list[OSError] = []
     interrupted: list[bool] = []
+    # each worker configures its logging as this process did
+    setup = functools.partial(configure_from, args) if args.workers > 1 else None
 
     async def go() -> None:
         try:
             async with trio.open_nursery() as nursery:
                 url = await nursery.start(
-                    lambda task_status: serve(config, task_status=task_status)
+                    lambda task_status: serve(config, worker_setup=setup, task_status=task_status)
                 )
-                print(f"rillet serving {url}/ (Ctrl-C stops it)", file=sys.stderr, flush=True)
+                workers = f" with {args.workers} workers" if args.workers > 1 else ""
+                print(
+                    f"rillet serving {url}/{workers} (Ctrl-C stops it)", file=sys.stderr, flush=True
+                )
+                if args.workers > 1:  # SIGTERM stops the workers too, then this process
+                    nursery.start_soon(_stop_on_sigterm, nursery.cancel_scope)
+        except* WorkerFailed as group:  # a worker did not start, or kept dying
+            failed.extend(str(exc) for exc in group.exceptions)
         except* HubUnavailable as group:  # Redis did not answer: no fallback to memory
             refused.extend(str(exc) for exc in group.exceptions)
         except* OSError as group:  # the address cannot be bound
@@ -482,6 +504,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return EXIT_CANCELLED
     if interrupted:
         return EXIT_CANCELLED
+    if failed:
+        raise CliError(f"not serving: {failed[0]}")
     if unbound:
         raise _unbound(unbound[0], args.host, args.port)
     if refused:
@@ -489,6 +513,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             f"not serving: {refused[0]}", "start Redis, fix --redis, or leave it out for memory"
         )
     return EXIT_OK
+
+
+async def _stop_on_sigterm(scope: trio.CancelScope) -> None:
+    """Cancel `scope` at SIGTERM (the server's supervisor then stops its workers)."""
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async for _ in signals:
+            print("rillet: SIGTERM, stopping the workers", file=sys.stderr, flush=True)
+            scope.cancel()
+            return
 
 
 def _leaves(group: BaseExceptionGroup[Any], kind: type[OSError]) -> list[OSError]:
@@ -578,7 +611,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         if args.debug:
             traceback.print_exc()
         print(f"rillet: {exc}" + (f" ({exc.hint})" if exc.hint else ""), file=sys.stderr)
-        code = EXIT_ERROR
+        code = exc.code
     except RilletError as exc:
         if args.debug:
             traceback.print_exc()

@@ -128,6 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
         "it serves every run; needs the `redis` extra. Default: in memory",
     )
     serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="server processes sharing the port (SO_REUSEPORT), their runs shared through "
+        "--redis, which N > 1 needs (default: 1, this process serves)",
+    )
+    serve.add_argument(
         "--tools",
         choices=TOOLSETS,
         default=None,

@@ -21,8 +21,8 @@ the logs in this process (`MemoryRunLog`, the default); `rillet._redis_hub.Redis
 in Redis Streams, so that any server sharing that Redis serves any run's subscribers. Both hand
 out the same `Subscription`: the same buffer allowance, drop reasons, resume and expiry rules.
 
-Waking subscribers (the memory hub)
------------------------------------
+Waking subscribers
+------------------
 A subscriber that has read everything waits in `next_batch`, parked on its own (no event per
 append). An append wakes one of them, the leader, whatever the number waiting; the leader, as it
 wakes, hands the new entries to every other waiting subscriber that has a `push` writer (one
@@ -103,7 +103,8 @@ class Subscription:
             `next_batch` with nothing left to read, instead of waking it: it must not block,
             and returns True when it took them all (the cursor moves past them) and False,
             having taken none, when `next_batch` should return them instead. Every subscriber
-            pushed in one round gets the same list. Only the memory hub pushes.
+            pushed in one round gets the same list. Both hubs push (the Redis hub from the
+            window of a run it follows).
     """
 
     _hub: _Owner

@@ -14,14 +14,15 @@ An append is one Lua call per batch (the run must be open and the seqs must cont
 run expires `open_ttl` seconds after its last append (a producer that died leaves nothing behind
 for long); its `run.done` sets both keys to expire after `retention`.
 
-Fan-out: for each run that has subscribers here, the hub keeps ONE tail, an `XREAD BLOCK` loop,
-and a window of the newest entries in memory; its subscribers are cursors into that window, with
-the memory hub's `Subscription` semantics (buffer allowance, dropped with a reason when behind,
-`CursorExpired` below what the stream keeps). A subscriber behind the window (a resume from an
-old seq) catches up with `XRANGE` reads of its own, then follows the window. A tail ends after
-`run.done`, or when its last subscriber leaves (its blocked read is cancelled). The hub that
-appends a run needs no read for it: each append, once Redis took it, goes into that run's window
-here as it was written (the same bytes and order every other hub reads).
+Fan-out: for each run that has subscribers here, the hub keeps ONE tail, an `XREAD BLOCK` loop, and
+a window of the newest entries in memory; its subscribers are cursors into that window, with the
+memory hub's `Subscription` semantics (buffer allowance, dropped with a reason when behind,
+`CursorExpired` below what the stream keeps) and its waking: new entries wake one parked subscriber,
+which pushes them to the others' writers (no task switch per subscriber). A subscriber behind the
+window (a resume from an old seq) catches up with `XRANGE` reads of its own, then follows the
+window. A tail ends after `run.done`, or when its last subscriber leaves (its blocked read is
+cancelled). The hub that appends a run needs no read for it: each append, once Redis took it, goes
+into that run's window here as it was written (the same bytes and order every other hub reads).
 
 A blocked `XREAD` holds its connection. Cancelling one makes coredis (6.9) discard that
 connection without giving its slot back to the pool, so each tail reads on a one-connection
@@ -176,6 +177,7 @@ class _Tail(RunState):
             sub._drop(reason)
         self.subscribers.clear()
         self.wake()
+        self.abandon()  # every parked subscriber wakes to meet the failure
 
 
 @attrs.define(eq=False)
@@ -204,7 +206,7 @@ class RedisSubscription(Subscription):
                 return batch
             if tail.done:
                 return []
-            await tail.wait()
+            await self._park()  # as the memory hub's: the leader pushes to the others
 
     async def _catch_up(self, count: int) -> list[Entry]:
         """Entries after the cursor that the window no longer (or never) held."""

@@ -250,6 +250,75 @@ async def test_a_subscriber_on_the_other_hub_sees_every_event_in_order_and_resum
     assert stats["delivered"] == 41  # B read each event from Redis once, for both subscribers
 
 
+async def test_new_entries_wake_one_parked_subscriber_which_pushes_to_the_others(
+    redis_url: str,
+) -> None:
+    run_id = new_run()
+    pushed: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    returned: dict[int, list[int]] = {}
+
+    def writer(n: int) -> Callable[[list[Entry]], bool]:
+        def push(batch: list[Entry]) -> bool:
+            pushed[n].extend(e.seq for e in batch)
+            return True
+
+        return push
+
+    async def reader(n: int, sub: Subscription) -> None:
+        returned[n] = [e.seq for e in await sub.next_batch()]
+
+    with trio.fail_after(10):
+        async with two_hubs(redis_url) as (a, b):
+            await a.create(run_id)
+            await a.append(run_id, deltas(run_id, 1, 1))
+            subs = [await b.follow(run_id, 1) for _ in range(3)]
+            async with trio.open_nursery() as nursery:
+                for n, sub in enumerate(subs):
+                    sub.push = writer(n)
+                    nursery.start_soon(reader, n, sub)
+                tail = b._tails[run_id]
+                await eventually(lambda: _true(len(tail.parked) == 3))
+                await a.append(run_id, deltas(run_id, 2, 4))  # one Lua call: one XREAD reply
+                await eventually(lambda: _true(len(returned) == 1 and len(tail.parked) == 2))
+                waiting = set(tail.parked)  # the two written to wait on, never woken
+                nursery.cancel_scope.cancel()
+    (leader,) = returned
+    assert returned[leader] == [2, 3, 4]  # the leader read them itself
+    others = [n for n in pushed if n != leader]
+    assert [pushed[n] for n in others] == [[2, 3, 4], [2, 3, 4]]  # the others were written to
+    assert pushed[leader] == []
+    assert waiting == {subs[n] for n in others}
+    assert [subs[n].cursor for n in range(3)] == [4, 4, 4]
+
+
+async def test_a_failed_tail_wakes_every_parked_subscriber_with_the_reason(redis_url: str) -> None:
+    run_id = new_run()
+    reasons: list[str] = []
+
+    async def reader(sub: Subscription) -> None:
+        with pytest.raises(SubscriberDropped) as dropped:
+            await sub.next_batch()
+        reasons.append(dropped.value.reason)
+
+    with trio.fail_after(10):
+        async with two_hubs(redis_url) as (a, b):
+            await a.create(run_id)
+            await a.append(run_id, deltas(run_id, 1, 1))
+            subs = [await b.follow(run_id, 1) for _ in range(3)]  # no push writer, no scope
+            async with trio.open_nursery() as nursery:
+                for sub in subs:
+                    nursery.start_soon(reader, sub)
+                tail = b._tails[run_id]
+                await eventually(lambda: _true(len(tail.parked) == 3))
+                tail.fail("log_unavailable")
+    assert reasons == ["log_unavailable"] * 3
+
+
+async def _true(value: bool) -> bool:
+    await trio.lowlevel.checkpoint()
+    return value
+
+
 async def test_a_second_producer_for_a_run_is_refused_and_the_log_keeps_the_first(
     redis_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -493,7 +562,8 @@ async def test_a_run_started_on_one_server_streams_over_sse_from_the_other(redis
     assert wrong.status_code == 404
     assert [m.encode() for m in received.messages] == [e.data.encode() for e in whole.events]
     assert (received.code, received.reason) == (1000, "done")
-    assert cancel.status_code == 409  # a turn is cancelled where it runs
+    # handed to the server that ran it, over the control channel (done: nothing to cancel)
+    assert (cancel.status_code, cancel.json()) == (202, {"run_id": run["run_id"]})
 
 
 async def test_a_server_with_an_unreachable_redis_refuses_to_start() -> None:

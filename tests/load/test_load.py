@@ -48,7 +48,10 @@ from rillet.providers._base import Provider, Secret
 from rillet.providers._openai_chat import OpenAIChatDialect
 from rillet.transports.server import Limits
 
+from bench.workers import run_phase
+
 from ..test_handler import FakeProvider, openai_events, policy, provider_for, rescue_ok, status
+from ..test_redis_hub import redis_server  # noqa: F401 - the session fixture
 from ..test_reliability_faults import (
     GatedProvider,
     RunRef,
@@ -64,6 +67,7 @@ from ._support import open_fds, percentile, provider_process, rss, tasks, tickin
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from ..test_redis_hub import RedisServer
     from ..test_reliability_faults import Site
 
 pytestmark = pytest.mark.load
@@ -861,3 +865,37 @@ async def test_l8_the_pipeline_against_one_task_decode(figures: dict[str, Any]) 
         figures[f"{name}: frame to sink p99 ms"] = round(percentile(latencies, 99) * 1000, 3)
         # the catalogue's targets, reported: a shared machine's speed is not the code's
         figures[f"{name}: targets met"] = ratio >= 0.5 and median_ms < 0.5
+
+
+# --- L2 against `serve --workers 2` ---------------------------------------------------------------
+
+
+async def test_l2_1000_ws_and_1000_sse_at_50_events_a_second_against_two_workers(
+    figures: dict[str, Any],
+    redis_server: RedisServer,  # noqa: F811
+) -> None:
+    """One run at 50 events/s to 1,000 WS + 1,000 SSE subscribers spread by the kernel over two
+    worker processes sharing a real redis-server (bench/workers.py's paced phase: its cheap
+    epoll client counts each subscriber's events). Every subscriber must get the whole log,
+    ended by `run.done`; the p99 delay (provider's scheduled send to the subscriber's `recv`)
+    has a target of 50 ms, reported with the figures."""
+    n = fd_budget()
+    subs = [(0, "ws")] * n + [(0, "sse")] * n
+    with trio.fail_after(600):
+        phase = await run_phase(redis_server.url, 2, "paced 50/s", 1, subs, 500, 50.0)
+    assert phase.complete == 2 * n  # every subscriber read to run.done
+    assert phase.fewest == phase.most == phase.events  # and all got the same events: the log
+    assert phase.events >= 500  # the 500 deltas, and the run's own events
+    assert min(phase.spread) > 0  # both workers served subscribers
+    figures.update(
+        {
+            "subscribers": f"{n} WS + {n} SSE",
+            "per worker": " / ".join(map(str, phase.spread)),
+            "events": phase.events,
+            "deliveries/s": round(phase.deliveries_per_s),
+            "delay p50 ms": round(phase.p50_ms, 1),
+            "delay p99 ms": round(phase.p99_ms, 1),
+            "p99 target < 50 ms": "met" if phase.p99_ms < 50 else "missed",
+            "workers CPU": f"{phase.server_cpu:.0%} of a core",
+        }
+    )

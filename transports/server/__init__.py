@@ -6,7 +6,8 @@ Endpoints:
 - `GET /`: the live page (`static/index.html`).
 - `POST /v1/runs`: start a run (`{"prompt"}` or `{"messages", ...}`); the server key when one is
   configured; answers 201 `{"run_id", "token", "events_url", "ws_url"}`. The token reads that
-  run only. `DELETE /v1/runs/{id}` (with the token) cancels it.
+  run only. `DELETE /v1/runs/{id}` (with the token) cancels it, on any server sharing its Redis
+  (handed to the one that runs it).
 - `GET /v1/runs/{id}/events`: the run events as SSE, `id: <run_id>:<seq>`, resumable by
   `Last-Event-ID` (which wins) or `?after=<seq>`; a comment every `heartbeat` seconds of
   silence; 204 when the cursor is already at the end of a finished run (an EventSource then
@@ -37,11 +38,13 @@ subscriber limits keyed by what identifies a client, not its address alone.
 
 The package, by concept: `_config` (what is served, the limits), `_serve` (binding, the accept
 loop, the sweep), `_routing` (connections, routes, Host and Origin checks), `_shared` (what
-handlers share and the checks they all make), `_capacity` (client identity, admission),
-`_runs` (the runs API), `_fanout` (one pump for SSE and WebSocket subscribers), `_mmsp`
-(MMSP's server wire), `_streamed` (a streamed body watched against its client), `_page`,
-`_metrics` (what both metrics endpoints count), `_log` (the log lines), `_replies`. Every
-byte sequence that goes on the wire is built in `rillet._encode`.
+handlers share and the checks they all make), `_capacity` (client identity, admission), `_runs`
+(the runs API), `_workers` (several processes on one port, `workers`), `_control` (cancels and
+approval answers handed to the server that drives the run, over Redis), `_fanout` (one pump for
+SSE and WebSocket subscribers), `_mmsp` (MMSP's server wire), `_streamed` (a streamed body
+watched against its client), `_page`, `_metrics` (what both metrics endpoints count), `_log`
+(the log lines), `_replies`. Every byte sequence that goes on the wire is built in
+`rillet._encode`.
 """
 
 from rillet._public import fixup_module_metadata as _fixup_module_metadata
@@ -50,7 +53,8 @@ from ._config import Limits as Limits
 from ._config import ServerConfig as ServerConfig
 from ._config import ServerConfigError as ServerConfigError
 from ._serve import serve as serve
+from ._workers import WorkerFailed as WorkerFailed
 
-__all__ = ["Limits", "ServerConfig", "ServerConfigError", "serve"]
+__all__ = ["Limits", "ServerConfig", "ServerConfigError", "WorkerFailed", "serve"]
 
 _fixup_module_metadata(__name__, globals())

@@ -109,7 +109,8 @@ class AgentRuns:
         """`POST /v1/runs/{id}/approvals/{approval_id}` with the run's token and
         `{"approve": true|false, "reason": "..."}`: 200 once the waiting tool call is let run
         or refused; 404 for an unknown run or another run's token (the same bytes); 409 for
-        an approval that is not waiting (unknown, or answered already)."""
+        an approval that is not waiting (unknown, or answered already). A run another server
+        drives is answered there (`Runs.elsewhere`)."""
         run_id, _, approval_id = arg.partition("/")
         try:
             record = await self.runs.authorized(request, run_id)
@@ -117,28 +118,49 @@ class AgentRuns:
             raise refused.reply() from None
         if record is None:
             raise not_found()
-        if run_id not in self.runs.runs:
-            raise ErrorReply(409, "elsewhere", "answer on the server that started the run")
         answer: _Answer = await self.runs.shared.read_json(
             http, request, _decode_answer, "invalid_request"
         )
         if len(answer.reason) > _MAX_REASON:
             raise ErrorReply(400, "invalid_request", f"`reason` is over {_MAX_REASON} characters")
+        mine = self.runs.runs.get(run_id)
+        if mine is not None:
+            body = self.decide(
+                mine, run_id, approval_id, approve=answer.approve, reason=answer.reason
+            )
+            status = 200
+        else:  # another server drives the run: it decides
+            status, body = await self.runs.elsewhere(
+                {
+                    "op": "answer",
+                    "run_id": run_id,
+                    "approval_id": approval_id,
+                    "approve": answer.approve,
+                    "reason": answer.reason,
+                }
+            )
+        await http.respond(status, body)
+
+    def decide(
+        self, record: RunRecord, run_id: str, approval_id: str, *, approve: bool, reason: str
+    ) -> bytes:
+        """Let a waiting tool call of this server's run go, or refuse it: the response body;
+        `ErrorReply` 409 for an approval that is not waiting."""
         agent = record.agent
         try:
             if agent is None:
                 raise ValueError(approval_id)
-            if answer.approve:
+            if approve:
                 agent.approve(approval_id)
             else:
-                agent.deny(approval_id, answer.reason)
+                agent.deny(approval_id, reason)
         except ValueError:
             raise ErrorReply(
                 409, "approval_not_waiting", "no such approval is waiting (answered already?)"
             ) from None
-        decision = "approved" if answer.approve else "denied"
+        decision = "approved" if approve else "denied"
         body = {"run_id": run_id, "approval_id": approval_id, "decision": decision}
-        await http.respond(200, msgspec.json.encode(body))
+        return msgspec.json.encode(body)
 
 
 async def _deny_unanswered(agent: Agent, seconds: float) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import socket
 from collections.abc import Callable, Mapping, Sequence
 
 import attrs
@@ -16,7 +17,8 @@ _LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "ip6-localhost"})
 
 
 class ServerConfigError(RilletError, ValueError):
-    """The server cannot start as configured (an open server off loopback)."""
+    """The server cannot start as configured (an open server off loopback, several workers
+    without a Redis to share runs through, or no `SO_REUSEPORT` for them)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -111,6 +113,16 @@ class ServerConfig:
         tools: a named tool set (`demo`) runs may ask for (`"tools": "demo"` in
             `POST /v1/runs`): such a run is an agent run, its approvals answered at
             `POST /v1/runs/{id}/approvals/{approval_id}`. None: runs are single turns.
+        workers: server processes sharing the port (`SO_REUSEPORT`: Linux spreads new
+            connections over them; macOS and the BSDs have the option but may hand every
+            connection to one), their runs shared through `redis_url`, which more than one
+            needs. `serve` then
+            supervises them: the configuration (and `api_key`) reaches each worker pickled,
+            so the provider (or its function) must pickle. 1: this process serves.
+        reuse_port: bind with `SO_REUSEPORT`, so that other processes may bind the same port
+            and the kernel spreads connections among them (what each worker does).
+        worker: which worker this process is (0-based, set by the supervisor; shown at
+            `/metrics.json`); None when it is no worker.
     """
 
     provider: Provider | Callable[[str], Provider]
@@ -126,6 +138,9 @@ class ServerConfig:
     tools: str | None = None
     route_kinds: tuple[str, ...] = attrs.field(default=(), converter=_models)
     route_env: Mapping[str, str] | None = None
+    workers: int = 1
+    reuse_port: bool = False
+    worker: int | None = None
 
     @property
     def loopback(self) -> bool:
@@ -139,6 +154,18 @@ class ServerConfig:
                 f"refusing to serve on {self.host!r} without a server key: anyone who can reach "
                 "it could spend the provider's credit. Set api_key (--server-key) or bind to "
                 "127.0.0.1."
+            )
+        if self.workers < 1:
+            raise ServerConfigError(f"workers must be at least 1, not {self.workers}")
+        if self.workers > 1 and self.redis_url is None:
+            raise ServerConfigError(
+                f"{self.workers} workers need a Redis to share their runs: set redis_url "
+                "(--redis redis://host:port/0), or serve with one worker"
+            )
+        if (self.workers > 1 or self.reuse_port) and not hasattr(socket, "SO_REUSEPORT"):
+            raise ServerConfigError(
+                "this system has no SO_REUSEPORT: serve with one worker (or one server per "
+                "port behind a load balancer)"
             )
 
 

@@ -330,5 +330,7 @@ class Server:
             "subscribers_dropped": m.subscribers_dropped,
             "events_per_second": round(m.events_per_second(), 3),
             "time_to_first_event_ms": m.ttfe(),
+            "worker": self.shared.config.worker,  # which of `--workers`, None for no worker
+            "pid": os.getpid(),
         }
         await http.respond(200, msgspec.json.encode(body), head_only=request.method == "HEAD")

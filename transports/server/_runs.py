@@ -338,15 +338,59 @@ class Runs:
             raise refused.reply() from None
         if record is None:
             raise not_found()
-        if run_id not in self.runs:
-            raise ErrorReply(409, "elsewhere", "cancel the run on the server that started it")
+        if run_id in self.runs:
+            status, body = self._cancel(run_id, self.runs[run_id])
+        else:
+            status, body = await self.elsewhere({"op": "cancel", "run_id": run_id})
+        await http.respond(status, body)
+
+    def _cancel(self, run_id: str, record: RunRecord) -> tuple[int, bytes]:
         if record.turn is not None:
             record.turn.cancel()
         elif record.agent is not None:
             record.agent.cancel()
         elif record.waiting is not None:
             record.waiting.cancel()
-        await http.respond(202, msgspec.json.encode({"run_id": run_id}))
+        return 202, msgspec.json.encode({"run_id": run_id})
+
+    async def elsewhere(self, request: dict[str, Any]) -> tuple[int, bytes]:
+        """A cancel or an answer for a run another server drives, handed to it (`_control`):
+        its answer; 409 `elsewhere` when no server answers for the run."""
+        control = self.shared.control
+        answer = None if control is None else await control.ask(request)
+        if answer is None:
+            reply = ErrorReply(
+                409,
+                "elsewhere",
+                "the server that started the run did not answer (it may have stopped); "
+                "retry, or send this to that server",
+            )
+            return reply.status, reply.body
+        return answer
+
+    async def controlled(self, request: dict[str, Any]) -> tuple[int, bytes] | None:
+        """A control request from another server: answered when the run is this server's
+        (the other server has checked the run's token); None otherwise."""
+        run_id = str(request.get("run_id", ""))
+        record = self.runs.get(run_id)
+        if record is None:
+            return None
+        op = request.get("op")
+        if op == "cancel":
+            return self._cancel(run_id, record)
+        if op == "answer":
+            try:
+                body = self.agents.decide(
+                    record,
+                    run_id,
+                    str(request.get("approval_id", "")),
+                    approve=bool(request.get("approve")),
+                    reason=str(request.get("reason", "")),
+                )
+            except ErrorReply as reply:
+                return reply.status, reply.body
+            return 200, body
+        return None
 
     @asynccontextmanager
     async def subscription(

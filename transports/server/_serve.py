@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import errno
 import logging
+import socket
 from typing import TYPE_CHECKING
 
 import httpx
 import trio
 from rillet._hub import Hub, RunHub
 
+from ._config import ServerConfigError
 from ._metrics import METRICS_EXTRA, CountingTransport, Metrics
 from ._routing import Server
 from ._shared import Shared
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ._config import ServerConfig
 
 __all__ = ["serve"]
@@ -27,6 +31,7 @@ async def serve(
     config: ServerConfig,
     *,
     hub: RunHub | None = None,
+    worker_setup: Callable[[], object] | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled; `task_status.started` gets the bound `http://host:port` URL.
@@ -37,8 +42,20 @@ async def serve(
     every server sharing it serves every run's subscribers; otherwise a server serves the runs
     it started. Raises `ServerConfigError` before binding for an open server off loopback, and
     `HubUnavailable` before binding when the configured Redis does not answer.
+
+    With `config.workers` above 1 this process supervises that many worker processes on the
+    port (`_workers`: `SO_REUSEPORT`, runs shared through `config.redis_url`); `worker_setup`
+    then runs first in each (to configure logging, say) and must pickle, as `config` must. A
+    worker that does not start raises `WorkerFailed` with its cause.
     """
     config.check()
+    if config.workers > 1:
+        if hub is not None:
+            raise ServerConfigError("workers share runs through redis_url, not a hub object")
+        from ._workers import supervise
+
+        await supervise(config, setup=worker_setup, task_status=task_status)
+        return
     limits = config.limits
     if hub is None and config.redis_url is not None:
         from rillet._redis_hub import open_redis_hub
@@ -68,8 +85,17 @@ async def _serve(config: ServerConfig, hub: RunHub, task_status: trio.TaskStatus
         ) as client,
         trio.open_nursery() as nursery,
     ):
-        listeners = await trio.open_tcp_listeners(config.port, host=config.host)
+        if config.reuse_port:
+            listeners = await _reuse_port_listeners(config.host, config.port)
+        else:
+            listeners = await trio.open_tcp_listeners(config.port, host=config.host)
         server = Server(Shared(config, hub, client, nursery, metrics=metrics))
+        if config.redis_url is not None:  # cancels and answers for runs other servers drive
+            from ._control import Control
+
+            control = Control(config.redis_url, server.runs.controlled)
+            await nursery.start(control.run)
+            server.shared.control = control
         for listener in listeners:
             nursery.start_soon(_accept, listener, server, nursery)
         nursery.start_soon(server.runs.sweep)
@@ -79,6 +105,30 @@ async def _serve(config: ServerConfig, hub: RunHub, task_status: trio.TaskStatus
         if metrics.prom is None:
             logger.warning("no Prometheus metrics at /metrics: %s", METRICS_EXTRA)
         task_status.started(url)
+
+
+async def _reuse_port_listeners(host: str, port: int) -> list[trio.SocketListener]:
+    """Listeners on every address of `host`, bound with `SO_REUSEPORT`: other processes (the
+    other workers) bind the same port, and the kernel spreads connections among them."""
+    infos = await trio.socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
+    socks: list[trio.socket.SocketType] = []
+    try:
+        for family, kind, proto, _, address in infos:
+            sock = trio.socket.socket(family, kind, proto)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            await sock.bind(address)
+            sock.listen(0xFFFF)  # the kernel caps it at net.core.somaxconn
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    return [trio.SocketListener(sock) for sock in socks]
 
 
 _ACCEPT_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from .._http11 import HttpConnection, Request
     from ._config import Limits
+    from ._control import Control  # noqa: TC004 - it needs coredis, an extra
 
 __all__ = ["Shared"]
 
@@ -45,6 +46,8 @@ class Shared:
     admission: StreamAdmission = attrs.field()
     # the turns' own slots, as many as the server admits: a turn it admitted never queues again
     streams: Admission = attrs.field()
+    # the control channel to other servers' runs (with a Redis hub only)
+    control: Control | None = None
 
     @admission.default
     def _admission(self) -> StreamAdmission:
