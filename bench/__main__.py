@@ -1,5 +1,5 @@
-"""`python -m bench [core|pipeline|peers|ttfd|turns|fanout|redis|all]`: rillet against the limit
-and against what users would pick instead, side by side.
+"""`python -m bench [core|pipeline|peers|ttfd|turns|memory|fanout|redis|all]`: rillet against
+the limit and against what users would pick instead, side by side.
 
 - core: each stream kind's sans-I/O decode in one task against the limit loop;
 - pipeline: the limit loops, rillet's core, `run_turn` and `open_turn` + JSONL sink on every
@@ -8,9 +8,11 @@ and against what users would pick instead, side by side.
   bench` creates) on the same bytes, interleaved with rillet's `run_turn`;
 - ttfd: time from the first delta's bytes to a sink;
 - turns: 1,000 concurrent turns (loop lag, memory per turn, throughput);
+- memory: 500-event turns, with and without history: what a finished turn keeps, and a turn's
+  peak in flight (tracemalloc), with RSS growth as a cross-check;
 - fanout, redis: the fan-out and Redis benchmarks of bench/fanout.py and bench/redis_hub.py,
   when those modules are there;
-- all (the default): core, pipeline and peers (interleaved), ttfd, turns, and fanout / redis
+- all (the default): core, pipeline and peers (interleaved), ttfd, turns, memory, and fanout / redis
   with `--fanout` / `--redis`.
 
 Figures go to bench/out/results.json and the marked sections of bench/RESULTS.md (targets
@@ -201,6 +203,36 @@ def _turns(run: RunState) -> None:
     run.record("turns", section, {"turns": report.turns_markdown({**section, **_now()})})
 
 
+def _memory(run: RunState) -> None:
+    from .memory import MEMORY_KINDS
+
+    a = run.args
+    turns = a.memory_turns or (100 if a.quick else 200)
+    rows: list[dict[str, Any]] = []
+    for kind in MEMORY_KINDS:
+        for history in (False, True):
+            row: dict[str, Any] = {"kind": kind, "history": history, "turns": turns}
+            for how in ("trace", "rss"):
+                cmd = [sys.executable, "-m", "bench.memory", "--kind", kind, "--how", how]
+                cmd += ["--turns", str(turns), "--events", str(a.memory_events)]
+                if not history:
+                    cmd.append("--no-history")
+                _progress(f"memory: {kind}, history={history}, {how} ({turns:,} turns)")
+                proc = subprocess.run(
+                    cmd, cwd=report.HERE.parent, capture_output=True, text=True, timeout=900
+                )
+                line = next((x for x in reversed(proc.stdout.splitlines()) if x[:1] == "{"), None)
+                if proc.returncode != 0 or line is None:
+                    row["error"] = ((proc.stderr.strip().splitlines() or ["no output"])[-1])[:200]
+                    break
+                figures = json.loads(line)
+                figures["ok"] = min(figures["ok"], row.get("ok", figures["ok"]))
+                row.update(figures)
+            rows.append(row)
+    section = {"rows": rows}
+    run.record("memory", section, {"memory": report.memory_markdown({**section, **_now()})})
+
+
 def _external(
     run: RunState,
     key: str,
@@ -286,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    commands = ("core", "pipeline", "peers", "ttfd", "turns", "fanout", "redis", "all")
+    commands = ("core", "pipeline", "peers", "ttfd", "turns", "memory", "fanout", "redis", "all")
     parser.add_argument("command", nargs="?", default="all", choices=commands)
     parser.add_argument("--quick", action="store_true", help="a short run (about 2 minutes)")
     parser.add_argument("--rounds", type=int, help="interleaved rounds (core 7, pipeline 5)")
@@ -302,6 +334,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turns", type=int, help="turns: concurrent turns (1000)")
     parser.add_argument("--events", type=int, help="turns: events per turn (100)")
     parser.add_argument("--period", type=float, default=0.5, help="turns: seconds between reads")
+    parser.add_argument("--memory-turns", type=int, help="memory: concurrent turns (200)")
+    parser.add_argument(
+        "--memory-events", type=int, default=500, help="memory: events per turn (500)"
+    )
     parser.add_argument("--fanout", action="store_true", help="all: run the fan-out benchmark")
     parser.add_argument("--redis", action="store_true", help="all: run the Redis benchmark")
     parser.add_argument("--no-write", action="store_true", help="print only; write no files")
@@ -321,6 +357,8 @@ def main(argv: list[str] | None = None) -> None:
         _ttfd(run)
     if c in ("turns", "all"):
         _turns(run)
+    if c in ("memory", "all"):
+        _memory(run)
     if c == "fanout" or (c == "all" and args.fanout):
         _fanout(run)
     if c == "redis" or (c == "all" and args.redis):

@@ -22,6 +22,7 @@ __all__ = [
     "judge_targets",
     "load_results",
     "machine",
+    "memory_markdown",
     "peers_markdown",
     "pipeline_markdown",
     "replace_section",
@@ -333,6 +334,86 @@ def turns_markdown(section: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# --- memory per turn ------------------------------------------------------------------------------
+
+MEMORY_TARGETS = {False: 32.0, True: 120.0}
+"""KiB a finished 500-event turn may keep, without its history and with it (the default)."""
+
+
+def memory_markdown(section: dict[str, Any]) -> str:
+    """Memory per turn: retained, peak in flight, RSS growth."""
+    rows = section.get("rows", [])
+    turns = rows[0]["turns"] if rows else 0
+    events = rows[0]["events"] if rows else 0
+    lines = [
+        "## Memory per turn",
+        "",
+        f"`python -m bench memory` — {turns:,} turns of {events:,} text fragment events each, "
+        "run at once through `open_turn` (the full pipeline) over one shared httpx client on an "
+        "in-memory transport; each read after a body's first waits one scheduler round, so "
+        "every turn is in flight at once. Each turn's `Turn` handle (and its `TurnResult`) is "
+        "held until all have ended. Every figure comes from a fresh process after a warm-up "
+        f"({_where(section)}). **Retained**: tracemalloc's traced bytes once every turn has "
+        "ended and a full collection ran, less those before the turns, ÷ turns: what a finished "
+        "turn keeps (the targets judge this). **Peak in flight**: tracemalloc's peak while the "
+        "turns run, less the bytes before, ÷ turns (it includes, per turn, the request and "
+        "response objects, the tasks, and the text's transient copies as the last lane closes). "
+        "**RSS growth**: in its own process without tracemalloc, peak resident memory while "
+        "the turns run less that before, ÷ turns (a cross-check). The answer text of these "
+        "streams is about 5,600 characters with emoji: 22 KiB as one Python string.",
+        "",
+        "| stream | history | retained KiB/turn | peak in flight KiB/turn | RSS growth KiB/turn "
+        "| replies ok |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        if r.get("error"):
+            lines.append(f"| {r['kind']} | {_history(r)} | failed: {r['error']} ||||")
+            continue
+        lines.append(
+            f"| {r['kind']} | {_history(r)} | {_f(r.get('retained_kib_per_turn'))} | "
+            f"{_f(r.get('peak_kib_per_turn'))} | {_f(r.get('rss_kib_per_turn'))} | "
+            f"{r.get('ok', 0):,}/{r['turns']:,} |"
+        )
+    return "\n".join(lines)
+
+
+def _history(row: dict[str, Any]) -> str:
+    return "kept (default)" if row["history"] else "`history=False`"
+
+
+def _memory_targets(section: dict[str, Any] | None) -> list[Target]:
+    out = []
+    for history, goal in MEMORY_TARGETS.items():
+        label = "kept" if history else "history=False"
+        name = f"memory a finished turn keeps, 500 events, {label}"
+        rows = [
+            r
+            for r in (section or {}).get("rows", [])
+            if r["history"] is history and r.get("retained_kib_per_turn") is not None
+        ]
+        if not rows:
+            out.append(Target(name, f"≤ {goal:g} KiB", "not measured", None, "–"))
+            continue
+        worst = max(rows, key=lambda r: r["retained_kib_per_turn"])
+        v = worst["retained_kib_per_turn"]
+        out.append(
+            Target(
+                name,
+                f"≤ {goal:g} KiB",
+                f"{v:.1f} KiB (worst: {worst['kind']})",
+                v <= goal,
+                f"{goal - v:.1f} KiB to spare" if v <= goal else f"over by {v - goal:.1f} KiB",
+                ", ".join(
+                    f"{r['kind']}: {r['retained_kib_per_turn']:.1f} KiB retained, "
+                    f"{_f(r.get('peak_kib_per_turn'))} KiB peak in flight"
+                    for r in rows
+                ),
+            )
+        )
+    return out
+
+
 # --- targets --------------------------------------------------------------------------------------
 
 
@@ -500,6 +581,7 @@ def judge_targets(results: dict[str, Any]) -> list[Target]:
         out.append(
             Target("concurrent turns: memory per turn", "< 100 KiB", "not measured", None, "–")
         )
+    out += _memory_targets(results.get("memory"))
     # fan-out: the first phase (every subscriber at stream pace)
     fan = (results.get("fanout") or {}).get("result") or {}
     phases = fan.get("phases") or []
@@ -573,7 +655,7 @@ def targets_markdown(targets: list[Target], results: dict[str, Any]) -> str:
     """The targets table."""
     when = {
         k: results[k].get("machine", {}).get("at", "?")
-        for k in ("core", "pipeline", "peers", "ttfd", "turns")
+        for k in ("core", "pipeline", "peers", "ttfd", "turns", "memory")
         if k in results
     }
     lines = [
