@@ -38,6 +38,7 @@ T = TypeVar("T")
 UniItem = UniEvent | AttemptReset
 _READ = 256  # items a follower rebuilds at a time
 _U32 = 1 << 32
+_U62 = 1 << 62
 _SKIPPED = (ThinkingDelta, ToolCallDelta)  # events whose text the accumulator skips
 
 
@@ -179,28 +180,34 @@ class _Text:
 
 class _Run:
     """Consecutive plain text fragments: their span ends in one attempt's text, their stamps
-    (`created_at`, or `elapsed_ms`, less `base`), and the `seq` of the first (run events)."""
+    (`created_at`, or `elapsed_ms`) as the index where each new stamp begins and its value
+    (a batch's fragments share one), and the `seq` of the first (run events)."""
 
-    __slots__ = ("base", "ends", "seq", "stamps", "start", "text")
+    __slots__ = ("ends", "marks", "seq", "stamps", "start", "text")
 
-    def __init__(self, text: _Text, start: int, base: int, seq: int) -> None:
+    def __init__(self, text: _Text, start: int, seq: int) -> None:
         self.text = text
         self.start = start  # where the first fragment starts
-        self.base = base
         self.seq = seq
         self.ends = array("I")
-        self.stamps = array("I")
+        self.marks = array("I")
+        self.stamps = array("q")
 
     def fragments(self, first: int, last: int) -> list[tuple[str, int]]:
         """Fragments `first` to `last` (excluded): each one's text and stamp."""
-        ends, stamps, base = self.ends, self.stamps, self.base
+        ends, marks, stamps = self.ends, self.marks, self.stamps
         origin = ends[first - 1] if first else self.start
         whole = self.text.span(origin, ends[last - 1])
+        k = bisect_right(marks, first) - 1
+        following = marks[k + 1] if k + 1 < len(marks) else last
         out = []
         at = 0
         for j in range(first, last):
+            if j == following:
+                k += 1
+                following = marks[k + 1] if k + 1 < len(marks) else last
             end = ends[j] - origin
-            out.append((whole[at:end], stamps[j] + base))
+            out.append((whole[at:end], stamps[k]))
             at = end
         return out
 
@@ -229,27 +236,32 @@ class HistoryLog(PlainLog[T]):
         self._starts.append(self._end)
         self._end += 1
 
-    def _add(self, fragment: str, stamp: int, seq: int, text: _Text, start: int) -> None:
-        """A fragment at `start` in `text`."""
-        end = start + len(fragment)
+    def _open(self, text: _Text, start: int, seq: int) -> _Run:
+        """A new run from `start` in `text`."""
+        run = self._run = _Run(text, start, seq)
+        self._entries.append(run)
+        self._starts.append(self._end)
+        return run
+
+    def _state(self) -> tuple[int, int, _Run | None, int, int]:
+        """Where the log is: what `_undo` returns it to."""
         run = self._run
-        if (
-            run is None
-            or run.text is not text
-            or (run.ends[-1] if run.ends else run.start) != start
-            or not 0 <= stamp - run.base < _U32
-            or seq != run.seq + len(run.ends)
-            or end >= _U32
-        ):
-            if end >= _U32 or not 0 <= stamp < (1 << 62):  # past what a run holds: as it came
-                self._raw(self._rebuild(fragment, stamp, seq))
-                return
-            run = self._run = _Run(text, start, stamp, seq)
-            self._entries.append(run)
-            self._starts.append(self._end)
-        run.ends.append(end)
-        run.stamps.append(stamp - run.base)
-        self._end += 1
+        if run is None:
+            return len(self._entries), self._end, None, 0, 0
+        return len(self._entries), self._end, run, len(run.ends), len(run.marks)
+
+    def _undo(self, state: tuple[int, int, _Run | None, int, int], items: Sequence[T]) -> None:
+        """Back to `state`, then `items` kept as they came."""
+        entries, self._end, run, ends, marks = state
+        del self._entries[entries:]
+        del self._starts[entries:]
+        if run is not None:
+            del run.ends[ends:]
+            del run.marks[marks:]
+            del run.stamps[marks:]
+        self._run = None
+        for item in items:
+            self._raw(item)
 
     def read(self, position: int, limit: int = _READ) -> list[T]:
         """Up to `limit` items from `position` on, rebuilt as they were delivered."""
@@ -311,51 +323,90 @@ class UniHistory(HistoryLog[UniItem]):
         if not items:
             return
         parts = self._answer.parts
-        if parts is not self._text.parts:  # the accumulator was reset: a new text
-            self._text = _Text(parts)
-            self._run = None
         text = self._text
+        if parts is not text.parts:  # the accumulator was reset: a new text
+            text = self._text = _Text(parts)
+            self._run = None
         start = text.chars
-        for item in items:
-            fragment = self._fragment(item)
-            if fragment is None:
-                self._raw(item)
-            else:
-                self._add(fragment, item.created_at, self._end, text, text.chars)  # type: ignore[union-attr]
-                text.chars += len(fragment)
-        self.batch = (text, start, text.chars)
+        state = self._state()
+        try:
+            chars = self._take(items, text, start)
+        except (OverflowError, TypeError):  # past what a run holds: the batch as it came
+            self._undo(state, items)
+            chars = start + _counted(items)
+        text.chars = chars
+        self.batch = (text, start, chars)
         self._wake()
 
-    def _fragment(self, item: UniItem) -> str | None:
-        """The fragment `item` is, if it is kept as a span (counting any other text it holds)."""
-        if type(item) is not UniEvent:
-            return None
-        items = item.content_items
-        if items and type(items[0]) is TextDelta:
-            first = items[0]
-            if (
-                len(items) == 1
-                and first.fidelity is None
-                and item.event_type == "delta"
-                and item.role == "assistant"
-                and item.usage_metadata is None
-                and item.finish_reason is None
-                and type(first.text) is str
-                and type(item.created_at) is int
-            ):
-                return first.text
-            self._text.chars += len(first.text)  # the accumulator took its first item's text
-        elif items and item.event_type != "stop" and type(items[0]) not in _SKIPPED:
-            # not the grammar's shape (one item a delta), but counted as the accumulator does
-            for other in items:
-                if type(other) is TextDelta:
-                    self._text.chars += len(other.text)
-        return None
+    def _take(self, items: Sequence[UniItem], text: _Text, chars: int) -> int:
+        run = self._run
+        end = self._end
+        ends = marks = stamps = None
+        last = None  # the stamp of the run's last fragment
+        if run is not None:
+            ends, marks, stamps = run.ends, run.marks, run.stamps
+            last = stamps[-1]
+        for item in items:
+            if type(item) is UniEvent:
+                content = item.content_items
+                first = content[0] if content else None
+                if type(first) is TextDelta:
+                    at = chars
+                    chars += len(first.text)
+                    if (
+                        first.fidelity is None
+                        and len(content) == 1
+                        and item.event_type == "delta"
+                        and item.usage_metadata is None
+                        and item.finish_reason is None
+                        and item.role == "assistant"
+                    ):
+                        if ends is None:
+                            self._end = end
+                            run = self._open(text, at, end)
+                            ends, marks, stamps = run.ends, run.marks, run.stamps
+                        stamp = item.created_at
+                        if stamp != last or type(stamp) is not int:
+                            marks.append(len(ends))  # type: ignore[union-attr]
+                            stamps.append(stamp)  # type: ignore[union-attr]
+                            last = stamp
+                        ends.append(chars)
+                        end += 1
+                        continue
+                elif (
+                    first is not None and item.event_type != "stop" and type(first) not in _SKIPPED
+                ):
+                    # not the grammar's shape (one item a delta), but counted as the
+                    # accumulator counts it
+                    for other in content:
+                        if type(other) is TextDelta:
+                            chars += len(other.text)
+            self._end = end
+            self._raw(item)
+            end = self._end
+            run = ends = marks = stamps = last = None
+        self._end = end
+        self._run = run
+        return chars
 
     def _rebuild(self, fragment: str, stamp: int, seq: int) -> UniItem:
         return UniEvent(
             event_type="delta", content_items=[TextDelta(text=fragment)], created_at=stamp
         )
+
+
+def _counted(items: Sequence[UniItem]) -> int:
+    """The characters the accumulator appends for `items`."""
+    chars = 0
+    for item in items:
+        if type(item) is not UniEvent or not item.content_items:
+            continue
+        content = item.content_items
+        if type(content[0]) is TextDelta:
+            chars += len(content[0].text)  # type: ignore[union-attr]
+        elif item.event_type != "stop" and type(content[0]) not in _SKIPPED:
+            chars += sum(len(c.text) for c in content if type(c) is TextDelta)  # type: ignore[union-attr]
+    return chars
 
 
 class RunHistory(HistoryLog[RunEvent]):
@@ -378,28 +429,57 @@ class RunHistory(HistoryLog[RunEvent]):
         if not items:
             return
         batch, self._uni.batch = self._uni.batch, None
-        run_id = self.run_id
-        deltas = 0
-        chars = 0
-        for item in items:
-            if type(item) is AnswerDelta and item.run_id == run_id:
-                deltas += 1
-                chars += len(item.delta)
-        if not deltas or batch is None or batch[2] - batch[1] != chars:
-            for item in items:
-                self._raw(item)
+        state = self._state()
+        if batch is None:
+            self._undo(state, items)
         else:
-            text, at, _ = batch
-            for item in items:
-                if type(item) is not AnswerDelta or item.run_id != run_id:
-                    self._raw(item)
-                    continue
-                if type(item.seq) is int and type(item.elapsed_ms) is int:
-                    self._add(item.delta, item.elapsed_ms, item.seq, text, at)
-                else:
-                    self._raw(item)
-                at += len(item.delta)
+            text, start, until = batch
+            try:
+                chars = self._take(items, text, start)
+            except (OverflowError, TypeError):
+                chars = -1
+            if chars != until:  # not where the uni log put the text: the batch as it came
+                self._undo(state, items)
         self._wake()
+
+    def _take(self, items: Sequence[RunEvent], text: _Text, chars: int) -> int:
+        run = self._run
+        end = self._end
+        run_id = self.run_id
+        ends = marks = stamps = None
+        following = -1  # the seq a run's next fragment must have
+        last = None  # the stamp of the run's last fragment
+        if run is not None and run.text is text and run.ends[-1] == chars:
+            ends, marks, stamps = run.ends, run.marks, run.stamps
+            following = run.seq + len(ends)
+            last = stamps[-1]
+        for item in items:
+            if type(item) is AnswerDelta and (item.run_id is run_id or item.run_id == run_id):
+                at = chars
+                chars += len(item.delta)
+                seq = item.seq
+                if ends is None or seq != following:
+                    self._end = end
+                    run = self._open(text, at, seq)
+                    ends, marks, stamps = run.ends, run.marks, run.stamps
+                    following = seq
+                    last = None
+                stamp = item.elapsed_ms
+                if stamp != last or type(stamp) is not int:
+                    marks.append(len(ends))  # type: ignore[union-attr]
+                    stamps.append(stamp)  # type: ignore[union-attr]
+                    last = stamp
+                ends.append(chars)  # type: ignore[union-attr]
+                following += 1
+                end += 1
+                continue
+            self._end = end
+            self._raw(item)
+            end = self._end
+            run = ends = marks = stamps = last = None
+        self._end = end
+        self._run = run
+        return chars
 
     def _rebuild(self, fragment: str, stamp: int, seq: int) -> RunEvent:
         return AnswerDelta(run_id=self.run_id, seq=seq, elapsed_ms=stamp, delta=fragment)
