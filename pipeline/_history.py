@@ -403,9 +403,9 @@ def _counted(items: Sequence[UniItem]) -> int:
             continue
         content = item.content_items
         if type(content[0]) is TextDelta:
-            chars += len(content[0].text)  # type: ignore[union-attr]
+            chars += len(content[0].text)
         elif item.event_type != "stop" and type(content[0]) not in _SKIPPED:
-            chars += sum(len(c.text) for c in content if type(c) is TextDelta)  # type: ignore[union-attr]
+            chars += sum(len(c.text) for c in content if type(c) is TextDelta)
     return chars
 
 
@@ -469,7 +469,7 @@ class RunHistory(HistoryLog[RunEvent]):
                     marks.append(len(ends))  # type: ignore[union-attr]
                     stamps.append(stamp)  # type: ignore[union-attr]
                     last = stamp
-                ends.append(chars)  # type: ignore[union-attr]
+                ends.append(chars)
                 following += 1
                 end += 1
                 continue
