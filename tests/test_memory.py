@@ -243,7 +243,8 @@ def test_every_read_of_a_history_equals_the_plain_log() -> None:
         [_delta(TextDelta(text=" wor", fidelity={"sig": "x"}))],  # kept as it came
         [_delta(ThinkingDelta(thinking="hmm")), _delta(TextDelta(text="ld"), at=5)],
         [AttemptReset(2), _delta(TextDelta(text="Wé")), _delta(TextDelta(text="😀"), at=1)],
-        [_delta(TextDelta(text="l"), at=1 << 40), _delta(TextDelta(text="l" * 300))],
+        [_delta(TextDelta(text="l"), at=1 << 40), _delta(TextDelta(text="l" * 299))],
+        [_delta(TextDelta(text="l"), at=1 << 70)],  # past what a run holds: kept as it came
         # two items in one event (not the grammar's shape): counted as the accumulator counts
         [UniEvent(event_type="delta", content_items=[TextDelta(text="a"), TextDelta(text="b")])],
         [UniEvent(event_type="delta", content_items=[TextDone(text="c"), TextDelta(text="d")])],
@@ -261,6 +262,8 @@ def test_every_read_of_a_history_equals_the_plain_log() -> None:
             for limit in (1, 2, 3, 256):
                 got = history.read(position, limit)
                 assert got == expected[position : position + limit], (position, limit)
+    kept = uni_history._entries
+    assert any(isinstance(e, UniEvent) and e.created_at == 1 << 70 for e in kept)  # as it came
     assert accumulator.text == FINAL
     assert accumulator.answer.parts[0] is accumulator.items[-1].text  # type: ignore[union-attr]
 
