@@ -130,8 +130,9 @@ class Follower(Generic[T]):
         log = self._log
         while True:
             if self._i < log.end:
-                buf = self._buf = log.read(self._i, _READ)
-                self._i += len(buf)
+                at = max(self._i, log.base)  # what a log that forgets has dropped is skipped
+                buf = self._buf = log.read(at, _READ)
+                self._i = at + len(buf)
                 self._at = 1
                 return buf[0]
             if log.closed:

@@ -271,3 +271,12 @@ def test_every_read_of_a_history_equals_the_plain_log() -> None:
 def test_a_history_refuses_to_forget() -> None:
     with pytest.raises(TypeError):
         UniHistory(Accumulator().answer).forget(1)
+
+
+async def test_a_follower_of_a_log_that_forgets_starts_at_what_is_kept() -> None:
+    log: PlainLog[int] = PlainLog()
+    log.extend(list(range(600)))
+    log.forget(3)
+    log.close()
+    assert [item async for item in log.follow()] == list(range(3, 600))
+    assert [item async for item in log.follow(598)] == [598, 599]
