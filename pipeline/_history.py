@@ -5,14 +5,17 @@ the start, to any number of readers, live. Kept as delivered, that is several ob
 fragment (the event, its item list, the item, the run event, the fragment's string): most of
 what a finished turn holds. The fragments, though, are spans of the answer text, which the turn
 keeps anyway (`_text.AnswerText`, the one copy of it). So `UniHistory` and `RunHistory` keep a
-run of consecutive plain text fragments as the span ends in that text and a stamp per fragment
-(8 bytes a fragment), and every other item as it came; `read` rebuilds the events, equal field
-for field to those delivered, when a reader asks (`Turn.uni_events()`, `Turn.run_events()`).
+run of consecutive plain text fragments as the span ends in that text and one stamp a batch
+(about 8 bytes a fragment), and every other item as it came; `read` rebuilds the events, equal
+field for field to those delivered, when a reader asks (`Turn.uni_events()`,
+`Turn.run_events()`).
 
-Every text fragment of the uni log (and of the run log's `answer.delta`s) lies at the offset it
-was appended at in the accumulator's text since the last reset: the logs count the offsets as
-they take each batch, which the accumulator has already taken. A reset starts a new text (a new
-list of parts); the runs of the voided attempt keep its old one, and so still replay it.
+Every text fragment of the uni log lies at the offset it was appended at in the accumulator's
+text since the last reset: the uni log counts the characters as the accumulator does, batch by
+batch (the accumulator has already taken each). The run log's `answer.delta`s of a batch lie
+where the uni log put that batch's text; a batch whose do not hold all of it is kept as it
+came. A reset starts a new text (a new list of parts); the runs of the voided attempt keep the
+old one, and so still replay it.
 """
 
 from __future__ import annotations
