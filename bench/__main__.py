@@ -1,4 +1,4 @@
-"""`python -m bench [core|pipeline|peers|ttfd|firstbyte|turns|fanout|redis|workers|all]`:
+"""`python -m bench [core|pipeline|peers|ttfd|firstbyte|turns|memory|fanout|redis|workers|all]`:
 rillet against the limit and against what users would pick instead, side by side.
 
 - core: each stream kind's sans-I/O decode in one task against the limit loop;
@@ -10,11 +10,13 @@ rillet against the limit and against what users would pick instead, side by side
 - firstbyte: time from calling `run_turn` / `open_turn` to the request's first byte at a server
   on 127.0.0.1, cold and warm, against trio alone sending the same bytes;
 - turns: 1,000 concurrent turns (loop lag, memory per turn, throughput);
+- memory: 500-event turns, with and without history: what a finished turn keeps, and a turn's
+  peak in flight (tracemalloc), with RSS growth as a cross-check;
 - fanout, redis: the fan-out and Redis benchmarks of bench/fanout.py and bench/redis_hub.py,
   when those modules are there;
 - workers: deliveries/s with 1 and 2 server processes on one port (bench/workers.py);
-- all (the default): core, pipeline and peers (interleaved), ttfd, firstbyte, turns, and
-  fanout / redis / workers with `--fanout` / `--redis` / `--workers`.
+- all (the default): core, pipeline and peers (interleaved), ttfd, firstbyte, turns, memory,
+  and fanout / redis / workers with `--fanout` / `--redis` / `--workers`.
 
 Figures go to bench/out/results.json and the marked sections of bench/RESULTS.md (targets
 judged from them), and charts to bench/charts/. A progress line runs on stderr.
@@ -39,6 +41,7 @@ import trio
 
 from . import report
 from .core import CORE_KINDS, run_core
+from .targets import judge_targets, targets_markdown
 
 __all__ = ["main"]
 
@@ -84,8 +87,8 @@ class RunState:
     def finish(self) -> None:
         """Judge the targets, draw the charts."""
         _done_line()
-        targets = report.judge_targets(self.results)
-        body = report.targets_markdown(targets, self.results)
+        targets = judge_targets(self.results)
+        body = targets_markdown(targets, self.results)
         self.results["targets"] = [t.as_dict() for t in targets]
         print(f"\n{body}\n", flush=True)
         if self.args.no_write:
@@ -215,6 +218,36 @@ def _turns(run: RunState) -> None:
     run.record("turns", section, {"turns": report.turns_markdown({**section, **_now()})})
 
 
+def _memory(run: RunState) -> None:
+    from .memory import MEMORY_KINDS
+
+    a = run.args
+    turns = a.memory_turns or (100 if a.quick else 200)
+    rows: list[dict[str, Any]] = []
+    for kind in MEMORY_KINDS:
+        for history in (False, True):
+            row: dict[str, Any] = {"kind": kind, "history": history, "turns": turns}
+            for how in ("trace", "rss"):
+                cmd = [sys.executable, "-m", "bench.memory", "--kind", kind, "--how", how]
+                cmd += ["--turns", str(turns), "--events", str(a.memory_events)]
+                if not history:
+                    cmd.append("--no-history")
+                _progress(f"memory: {kind}, history={history}, {how} ({turns:,} turns)")
+                proc = subprocess.run(
+                    cmd, cwd=report.HERE.parent, capture_output=True, text=True, timeout=900
+                )
+                line = next((x for x in reversed(proc.stdout.splitlines()) if x[:1] == "{"), None)
+                if proc.returncode != 0 or line is None:
+                    row["error"] = ((proc.stderr.strip().splitlines() or ["no output"])[-1])[:200]
+                    break
+                figures = json.loads(line)
+                figures["ok"] = min(figures["ok"], row.get("ok", figures["ok"]))
+                row.update(figures)
+            rows.append(row)
+    section = {"rows": rows}
+    run.record("memory", section, {"memory": report.memory_markdown({**section, **_now()})})
+
+
 def _external(
     run: RunState,
     key: str,
@@ -317,6 +350,7 @@ def main(argv: list[str] | None = None) -> None:
         "ttfd",
         "firstbyte",
         "turns",
+        "memory",
         "fanout",
         "redis",
         "workers",
@@ -339,6 +373,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turns", type=int, help="turns: concurrent turns (1000)")
     parser.add_argument("--events", type=int, help="turns: events per turn (100)")
     parser.add_argument("--period", type=float, default=0.5, help="turns: seconds between reads")
+    parser.add_argument("--memory-turns", type=int, help="memory: concurrent turns (200)")
+    parser.add_argument(
+        "--memory-events", type=int, default=500, help="memory: events per turn (500)"
+    )
     parser.add_argument("--fanout", action="store_true", help="all: run the fan-out benchmark")
     parser.add_argument("--redis", action="store_true", help="all: run the Redis benchmark")
     parser.add_argument(
@@ -363,6 +401,8 @@ def main(argv: list[str] | None = None) -> None:
         _firstbyte(run)
     if c in ("turns", "all"):
         _turns(run)
+    if c in ("memory", "all"):
+        _memory(run)
     if c == "fanout" or (c == "all" and args.fanout):
         _fanout(run)
     if c == "redis" or (c == "all" and args.redis):

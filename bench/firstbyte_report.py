@@ -84,7 +84,7 @@ def firstbyte_markdown(section: dict[str, Any]) -> str:
 
 def firstbyte_targets(section: dict[str, Any] | None, target: Callable[..., T]) -> list[T]:
     """The call-to-first-byte targets, cold and warm (the worse of `run_turn` and `open_turn`
-    each), as `report.Target`s (passed in: `report` imports this module)."""
+    each), as `targets.Target`s (passed in: `targets` imports this module)."""
     out = []
     for case in ("cold", "warm"):
         name = f"call to first request byte, {case}: rillet ÷ trio alone"

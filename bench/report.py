@@ -9,28 +9,25 @@ import json
 import math
 import os
 import platform
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .firstbyte_report import FIRSTBYTE_GOAL, firstbyte_markdown, firstbyte_targets
+from .firstbyte_report import FIRSTBYTE_GOAL, firstbyte_markdown
 
 __all__ = [
     "FIRSTBYTE_GOAL",
     "OUT",
     "RESULTS",
     "RESULTS_JSON",
-    "Target",
     "core_markdown",
     "firstbyte_markdown",
-    "judge_targets",
     "load_results",
     "machine",
+    "memory_markdown",
     "peers_markdown",
     "pipeline_markdown",
     "replace_section",
     "save_results",
-    "targets_markdown",
     "ttfd_markdown",
     "turns_markdown",
 ]
@@ -205,6 +202,18 @@ _FAMILIES = {
         ["pipeline", "limit-sync", "anthropic-iter", "anthropic-helper", "mmsp"],
     ),
 }
+
+
+def _ours(table: dict[tuple[str, str], dict[str, Any]], peer: str, stream: str) -> float | None:
+    """rillet's run_turn µs/event to divide `peer`'s by: the rounds run in the peers' process
+    alongside that peer when there are any, else (older runs) those of rillet's process."""
+    paired = table.get((f"pipeline:{peer}", stream), {}).get("us_per_event")
+    if paired:
+        return float(paired)
+    if any(c.startswith("pipeline:") for c, _ in table):
+        return None  # paired rounds were run, but not for this one: no cross-process ratio
+    mine = table.get(("pipeline", stream), {}).get("us_per_event")
+    return float(mine) if mine else None
 
 
 def peers_markdown(section: dict[str, Any]) -> str:
@@ -408,292 +417,49 @@ def _workers_speedup(section: dict[str, Any]) -> float | None:
     return float(sat[max(sat)] / sat[1])
 
 
-# --- targets --------------------------------------------------------------------------------------
+# --- memory per turn ------------------------------------------------------------------------------
+
+MEMORY_TARGETS = {False: 32.0, True: 120.0}
+"""KiB a finished 500-event turn may keep, without its history and with it (the default)."""
 
 
-@dataclass
-class Target:
-    """One target judged from measured figures."""
-
-    name: str
-    goal: str
-    measured: str
-    met: bool | None  # None: not measured in this run
-    margin: str
-    detail: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        """For results.json."""
-        return dict(self.__dict__)
-
-
-def _largest(table: dict[tuple[str, str], dict[str, Any]], name: str, prefix: str) -> list[str]:
-    """The streams of a family at the largest size `name` has a valid figure for."""
-    have = [
-        s
-        for (c, s), row in table.items()
-        if c == name and row["kind"].startswith(prefix) and row.get("us_per_event")
-    ]
-    if not have:
-        return []
-    top = max(table[(name, s)]["events"] for s in have)
-    return sorted(s for s in have if table[(name, s)]["events"] == top)
-
-
-def _ours(table: dict[tuple[str, str], dict[str, Any]], peer: str, stream: str) -> float | None:
-    """rillet's run_turn µs/event to divide `peer`'s by: the rounds run in the peers' process
-    alongside that peer when there are any, else (older runs) those of rillet's process."""
-    paired = table.get((f"pipeline:{peer}", stream), {}).get("us_per_event")
-    if paired:
-        return float(paired)
-    if any(c.startswith("pipeline:") for c, _ in table):
-        return None  # paired rounds were run, but not for this one: no cross-process ratio
-    mine = table.get(("pipeline", stream), {}).get("us_per_event")
-    return float(mine) if mine else None
-
-
-def _peer_target(
-    table: dict[tuple[str, str], dict[str, Any]],
-    peer: str,
-    prefixes: tuple[str, ...],
-    at_least: float,
-) -> Target:
-    name = f"{LABELS['pipeline']} vs {LABELS[peer]}"
-    goal = f"≥ {at_least:g}× faster" if at_least > 1 else "faster"
-    ratios: dict[str, float] = {}
-    for prefix in prefixes:
-        for stream in _largest(table, peer, prefix):
-            ours = _ours(table, peer, stream)
-            if ours:
-                ratios[stream] = table[(peer, stream)]["us_per_event"] / ours
-    if not ratios:
-        why = next(
-            (r.get("unavailable") or r.get("error") for (c, _), r in table.items() if c == peer),
-            None,
-        )
-        return Target(name, goal, "not measured", None, "–", why or "")
-    worst = min(ratios, key=ratios.__getitem__)
-    value = ratios[worst]
-    met = value >= at_least if at_least > 1 else value > 1
-    margin = f"{value / at_least:.2f}× the goal" if met else f"short by {at_least / value:.2f}×"
-    detail = ", ".join(f"{s}: {r:.1f}×" for s, r in sorted(ratios.items()))
-    return Target(name, goal, f"{value:.1f}× (worst: {worst})", met, margin, detail)
-
-
-def _at_most(name: str, bound: float, ratios: dict[str, float]) -> Target:
-    """A ratio target: the worst of `ratios` (per stream) at most `bound`."""
-    goal = f"≤ {bound:g}×"
-    if not ratios:
-        return Target(name, goal, "not measured", None, "–")
-    worst = max(ratios, key=ratios.__getitem__)
-    v = ratios[worst]
-    return Target(
-        name,
-        goal,
-        f"{v:.2f}× (worst: {worst})",
-        v <= bound,
-        f"{bound / v:.2f}× the goal" if v <= bound else f"over by {v / bound:.2f}×",
-        ", ".join(f"{s}: {r:.2f}×" for s, r in sorted(ratios.items())),
-    )
-
-
-def judge_targets(results: dict[str, Any]) -> list[Target]:
-    """Every target, judged from the latest figures of each benchmark."""
-    out: list[Target] = []
-    tp = results.get("pipeline")
-    table = _series(tp) if tp else {}
-    # the full pipeline (default and hops mode) against the limit loop at the largest size
-    ratios: dict[str, float] = {}
-    hops: dict[str, float] = {}
-    if table:
-        top = max(s["events"] for s in tp["streams"]) if tp and tp["streams"] else 0
-        for st in tp["streams"] if tp else []:
-            if st["events"] != top:
-                continue
-            ours = table.get(("pipeline", st["name"]), {}).get("us_per_event")
-            limit = table.get(("limit", st["name"]), {}).get("us_per_event")
-            hop = table.get(("pipeline-hops", st["name"]), {}).get("us_per_event")
-            if ours and limit:
-                ratios[st["name"]] = ours / limit
-            if ours and hop:
-                hops[st["name"]] = hop / ours
-    for bound in (3.0, 2.0):
-        name = f"run_turn µs/event ÷ limit loop's, largest streams, within {bound:g}×"
-        out.append(_at_most(name, bound, ratios))
-    name = "hops mode: run_turn µs/event ÷ the default mode's, largest streams"
-    if hops:
-        worst = max(hops, key=hops.__getitem__)
-        detail = ", ".join(f"{s}: {r:.2f}×" for s, r in sorted(hops.items()))
-        out.append(
-            Target(name, "reported", f"{hops[worst]:.2f}× (worst: {worst})", None, "–", detail)
-        )
-    else:
-        out.append(Target(name, "reported", "not measured", None, "–"))
-    peers = results.get("peers")
-    table = _series(peers) if peers else {}
-    openai, anthropic = ("openai-chat",), ("anthropic",)
-    out.append(_peer_target(table, "openai-iter", openai, 10))
-    out.append(_peer_target(table, "openai-helper", openai, 20))
-    out.append(_peer_target(table, "anthropic-iter", anthropic, 2))
-    out.append(_peer_target(table, "litellm", openai, 100))
-    out.append(_peer_target(table, "mmsp", (*openai, *anthropic), 1))
-    # time to first delta
-    ttfd = results.get("ttfd")
-    name = "time to first delta, run_turn − limit loop"
-    if ttfd:
-        by = {(r["contestant"], r["kind"]): r for r in ttfd["results"]}
-        extra = {}
-        for (c, kind), r in by.items():
-            base = by.get(("limit-httpx", kind))
-            if c == "pipeline" and base and not r.get("error") and not base.get("error"):
-                extra[kind] = r["median_us"] - base["median_us"]
-        if extra:
-            worst = max(extra, key=extra.__getitem__)
-            v = extra[worst]
-            out.append(
-                Target(
-                    name,
-                    "≤ 40 µs",
-                    f"{v:.0f} µs (worst: {worst})",
-                    v <= 40,
-                    f"{40 - v:.0f} µs to spare" if v <= 40 else f"over by {v - 40:.0f} µs",
-                    ", ".join(f"{k}: {x:.0f} µs" for k, x in extra.items()),
-                )
-            )
-    else:
-        out.append(Target(name, "≤ 40 µs", "not measured", None, "–"))
-    out += firstbyte_targets(results.get("firstbyte"), Target)
-    # concurrent turns
-    turns = results.get("turns", {})
-    paced = turns.get("paced")
-    if paced and not paced.get("error"):
-        n = paced["turns"]
-        v = paced["lag_p99_ms"]
-        out.append(
-            Target(
-                f"{n:,} paced turns: loop lag p99",
-                "< 50 ms",
-                f"{v:.1f} ms",
-                v < 50,
-                f"{50 - v:.1f} ms to spare" if v < 50 else f"over by {v - 50:.1f} ms",
-            )
-        )
-        v = paced["kib_per_turn"]
-        out.append(
-            Target(
-                f"{n:,} paced turns: peak memory per turn",
-                "< 100 KiB",
-                f"{v:.1f} KiB",
-                v < 100,
-                f"{100 - v:.1f} KiB to spare" if v < 100 else f"over by {v - 100:.1f} KiB",
-            )
-        )
-    else:
-        out.append(Target("concurrent turns: loop lag p99", "< 50 ms", "not measured", None, "–"))
-        out.append(
-            Target("concurrent turns: memory per turn", "< 100 KiB", "not measured", None, "–")
-        )
-    # fan-out: the first phase (every subscriber at stream pace)
-    fan = (results.get("fanout") or {}).get("result") or {}
-    phases = fan.get("phases") or []
-    name = "fan-out p99 delay, 50 events/s"
-    if phases:
-        p = phases[0]
-        v = p["p99_ms"]
-        subs = p["n_ws"] + p["n_sse"]
-        out.append(
-            Target(
-                f"{name}, {subs:,} subscribers ({p['n_ws']:,} WS + {p['n_sse']:,} SSE)",
-                "< 50 ms",
-                f"{v:.1f} ms",
-                v < 50 and subs >= 1000,
-                f"{50 - v:.1f} ms to spare" if v < 50 else f"over by {v - 50:.1f} ms",
-            )
-        )
-    else:
-        out.append(Target(name, "< 50 ms", "not measured", None, "–"))
-    # workers: saturated deliveries/s with 2 worker processes against 1
-    workers = (results.get("workers") or {}).get("result") or {}
-    speedup = _workers_speedup(workers) if workers else None
-    name = "serve --workers 2: saturated deliveries/s ÷ 1 worker's"
-    if speedup is not None:
-        out.append(
-            Target(
-                name,
-                "≥ 1.7×",
-                f"{speedup:.2f}×",
-                speedup >= 1.7,
-                f"{speedup / 1.7:.2f}× the goal"
-                if speedup >= 1.7
-                else f"short by {1.7 / speedup:.2f}×",
-            )
-        )
-        paced = [p for p in workers["phases"] if p["phase"].startswith("paced")]
-        for p in paced:
-            if p["workers"] == 2:
-                out.append(
-                    Target(
-                        f"serve --workers 2: p99 delay, {p['subscribers']:,} subscribers at "
-                        f"{p['phase'].removeprefix('paced ')}",
-                        "< 50 ms",
-                        f"{p['p99_ms']:.1f} ms",
-                        p["p99_ms"] < 50,
-                        f"{50 - p['p99_ms']:.1f} ms to spare"
-                        if p["p99_ms"] < 50
-                        else f"over by {p['p99_ms'] - 50:.1f} ms",
-                    )
-                )
-    else:
-        out.append(Target(name, "≥ 1.7×", "not measured", None, "–"))
-    # the turn's own target: the whole pipeline against the same decode in one task
-    name = "run_turn events/s ÷ core decode's (openai-chat, largest)"
-    if table_tp := (_series(tp) if tp else {}):
-        top = max(s["events"] for s in tp["streams"]) if tp and tp["streams"] else 0
-        stream = f"openai-chat@{top}"
-        ours = table_tp.get(("pipeline", stream), {}).get("us_per_event")
-        core_us = table_tp.get(("core", stream), {}).get("us_per_event")
-        if ours and core_us:
-            v = core_us / ours
-            out.append(
-                Target(
-                    name,
-                    "≥ 0.50",
-                    f"{v:.2f}",
-                    v >= 0.5,
-                    f"{v / 0.5:.2f}× the goal" if v >= 0.5 else f"short by {0.5 / v:.2f}×",
-                )
-            )
-    # core: the sans-I/O decode in one task against the limit loop, µs/event divided
-    core = results.get("core")
-    name = "core decode µs/event ÷ limit loop's, every stream"
-    rows = {}
-    if core and core.get("results"):
-        rows = {r["kind"]: 1 / r["ratio"] for r in core["results"] if r.get("ratio")}
-    out.append(_at_most(name, 1.3, rows))
-    return out
-
-
-def targets_markdown(targets: list[Target], results: dict[str, Any]) -> str:
-    """The targets table."""
-    when = {
-        k: results[k].get("machine", {}).get("at", "?")
-        for k in ("core", "pipeline", "peers", "ttfd", "firstbyte", "turns")
-        if k in results
-    }
+def memory_markdown(section: dict[str, Any]) -> str:
+    """Memory per turn: retained, peak in flight, RSS growth."""
+    rows = section.get("rows", [])
+    turns = rows[0]["turns"] if rows else 0
+    events = rows[0]["events"] if rows else 0
     lines = [
-        "## Targets",
+        "## Memory per turn",
         "",
-        "Judged from the latest figures of each benchmark ("
-        + ", ".join(f"{k}: {v}" for k, v in when.items())
-        + "); every ratio divides figures measured in the same run.",
+        f"`python -m bench memory` — {turns:,} turns of {events:,} text fragment events each, "
+        "run at once through `open_turn` (the full pipeline) over one shared httpx client on an "
+        "in-memory transport; each read after a body's first waits one scheduler round, so "
+        "every turn is in flight at once. Each turn's `Turn` handle (and its `TurnResult`) is "
+        "held until all have ended. Every figure comes from a fresh process after a warm-up "
+        f"({_where(section)}). **Retained**: tracemalloc's traced bytes once every turn has "
+        "ended and a full collection ran, less those before the turns, ÷ turns: what a finished "
+        "turn keeps (the targets judge this). **Peak in flight**: tracemalloc's peak while the "
+        "turns run, less the bytes before, ÷ turns (it includes, per turn, the request and "
+        "response objects, the tasks, and the text's transient copies as the last lane closes). "
+        "**RSS growth**: in its own process without tracemalloc, peak resident memory while "
+        "the turns run less that before, ÷ turns (a cross-check). The answer text of these "
+        "streams is about 5,600 characters with emoji: 22 KiB as one Python string.",
         "",
-        "| target | goal | measured | met | margin |",
-        "|---|---|---|:---:|---|",
+        "| stream | history | retained KiB/turn | peak in flight KiB/turn | RSS growth KiB/turn "
+        "| replies ok |",
+        "|---|---|---:|---:|---:|---:|",
     ]
-    for t in targets:
-        met = "–" if t.met is None else ("yes" if t.met else "**no**")
-        lines.append(f"| {t.name} | {t.goal} | {t.measured} | {met} | {t.margin} |")
-    details = [f"- {t.name}: {t.detail}" for t in targets if t.detail]
-    if details:
-        lines += ["", "Per stream:", "", *details]
+    for r in rows:
+        if r.get("error"):
+            lines.append(f"| {r['kind']} | {_history(r)} | failed: {r['error']} ||||")
+            continue
+        lines.append(
+            f"| {r['kind']} | {_history(r)} | {_f(r.get('retained_kib_per_turn'))} | "
+            f"{_f(r.get('peak_kib_per_turn'))} | {_f(r.get('rss_kib_per_turn'))} | "
+            f"{r.get('ok', 0):,}/{r['turns']:,} |"
+        )
     return "\n".join(lines)
+
+
+def _history(row: dict[str, Any]) -> str:
+    return "kept (default)" if row["history"] else "`history=False`"

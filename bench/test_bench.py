@@ -13,8 +13,10 @@ import pytest
 from .contestants import RILLET, dialect_of, limit_httpx, message_digest
 from .core import rillet_core
 from .latency import run_ttfd, ttfd_stream
+from .memory import measure
 from .peers import _limit_sync, _Loaded, _rillet_pipeline, family, paired
-from .report import judge_targets, replace_section
+from .report import memory_markdown, replace_section
+from .targets import judge_targets
 from .transport import ChunkTransport, transport_class
 from .turns import run_turns
 from .wire import STREAM_KINDS, build_stream, first_delta_stream, write_stream
@@ -214,3 +216,25 @@ def test_the_workers_target_is_2_workers_saturated_deliveries_over_1s(
     delay = targets["serve --workers 2: p99 delay, 4 subscribers at 50/s"]
     assert delay.met is True
     assert delay.measured == "40.0 ms"
+
+
+def test_memory_measures_every_figure_and_judges_the_retained_bytes() -> None:
+    rows = []
+    for history in (False, True):
+        row = measure("anthropic", 60, 4, history=history, how="trace")
+        row.update(measure("anthropic", 60, 4, history=history, how="rss"))
+        assert row["ok"] == 4
+        assert row["retained_kib_per_turn"] > 0
+        assert row["peak_kib_per_turn"] >= row["retained_kib_per_turn"]
+        rows.append(row)
+    section = {"rows": rows}
+    assert "| anthropic | `history=False` |" in memory_markdown(section)
+    targets = {t.name: t for t in judge_targets({"memory": section})}
+    kept = targets["memory a finished turn keeps, 500 events, kept"]
+    assert kept.met is True
+    assert kept.measured.startswith(f"{rows[1]['retained_kib_per_turn']:.1f} KiB")
+    over = {"rows": [{**rows[0], "retained_kib_per_turn": 40.0}]}
+    plain = {t.name: t for t in judge_targets({"memory": over})}
+    assert plain["memory a finished turn keeps, 500 events, history=False"].margin == (
+        "over by 8.0 KiB"
+    )

@@ -71,6 +71,8 @@ class Accumulator:
                 self.answer.append(item.text)
             elif isinstance(item, _DONE_TYPES):
                 self.items.append(item)
+                if type(item) is TextDone:
+                    self.answer.adopt(item.text)  # the same text: keep one copy of it
 
     def feed_many(self, events: list[UniEvent]) -> None:
         """Take a batch of UniEvents, in order."""

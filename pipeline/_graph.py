@@ -57,6 +57,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+T_in = TypeVar("T_in", contravariant=True)
 UniItem = UniEvent | AttemptReset
 
 
@@ -297,13 +298,15 @@ async def run_hops(source: Handler, accumulate: AccumulatorActor, size: int) -> 
 # --- the accumulator actor ----------------------------------------------------------------------
 
 
-class Log(Protocol[T]):
+class Log(Protocol[T_in]):
     """What the accumulator appends to: one of the turn's append-only logs."""
 
-    items: list[T]
-    base: int
+    @property
+    def end(self) -> int:
+        """The position after the last item."""
+        ...
 
-    def extend(self, items: Sequence[T]) -> None:
+    def extend(self, items: Sequence[T_in]) -> None:
         """Append, waking readers."""
         ...
 
@@ -381,8 +384,8 @@ class AccumulatorActor:
                     self._owed.append((route, out))
         if not self.history:  # keep only what a sink has not been given yet
             uni, run = self.uni_log, self.run_log
-            uni.forget(min((g.uni for g in self.given), default=len(uni.items) + uni.base))
-            run.forget(min((g.run for g in self.given), default=len(run.items) + run.base))
+            uni.forget(min((g.uni for g in self.given), default=uni.end))
+            run.forget(min((g.run for g in self.given), default=run.end))
         return not self._owed
 
     async def drain(self) -> None:

@@ -3,7 +3,8 @@
 The accumulator appends each `text.delta` fragment as it arrives; the message's result, the
 run events' `answer.done {sha256, chars}` and `TurnResult.text` read the same object. Fragments
 are joined 256 at a time, so a long answer is a few long strings rather than one per fragment,
-and joined whole only when the text is read.
+and joined whole only when the text is read. When the `text.done` item that closes the answer
+holds the same text, the answer keeps that string instead (`adopt`): one copy, not two.
 """
 
 from __future__ import annotations
@@ -40,6 +41,24 @@ class AnswerText:
         if len(parts) - self._pieces > _PIECE:
             parts[self._pieces :] = ["".join(parts[self._pieces :])]
             self._pieces += 1
+
+    def adopt(self, text: str) -> bool:
+        """If the text so far is exactly `text` (a `text.done` that is the whole answer), keep
+        `text` itself instead of the fragments: the answer and its `.done` item then share one
+        copy. Whether it did."""
+        parts = self.parts
+        if len(parts) == 1 and parts[0] is text:
+            return True
+        if sum(map(len, parts)) != len(text):
+            return False
+        at = 0
+        for part in parts:
+            if not text.startswith(part, at):
+                return False
+            at += len(part)
+        parts[:] = [text]
+        self._pieces = 1
+        return True
 
     def reset(self) -> None:
         """Void it: the attempt that produced it is being retried."""

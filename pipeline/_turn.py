@@ -27,7 +27,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import trio
@@ -41,6 +41,7 @@ from ._errors import FallbackFailed, NoHistoryError
 from ._events import UniMessage
 from ._graph import AccumulatorActor, Given, Sink, SinkBatch, UniItem, route_for, run_hops
 from ._handler import Handler, Status
+from ._history import PlainLog, RunHistory, UniHistory
 from ._policy import Outcome, Policy
 from ._ratelimit import RateLimiter, shared_limiter
 from ._request import TurnRequest
@@ -64,6 +65,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+_Log = PlainLog  # the plain log (the agent and the fallback chain keep theirs in one)
 _SINK_GRACE = 2.0  # seconds a cancelled turn still gives its sinks for the final events
 _DEFAULT_POLICY = Policy()  # frozen: one for every turn given none (making one costs µs)
 
@@ -95,81 +97,6 @@ class CallbackSink:
 
     async def close(self) -> None:
         """Nothing to release."""
-
-
-class _Log(Generic[T]):
-    """An append-only list that any number of readers follow from the start, live.
-
-    `base` is the position of `items[0]`: a turn that keeps no history forgets what every sink
-    has been given (`forget`), and positions stay absolute."""
-
-    __slots__ = ("_changed", "base", "closed", "items")
-
-    def __init__(self) -> None:
-        self.items: list[T] = []
-        self.base = 0
-        self.closed = False
-        self._changed: trio.Event | None = None  # made when a reader waits
-
-    def extend(self, items: Sequence[T]) -> None:
-        if items:
-            self.items.extend(items)
-            self._wake()
-
-    def since(self, position: int) -> list[T]:
-        """The items from absolute `position` on (those kept)."""
-        return self.items[max(position - self.base, 0) :]
-
-    def forget(self, position: int) -> None:
-        """Drop the items before absolute `position`."""
-        if position > self.base:
-            del self.items[: position - self.base]
-            self.base = position
-
-    def close(self) -> None:
-        self.closed = True
-        self._wake()
-
-    def _wake(self) -> None:
-        changed = self._changed
-        if changed is not None:
-            self._changed = None
-            changed.set()
-
-    def follow(self, start: int = 0) -> _Follower[T]:
-        return _Follower(self, start)
-
-    async def wait_changed(self) -> None:
-        if self._changed is None:
-            self._changed = trio.Event()
-        await self._changed.wait()
-
-
-class _Follower(Generic[T]):
-    """One reader of a `_Log`: from `start`, then live, until the log is closed.
-
-    A plain async iterator rather than an async generator, so a reader may stop at any point
-    (`break`) without leaving a suspended generator for the garbage collector."""
-
-    __slots__ = ("_i", "_log")
-
-    def __init__(self, log: _Log[T], start: int) -> None:
-        self._log = log
-        self._i = start
-
-    def __aiter__(self) -> _Follower[T]:
-        return self
-
-    async def __anext__(self) -> T:
-        log = self._log
-        while True:
-            if self._i < len(log.items):
-                item = log.items[self._i]
-                self._i += 1
-                return item
-            if log.closed:
-                raise StopAsyncIteration
-            await log.wait_changed()
 
 
 @attrs.frozen
@@ -344,8 +271,12 @@ async def run_turn(
     if upstream is None:
         http = HttpUpstream() if client is None else HttpUpstream.wrapping(client)
         upstream = http
-    turn = Turn(run_id or secrets.token_hex(8), request, provider, history=history)
     accumulator = Accumulator()
+    run_id = run_id or secrets.token_hex(8)
+    turn = Turn(run_id, request, provider, history=history)
+    if history:  # kept whole, text fragments as spans of the answer's one copy of the text
+        turn._uni = uni = UniHistory(accumulator.answer)
+        turn._run = RunHistory(uni, run_id)
     builder = RunEventBuilder(  # reads the accumulator's text: it is kept once
         turn.run_id,
         trio.lowlevel.current_clock().current_time,  # trio's clock, one call fewer per batch
@@ -435,7 +366,7 @@ async def run_turn(
         finally:
             if not history:  # every sink has had its all (or its grace): nothing more is owed
                 for log in (turn._uni, turn._run):
-                    log.forget(log.base + len(log.items))
+                    log.forget(log.end)
             if http is not None:  # closes the client only if it made it
                 with trio.CancelScope(shield=True), trio.move_on_after(_SINK_GRACE):
                     await http.aclose()

@@ -226,7 +226,7 @@ def test_the_firstbyte_benchmark_times_every_contestant_from_the_servers_clock()
 
 
 def test_the_firstbyte_targets_are_the_worse_of_run_turn_and_open_turn() -> None:
-    from bench.report import Target, judge_targets
+    from bench.targets import Target, judge_targets
 
     section = {
         "results": [],

@@ -17,6 +17,7 @@ from rillet import (
     Policy,
     RateLimiter,
     StreamProtocolError,
+    TextDone,
     TurnRequest,
     UniEvent,
     encode_json,
@@ -293,7 +294,11 @@ def test_the_run_events_read_the_accumulators_text_and_do_not_keep_their_own() -
     accumulator.feed_many(events)
     runs: list[Any] = []
     builder.uni_many(events, runs)
-    assert accumulator.answer.parts == ["Hello", ", world"]  # each fragment once, not twice
+    # the text is kept once: the answer holds the `text.done` item's own string, not a copy
+    done_item = accumulator.items[0]
+    assert isinstance(done_item, TextDone)
+    assert len(accumulator.answer.parts) == 1
+    assert accumulator.answer.parts[0] is done_item.text
     assert builder.text == accumulator.text == "Hello, world"
     closing = builder.finish(Outcome.COMPLETED, None, attempts=1)
     done = json.loads(encode_json(closing[0]))
