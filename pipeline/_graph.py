@@ -375,13 +375,13 @@ class AccumulatorActor:
             accumulator.feed_many(events)
             builder.uni_many(events, runs)
             unis += events
-        self.uni_log.extend(unis)
-        self.run_log.extend(runs)
-        if self.routes and (runs or unis):
+        if self.routes and (runs or unis):  # the sinks first: the logs' keeping can wait
             out = SinkBatch(runs, unis)
             for route in self.routes:
                 if not route.offer(out):
                     self._owed.append((route, out))
+        self.uni_log.extend(unis)
+        self.run_log.extend(runs)
         if not self.history:  # keep only what a sink has not been given yet
             uni, run = self.uni_log, self.run_log
             uni.forget(min((g.uni for g in self.given), default=uni.end))
