@@ -28,7 +28,6 @@ from __future__ import annotations
 import functools
 import socket
 import ssl
-import statistics
 import struct
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from rillet import open_turn, run_turn
 from rillet.providers import OpenAIChatDialect, Provider, Secret
 
 from .contestants import request
+from .latency import Samples
 from .wire import first_delta_stream
 
 if TYPE_CHECKING:
@@ -54,6 +54,7 @@ __all__ = [
     "FirstByteServer",
     "ratios",
     "reply_bytes",
+    "request_end",
     "run_firstbyte",
 ]
 
@@ -76,7 +77,7 @@ def reply_bytes() -> bytes:
     return head + body
 
 
-def _request_end(data: bytes) -> int:
+def request_end(data: bytes) -> int:
     """Where the first whole request in `data` ends (head and `content-length` body), or -1."""
     end = data.find(b"\r\n\r\n")
     if end < 0:
@@ -197,7 +198,7 @@ async def _connection(
                 if not stamp:
                     stamp = time.time_ns()
             data += piece
-            while (end := _request_end(data)) >= 0:
+            while (end := request_end(data)) >= 0:
                 kind = "kernel" if kernel and stamp else "read"
                 print(kind, stamp, number, data[:end].hex(), flush=True)
                 data = data[end:]
@@ -222,25 +223,13 @@ async def _send_all(conn: trio.socket.SocketType, data: bytes) -> None:
         view = view[await conn.send(view) :]
 
 
-class FirstByteResult:
+class FirstByteResult(Samples):
     """One contestant in one case: the time to first request byte of each round, in µs."""
 
     def __init__(self, contestant: str, case: str) -> None:
+        super().__init__()
         self.contestant = contestant
         self.case = case
-        self.samples_us: list[float] = []
-        self.error: str | None = None
-
-    def median(self) -> float:
-        """The median, µs."""
-        return statistics.median(self.samples_us) if self.samples_us else float("nan")
-
-    def percentile(self, q: float) -> float:
-        """The `q` quantile (0..1), µs."""
-        if not self.samples_us:
-            return float("nan")
-        ordered = sorted(self.samples_us)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
     def as_dict(self) -> dict[str, Any]:
         """For results.json."""

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
     from .wire import Stream
 
-__all__ = ["TTFD_CONTESTANTS", "TTFD_KINDS", "TtfdResult", "run_ttfd", "ttfd_stream"]
+__all__ = ["TTFD_CONTESTANTS", "TTFD_KINDS", "Samples", "TtfdResult", "run_ttfd", "ttfd_stream"]
 
 TTFD_KINDS = (
     "openai-chat",
@@ -96,12 +96,10 @@ class _Stamp:
             await self.inner.close()
 
 
-class TtfdResult:
-    """One contestant on one stream kind: the time to first delta of each turn, in µs."""
+class Samples:
+    """One contestant's latencies, in µs, and their median and quantiles."""
 
-    def __init__(self, contestant: str, kind: str) -> None:
-        self.contestant = contestant
-        self.kind = kind
+    def __init__(self) -> None:
         self.samples_us: list[float] = []
         self.error: str | None = None
 
@@ -115,6 +113,15 @@ class TtfdResult:
             return float("nan")
         ordered = sorted(self.samples_us)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class TtfdResult(Samples):
+    """One contestant on one stream kind: the time to first delta of each turn, in µs."""
+
+    def __init__(self, contestant: str, kind: str) -> None:
+        super().__init__()
+        self.contestant = contestant
+        self.kind = kind
 
     def as_dict(self) -> dict[str, Any]:
         """For results.json."""

@@ -22,6 +22,8 @@ from rillet.transports._http_upstream import HttpUpstream, default_client
 from rillet.transports._pool_path import PoolPath
 from rillet.transports.testing import Reply, open_loopback_provider, openai_text_stream, split
 
+from bench.firstbyte import request_end
+
 from .test_handler import REQUEST
 
 TEXT_STREAM = split(openai_text_stream(["Hel", "lo"]), 48)
@@ -84,19 +86,6 @@ async def test_a_body_that_never_ends_after_the_reply_costs_a_short_wait_and_its
 # --- the short way to the pool sends what httpx's client would ---------------------------------
 
 
-def _request_end(data: bytes) -> int:
-    head = data.find(b"\r\n\r\n")
-    if head < 0:
-        return -1
-    length = 0
-    for line in data[:head].split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value)
-    end = head + 4 + length
-    return end if len(data) >= end else -1
-
-
 @attrs.define(eq=False)
 class RawServer:
     """An HTTP/1.1 server on 127.0.0.1 that keeps every request's bytes as they came."""
@@ -109,7 +98,7 @@ class RawServer:
         async with stream:
             while piece := await stream.receive_some(65536):
                 data += piece
-                while (end := _request_end(data)) >= 0:
+                while (end := request_end(data)) >= 0:
                     self.requests.append(data[:end])
                     data = data[end:]
                     await stream.send_all(self.reply)

@@ -17,8 +17,10 @@ PIPELINE = ROOT / "pipeline"
 TRANSPORTS = ROOT / "transports"
 
 # The sans-I/O core: the vocabularies, the grammar and accumulator, the answer text, the frame
-# codecs and wire encoders, the wire decoder, the failure taxonomy, the request model and every
-# dialect. What it must never import.
+# codecs and wire encoders, the wire decoder, the failure taxonomy, the request model, the
+# handler's rules and read helpers, the run events, the conversation and its budget, the causes
+# in words, and every dialect (found by globbing, so a new one is checked unlisted). What it
+# must never import.
 CORE = [
     "_errors.py",
     "_events.py",
@@ -35,6 +37,12 @@ CORE = [
     "_failures.py",
     "_upstream.py",
     "_openai_request.py",
+    "_policy.py",
+    "_runevents.py",
+    "_reads.py",
+    "_budget.py",
+    "_conversation.py",
+    "_explain.py",
     *[f"providers/{p.name}" for p in sorted((PIPELINE / "providers").glob("*.py"))],
 ]
 IO = ("rillet.transports", "httpx", "httpcore", "trio", "trio_websocket", "socket", "h11")
@@ -75,12 +83,6 @@ def test_the_core_imports_nothing_from_the_io_side(name: str) -> None:
     assert path.exists(), f"{name} is listed as core but does not exist"
     bad = sorted(i for i in _imports(path) if _within(i, IO))
     assert bad == [], f"{name} imports {bad}"
-
-
-def test_the_core_list_is_not_stale() -> None:
-    """Every dialect is core; a new one is checked without being listed by hand."""
-    dialects = {p.name for p in (PIPELINE / "providers").glob("*.py")}
-    assert {f"providers/{d}" for d in dialects} <= set(CORE)
 
 
 @pytest.mark.parametrize(

@@ -9,13 +9,11 @@ from typing import Any
 
 __all__: list[str] = []
 
-_MOVED = {"DEFAULT_MAX_FRAME", "NDJSONDecoder", "SSEDecoder", "SSEEvent", "encode_sse"}
-
 
 def __getattr__(name: str) -> Any:
     """The frame codecs' names, still importable from here (their home is `rillet.frames`)."""
-    if name in _MOVED:
-        import rillet.frames
+    import rillet.frames
 
+    if name in rillet.frames.__all__:
         return getattr(rillet.frames, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
