@@ -60,8 +60,10 @@ class WireDecoder:
         "_dialect",
         "_framer",
         "_lane_stop",
+        "_many",
         "_max_body",
         "_max_frame",
+        "_split",
         "_stream",
         "frames",
         "grammar",
@@ -83,6 +85,10 @@ class WireDecoder:
         self._checks = grammar
         self._lane_stop = False
         self._stream = dialect.stream_decoder()
+        # a decoder that takes a read's frames in one call (`FramesDecoder`) runs its own loop
+        self._many: Callable[[list[Any], list[LaneEvent]], None] | None = getattr(
+            self._stream, "feed_frames", None
+        )
         self._framer: SSEDecoder | NDJSONDecoder | _Messages | None
         if dialect.framing == "message":
             self._framer = _Messages(max_frame)
@@ -94,6 +100,11 @@ class WireDecoder:
             self._framer = NDJSONDecoder(max_frame=max_frame)
         else:
             self._framer = None
+        self._split: Callable[[bytes], list[Any]] | None = None
+        if self._framer is not None:
+            self._split = self._framer.feed
+            if self._many is not None and type(self._framer) is NDJSONDecoder:
+                self._split = self._framer.feed_bytes  # it takes a line's bytes as its text
         self._body: list[bytes] = []
         self._body_size = 0
         self._max_frame = max_frame
@@ -151,15 +162,15 @@ class WireDecoder:
             out = []
         if self._lane_stop or self.grammar.stopped:
             return out  # the reply is over: what follows is not even framed
-        framer = self._framer
-        if framer is None:
+        split = self._split
+        if split is None:
             self._body.append(chunk)
             self._body_size += len(chunk)
             if self._body_size > self._max_body:
                 raise FrameTooLarge(self._max_body, self._body_size, provider=self.provider)
             return out
         try:
-            frames: list[Any] = framer.feed(chunk)
+            frames: list[Any] = split(chunk)
         except FrameError as exc:
             exc.locate(provider=self.provider, frame_index=self.frames, offset=None)
             raise
@@ -187,19 +198,31 @@ class WireDecoder:
     def _frames(self, frames: list[Any], out: list[Any]) -> None:
         # the lanes of every frame go to the grammar in one call, even when a frame fails: what
         # the frames before it released still reaches `out` before the error is raised
-        feed_frame = self._stream.feed
         pending: list[LaneEvent] = []
         done = 0
+        many = self._many
         try:
-            for frame in frames:
-                pending += feed_frame(frame)
-                done += 1
+            if many is not None:
+                try:
+                    many(frames, pending)
+                except BaseException:
+                    done = getattr(self._stream, "failed_at", 0)
+                    raise
+                done = len(frames)
+            else:
+                feed_frame = self._stream.feed
+                for frame in frames:
+                    pending += feed_frame(frame)
+                    done += 1
         except FrameError as exc:
             exc.locate(provider=self.provider, frame_index=self.frames + done, offset=None)
             raise
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise MalformedFrameError(
-                str(exc), str(frames[done]), provider=self.provider, frame_index=self.frames + done
+                str(exc),
+                _text(frames[done]),
+                provider=self.provider,
+                frame_index=self.frames + done,
             ) from None
         except RecursionError:
             raise _too_deep(frames[done], self.provider, self.frames + done) from None
@@ -275,6 +298,11 @@ class _Messages:
 
     def close(self) -> list[bytes]:
         return []
+
+
+def _text(frame: Any) -> str:
+    """A frame as the text an error quotes."""
+    return frame.decode("utf-8", "replace") if isinstance(frame, bytes) else str(frame)
 
 
 def _too_deep(frame: Any, provider: str, frame_index: int) -> MalformedFrameError:

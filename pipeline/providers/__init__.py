@@ -4,6 +4,7 @@ kind and the environment into a configured `Provider`."""
 from .._public import fixup_module_metadata as _fixup_module_metadata
 from ._anthropic import AnthropicDialect as AnthropicDialect
 from ._base import Dialect as Dialect
+from ._base import FramesDecoder as FramesDecoder
 from ._base import HttpRequest as HttpRequest
 from ._base import Provider as Provider
 from ._base import Secret as Secret
@@ -27,6 +28,7 @@ __all__ = [
     "PROVIDER_KINDS",
     "AnthropicDialect",
     "Dialect",
+    "FramesDecoder",
     "GeminiDialect",
     "GeminiEmbeddingsDialect",
     "HttpRequest",

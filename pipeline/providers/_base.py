@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Dialect",
+    "FramesDecoder",
     "Framing",
     "HttpRequest",
     "Provider",
@@ -102,6 +103,24 @@ class StreamDecoder(Protocol):
     def close(self) -> list[LaneEvent]:
         """End of input: lane events owed at EOF (for example a stop for a stream whose end is
         implied by its last chunk). A stream that ended early simply owes nothing."""
+        ...
+
+
+class FramesDecoder(StreamDecoder, Protocol):
+    """A stream decoder that also takes a whole read's frames in one call.
+
+    The wire decoder hands it every frame a read completed, so its loop (and the fast path for
+    its commonest frame) runs without a call and a list per frame. What it appends must be
+    exactly what `feed` returns for each frame in turn.
+    """
+
+    failed_at: int
+    """Set by `feed_frames` before an exception leaves it: the index of the failing frame."""
+
+    def feed_frames(self, frames: list[Any], out: list[LaneEvent]) -> None:
+        """Append the lane events of `frames`, in order, to `out`: the same events as calling
+        `feed` on each. If a frame raises, `out` holds the events of the frames before it and
+        `failed_at` is that frame's index."""
         ...
 
 

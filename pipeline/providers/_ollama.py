@@ -121,7 +121,7 @@ _decode_frame = msgspec.json.Decoder(_Frame)
 class _StreamDecoder:
     """One attempt's lines (also used once for a non-streaming body)."""
 
-    __slots__ = ("_called", "_count", "_done", "_ids", "_index", "_kind", "_started")
+    __slots__ = ("_called", "_count", "_done", "_ids", "_index", "_kind", "_started", "failed_at")
 
     def __init__(self) -> None:
         self._kind: LaneKind | None = None  # the open text or thinking lane, if any
@@ -131,6 +131,7 @@ class _StreamDecoder:
         self._called = False  # a tool call was seen
         self._started = False  # MessageStart went out
         self._done = False  # the `done: true` line (or an error) came: nothing after is read
+        self.failed_at = 0  # the frame `feed_frames` failed on
 
     def feed(self, frame: str) -> list[LaneEvent]:
         if self._done:
@@ -157,6 +158,36 @@ class _StreamDecoder:
         ):  # one more fragment of the text being streamed
             return [PartDelta(self._index, "text", message.content)]
         return self.line(decoded)
+
+    def feed_frames(self, frames: list[Any], out: list[LaneEvent]) -> None:
+        """`feed` on each line in turn, with its fast path inline (`FramesDecoder`)."""
+        decode = _decode_frame.decode
+        at = 0
+        try:
+            for at, frame in enumerate(frames):  # noqa: B007 - `at` names the failing frame
+                if self._started and not self._done:
+                    try:
+                        decoded = decode(frame)
+                    except msgspec.MsgspecError:
+                        decoded = strict_decode(_decode_frame, frame, NAME)
+                    message = decoded.message
+                    if (
+                        message is not None
+                        and message.content
+                        and self._kind == "text"
+                        and not message.thinking
+                        and not message.tool_calls
+                        and not decoded.done
+                        and decoded.error is None
+                    ):
+                        out.append(PartDelta(self._index, "text", message.content))
+                    else:
+                        out += self.line(decoded)
+                else:
+                    out += self.feed(frame)
+        except BaseException:
+            self.failed_at = at
+            raise
 
     def close(self) -> list[LaneEvent]:
         return []
