@@ -380,12 +380,22 @@ class AccumulatorActor:
             for route in self.routes:
                 if not route.offer(out):
                     self._owed.append((route, out))
-        self.uni_log.extend(unis)
-        self.run_log.extend(runs)
         if not self.history:  # keep only what a sink has not been given yet
+            given = self.given
+            if not given:
+                return True  # no sink, no reader (none can follow a turn without history)
             uni, run = self.uni_log, self.run_log
-            uni.forget(min((g.uni for g in self.given), default=uni.end))
-            run.forget(min((g.run for g in self.given), default=run.end))
+            uni.extend(unis)
+            run.extend(runs)
+            if len(given) == 1:
+                uni.forget(given[0].uni)
+                run.forget(given[0].run)
+            else:
+                uni.forget(min(g.uni for g in given))
+                run.forget(min(g.run for g in given))
+        else:
+            self.uni_log.extend(unis)
+            self.run_log.extend(runs)
         return not self._owed
 
     async def drain(self) -> None:

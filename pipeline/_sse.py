@@ -135,7 +135,9 @@ class SSEDecoder:
             if not chunk:
                 return []
         held = self._held
-        if b"\n\n" not in chunk and not (self._held_lf and chunk[0] == 0x0A):
+        # split first: looking for a blank line before splitting at them scans the bytes twice
+        blocks = chunk.split(b"\n\n")
+        if len(blocks) == 1 and not (self._held_lf and chunk[0] == 0x0A):
             # no block ends here: hold the piece (joined once when the block ends, so a long
             # event arriving in many small chunks costs linear time), without its comment lines
             if chunk[0] == 0x3A or b"\n:" in chunk:
@@ -148,10 +150,13 @@ class SSEDecoder:
             if self._held_size > self.max_frame:
                 raise self._fail(self._too_large(self._held_size))
             return []
+        size = len(chunk) + self._held_size
         if held:
-            chunk = held[0] + chunk if len(held) == 1 else b"".join(held) + chunk
+            if self._held_lf and chunk[0] == 0x0A:  # the blank line spans the two pieces
+                blocks = (b"".join(held) + chunk).split(b"\n\n")
+            else:  # no blank line spans them: the held piece starts the first block
+                blocks[0] = held[0] + blocks[0] if len(held) == 1 else b"".join(held) + blocks[0]
             held.clear()
-        blocks = chunk.split(b"\n\n")
         tail = blocks.pop()  # its comment lines, if any, are bounded by this chunk
         if tail:
             held.append(tail)
@@ -165,7 +170,7 @@ class SSEDecoder:
         names = _NAMES
         fast = 0  # events dispatched by the fast paths (they change no state but the count)
         failed: Exception | None = None
-        small = len(chunk) <= cap  # then no block in it is over the cap
+        small = size <= cap  # then no block in it is over the cap
         for block in blocks:
             if not small and len(block) > cap and _uncommented_size(block) > cap:
                 failed = self._too_large(len(block))

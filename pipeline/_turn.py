@@ -273,6 +273,9 @@ async def run_turn(
         upstream = http
     accumulator = Accumulator()
     run_id = run_id or secrets.token_hex(8)
+    # no one can read the history of a turn whose handle goes to no one (it is only handed
+    # out through `task_status`): such a turn keeps none, as with `history=False`
+    history = history and task_status is not trio.TASK_STATUS_IGNORED
     turn = Turn(run_id, request, provider, history=history)
     if history:  # kept whole, text fragments as spans of the answer's one copy of the text
         turn._uni = uni = UniHistory(accumulator.answer)
