@@ -272,11 +272,11 @@ class Grammar:
         The same as `feed` for each, with a fast path for the commonest event by far: a
         non-empty text or thinking fragment, without fidelity, for the lane streaming now.
         """
+        if self._stopped:
+            return  # the reply is over: the rest of the batch is ignored
         queue = self._queue
         now = -1  # the batch's stamp, read once: its events arrived together
         for event in events:
-            if self._stopped:
-                return  # the reply is over: the rest of the batch is ignored
             if type(event) is PartDelta and queue:
                 head = queue[0]
                 value = event.value
@@ -296,6 +296,8 @@ class Grammar:
                         item = ToolCallDelta(name="", arguments=value, tool_call_id="")
                     else:
                         self.feed(event, out)
+                        if self._stopped:
+                            return
                         continue
                     head.started = True
                     chunks = head.chunks
@@ -307,6 +309,8 @@ class Grammar:
                     out.append(UniEvent(event_type="delta", content_items=[item], created_at=now))
                     continue
             self.feed(event, out)
+            if self._stopped:
+                return  # the reply is over: the rest of the batch is ignored
 
     def close(self) -> list[UniEvent]:
         """End of input. Returns nothing after a stop; raises `IncompleteStreamError` otherwise."""

@@ -297,6 +297,7 @@ class Handler:
                 # events handed on before the next is decoded; `rest` is what is left of a read
                 head = HEAD_BYTES
                 rest = b""
+                per_event = policy.per_event_timeout
                 while True:
                     if rest:
                         chunk, rest = rest, b""
@@ -324,12 +325,22 @@ class Handler:
                         self._ever_event = True
                         self._timeouts = 0
                         self.lane_events += decoder.lane_events - before
-                        due = min(now + policy.per_event_timeout, self._total_deadline)
+                        due = now + per_event
+                        if due > self._total_deadline:
+                            due = self._total_deadline
                         if due - armed >= _DEADLINE_SLACK or due < armed:
                             reading.deadline = armed = due
                     if batch:
                         emitted += len(batch)
-                        items = self._items(batch)
+                        if hops:
+                            items: Batch = batch  # type: ignore[assignment]
+                        else:  # `_items`, inline
+                            self.events += len(batch)
+                            self.emitted_attempt = True
+                            items = batch  # type: ignore[assignment]
+                            if self._pending_reset:
+                                self._pending_reset = False
+                                items = [AttemptReset(self.attempts), *batch]
                         if not out.offer(items):  # room downstream: no scheduler round
                             reading.deadline = math.inf
                             blocked = trio.current_time()
