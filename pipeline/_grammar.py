@@ -272,8 +272,8 @@ class Grammar:
         The same as `feed` for each, with a fast path for the commonest event by far: a
         non-empty text or thinking fragment, without fidelity, for the lane streaming now.
         """
-        if self._stopped:
-            return  # the reply is over: the rest of the batch is ignored
+        if self.stopped:
+            return  # the reply is over: the batch is ignored
         queue = self._queue
         now = -1  # the batch's stamp, read once: its events arrived together
         for event in events:

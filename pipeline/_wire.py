@@ -174,8 +174,28 @@ class WireDecoder:
         except FrameError as exc:
             exc.locate(provider=self.provider, frame_index=self.frames, offset=None)
             raise
-        if frames:
+        if not frames:
+            return out
+        many = self._many
+        if many is None or not self._checks:
             self._frames(frames, out)
+            return out
+        # the commonest read, `_frames` inline: the frames in one call, their lanes to the grammar
+        pending: list[LaneEvent] = []
+        try:
+            many(frames, pending)
+        except BaseException as exc:
+            done = getattr(self._stream, "failed_at", 0)
+            self.frames += done
+            self._lanes(pending, out)  # what the frames before it released still goes out
+            located = self._located(exc, frames, done)
+            if located is exc:
+                raise
+            raise located from None
+        self.frames += len(frames)
+        if pending:
+            self.lane_events += len(pending)
+            self.grammar.feed_many(pending, out)
         return out
 
     def close(self, out: list[Any] | None = None) -> list[Any]:
@@ -214,26 +234,33 @@ class WireDecoder:
                 for frame in frames:
                     pending += feed_frame(frame)
                     done += 1
-        except FrameError as exc:
-            exc.locate(provider=self.provider, frame_index=self.frames + done, offset=None)
-            raise
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise MalformedFrameError(
-                str(exc),
-                _text(frames[done]),
-                provider=self.provider,
-                frame_index=self.frames + done,
-            ) from None
-        except RecursionError:
-            raise _too_deep(frames[done], self.provider, self.frames + done) from None
+        except (FrameError, msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+            located = self._located(exc, frames, done, self.frames + done)
+            if located is exc:
+                raise
+            raise located from None
         finally:
             self.frames += done
             if pending:
-                self.lane_events += len(pending)
-                if self._checks:
-                    self.grammar.feed_many(pending, out)
-                else:
-                    self._pass(pending, out)
+                self._lanes(pending, out)
+
+    def _located(
+        self, exc: BaseException, frames: list[Any], done: int, index: int | None = None
+    ) -> BaseException:
+        """The typed error of frame `done` of `frames` (stream index `index`, else the
+        decoder's count) failing with `exc`."""
+        if index is None:
+            index = self.frames
+        if isinstance(exc, FrameError):
+            exc.locate(provider=self.provider, frame_index=index, offset=None)
+            return exc
+        if isinstance(exc, msgspec.DecodeError | msgspec.ValidationError):
+            return MalformedFrameError(
+                str(exc), _text(frames[done]), provider=self.provider, frame_index=index
+            )
+        if isinstance(exc, RecursionError):
+            return _too_deep(frames[done], self.provider, index)
+        return exc
 
     def _lanes(self, lanes: list[LaneEvent], out: list[Any]) -> None:
         self.lane_events += len(lanes)
