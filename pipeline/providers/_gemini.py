@@ -96,8 +96,12 @@ _CHOICE_MODES = {"auto": "AUTO", "required": "ANY", "none": "NONE"}
 
 # --- wire shapes ----------------------------------------------------------------------------------
 
+# Decoded JSON holds no cycles, so the structs stay out of the cycle collector (`gc=False`) and the
+# sequences are tuples: a stream decodes thousands of chunks, and every tracked object makes the
+# collector run sooner and scan longer.
 
-class _FunctionCall(msgspec.Struct, frozen=True, rename="camel"):
+
+class _FunctionCall(msgspec.Struct, frozen=True, rename="camel", gc=False):
     """A whole call; or, with streamed arguments, one piece of one (`_partial_args`)."""
 
     name: str = ""
@@ -107,12 +111,12 @@ class _FunctionCall(msgspec.Struct, frozen=True, rename="camel"):
     will_continue: bool = False
 
 
-class _InlineData(msgspec.Struct, frozen=True, rename="camel"):
+class _InlineData(msgspec.Struct, frozen=True, rename="camel", gc=False):
     data: bytes = b""
     mime_type: str = ""
 
 
-class _Part(msgspec.Struct, frozen=True, rename="camel"):
+class _Part(msgspec.Struct, frozen=True, rename="camel", gc=False):
     text: str | None = None
     thought: bool = False
     thought_signature: str = ""
@@ -120,28 +124,28 @@ class _Part(msgspec.Struct, frozen=True, rename="camel"):
     inline_data: _InlineData | None = None
 
 
-class _Content(msgspec.Struct, frozen=True):
-    parts: list[_Part] = []
+class _Content(msgspec.Struct, frozen=True, gc=False):
+    parts: tuple[_Part, ...] = ()
 
 
-class _Candidate(msgspec.Struct, frozen=True, rename="camel"):
+class _Candidate(msgspec.Struct, frozen=True, rename="camel", gc=False):
     content: _Content | None = None
     finish_reason: str | None = None
 
 
-class _Usage(msgspec.Struct, frozen=True, rename="camel"):
+class _Usage(msgspec.Struct, frozen=True, rename="camel", gc=False):
     prompt_token_count: int | None = None
     candidates_token_count: int | None = None
     cached_content_token_count: int | None = None
     thoughts_token_count: int | None = None
 
 
-class _PromptFeedback(msgspec.Struct, frozen=True, rename="camel"):
+class _PromptFeedback(msgspec.Struct, frozen=True, rename="camel", gc=False):
     block_reason: str | None = None
 
 
-class _Chunk(msgspec.Struct, frozen=True, rename="camel"):
-    candidates: list[_Candidate] = []
+class _Chunk(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    candidates: tuple[_Candidate, ...] = ()
     usage_metadata: _Usage | None = None
     prompt_feedback: _PromptFeedback | None = None
     model_version: str = ""
@@ -202,6 +206,7 @@ class _StreamDecoder:
         "_signature",
         "_started",
         "_streamed",
+        "failed_at",
     )
 
     def __init__(self) -> None:
@@ -215,6 +220,7 @@ class _StreamDecoder:
         self._started = False  # MessageStart went out
         self._last_usage: _Usage | None = None
         self._streamed: StreamedCall | None = None  # a call whose arguments are streaming in
+        self.failed_at = 0  # the frame `feed_frames` failed on
 
     def feed(self, frame: SSEEvent) -> list[LaneEvent]:
         try:  # the hot path: one call into msgspec; on error, strict_decode types it
@@ -222,6 +228,60 @@ class _StreamDecoder:
         except msgspec.MsgspecError:
             decoded = strict_decode(_decode_chunk, frame.data, NAME)
         return self.chunk(decoded)
+
+    def feed_frames(self, frames: list[Any], out: list[LaneEvent]) -> None:
+        """`feed` on each frame in turn, with its fast path inline (`FramesDecoder`): a chunk
+        whose one part is more text (or thinking) for the open lane, without a signature, and
+        no finish reason, error or call streaming in, is one `PartDelta`; the only other thing
+        it carries is the cumulative usage, which is kept for the finish."""
+        decode = _decode_chunk.decode
+        # what the fast path needs of the state changes only in `chunk`: read it again after one
+        lane = self._fast_lane()
+        index = self._index
+        thought = lane == "thinking"
+        at = 0
+        try:
+            for at, frame in enumerate(frames):  # noqa: B007 - `at` names the failing frame
+                try:
+                    chunk = decode(frame.data)
+                except msgspec.MsgspecError:
+                    chunk = strict_decode(_decode_chunk, frame.data, NAME)
+                if lane is not None and chunk.candidates and chunk.error is None:
+                    candidate = chunk.candidates[0]
+                    content = candidate.content
+                    if (
+                        content is not None
+                        and candidate.finish_reason is None
+                        and len(content.parts) == 1
+                    ):
+                        part = content.parts[0]
+                        text = part.text
+                        if (
+                            text
+                            and part.thought == thought
+                            and not part.thought_signature
+                            and part.function_call is None
+                            and part.inline_data is None
+                        ):
+                            u = chunk.usage_metadata
+                            if u is not None:
+                                self._last_usage = _merge_usage(self._last_usage, u)
+                            out.append(PartDelta(index, lane, text))
+                            continue
+                out += self.chunk(chunk)
+                lane = self._fast_lane()
+                index = self._index
+                thought = lane == "thinking"
+        except BaseException:
+            self.failed_at = at
+            raise
+
+    def _fast_lane(self) -> LaneKind | None:
+        """The open lane a chunk of one plain part may go on with inline (`feed_frames`): None
+        before the reply started, after its finish reason, or while a call streams in."""
+        if self._started and not self._finished and self._streamed is None:
+            return self._kind
+        return None
 
     def close(self) -> list[LaneEvent]:
         if self._finished:
