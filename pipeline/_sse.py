@@ -20,6 +20,8 @@ every one after it), so what a caller receives does not depend on how the bytes 
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from ._encode import encode_sse as encode_sse  # the encoder lives with the other wire encoders
@@ -45,6 +47,9 @@ class SSEDecoder:
     """Bytes in, `SSEEvent`s out. No sockets, no clock, no trio.
 
     Attributes:
+        raw: hand on the commonest event (one `data:` line, no name, no id) as its data's
+            bytes when they are ASCII (so read the same either way), not as an `SSEEvent`: for
+            a JSON decoder that reads bytes, one copy and one object fewer. Off by default.
         last_event_id: the id committed by the last dispatched block.
         retry: the last valid reconnection time the stream asked for, in milliseconds.
         frames: how many events were dispatched so far.
@@ -68,6 +73,7 @@ class SSEDecoder:
         "last_event_id",
         "max_frame",
         "offset",
+        "raw",
         "retry",
     )
 
@@ -90,6 +96,7 @@ class SSEDecoder:
         self.frames = 0
         self.comments = 0
         self.offset = 0
+        self.raw = False
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Take the next bytes; return the events they complete, in order."""
@@ -164,10 +171,11 @@ class SSEDecoder:
         else:
             self._held_lf = False
         self._held_size = len(tail)
-        out: list[SSEEvent] = []
+        out: list[Any] = []
         cap = self.max_frame
         event_id = self._id
         names = _NAMES
+        raw = self.raw
         fast = 0  # events dispatched by the fast paths (they change no state but the count)
         failed: Exception | None = None
         small = size <= cap  # then no block in it is over the cap
@@ -178,7 +186,12 @@ class SSEDecoder:
             if block[:6] == b"data: ":
                 if 0x0A not in block:
                     # the commonest block by far: one `data:` line, no name, no id
-                    out.append(SSEEvent(block[6:].decode("utf-8", "replace"), "message", event_id))
+                    if raw and block.isascii():
+                        out.append(block[6:])  # its data as it came (`raw`)
+                    else:
+                        out.append(
+                            SSEEvent(block[6:].decode("utf-8", "replace"), "message", event_id)
+                        )
                     fast += 1
                     continue
             else:

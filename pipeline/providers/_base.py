@@ -117,6 +117,11 @@ class FramesDecoder(StreamDecoder, Protocol):
     failed_at: int
     """Set by `feed_frames` before an exception leaves it: the index of the failing frame."""
 
+    sse_bytes: bool
+    """Whether `feed` and `feed_frames` also take an SSE frame as the bytes of its data: an
+    event with one `data:` line, no `event:` name and ASCII data comes so, one copy and one
+    object fewer (`SSEDecoder.raw`). Optional; False when absent."""
+
     def feed_frames(self, frames: list[Any], out: list[LaneEvent]) -> None:
         """Append the lane events of `frames`, in order, to `out`: the same events as calling
         `feed` on each. If a frame raises, `out` holds the events of the frames before it and
