@@ -312,7 +312,7 @@ class _Kept:
 class _StreamDecoder:
     """One attempt's Messages stream."""
 
-    __slots__ = ("_citations", "_done", "_kept", "_kinds", "_quiet")
+    __slots__ = ("_citations", "_done", "_kept", "_kinds", "_quiet", "failed_at")
 
     def __init__(self) -> None:
         self._kinds: dict[int, LaneKind] = {}  # open block index -> its lane's kind
@@ -320,6 +320,7 @@ class _StreamDecoder:
         self._kept: dict[int, _Kept] = {}  # open server-tool blocks, kept whole
         self._citations: dict[int, list[Any]] = {}  # citations of open text blocks
         self._done = False  # `message_stop` (or an error) came: nothing after it is read
+        self.failed_at = 0  # the frame `feed_frames` failed on
 
     def feed(self, frame: SSEEvent) -> list[LaneEvent]:
         if self._done:
@@ -359,6 +360,41 @@ class _StreamDecoder:
         return [
             ProviderErrorEvent(error_from_body(NAME, None, {"error": event.error}, in_stream=True))
         ]
+
+    def feed_frames(self, frames: list[Any], out: list[LaneEvent]) -> None:
+        """`feed` on each frame in turn, with its fast path inline (`FramesDecoder`): a text,
+        thinking or tool-input delta for an open block."""
+        decode = _decode_event.decode
+        kinds = self._kinds
+        append = out.append
+        at = 0
+        try:
+            for at, frame in enumerate(frames):  # noqa: B007 - `at` names the failing frame
+                if frame.event == "content_block_delta" and not self._done:
+                    try:
+                        event = decode(frame.data)
+                    except msgspec.MsgspecError:
+                        event = None  # `feed` decodes it again: skipped, or the error typed
+                    if type(event) is _BlockDelta:
+                        index = event.index
+                        delta = event.delta
+                        if index in kinds:
+                            # the delta's type names the lane's kind, as in `_delta`
+                            if type(delta) is _TextDelta:
+                                append(PartDelta(index, "text", delta.text))
+                                continue
+                            if type(delta) is _ThinkingDelta:
+                                append(PartDelta(index, "thinking", delta.thinking))
+                                continue
+                            if type(delta) is _JsonDelta:
+                                append(PartDelta(index, "tool_call", delta.partial_json))
+                                continue
+                        out += self._delta(index, delta)
+                        continue
+                out += self.feed(frame)
+        except BaseException:
+            self.failed_at = at
+            raise
 
     def _delta(self, index: int, delta: _Delta) -> list[LaneEvent]:
         kind = self._kinds.get(index)
