@@ -4,8 +4,9 @@ does frame by frame: the same UniEvents, and the same error at the same frame.
 Every stream decoder that has `feed_frames` is run over every recorded stream of its dialect
 (our fixtures, the real-streams corpus, the benchmark's generated streams), each also cut short,
 with one frame corrupted and with one frame made to carry the wrong shape, at several read sizes;
-once as the wire decoder drives it and once with `feed_frames` hidden, so that the frames go to
-`feed` one at a time.
+once as the wire decoder drives it and once with `feed_frames` hidden and every SSE frame an
+`SSEEvent` (not its data's bytes, `SSEDecoder.raw`), so that the frames go to `feed` one at a
+time as they did before either existed.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 from rillet import RilletError, WireDecoder
+from rillet.frames import SSEDecoder
 from rillet.providers import dialect_from_name
 
 from bench.wire import STREAM_KINDS, build_stream
@@ -75,6 +77,8 @@ def _decode(dialect: Any, data: bytes, size: int, batched: bool) -> tuple[list[A
     decoder = WireDecoder(dialect, clock=lambda: 0)
     if not batched:
         decoder._many = None  # every frame through `feed`, one at a time
+        if isinstance(decoder._framer, SSEDecoder):
+            decoder._framer.raw = False  # and as an `SSEEvent`
     out: list[Any] = []
     try:
         for at in range(0, len(data), size):

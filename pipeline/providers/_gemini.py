@@ -222,11 +222,14 @@ class _StreamDecoder:
         self._streamed: StreamedCall | None = None  # a call whose arguments are streaming in
         self.failed_at = 0  # the frame `feed_frames` failed on
 
-    def feed(self, frame: SSEEvent) -> list[LaneEvent]:
+    sse_bytes = True  # an unnamed event may come as its data's bytes (`FramesDecoder`)
+
+    def feed(self, frame: SSEEvent | bytes) -> list[LaneEvent]:
+        data = frame if type(frame) is bytes else frame.data  # type: ignore[union-attr]
         try:  # the hot path: one call into msgspec; on error, strict_decode types it
-            decoded = _decode_chunk.decode(frame.data)
+            decoded = _decode_chunk.decode(data)
         except msgspec.MsgspecError:
-            decoded = strict_decode(_decode_chunk, frame.data, NAME)
+            decoded = strict_decode(_decode_chunk, data, NAME)
         return self.chunk(decoded)
 
     def feed_frames(self, frames: list[Any], out: list[LaneEvent]) -> None:
@@ -242,10 +245,11 @@ class _StreamDecoder:
         at = 0
         try:
             for at, frame in enumerate(frames):  # noqa: B007 - `at` names the failing frame
+                data = frame if type(frame) is bytes else frame.data
                 try:
-                    chunk = decode(frame.data)
+                    chunk = decode(data)
                 except msgspec.MsgspecError:
-                    chunk = strict_decode(_decode_chunk, frame.data, NAME)
+                    chunk = strict_decode(_decode_chunk, data, NAME)
                 if lane is not None and chunk.candidates and chunk.error is None:
                     candidate = chunk.candidates[0]
                     content = candidate.content
