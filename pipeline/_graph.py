@@ -372,8 +372,7 @@ class AccumulatorActor:
             first += 1
         if first < len(items):
             events: list[UniEvent] = items[first:] if first else items  # type: ignore[assignment]
-            accumulator.feed_many(events)
-            builder.uni_many(events, runs)
+            builder.take(events, runs, accumulator)
             unis += events
         if self.routes and (runs or unis):  # the sinks first: the logs' keeping can wait
             out = SinkBatch(runs, unis)
