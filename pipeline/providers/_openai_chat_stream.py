@@ -308,6 +308,7 @@ class ChatStreamDecoder:
         "_tool_seen",
         "_tools",
         "_transcript_lane",
+        "failed_at",
     )
 
     def __init__(self) -> None:
@@ -326,6 +327,7 @@ class ChatStreamDecoder:
         self._started = False
         self._done = False  # `[DONE]` came: nothing after it is read
         self._ids = ToolIds()
+        self.failed_at = 0  # the frame `feed_frames` failed on
 
     def feed(self, frame: SSEEvent) -> list[LaneEvent]:
         """The lane events of one chunk; nothing once `[DONE]` came."""
@@ -351,6 +353,77 @@ class ChatStreamDecoder:
                 self._started = True
                 out.append(MessageStart(first.id or "", first.model or ""))
             chunk = first
+        self.chunk(chunk, out)
+        return out
+
+    def feed_frames(self, frames: list[Any], out: list[LaneEvent]) -> None:
+        """`feed` on each chunk in turn, with the commonest chunks (one more fragment of the open
+        text lane or of the open tool call's arguments) handled inline (`FramesDecoder`)."""
+        decode = _decode_frame.decode
+        tools = self._tools  # cleared, never replaced
+        # the state the fast path reads, kept in locals: only the slow paths change it
+        streaming = self._started and not self._done
+        field = self._field
+        lane = self._lane
+        at = 0
+        try:
+            for at, frame in enumerate(frames):  # noqa: B007 - `at` names the failing frame
+                data = frame.data
+                if not streaming or data == "[DONE]":
+                    out += self.feed(frame)
+                    streaming = self._started and not self._done
+                    field = self._field
+                    lane = self._lane
+                    continue
+                try:
+                    chunk = decode(data)
+                except msgspec.MsgspecError:
+                    chunk = strict_decode(_decode_frame, data, NAME)
+                choices = chunk.choices
+                if choices:
+                    choice = choices[0]
+                    delta = choice.delta
+                    if (
+                        delta is not None
+                        and not choice.index  # choice 0 (or no index): the one read
+                        and not choice.finish_reason
+                        and delta.reasoning_content is None
+                        and delta.reasoning is None
+                        and delta.reasoning_details is None
+                        and delta.audio is None
+                        and chunk.usage is None
+                        and chunk.x_groq is None
+                        and not chunk.error
+                        and chunk.object != "error"
+                    ):
+                        content = delta.content
+                        calls = delta.tool_calls
+                        if calls is None:
+                            if field == _CONTENT and type(content) is str and content:
+                                out.append(PartDelta(lane, "text", content))
+                                continue
+                        elif field == _TOOLS and content is None and len(calls) == 1:
+                            call = calls[0]
+                            key = call.index
+                            current = tools.get(key) if key is not None else None
+                            if current is not None and (call.id is None or call.id == current[1]):
+                                # one more fragment of an open call's arguments
+                                self._last_key = key
+                                function = call.function
+                                if function is not None and function.arguments:
+                                    out.append(
+                                        PartDelta(current[0], "tool_call", function.arguments)
+                                    )
+                                continue
+                self.chunk(chunk, out)
+                field = self._field
+                lane = self._lane
+        except BaseException:
+            self.failed_at = at
+            raise
+
+    def chunk(self, chunk: _Frame, out: list[LaneEvent]) -> None:
+        """The lane events of one decoded chunk (after its `MessageStart`, if it carries one)."""
         choice = _first_choice(chunk.choices)
         if choice is not None and choice.delta is not None:
             self.delta(choice.delta, out)
@@ -358,14 +431,13 @@ class ChatStreamDecoder:
             error = _chunk_error(chunk)
             assert error is not None
             out.append(error)
-            return out
+            return
         reason = choice.finish_reason if choice is not None else None
         usage = chunk.usage
         if usage is None and chunk.x_groq is not None:
             usage = chunk.x_groq.usage
         if reason or usage is not None:
             self.finish(reason, usage, out)
-        return out
 
     def close(self) -> list[LaneEvent]:
         """Nothing is owed at the end: `[DONE]` is the stream's own end."""
