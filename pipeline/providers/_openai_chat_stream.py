@@ -329,12 +329,20 @@ class ChatStreamDecoder:
         self._ids = ToolIds()
         self.failed_at = 0  # the frame `feed_frames` failed on
 
-    def feed(self, frame: SSEEvent) -> list[LaneEvent]:
+    sse_bytes = True  # an unnamed event may come as its data's bytes (`FramesDecoder`)
+
+    def feed(self, frame: SSEEvent | bytes) -> list[LaneEvent]:
         """The lane events of one chunk; nothing once `[DONE]` came."""
-        data = frame.data
         if self._done:
             return []  # a second `[DONE]`, chunks after it: the reply is over
-        if data == "[DONE]":
+        data: str | bytes
+        if type(frame) is bytes:
+            data = frame
+            done = data == b"[DONE]"
+        else:
+            data = frame.data  # type: ignore[union-attr]
+            done = data == "[DONE]"
+        if done:
             self._done = True
             return [MessageStop()]
         out: list[LaneEvent] = []
@@ -368,8 +376,13 @@ class ChatStreamDecoder:
         at = 0
         try:
             for at, frame in enumerate(frames):  # noqa: B007 - `at` names the failing frame
-                data = frame.data
-                if not streaming or data == "[DONE]":
+                if type(frame) is bytes:
+                    data = frame
+                    done = data == b"[DONE]"
+                else:
+                    data = frame.data
+                    done = data == "[DONE]"
+                if not streaming or done:
                     out += self.feed(frame)
                     streaming = self._started and not self._done
                     field = self._field
