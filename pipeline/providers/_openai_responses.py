@@ -217,6 +217,18 @@ _decode_type = msgspec.json.Decoder(_Type)
 # hosted-tool progress, types added later) is skipped by its name, without decoding its data.
 _HANDLED_TYPES = frozenset(str(t.__struct_config__.tag) for t in _HANDLED)
 _TERMINAL = (_Completed, _Incomplete, _Failed, _Error)
+# The deltas by event name, and by decoded type with their lane's kind: nearly every frame of a
+# stream is one, so `feed_frames` reads them inline
+_DELTA_NAMES = frozenset(
+    str(t.__struct_config__.tag)
+    for t in (_TextDelta, _SummaryDelta, _ReasoningDelta, _ArgumentsDelta)
+)
+_DELTA_KINDS: dict[type[msgspec.Struct], LaneKind] = {
+    _TextDelta: "text",
+    _SummaryDelta: "thinking",
+    _ReasoningDelta: "thinking",
+    _ArgumentsDelta: "tool_call",
+}
 
 _ITEM_KINDS: dict[str, LaneKind] = {
     "message": "text",
@@ -333,13 +345,14 @@ def _finish(response: _Response, status: str | None, tool_seen: bool) -> list[La
 class _StreamDecoder:
     """One attempt's Responses events."""
 
-    __slots__ = ("_done", "_kinds", "_streamed", "_tool_seen")
+    __slots__ = ("_done", "_kinds", "_streamed", "_tool_seen", "failed_at")
 
     def __init__(self) -> None:
         self._kinds: dict[int, LaneKind] = {}  # open output_index -> its lane's kind
         self._streamed: set[int] = set()  # output indexes a delta came for
         self._tool_seen = False
         self._done = False  # a terminal event came: nothing after it is read
+        self.failed_at = 0  # the frame `feed_frames` failed on
 
     def feed(self, frame: SSEEvent) -> list[LaneEvent]:
         if self._done:
@@ -390,6 +403,46 @@ class _StreamDecoder:
                 event.error if event.error else {"code": event.code, "message": event.message}
             )
         ]
+
+    def feed_frames(self, frames: list[Any], out: list[LaneEvent]) -> None:
+        """`feed` on each frame in turn, with its fast path for deltas inline (`FramesDecoder`)."""
+        if not self._done:  # else nothing is read, as in `feed`
+            self._frames(frames, out)
+
+    def _frames(self, frames: list[Any], out: list[LaneEvent]) -> None:
+        """`feed_frames` before any terminal event: it returns at the first one, so the deltas
+        need no check of `_done`."""
+        decode = _decode_event.decode
+        names = _DELTA_NAMES
+        kinds = _DELTA_KINDS
+        streamed = self._streamed
+        append = out.append
+        last = -1  # the output index last added to `_streamed`, while no other frame came
+        at = 0
+        try:
+            for at, frame in enumerate(frames):  # noqa: B007 - `at` names the failing frame
+                if frame.event in names:
+                    try:
+                        event = decode(frame.data)
+                    except msgspec.MsgspecError:
+                        event = strict_decode(_decode_event, frame.data, NAME)  # types the error
+                    kind = type(event)
+                    lane = "text" if kind is _TextDelta else kinds.get(kind)
+                    if lane is not None:
+                        index = event.output_index
+                        if index != last:
+                            streamed.add(index)
+                            last = index
+                        append(PartDelta(index, lane, event.delta))
+                        continue
+                # any other frame (or a delta's name on another event's data): as `feed` does
+                out += self.feed(frame)
+                if self._done:
+                    return  # nothing after a terminal event is read
+                last = -1  # `_streamed` may have changed
+        except BaseException:
+            self.failed_at = at
+            raise
 
     @staticmethod
     def _unread(data: str) -> bool:
