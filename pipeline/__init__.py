@@ -105,6 +105,7 @@ from ._lanes import MessageDelta as MessageDelta
 from ._lanes import MessageStart as MessageStart
 from ._lanes import MessageStop as MessageStop
 from ._lanes import PartDelta as PartDelta
+from ._lanes import PartRun as PartRun
 from ._lanes import PartStart as PartStart
 from ._lanes import PartStop as PartStop
 from ._lanes import Ping as Ping
@@ -220,6 +221,7 @@ __all__ = [
     "Outcome",
     "OverloadedError",
     "PartDelta",
+    "PartRun",
     "PartStart",
     "PartStop",
     "PendingApproval",

@@ -68,6 +68,7 @@ from ._lanes import (
     MessageStart,
     MessageStop,
     PartDelta,
+    PartRun,
     PartStart,
     PartStop,
     Ping,
@@ -236,6 +237,10 @@ class Grammar:
             out = []
         if self._stopped:
             return out  # the reply is over: nothing after its terminal event matters
+        if type(event) is PartRun:  # the same as its fragments one by one
+            for value in event.values:
+                self.feed(PartDelta(event.index, event.kind, value), out)
+            return out
         if type(event) is PartDelta:
             lane = self._lanes.get((event.kind, event.index))
             if lane is None:
@@ -307,6 +312,53 @@ class Grammar:
                     if now < 0:
                         now = self._clock()
                     out.append(UniEvent(event_type="delta", content_items=[item], created_at=now))
+                    continue
+            elif type(event) is PartRun and queue:
+                head = queue[0]
+                kind = head.kind
+                values = event.values
+                if head.index == event.index and kind == event.kind and all(values):
+                    if now < 0:
+                        now = self._clock()
+                    if kind == "text":
+                        out += [
+                            UniEvent(
+                                event_type="delta",
+                                content_items=[TextDelta(text=v)],
+                                created_at=now,
+                            )
+                            for v in values
+                        ]
+                    elif kind == "thinking":
+                        out += [
+                            UniEvent(
+                                event_type="delta",
+                                content_items=[ThinkingDelta(thinking=v)],
+                                created_at=now,
+                            )
+                            for v in values
+                        ]
+                    elif kind == "tool_call" and head.started:
+                        out += [
+                            UniEvent(
+                                event_type="delta",
+                                content_items=[
+                                    ToolCallDelta(name="", arguments=v, tool_call_id="")
+                                ],
+                                created_at=now,
+                            )
+                            for v in values
+                        ]
+                    else:
+                        self.feed(event, out)
+                        if self._stopped:
+                            return
+                        continue
+                    head.started = True
+                    chunks = head.chunks
+                    chunks += values
+                    if len(chunks) - head.pieces > _PIECE:
+                        _join_tail(head)
                     continue
             self.feed(event, out)
             if self._stopped:

@@ -22,6 +22,7 @@ __all__ = [
     "MessageStart",
     "MessageStop",
     "PartDelta",
+    "PartRun",
     "PartStart",
     "PartStop",
     "Ping",
@@ -61,6 +62,17 @@ class PartDelta(msgspec.Struct, frozen=True, gc=False):
     kind: LaneKind
     value: Any
     fidelity: dict[str, Any] | None = None
+
+
+class PartRun(msgspec.Struct, frozen=True, gc=False):
+    """Fragments for one open lane that came in a row (a read's): the grammar reads it as one
+    `PartDelta` each, in order. Each is a non-empty string, without fidelity. A stream
+    decoder's `feed_frames` hands on a run of its commonest frames so, one object for all of
+    them."""
+
+    index: int
+    kind: LaneKind
+    values: list[str]
 
 
 class PartStop(msgspec.Struct, frozen=True, gc=False):
@@ -105,6 +117,7 @@ LaneEvent = (
     MessageStart
     | PartStart
     | PartDelta
+    | PartRun
     | PartStop
     | MessageDelta
     | MessageStop

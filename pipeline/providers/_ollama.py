@@ -48,6 +48,7 @@ from rillet._lanes import (
     MessageStart,
     MessageStop,
     PartDelta,
+    PartRun,
     PartStart,
     PartStop,
     ProviderErrorEvent,
@@ -162,6 +163,7 @@ class _StreamDecoder:
     def feed_frames(self, frames: list[Any], out: list[LaneEvent]) -> None:
         """`feed` on each line in turn, with its fast path inline (`FramesDecoder`)."""
         decode = _decode_frame.decode
+        run: list[str] | None = None  # the text run being handed on (`PartRun`)
         at = 0
         try:
             for at, frame in enumerate(frames):  # noqa: B007 - `at` names the failing frame
@@ -180,10 +182,15 @@ class _StreamDecoder:
                         and not decoded.done
                         and decoded.error is None
                     ):
-                        out.append(PartDelta(self._index, "text", message.content))
+                        if run is None:
+                            run = []
+                            out.append(PartRun(self._index, "text", run))
+                        run.append(message.content)
                     else:
+                        run = None
                         out += self.line(decoded)
                 else:
+                    run = None
                     out += self.feed(frame)
         except BaseException:
             self.failed_at = at
