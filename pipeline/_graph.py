@@ -372,6 +372,10 @@ class AccumulatorActor:
             first += 1
         if first < len(items):
             events: list[UniEvent] = items[first:] if first else items  # type: ignore[assignment]
+            if not self.routes and not self.history:
+                # no sink and no reader: the run events would reach no one, only the result
+                accumulator.feed_many(events)
+                return True
             builder.take(events, runs, accumulator)
             unis += events
         if self.routes and (runs or unis):  # the sinks first: the logs' keeping can wait
