@@ -75,7 +75,7 @@ class NDJSONDecoder:
         if self._error is not None:
             raise self._error
         self.offset += len(chunk)
-        if b"\n" not in chunk:
+        if 0x0A not in chunk:  # (an int is looked for with memchr, a bytes needle is not)
             # hold the piece: a long line in many small chunks costs linear time, not a copy
             # of all of it per chunk
             self._held.append(chunk)
@@ -97,10 +97,12 @@ class NDJSONDecoder:
         # the commonest read by far: whole lines of JSON, no CR, no blank line, nothing over the
         # cap, and UTF-8 throughout (checked once for the read): its lines are the frames
         if (
-            len(buf) <= self.max_frame
+            lines
+            # no line is blank or starts with a space or a control byte (the least of them is
+            # more than b" "): one C call where looking for such a line costs a scan
+            and min(lines)[:1] > b" "
             and 0x0D not in buf
-            and all(lines)  # (cheaper than looking for a blank line in the bytes)
-            and not any(map(bytes.isspace, lines))
+            and len(buf) <= self.max_frame
             and (buf.isascii() or _utf8(buf, len(buf) - len(tail)))
         ):
             self.frames += len(lines)

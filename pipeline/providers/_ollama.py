@@ -161,22 +161,26 @@ class _StreamDecoder:
         return self.line(decoded)
 
     def feed_frames(self, frames: list[Any], out: list[LaneEvent]) -> None:
-        """`feed` on each line in turn, with its fast path inline (`FramesDecoder`)."""
+        """`feed` on each line in turn, with its fast path inline (`FramesDecoder`): a line of
+        more text for the open text lane joins the run of them handed on as one `PartRun`."""
         decode = _decode_frame.decode
-        run: list[str] | None = None  # the text run being handed on (`PartRun`)
+        run: list[str] | None = None  # the text run being handed on
+        # the state the fast path reads, kept in locals: only the slow paths change it
+        streaming = self._started and not self._done
+        texting = self._kind == "text"
         at = 0
         try:
             for at, frame in enumerate(frames):  # noqa: B007 - `at` names the failing frame
-                if self._started and not self._done:
+                if streaming:
                     try:
                         decoded = decode(frame)
                     except msgspec.MsgspecError:
                         decoded = strict_decode(_decode_frame, frame, NAME)
                     message = decoded.message
                     if (
-                        message is not None
+                        texting
+                        and message is not None
                         and message.content
-                        and self._kind == "text"
                         and not message.thinking
                         and not message.tool_calls
                         and not decoded.done
@@ -186,12 +190,13 @@ class _StreamDecoder:
                             run = []
                             out.append(PartRun(self._index, "text", run))
                         run.append(message.content)
-                    else:
-                        run = None
-                        out += self.line(decoded)
+                        continue
+                    out += self.line(decoded)
                 else:
-                    run = None
                     out += self.feed(frame)
+                run = None
+                streaming = self._started and not self._done
+                texting = self._kind == "text"
         except BaseException:
             self.failed_at = at
             raise
