@@ -42,6 +42,7 @@ from rillet._lanes import (
     MessageStart,
     MessageStop,
     PartDelta,
+    PartRun,
     PartStart,
     PartStop,
     Ping,
@@ -367,6 +368,10 @@ class _StreamDecoder:
         decode = _decode_event.decode
         kinds = self._kinds
         append = out.append
+        # the run of fragments being handed on (`PartRun`), and its lane
+        run: list[str] | None = None
+        run_index = -1
+        run_kind: LaneKind = "text"
         at = 0
         try:
             for at, frame in enumerate(frames):  # noqa: B007 - `at` names the failing frame
@@ -380,17 +385,25 @@ class _StreamDecoder:
                         delta = event.delta
                         if index in kinds:
                             # the delta's type names the lane's kind, as in `_delta`
+                            kind: LaneKind | None
                             if type(delta) is _TextDelta:
-                                append(PartDelta(index, "text", delta.text))
+                                kind, value = "text", delta.text
+                            elif type(delta) is _ThinkingDelta:
+                                kind, value = "thinking", delta.thinking
+                            elif type(delta) is _JsonDelta:
+                                kind, value = "tool_call", delta.partial_json
+                            else:
+                                kind = None
+                            if kind is not None:
+                                if run is None or index != run_index or kind != run_kind:
+                                    run, run_index, run_kind = [], index, kind
+                                    append(PartRun(index, kind, run))
+                                run.append(value)
                                 continue
-                            if type(delta) is _ThinkingDelta:
-                                append(PartDelta(index, "thinking", delta.thinking))
-                                continue
-                            if type(delta) is _JsonDelta:
-                                append(PartDelta(index, "tool_call", delta.partial_json))
-                                continue
+                        run = None
                         out += self._delta(index, delta)
                         continue
+                run = None
                 out += self.feed(frame)
         except BaseException:
             self.failed_at = at

@@ -60,6 +60,7 @@ from rillet._lanes import (
     MessageStart,
     MessageStop,
     PartDelta,
+    PartRun,
     PartStart,
     PartStop,
     ProviderErrorEvent,
@@ -235,13 +236,15 @@ class _StreamDecoder:
     def feed_frames(self, frames: list[Any], out: list[LaneEvent]) -> None:
         """`feed` on each frame in turn, with its fast path inline (`FramesDecoder`): a chunk
         whose one part is more text (or thinking) for the open lane, without a signature, and
-        no finish reason, error or call streaming in, is one `PartDelta`; the only other thing
+        no finish reason, error or call streaming in, joins the run of them handed on as one
+        `PartRun`; the only other thing
         it carries is the cumulative usage, which is kept for the finish."""
         decode = _decode_chunk.decode
         # what the fast path needs of the state changes only in `chunk`: read it again after one
         lane = self._fast_lane()
         index = self._index
         thought = lane == "thinking"
+        run: list[str] | None = None  # the run of fragments being handed on (`PartRun`)
         at = 0
         try:
             for at, frame in enumerate(frames):  # noqa: B007 - `at` names the failing frame
@@ -270,8 +273,12 @@ class _StreamDecoder:
                             u = chunk.usage_metadata
                             if u is not None:
                                 self._last_usage = _merge_usage(self._last_usage, u)
-                            out.append(PartDelta(index, lane, text))
+                            if run is None:
+                                run = []
+                                out.append(PartRun(index, lane, run))
+                            run.append(text)
                             continue
+                run = None
                 out += self.chunk(chunk)
                 lane = self._fast_lane()
                 index = self._index

@@ -53,6 +53,7 @@ from rillet._lanes import (
     MessageStart,
     MessageStop,
     PartDelta,
+    PartRun,
     PartStart,
     PartStop,
     ProviderErrorEvent,
@@ -373,6 +374,10 @@ class ChatStreamDecoder:
         streaming = self._started and not self._done
         field = self._field
         lane = self._lane
+        # the run of fragments being handed on (`PartRun`): the text's (`run_lane` -1) or the
+        # arguments of the call in lane `run_lane`
+        run: list[str] | None = None
+        run_lane = -1
         at = 0
         try:
             for at, frame in enumerate(frames):  # noqa: B007 - `at` names the failing frame
@@ -383,6 +388,7 @@ class ChatStreamDecoder:
                     data = frame.data
                     done = data == "[DONE]"
                 if not streaming or done:
+                    run = None
                     out += self.feed(frame)
                     streaming = self._started and not self._done
                     field = self._field
@@ -413,7 +419,10 @@ class ChatStreamDecoder:
                         calls = delta.tool_calls
                         if calls is None:
                             if field == _CONTENT and type(content) is str and content:
-                                out.append(PartDelta(lane, "text", content))
+                                if run is None or run_lane != -1:
+                                    run, run_lane = [], -1
+                                    out.append(PartRun(lane, "text", run))
+                                run.append(content)
                                 continue
                         elif field == _TOOLS and content is None and len(calls) == 1:
                             call = calls[0]
@@ -424,10 +433,12 @@ class ChatStreamDecoder:
                                 self._last_key = key
                                 function = call.function
                                 if function is not None and function.arguments:
-                                    out.append(
-                                        PartDelta(current[0], "tool_call", function.arguments)
-                                    )
+                                    if run is None or run_lane != current[0]:
+                                        run, run_lane = [], current[0]
+                                        out.append(PartRun(run_lane, "tool_call", run))
+                                    run.append(function.arguments)
                                 continue
+                run = None
                 self.chunk(chunk, out)
                 field = self._field
                 lane = self._lane

@@ -45,6 +45,7 @@ from rillet._lanes import (
     MessageStart,
     MessageStop,
     PartDelta,
+    PartRun,
     PartStart,
     PartStop,
     ProviderErrorEvent,
@@ -418,6 +419,9 @@ class _StreamDecoder:
         streamed = self._streamed
         append = out.append
         last = -1  # the output index last added to `_streamed`, while no other frame came
+        # the run of fragments being handed on (`PartRun`): of output `last`, kind `run_kind`
+        run: list[str] | None = None
+        run_kind: LaneKind = "text"
         at = 0
         try:
             for at, frame in enumerate(frames):  # noqa: B007 - `at` names the failing frame
@@ -433,9 +437,14 @@ class _StreamDecoder:
                         if index != last:
                             streamed.add(index)
                             last = index
-                        append(PartDelta(index, lane, event.delta))
+                            run = None
+                        if run is None or lane != run_kind:
+                            run, run_kind = [], lane
+                            append(PartRun(index, lane, run))
+                        run.append(event.delta)
                         continue
                 # any other frame (or a delta's name on another event's data): as `feed` does
+                run = None
                 out += self.feed(frame)
                 if self._done:
                     return  # nothing after a terminal event is read
