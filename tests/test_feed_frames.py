@@ -3,7 +3,8 @@ does frame by frame: the same UniEvents, and the same error at the same frame.
 
 Every stream decoder that has `feed_frames` is run over every recorded stream of its dialect
 (our fixtures, the real-streams corpus, the benchmark's generated streams), each also cut short,
-with one frame corrupted and with one frame made to carry the wrong shape, at several read sizes;
+with one frame corrupted, one made to carry the wrong shape and one holding bytes that are not
+UTF-8, at several read sizes;
 once as the wire decoder drives it and once with `feed_frames` hidden and every SSE frame an
 `SSEEvent` (not its data's bytes, `SSEDecoder.raw`), so that the frames go to `feed` one at a
 time as they did before either existed.
@@ -12,6 +13,7 @@ time as they did before either existed.
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,8 @@ FOLDERS = {
     "openai-responses": "openai-responses",
 }
 READ_SIZES = (1, 7, 61, 500, 1 << 20)
+_TEXT_VALUE = re.compile(rb'"(?:text|content|delta|thinking|partial_json)": ?"')
+_ANY_VALUE = re.compile(rb'": ?"')
 
 
 def _has_feed_frames(dialect_name: str) -> bool:
@@ -70,6 +74,12 @@ def _mutations(name: str, data: bytes, ndjson: bool) -> list[tuple[str, bytes]]:
         prefix = b"" if ndjson else b"data: "
         shaped[at] = prefix + b'{"choices": 5, "type": 5, "candidates": 5, "message": 5}'
         out.append((f"{name} wrong shape {at}", sep.join(shaped)))
+        # a byte that is not UTF-8 inside a string (SSE reads it as U+FFFD, NDJSON refuses it)
+        bad = list(frames)
+        value = _TEXT_VALUE.search(bad[at]) or _ANY_VALUE.search(bad[at])
+        if value is not None:
+            bad[at] = bad[at][: value.end()] + b"\xff\xfe" + bad[at][value.end() :]
+            out.append((f"{name} invalid UTF-8 {at}", sep.join(bad)))
     return out
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "error_from_body",
     "provider_error",
     "strict_decode",
+    "strict_decode_event",
 ]
 
 Framing = Literal["sse", "ndjson", "json", "message"]
@@ -259,6 +260,20 @@ def strict_decode(decoder: msgspec.json.Decoder[Any], data: str | bytes, provide
         raise MalformedFrameError(
             "frame is nested too deeply to decode", data, provider=provider, not_json=False
         ) from None
+
+
+def strict_decode_event(
+    decoder: msgspec.json.Decoder[Any], data: str | bytes, provider: str
+) -> Any:
+    """`strict_decode` for an SSE event's data, which may come as its bytes
+    (`SSEDecoder.raw`): bytes that are not UTF-8 read as the event-stream standard says, decoded
+    with replacement characters, as they would have been in an `SSEEvent`."""
+    if type(data) is bytes:
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            data = data.decode("utf-8", "replace")
+    return strict_decode(decoder, data, provider)
 
 
 _decode_any = msgspec.json.Decoder().decode

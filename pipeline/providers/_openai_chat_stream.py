@@ -60,7 +60,7 @@ from rillet._lanes import (
     RawUsage,
 )
 
-from ._base import ToolIds, answer_tokens, error_from_body, strict_decode
+from ._base import ToolIds, answer_tokens, error_from_body, strict_decode, strict_decode_event
 
 if TYPE_CHECKING:
     from rillet._sse import SSEEvent
@@ -352,12 +352,12 @@ class ChatStreamDecoder:
             try:  # the hot path: one call into msgspec; on error, strict_decode types it
                 chunk = _decode_frame.decode(data)
             except msgspec.MsgspecError:
-                chunk = strict_decode(_decode_frame, data, NAME)
+                chunk = strict_decode_event(_decode_frame, data, NAME)
         else:
             try:
                 first: _Chunk = _decode_chunk.decode(data)
             except msgspec.MsgspecError:
-                first = strict_decode(_decode_chunk, data, NAME)
+                first = strict_decode_event(_decode_chunk, data, NAME)
             if first.id or first.model:
                 self._started = True
                 out.append(MessageStart(first.id or "", first.model or ""))
@@ -397,7 +397,7 @@ class ChatStreamDecoder:
                 try:
                     chunk = decode(data)
                 except msgspec.MsgspecError:
-                    chunk = strict_decode(_decode_frame, data, NAME)
+                    chunk = strict_decode_event(_decode_frame, data, NAME)
                 choices = chunk.choices
                 if choices:
                     choice = choices[0]
