@@ -359,7 +359,7 @@ class Handler:
                                 await trio.lowlevel.checkpoint()
                     if error is not None:
                         return self._failure_of(error, emitted)
-                    if not chunk or decoder.stopped:
+                    if not chunk or (batch and decoder.stopped):  # a stop releases an event
                         self._ended = not chunk
                         if chunk:  # the reply is complete before its body: keep the connection
                             reading.deadline = math.inf  # complete: no deadline can undo it now
