@@ -49,9 +49,9 @@ class SSEDecoder:
     Attributes:
         raw: hand on the commonest event (one `data:` line, no `event:` name) as its data's
             bytes, not as an `SSEEvent`: for a JSON decoder that reads bytes, one copy, one
-            object and one UTF-8 round trip fewer. Their reader applies the standard's rule
-            itself: bytes that are not UTF-8 read as decoded with replacement (`strict_decode`
-            does). Off by default.
+            object and one UTF-8 round trip fewer. Its reader reads no name and no id, and
+            applies the standard's rule itself: bytes that are not UTF-8 read as decoded with
+            replacement (`strict_decode_event` does). Off by default.
         last_event_id: the id committed by the last dispatched block.
         retry: the last valid reconnection time the stream asked for, in milliseconds.
         frames: how many events were dispatched so far.

@@ -271,3 +271,32 @@ def test_a_large_line_under_the_default_cap_passes(size: int) -> None:
     decoder = NDJSONDecoder()
     out = [x for i in range(0, len(line), 4096) for x in decoder.feed(line[i : i + 4096])]
     assert out == [line[:-1].decode()]
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        b'{"a":1}\n{"b":2}\n{"c"',  # the one-step read: whole JSON lines, a cut one after
+        b'{"a":1}\n\n{"b":2}\n{"c"',  # a blank line
+        b'{"a":1}\n   \n{"b":2}\n{"c"',  # a line of spaces
+        b' {"a":1}\n{"b":2}\n{"c"',  # a line that starts with a space
+        b'{"a":1}\r\n{"b":2}\r\n{"c"',  # CRLF
+        '{"a":"é"}\n{"b":"😀"}\n{"c":"\u00e9'.encode()[:-1],  # UTF-8, cut inside a character
+    ],
+)
+def test_feed_bytes_gives_the_lines_feed_does_as_their_bytes(read: bytes) -> None:
+    as_text, as_bytes = NDJSONDecoder(), NDJSONDecoder()
+    lines = as_text.feed(read)
+    raw = as_bytes.feed_bytes(read)
+    assert all(type(line) is bytes for line in raw)
+    assert [line.decode("utf-8") for line in raw] == lines
+    assert len(lines) == 2
+    assert (as_bytes.frames, as_bytes.offset) == (as_text.frames, as_text.offset)
+    assert as_bytes.close() == as_text.close()
+
+
+def test_feed_bytes_refuses_a_line_that_is_not_utf8_after_the_good_ones() -> None:
+    decoder = NDJSONDecoder()
+    assert decoder.feed_bytes(b'{"a":1}\n{"b":"\xff"}\n') == [b'{"a":1}']
+    with pytest.raises(FrameEncodingError):
+        decoder.feed_bytes(b"{}\n")

@@ -649,3 +649,21 @@ def test_f58_the_retry_line_counts_however_the_block_was_cut(cut: int) -> None:
     decoder.close()
     assert decoder.retry == 3000
     assert decoder.last_event_id == ""  # an id is committed only by a dispatch
+
+
+def test_raw_hands_an_unnamed_one_line_event_on_as_its_data_bytes() -> None:
+    stream = (
+        b'data: {"a":"\xc3\xa9"}\n\n'  # the commonest event: its data's bytes, as they came
+        b"data: bad \xff byte\n\n"  # bytes that are not UTF-8 too: the reader replaces them
+        b"event: named\ndata: x\n\n"  # a named event: an SSEEvent
+        b"data: two\ndata: lines\n\n"  # several data lines: an SSEEvent
+        b"id: 7\ndata: y\n\n"  # an id line: an SSEEvent
+    )
+    raw, plain = SSEDecoder(), SSEDecoder()
+    raw.raw = True
+    got = raw.feed(stream)
+    want = plain.feed(stream)
+    assert got[:2] == ['{"a":"é"}'.encode(), b"bad \xff byte"]
+    assert got[2:] == want[2:]
+    assert [SSEEvent(g.decode("utf-8", "replace")) for g in got[:2]] == want[:2]
+    assert (raw.frames, raw.last_event_id) == (plain.frames, plain.last_event_id) == (5, "7")
