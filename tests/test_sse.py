@@ -3,6 +3,8 @@ cannot be made to split a frame, and what it writes decodes back to what it was 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -661,7 +663,7 @@ def test_raw_hands_an_unnamed_one_line_event_on_as_its_data_bytes() -> None:
     )
     raw, plain = SSEDecoder(), SSEDecoder()
     raw.raw = True
-    got = raw.feed(stream)
+    got: list[Any] = list(raw.feed(stream))
     want = plain.feed(stream)
     assert got[:2] == ['{"a":"é"}'.encode(), b"bad \xff byte"]
     assert got[2:] == want[2:]
