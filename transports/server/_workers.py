@@ -278,11 +278,13 @@ def worker_main() -> None:
 async def _work(config: ServerConfig, stdin: int) -> None:
     from ._serve import serve
 
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(functools.partial(serve, config))
-        _say(f"ready {url}")
-        nursery.start_soon(_until_closed, stdin, nursery.cancel_scope)
-        with trio.open_signal_receiver(signal.SIGTERM) as signals:
+    # SIGTERM is caught before the worker says it is ready: a supervisor that stops it at once
+    # must not find SIGTERM's default (an exit without a word) still in place
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(functools.partial(serve, config))
+            _say(f"ready {url}")
+            nursery.start_soon(_until_closed, stdin, nursery.cancel_scope)
             async for signum in signals:
                 logger.info("worker %s: %s, stopping", config.worker, signal.Signals(signum).name)
                 nursery.cancel_scope.cancel()
