@@ -1,0 +1,445 @@
+"""OpenAI Responses' stream, sans-I/O: the wire shapes of its events and the decoder that turns
+them (or one non-streaming body) into lane events. The request side is `_openai_responses`."""
+
+from __future__ import annotations
+
+import functools
+import operator
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from rillet._lanes import (
+    LaneEvent,
+    LaneKind,
+    MessageDelta,
+    MessageStart,
+    MessageStop,
+    PartDelta,
+    PartRun,
+    PartStart,
+    PartStop,
+    ProviderErrorEvent,
+    RawUsage,
+)
+
+from ._base import (
+    answer_tokens,
+    error_from_body,
+    strict_decode,
+)
+
+if TYPE_CHECKING:
+    from rillet._sse import SSEEvent
+
+
+__all__ = ["NAME"]
+
+NAME = "openai-responses"
+
+# --- wire shapes ----------------------------------------------------------------------------------
+
+
+class _Text(msgspec.Struct, frozen=True, gc=False):
+    type: str = ""
+    text: str = ""
+
+
+class _Type(msgspec.Struct, frozen=True, gc=False):
+    """Only the `type` of an event or output item: what decides whether the rest is read."""
+
+    type: str = ""
+
+
+class _Item(msgspec.Struct, frozen=True):
+    """A `message`, `reasoning` or `function_call` output item. Items of other types (hosted
+    tools: `web_search_call`, `tool_search_call`...) are never decoded as this: their fields
+    may hold anything (`"arguments": {}`)."""
+
+    type: str = ""
+    id: str = ""
+    phase: str | None = None
+    content: list[_Text] | None = None
+    summary: list[_Text] | None = None
+    encrypted_content: str | None = None
+    signature: str | None = None
+    format: str | None = None
+    call_id: str = ""
+    name: str = ""
+    arguments: str | None = None
+
+
+class _InputDetails(msgspec.Struct, frozen=True, gc=False):
+    cached_tokens: int | None = None
+
+
+class _OutputDetails(msgspec.Struct, frozen=True, gc=False):
+    reasoning_tokens: int | None = None
+
+
+class _Usage(msgspec.Struct, frozen=True, gc=False):
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    total_tokens: int | None = None
+    input_tokens_details: _InputDetails | None = None
+    output_tokens_details: _OutputDetails | None = None
+
+
+class _IncompleteDetails(msgspec.Struct, frozen=True, gc=False):
+    reason: str | None = None
+
+
+class _Response(msgspec.Struct, frozen=True):
+    id: str = ""
+    model: str = ""
+    status: str | None = None
+    output: list[msgspec.Raw] = []  # each item decoded only if it is of a type we read
+    usage: _Usage | None = None
+    incomplete_details: _IncompleteDetails | None = None
+    error: Any = None
+
+
+class _Created(msgspec.Struct, frozen=True, tag="response.created"):
+    response: _Response
+
+
+class _ItemAdded(msgspec.Struct, frozen=True, tag="response.output_item.added"):
+    output_index: int
+    item: msgspec.Raw
+
+
+class _ItemDone(msgspec.Struct, frozen=True, tag="response.output_item.done"):
+    output_index: int
+    item: msgspec.Raw
+
+
+class _TextDelta(msgspec.Struct, frozen=True, gc=False, tag="response.output_text.delta"):
+    output_index: int
+    delta: str
+
+
+class _SummaryDelta(
+    msgspec.Struct, frozen=True, gc=False, tag="response.reasoning_summary_text.delta"
+):
+    output_index: int
+    delta: str
+
+
+class _ReasoningDelta(msgspec.Struct, frozen=True, gc=False, tag="response.reasoning_text.delta"):
+    output_index: int
+    delta: str
+
+
+class _ArgumentsDelta(
+    msgspec.Struct, frozen=True, gc=False, tag="response.function_call_arguments.delta"
+):
+    output_index: int
+    delta: str
+
+
+class _Completed(msgspec.Struct, frozen=True, tag="response.completed"):
+    response: _Response
+
+
+class _Incomplete(msgspec.Struct, frozen=True, tag="response.incomplete"):
+    response: _Response
+
+
+class _Failed(msgspec.Struct, frozen=True, tag="response.failed"):
+    response: _Response
+
+
+class _Error(msgspec.Struct, frozen=True, tag="error"):
+    code: Any = None
+    message: str | None = None
+    error: Any = None
+
+
+_HANDLED: tuple[type[msgspec.Struct], ...] = (
+    _Created,
+    _ItemAdded,
+    _ItemDone,
+    _TextDelta,
+    _SummaryDelta,
+    _ReasoningDelta,
+    _ArgumentsDelta,
+    _Completed,
+    _Incomplete,
+    _Failed,
+    _Error,
+)
+_decode_event: msgspec.json.Decoder[Any] = msgspec.json.Decoder(
+    functools.reduce(operator.or_, _HANDLED)
+)
+_decode_response = msgspec.json.Decoder(_Response)
+_decode_item = msgspec.json.Decoder(_Item)
+_decode_type = msgspec.json.Decoder(_Type)
+# The event types we read; every other one (documented events that carry nothing we stream,
+# hosted-tool progress, types added later) is skipped by its name, without decoding its data.
+_HANDLED_TYPES = frozenset(str(t.__struct_config__.tag) for t in _HANDLED)
+_TERMINAL = (_Completed, _Incomplete, _Failed, _Error)
+# The deltas by event name, and by decoded type with their lane's kind: nearly every frame of a
+# stream is one, so `feed_frames` reads them inline
+_DELTA_NAMES = frozenset(
+    str(t.__struct_config__.tag)
+    for t in (_TextDelta, _SummaryDelta, _ReasoningDelta, _ArgumentsDelta)
+)
+_DELTA_KINDS: dict[type[msgspec.Struct], LaneKind] = {
+    _TextDelta: "text",
+    _SummaryDelta: "thinking",
+    _ReasoningDelta: "thinking",
+    _ArgumentsDelta: "tool_call",
+}
+
+_ITEM_KINDS: dict[str, LaneKind] = {
+    "message": "text",
+    "reasoning": "thinking",
+    "function_call": "tool_call",
+}
+
+
+def _usage(u: _Usage) -> RawUsage:
+    cached = u.input_tokens_details.cached_tokens if u.input_tokens_details is not None else None
+    reasoning = None
+    if u.output_tokens_details is not None:
+        reasoning = u.output_tokens_details.reasoning_tokens
+    prompt = None if u.input_tokens is None else u.input_tokens - (cached or 0)
+    response = answer_tokens(u.output_tokens, reasoning, u.total_tokens, u.input_tokens)
+    return RawUsage(
+        cached_tokens=cached,
+        prompt_tokens=prompt,
+        thoughts_tokens=reasoning,
+        response_tokens=response,
+    )
+
+
+def _item(raw: msgspec.Raw) -> _Item | None:
+    """An output item of a type we stream, decoded; None (undecoded) for any other type."""
+    head: _Type = strict_decode(_decode_type, raw, NAME)
+    if head.type not in _ITEM_KINDS:
+        return None
+    item: _Item = strict_decode(_decode_item, raw, NAME)
+    return item
+
+
+def _open_item(index: int, item: _Item, out: list[LaneEvent]) -> LaneKind | None:
+    """Open the lane of an output item (a tool call with its header fragment); None for items
+    we do not stream."""
+    kind = _ITEM_KINDS.get(item.type)
+    if kind is None:
+        return None
+    if kind == "tool_call":
+        out.append(PartStart(index=index, kind=kind, name=item.name, call_id=item.call_id))
+        out.append(PartDelta(index, kind, ""))
+    else:
+        out.append(PartStart(index=index, kind=kind))
+        if kind == "text" and item.phase:
+            out.append(PartDelta(index, kind, "", {"phase": item.phase}))
+    return kind
+
+
+def _reasoning_fidelity(item: _Item) -> dict[str, Any] | None:
+    fidelity: dict[str, Any] = {}
+    if item.summary:
+        fidelity["channel"] = "summary"
+    if item.encrypted_content:
+        fidelity["encrypted_content"] = item.encrypted_content
+    if item.signature:
+        fidelity["signature"] = item.signature
+    if item.format:
+        fidelity["format"] = item.format
+    return fidelity or None
+
+
+def _close_item(
+    index: int, kind: LaneKind, item: _Item, *, streamed: bool, out: list[LaneEvent]
+) -> None:
+    """Close an item's lane at its done event: its whole value first when no delta carried it,
+    and a reasoning item's fidelity."""
+    if not streamed:
+        if kind == "text":
+            text = "".join(p.text for p in item.content or () if p.type == "output_text")
+            if text:
+                out.append(PartDelta(index, kind, text))
+        elif kind == "tool_call":
+            if item.arguments:
+                out.append(PartDelta(index, kind, item.arguments))
+        else:
+            parts = item.summary or [p for p in item.content or () if p.type == "reasoning_text"]
+            text = "".join(p.text for p in parts)  # parts joined as they are, as when streamed
+            if text:
+                out.append(PartDelta(index, kind, text))
+    if kind == "thinking":
+        fidelity = _reasoning_fidelity(item)
+        if fidelity is not None:
+            out.append(PartDelta(index, kind, "", fidelity))
+    out.append(PartStop(index, kind))
+
+
+def _error_event(error: Any, in_stream: bool = True) -> ProviderErrorEvent:
+    return ProviderErrorEvent(
+        error_from_body(NAME, None, {"error": error or {}}, in_stream=in_stream)
+    )
+
+
+def _is_call(raw: msgspec.Raw) -> bool:
+    head: _Type = strict_decode(_decode_type, raw, NAME)
+    return head.type == "function_call"
+
+
+def _finish(response: _Response, status: str | None, tool_seen: bool) -> list[LaneEvent]:
+    """The end of a reply: its terminal status (`completed`, `incomplete`, `failed`) and the
+    final Response object's usage."""
+    reason: str | None = None
+    if status == "completed":
+        tool_seen = tool_seen or any(_is_call(raw) for raw in response.output)
+        reason = "tool_call" if tool_seen else "completed"
+    elif status == "incomplete":
+        details = response.incomplete_details
+        reason = (details.reason if details is not None else None) or "incomplete"
+    elif status == "failed" or response.error:
+        return [_error_event(response.error)]
+    usage = _usage(response.usage) if response.usage is not None else None
+    return [MessageDelta(finish_reason=reason, usage=usage), MessageStop()]
+
+
+class _StreamDecoder:
+    """One attempt's Responses events."""
+
+    __slots__ = ("_done", "_kinds", "_streamed", "_tool_seen", "failed_at")
+
+    def __init__(self) -> None:
+        self._kinds: dict[int, LaneKind] = {}  # open output_index -> its lane's kind
+        self._streamed: set[int] = set()  # output indexes a delta came for
+        self._tool_seen = False
+        self._done = False  # a terminal event came: nothing after it is read
+        self.failed_at = 0  # the frame `feed_frames` failed on
+
+    def feed(self, frame: SSEEvent) -> list[LaneEvent]:
+        if self._done:
+            return []  # OpenRouter's `[DONE]` after `response.completed`, and anything else
+        name = frame.event
+        if name not in _HANDLED_TYPES and name != "message":
+            return []  # an event we do not read, known or not: skipped by its name alone
+        data = frame.data
+        try:  # the hot path: one call into msgspec
+            event = _decode_event.decode(data)
+        except msgspec.MsgspecError:
+            if name == "message" and self._unread(data):
+                return []  # an unnamed frame of a type we do not read
+            event = strict_decode(_decode_event, data, NAME)  # types the error
+        kind = type(event)
+        if kind is _TextDelta:
+            self._streamed.add(event.output_index)
+            return [PartDelta(event.output_index, "text", event.delta)]
+        if kind is _ArgumentsDelta:
+            self._streamed.add(event.output_index)
+            return [PartDelta(event.output_index, "tool_call", event.delta)]
+        if kind is _SummaryDelta or kind is _ReasoningDelta:
+            # summary parts are joined as they come, nothing inserted between them
+            self._streamed.add(event.output_index)
+            return [PartDelta(event.output_index, "thinking", event.delta)]
+        if kind is _ItemAdded:
+            out: list[LaneEvent] = []
+            item = _item(event.item)
+            lane = None if item is None else _open_item(event.output_index, item, out)
+            if lane is not None:
+                self._kinds[event.output_index] = lane
+                self._tool_seen = self._tool_seen or lane == "tool_call"
+            return out
+        if kind is _ItemDone:
+            return self._item_done(event)
+        if kind is _Created:
+            return [MessageStart(event.response.id, event.response.model)]
+        self._done = kind in _TERMINAL
+        if kind is _Completed:
+            return _finish(event.response, "completed", self._tool_seen)
+        if kind is _Incomplete:
+            return _finish(event.response, "incomplete", self._tool_seen)
+        if kind is _Failed:
+            return _finish(event.response, "failed", self._tool_seen)
+        assert kind is _Error
+        return [
+            _error_event(
+                event.error if event.error else {"code": event.code, "message": event.message}
+            )
+        ]
+
+    def feed_frames(self, frames: list[Any], out: list[LaneEvent]) -> None:
+        """`feed` on each frame in turn, with its fast path for deltas inline (`FramesDecoder`)."""
+        if not self._done:  # else nothing is read, as in `feed`
+            self._frames(frames, out)
+
+    def _frames(self, frames: list[Any], out: list[LaneEvent]) -> None:
+        """`feed_frames` before any terminal event: it returns at the first one, so the deltas
+        need no check of `_done`."""
+        decode = _decode_event.decode
+        names = _DELTA_NAMES
+        kinds = _DELTA_KINDS
+        streamed = self._streamed
+        append = out.append
+        last = -1  # the output index last added to `_streamed`, while no other frame came
+        # the run of fragments being handed on (`PartRun`): of output `last`, kind `run_kind`
+        run: list[str] | None = None
+        run_kind: LaneKind = "text"
+        at = 0
+        try:
+            for at, frame in enumerate(frames):  # noqa: B007 - `at` names the failing frame
+                if frame.event in names:
+                    try:
+                        event = decode(frame.data)
+                    except msgspec.MsgspecError:
+                        event = strict_decode(_decode_event, frame.data, NAME)  # types the error
+                    kind = type(event)
+                    lane = "text" if kind is _TextDelta else kinds.get(kind)
+                    if lane is not None:
+                        index = event.output_index
+                        if index != last:
+                            streamed.add(index)
+                            last = index
+                            run = None
+                        if run is None or lane != run_kind:
+                            run, run_kind = [], lane
+                            append(PartRun(index, lane, run))
+                        run.append(event.delta)
+                        continue
+                # any other frame (or a delta's name on another event's data): as `feed` does
+                run = None
+                out += self.feed(frame)
+                if self._done:
+                    return  # nothing after a terminal event is read
+                last = -1  # `_streamed` may have changed
+        except BaseException:
+            self.failed_at = at
+            raise
+
+    @staticmethod
+    def _unread(data: str) -> bool:
+        """Whether an unnamed frame that did not decode is of a type we do not read (or the
+        `[DONE]` some servers add), so it is skipped rather than an error."""
+        if data == "[DONE]":
+            return True
+        try:
+            head = _decode_type.decode(data)
+        except msgspec.MsgspecError:
+            return False
+        return head.type not in _HANDLED_TYPES
+
+    def _item_done(self, event: _ItemDone) -> list[LaneEvent]:
+        index = event.output_index
+        out: list[LaneEvent] = []
+        item = _item(event.item)
+        if item is None:
+            return out  # a hosted tool's item...: nothing we stream
+        lane = self._kinds.pop(index, None)
+        if lane is None:  # a done item whose added event never came: the whole item now
+            lane = _open_item(index, item, out)
+            if lane is None:
+                return out
+            self._tool_seen = self._tool_seen or lane == "tool_call"
+        streamed = index in self._streamed
+        self._streamed.discard(index)
+        _close_item(index, lane, item, streamed=streamed, out=out)
+        return out
+
+    def close(self) -> list[LaneEvent]:
+        return []
