@@ -40,8 +40,6 @@ after it is read. Errors inside the stream (a top-level `error` object, vLLM's `
 
 from __future__ import annotations
 
-import base64
-import binascii
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -57,237 +55,42 @@ from rillet._lanes import (
     PartStart,
     PartStop,
     ProviderErrorEvent,
-    RawUsage,
 )
 
-from ._base import ToolIds, answer_tokens, error_from_body, strict_decode, strict_decode_event
+from ._base import ToolIds, strict_decode, strict_decode_event
 
 if TYPE_CHECKING:
     from rillet._sse import SSEEvent
 
+from ._openai_chat_wire import (
+    _DETAIL_TYPES,
+    NAME,
+    STREAM_AUDIO_MIME,
+    _Audio,
+    _b64,
+    _checked,
+    _Chunk,
+    _chunk_error,
+    _ContentPart,
+    _decode_chunk,
+    _decode_frame,
+    _Delta,
+    _Detail,
+    _first_choice,
+    _Frame,
+    _thinking_texts,
+    _ToolCall,
+    _Usage,
+    _usage,
+    sniff_audio,
+)
+
 __all__ = ["NAME", "ChatStreamDecoder", "decode_completion", "sniff_audio"]
 
-NAME = "openai-chat"
-STREAM_AUDIO_MIME = "audio/pcm"
-
-
-# --- wire shapes ----------------------------------------------------------------------------------
-
-
-class _Function(msgspec.Struct, frozen=True, gc=False):
-    name: str | None = None
-    arguments: str | None = None
-
-
-class _ToolCall(msgspec.Struct, frozen=True, gc=False):
-    index: int | None = None
-    id: str | None = None
-    function: _Function | None = None
-
-
-class _Detail(msgspec.Struct, frozen=True, gc=False):
-    """A `reasoning_details` entry. Its fields are read loosely and checked for the known types
-    only (`_checked`), so an entry of another type is skipped whatever it holds."""
-
-    type: str = ""
-    text: Any = None
-    summary: Any = None
-    signature: Any = None
-    data: Any = None
-    id: Any = None
-    format: Any = None
-    index: Any = None
-
-
-_DETAIL_TYPES = frozenset({"reasoning.text", "reasoning.summary", "reasoning.encrypted"})
-
-
-def _checked(detail: _Detail) -> _Detail:
-    """A known detail, its fields checked: strings (or null), and an integer index."""
-    for value in (detail.text, detail.summary, detail.signature, detail.data, detail.id):
-        if value is not None and type(value) is not str:
-            raise MalformedFrameError(
-                f"a {detail.type} detail with a field of the wrong type", str(detail), provider=NAME
-            )
-    if detail.format is not None and type(detail.format) is not str:
-        raise MalformedFrameError("a detail whose format is no string", str(detail), provider=NAME)
-    if detail.index is not None and type(detail.index) is not int:
-        raise MalformedFrameError("a detail whose index is no integer", str(detail), provider=NAME)
-    return detail
-
-
-class _Audio(msgspec.Struct, frozen=True, gc=False):
-    id: str | None = None
-    data: str | None = None
-    transcript: str | None = None
-
-
-class _ContentPart(msgspec.Struct, frozen=True, gc=False):
-    """One chunk of a `content` list (Mistral's reasoning models): `{"type": "text", "text"}` or
-    `{"type": "thinking", "thinking": [{"type": "text", "text"}]}`. The fields are read loosely
-    and checked for the known types only, so a chunk of another type is skipped whatever it
-    holds."""
-
-    type: str = ""
-    text: Any = None
-    thinking: Any = None
-
-
-class _Delta(msgspec.Struct, frozen=True, gc=False):
-    """A streamed `delta`, and also a non-streaming `message` (same fields, whole values)."""
-
-    content: str | list[_ContentPart] | None = None
-    reasoning_content: str | None = None
-    reasoning: str | None = None
-    reasoning_details: list[_Detail] | None = None
-    tool_calls: list[_ToolCall] | None = None
-    audio: _Audio | None = None
-
-
-class _Choice(msgspec.Struct, frozen=True, gc=False):
-    index: int | None = None
-    delta: _Delta | None = None
-    message: _Delta | None = None
-    finish_reason: str | None = None
-
-
-class _PromptDetails(msgspec.Struct, frozen=True, gc=False):
-    cached_tokens: int | None = None
-
-
-class _CompletionDetails(msgspec.Struct, frozen=True, gc=False):
-    reasoning_tokens: int | None = None
-
-
-class _Usage(msgspec.Struct, frozen=True, gc=False):
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    total_tokens: int | None = None
-    prompt_tokens_details: _PromptDetails | None = None
-    completion_tokens_details: _CompletionDetails | None = None
-    prompt_cache_hit_tokens: int | None = None
-
-
-class _Groq(msgspec.Struct, frozen=True, gc=False):
-    """Groq's `x_groq`: where it reports usage (same fields) instead of a top-level `usage`."""
-
-    usage: _Usage | None = None
-
-
-class _Frame(msgspec.Struct, frozen=True, gc=False):
-    """A streamed chunk as read once the message has started (its id and model, the same in
-    every chunk, are skipped rather than decoded); also an error body (`error`, vLLM's
-    `object`)."""
-
-    object: str | None = None
-    choices: list[_Choice] | None = None
-    usage: _Usage | None = None
-    x_groq: _Groq | None = None
-    error: Any = None
-    message: str | None = None
-    type: str | None = None
-    code: Any = None
-
-
-class _Chunk(_Frame, frozen=True, gc=False):
-    """A streamed chunk before the message has started, or a whole completion."""
-
-    id: str | None = None
-    model: str | None = None
-
-
-_decode_chunk = msgspec.json.Decoder(_Chunk)
-_decode_frame = msgspec.json.Decoder(_Frame)
 
 # Field codes: which wire field the open group came from (_THINK_PART: a thinking chunk of a
 # `content` list).
 _NONE, _RC, _R, _DETAILS, _CONTENT, _TOOLS, _AUDIO, _THINK_PART = range(8)
-
-
-def _usage(u: _Usage) -> RawUsage:
-    cached = None
-    if u.prompt_tokens_details is not None:
-        cached = u.prompt_tokens_details.cached_tokens
-    elif u.prompt_cache_hit_tokens is not None:  # DeepSeek without prompt_tokens_details
-        cached = u.prompt_cache_hit_tokens
-    reasoning = None
-    if u.completion_tokens_details is not None:
-        reasoning = u.completion_tokens_details.reasoning_tokens
-    prompt = None if u.prompt_tokens is None else u.prompt_tokens - (cached or 0)
-    response = answer_tokens(u.completion_tokens, reasoning, u.total_tokens, u.prompt_tokens)
-    return RawUsage(
-        cached_tokens=cached,
-        prompt_tokens=prompt,
-        thoughts_tokens=reasoning,
-        response_tokens=response,
-    )
-
-
-def _chunk_error(chunk: _Frame) -> ProviderErrorEvent | None:
-    """The in-stream error a chunk reports, if it reports one."""
-    if chunk.error:
-        return ProviderErrorEvent(
-            error_from_body(NAME, None, {"error": chunk.error}, in_stream=True)
-        )
-    if chunk.object == "error":
-        body = {"object": "error", "message": chunk.message, "type": chunk.type, "code": chunk.code}
-        return ProviderErrorEvent(error_from_body(NAME, None, body, in_stream=True))
-    return None
-
-
-def sniff_audio(data: bytes) -> str:
-    """The mime type of a whole audio file from its first bytes; `audio/pcm` (headerless PCM,
-    what OpenAI streams) when no known header is there."""
-    if data[:4] == b"RIFF" and data[8:12] == b"WAVE":
-        return "audio/wav"
-    if data[:3] == b"ID3" or (len(data) > 1 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0):
-        return "audio/mpeg"
-    if data[:4] == b"fLaC":
-        return "audio/flac"
-    if data[:4] == b"OggS":
-        return "audio/ogg"
-    return STREAM_AUDIO_MIME
-
-
-def _b64(text: str) -> bytes:
-    try:
-        return base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise MalformedFrameError(f"audio data is not base64: {exc}", text, provider=NAME) from None
-
-
-def _thinking_texts(thinking: Any) -> list[str]:
-    """The texts of a thinking chunk's `thinking` (a list of text chunks, or a plain string)."""
-    if type(thinking) is str:
-        return [thinking] if thinking else []
-    if not isinstance(thinking, list):
-        raise MalformedFrameError("a thinking chunk without a list", str(thinking), provider=NAME)
-    texts = []
-    for chunk in thinking:
-        if not isinstance(chunk, dict):
-            raise MalformedFrameError(
-                "a thinking chunk that is no object", str(chunk), provider=NAME
-            )
-        if chunk.get("type", "text") != "text":
-            continue
-        text = chunk.get("text")
-        if type(text) is not str:
-            raise MalformedFrameError(
-                "a thinking text chunk without text", str(chunk), provider=NAME
-            )
-        if text:
-            texts.append(text)
-    return texts
-
-
-def _first_choice(choices: list[_Choice] | None) -> _Choice | None:
-    """Choice 0 (with `n > 1` several choices share the stream; only the first is read)."""
-    if not choices:
-        return None
-    first = choices[0]
-    if first.index is None or first.index == 0:
-        return first
-    return next((c for c in choices if c.index == 0), None)
 
 
 class ChatStreamDecoder:
