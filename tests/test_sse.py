@@ -653,11 +653,11 @@ def test_f58_the_retry_line_counts_however_the_block_was_cut(cut: int) -> None:
     assert decoder.last_event_id == ""  # an id is committed only by a dispatch
 
 
-def test_raw_hands_an_unnamed_one_line_event_on_as_its_data_bytes() -> None:
+def test_raw_hands_a_one_line_event_on_as_its_data_bytes() -> None:
     stream = (
         b'data: {"a":"\xc3\xa9"}\n\n'  # the commonest event: its data's bytes, as they came
         b"data: bad \xff byte\n\n"  # bytes that are not UTF-8 too: the reader replaces them
-        b"event: named\ndata: x\n\n"  # a named event: an SSEEvent
+        b"event: named\ndata: x\n\n"  # a named event: its name and its data's bytes
         b"data: two\ndata: lines\n\n"  # several data lines: an SSEEvent
         b"id: 7\ndata: y\n\n"  # an id line: an SSEEvent
     )
@@ -665,7 +665,8 @@ def test_raw_hands_an_unnamed_one_line_event_on_as_its_data_bytes() -> None:
     raw.raw = True
     got: list[Any] = list(raw.feed(stream))
     want = plain.feed(stream)
-    assert got[:2] == ['{"a":"é"}'.encode(), b"bad \xff byte"]
-    assert got[2:] == want[2:]
-    assert [SSEEvent(g.decode("utf-8", "replace")) for g in got[:2]] == want[:2]
+    assert got[:3] == ['{"a":"é"}'.encode(), b"bad \xff byte", ("named", b"x")]
+    assert got[3:] == want[3:]
+    as_events = [SSEEvent(g.decode("utf-8", "replace")) for g in got[:2]]
+    assert [*as_events, SSEEvent(got[2][1].decode(), got[2][0])] == want[:3]
     assert (raw.frames, raw.last_event_id) == (plain.frames, plain.last_event_id) == (5, "7")

@@ -50,7 +50,7 @@ from rillet._lanes import (
     RawUsage,
 )
 
-from ._base import HttpRequest, Provider, error_from_body, strict_decode
+from ._base import HttpRequest, Provider, error_from_body, sse_event, sse_text, strict_decode
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -323,14 +323,19 @@ class _StreamDecoder:
         self._done = False  # `message_stop` (or an error) came: nothing after it is read
         self.failed_at = 0  # the frame `feed_frames` failed on
 
-    def feed(self, frame: SSEEvent) -> list[LaneEvent]:
+    sse_bytes = True  # an event may come as its data's bytes (`FramesDecoder`)
+
+    def feed(self, frame: SSEEvent | bytes | tuple[str, bytes]) -> list[LaneEvent]:
         if self._done:
             return []
-        name = frame.event
+        name, raw = sse_event(frame)
         if name not in _KNOWN_EVENTS and name != "message":
             return []  # an event type added later: skipped by its name alone
-        data = frame.data
-        try:  # the hot path: one call into msgspec
+        # as text, as an `SSEEvent` holds it: the blocks in it are decoded later (`msgspec.Raw`),
+        # and bytes that are not UTF-8 must reach them replaced (`feed_frames` reads the
+        # deltas, which hold no such part, from the bytes)
+        data = sse_text(raw)
+        try:
             event = _decode_event.decode(data)
         except msgspec.MsgspecError:
             if _skipped(name, data):
@@ -375,9 +380,15 @@ class _StreamDecoder:
         at = 0
         try:
             for at, frame in enumerate(frames):  # noqa: B007 - `at` names the failing frame
-                if frame.event == "content_block_delta" and not self._done:
+                if type(frame) is tuple:
+                    name, data = frame
+                elif type(frame) is bytes:
+                    name, data = "message", frame
+                else:
+                    name, data = frame.event, frame.data
+                if name == "content_block_delta" and not self._done:
                     try:
-                        event = decode(frame.data)
+                        event = decode(data)
                     except msgspec.MsgspecError:
                         event = None  # `feed` decodes it again: skipped, or the error typed
                     if type(event) is _BlockDelta:

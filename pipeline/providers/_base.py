@@ -44,6 +44,8 @@ __all__ = [
     "dumps_arguments",
     "error_from_body",
     "provider_error",
+    "sse_event",
+    "sse_text",
     "strict_decode",
     "strict_decode_event",
 ]
@@ -119,9 +121,10 @@ class FramesDecoder(StreamDecoder, Protocol):
     """Set by `feed_frames` before an exception leaves it: the index of the failing frame."""
 
     sse_bytes: bool
-    """Whether `feed` and `feed_frames` also take an SSE frame as the bytes of its data: an
-    event with one `data:` line, no `event:` name and ASCII data comes so, one copy and one
-    object fewer (`SSEDecoder.raw`). Optional; False when absent."""
+    """Whether `feed` and `feed_frames` also take an SSE event with one `data:` line as its
+    data's bytes (unnamed) or as `(name, data bytes)` (named): one copy and one object fewer
+    (`SSEDecoder.raw`; `sse_event` reads any of the three). Bytes that are not UTF-8 must read
+    as an `SSEEvent`'s data would (`sse_text`). Optional; False when absent."""
 
     def feed_frames(self, frames: list[Any], out: list[LaneEvent]) -> None:
         """Append the lane events of `frames`, in order, to `out`: the same events as calling
@@ -260,6 +263,22 @@ def strict_decode(decoder: msgspec.json.Decoder[Any], data: str | bytes, provide
         raise MalformedFrameError(
             "frame is nested too deeply to decode", data, provider=provider, not_json=False
         ) from None
+
+
+def sse_event(frame: Any) -> tuple[str, str | bytes]:
+    """An SSE frame's event name and data, whichever way it came (`FramesDecoder.sse_bytes`):
+    an `SSEEvent`, an unnamed event's data bytes, or a named one's `(name, data bytes)`."""
+    if type(frame) is bytes:
+        return "message", frame
+    if type(frame) is tuple:
+        return frame[0], frame[1]
+    return frame.event, frame.data
+
+
+def sse_text(data: str | bytes) -> str:
+    """An SSE event's data as the text an `SSEEvent` holds: bytes decoded with replacement
+    characters, as the event-stream standard says."""
+    return data if type(data) is str else data.decode("utf-8", "replace")  # type: ignore[union-attr]
 
 
 def strict_decode_event(

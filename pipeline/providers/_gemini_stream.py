@@ -25,6 +25,7 @@ from ._base import (
     ToolIds,
     dumps_arguments,
     error_from_body,
+    sse_event,
     strict_decode_event,
 )
 from ._partial_args import PartialArg, StreamedCall
@@ -165,10 +166,10 @@ class _StreamDecoder:
         self._streamed: StreamedCall | None = None  # a call whose arguments are streaming in
         self.failed_at = 0  # the frame `feed_frames` failed on
 
-    sse_bytes = True  # an unnamed event may come as its data's bytes (`FramesDecoder`)
+    sse_bytes = True  # an event may come as its data's bytes (`FramesDecoder`)
 
-    def feed(self, frame: SSEEvent | bytes) -> list[LaneEvent]:
-        data = frame if type(frame) is bytes else frame.data  # type: ignore[union-attr]
+    def feed(self, frame: SSEEvent | bytes | tuple[str, bytes]) -> list[LaneEvent]:
+        data = sse_event(frame)[1]  # (the event's name is not read)
         try:  # the hot path: one call into msgspec; on error, strict_decode types it
             decoded = _decode_chunk.decode(data)
         except msgspec.MsgspecError:
@@ -190,7 +191,12 @@ class _StreamDecoder:
         at = 0
         try:
             for at, frame in enumerate(frames):  # noqa: B007 - `at` names the failing frame
-                data = frame if type(frame) is bytes else frame.data
+                if type(frame) is bytes:
+                    data = frame
+                elif type(frame) is tuple:
+                    data = frame[1]
+                else:
+                    data = frame.data
                 try:
                     chunk = decode(data)
                 except msgspec.MsgspecError:

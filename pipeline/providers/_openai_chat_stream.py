@@ -57,7 +57,7 @@ from rillet._lanes import (
     ProviderErrorEvent,
 )
 
-from ._base import ToolIds, strict_decode, strict_decode_event
+from ._base import ToolIds, sse_event, strict_decode, strict_decode_event
 
 if TYPE_CHECKING:
     from rillet._sse import SSEEvent
@@ -133,20 +133,15 @@ class ChatStreamDecoder:
         self._ids = ToolIds()
         self.failed_at = 0  # the frame `feed_frames` failed on
 
-    sse_bytes = True  # an unnamed event may come as its data's bytes (`FramesDecoder`)
+    sse_bytes = True  # an event may come as its data's bytes (`FramesDecoder`)
 
-    def feed(self, frame: SSEEvent | bytes) -> list[LaneEvent]:
-        """The lane events of one chunk; nothing once `[DONE]` came."""
+    def feed(self, frame: SSEEvent | bytes | tuple[str, bytes]) -> list[LaneEvent]:
+        """The lane events of one chunk; nothing once `[DONE]` came (the event's name is not
+        read)."""
         if self._done:
             return []  # a second `[DONE]`, chunks after it: the reply is over
-        data: str | bytes
-        if type(frame) is bytes:
-            data = frame
-            done = data == b"[DONE]"
-        else:
-            data = frame.data  # type: ignore[union-attr]
-            done = data == "[DONE]"
-        if done:
+        data = sse_event(frame)[1]
+        if data == b"[DONE]" if type(data) is bytes else data == "[DONE]":
             self._done = True
             return [MessageStop()]
         out: list[LaneEvent] = []
@@ -186,6 +181,9 @@ class ChatStreamDecoder:
             for at, frame in enumerate(frames):  # noqa: B007 - `at` names the failing frame
                 if type(frame) is bytes:
                     data = frame
+                    done = data == b"[DONE]"
+                elif type(frame) is tuple:
+                    data = frame[1]
                     done = data == b"[DONE]"
                 else:
                     data = frame.data

@@ -25,6 +25,8 @@ from rillet._lanes import (
 from ._base import (
     answer_tokens,
     error_from_body,
+    sse_event,
+    sse_text,
     strict_decode,
 )
 
@@ -314,14 +316,19 @@ class _StreamDecoder:
         self._done = False  # a terminal event came: nothing after it is read
         self.failed_at = 0  # the frame `feed_frames` failed on
 
-    def feed(self, frame: SSEEvent) -> list[LaneEvent]:
+    sse_bytes = True  # an event may come as its data's bytes (`FramesDecoder`)
+
+    def feed(self, frame: SSEEvent | bytes | tuple[str, bytes]) -> list[LaneEvent]:
         if self._done:
             return []  # OpenRouter's `[DONE]` after `response.completed`, and anything else
-        name = frame.event
+        name, raw = sse_event(frame)
         if name not in _HANDLED_TYPES and name != "message":
             return []  # an event we do not read, known or not: skipped by its name alone
-        data = frame.data
-        try:  # the hot path: one call into msgspec
+        # as text, as an `SSEEvent` holds it: the items in it are decoded later (`msgspec.Raw`),
+        # and bytes that are not UTF-8 must reach them replaced (`feed_frames` reads the
+        # deltas, which hold no such part, from the bytes)
+        data = sse_text(raw)
+        try:
             event = _decode_event.decode(data)
         except msgspec.MsgspecError:
             if name == "message" and self._unread(data):
@@ -384,11 +391,17 @@ class _StreamDecoder:
         at = 0
         try:
             for at, frame in enumerate(frames):  # noqa: B007 - `at` names the failing frame
-                if frame.event in names:
+                if type(frame) is tuple:
+                    name, data = frame
+                elif type(frame) is bytes:
+                    name, data = "message", frame
+                else:
+                    name, data = frame.event, frame.data
+                if name in names:
                     try:
-                        event = decode(frame.data)
-                    except msgspec.MsgspecError:
-                        event = strict_decode(_decode_event, frame.data, NAME)  # types the error
+                        event = decode(data)
+                    except msgspec.MsgspecError:  # as `feed` reads it: text, its error typed
+                        event = strict_decode(_decode_event, sse_text(data), NAME)
                     kind = type(event)
                     lane = "text" if kind is _TextDelta else kinds.get(kind)
                     if lane is not None:
