@@ -113,8 +113,9 @@ class FramesDecoder(StreamDecoder, Protocol):
     """A stream decoder that also takes a whole read's frames in one call.
 
     The wire decoder hands it every frame a read completed, so its loop (and the fast path for
-    its commonest frame) runs without a call and a list per frame. What it appends must be
-    exactly what `feed` returns for each frame in turn.
+    its commonest frame) runs without a call and a list per frame. What it appends must read,
+    to the grammar, exactly as what `feed` returns for each frame in turn: the same lane events,
+    except that consecutive fragments of one lane may come as one `PartRun`.
     """
 
     failed_at: int
@@ -127,9 +128,9 @@ class FramesDecoder(StreamDecoder, Protocol):
     as an `SSEEvent`'s data would (`sse_text`). Optional; False when absent."""
 
     def feed_frames(self, frames: list[Any], out: list[LaneEvent]) -> None:
-        """Append the lane events of `frames`, in order, to `out`: the same events as calling
-        `feed` on each. If a frame raises, `out` holds the events of the frames before it and
-        `failed_at` is that frame's index."""
+        """Append the lane events of `frames`, in order, to `out`: those of calling `feed` on
+        each (runs of fragments as `PartRun`s, if it likes). If a frame raises, `out` holds the
+        events of the frames before it and `failed_at` is that frame's index."""
         ...
 
 
