@@ -58,10 +58,6 @@ from rillet._lanes import (
 )
 
 from ._base import ToolIds, sse_event, strict_decode, strict_decode_event
-
-if TYPE_CHECKING:
-    from rillet._sse import SSEEvent
-
 from ._openai_chat_wire import (
     _DETAIL_TYPES,
     NAME,
@@ -84,6 +80,9 @@ from ._openai_chat_wire import (
     _usage,
     sniff_audio,
 )
+
+if TYPE_CHECKING:
+    from rillet._sse import SSEEvent
 
 __all__ = ["NAME", "ChatStreamDecoder", "decode_completion", "sniff_audio"]
 
