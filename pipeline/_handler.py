@@ -298,6 +298,7 @@ class Handler:
                 head = HEAD_BYTES
                 rest = b""
                 per_event = policy.per_event_timeout
+                moved = False  # `armed` has moved, and the scope's deadline is still to follow
                 while True:
                     if rest:
                         chunk, rest = rest, b""
@@ -329,7 +330,8 @@ class Handler:
                         if due > self._total_deadline:
                             due = self._total_deadline
                         if due - armed >= _DEADLINE_SLACK or due < armed:
-                            reading.deadline = armed = due
+                            armed = due  # set on the scope once the batch is handed on
+                            moved = True
                     if batch:
                         emitted += len(batch)
                         if hops:
@@ -341,7 +343,11 @@ class Handler:
                             if self._pending_reset:
                                 self._pending_reset = False
                                 items = [AttemptReset(self.attempts), *batch]
-                        if not out.offer(items):  # room downstream: no scheduler round
+                        offered = out.offer(items)
+                        if moved:  # (after the hand-over: the first delta does not wait for it)
+                            reading.deadline = armed
+                            moved = False
+                        if not offered:  # room downstream: no scheduler round
                             reading.deadline = math.inf
                             blocked = trio.current_time()
                             await out.drain()
@@ -357,6 +363,9 @@ class Handler:
                             if quiet >= _YIELD_EVERY:
                                 quiet = 0
                                 await trio.lowlevel.checkpoint()
+                    if moved:
+                        reading.deadline = armed
+                        moved = False
                     if error is not None:
                         return self._failure_of(error, emitted)
                     if not chunk or (batch and decoder.stopped):  # a stop releases an event
