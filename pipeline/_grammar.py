@@ -274,8 +274,9 @@ class Grammar:
     def feed_many(self, events: list[LaneEvent], out: list[UniEvent]) -> None:
         """Take lane events in order, appending what they release to `out`.
 
-        The same as `feed` for each, with a fast path for the commonest event by far: a
-        non-empty text or thinking fragment, without fidelity, for the lane streaming now.
+        The same as `feed` for each, with a fast path for the commonest events by far: a
+        non-empty text, thinking or later tool fragment, without fidelity, for the lane
+        streaming now, alone (`PartDelta`) or in a run of them (`PartRun`).
         """
         if self.stopped:
             return  # the reply is over: the batch is ignored

@@ -96,7 +96,7 @@ class WireDecoder:
             self._framer = None  # a non-streaming reply: one JSON body
         elif dialect.framing == "sse":
             self._framer = SSEDecoder(max_frame=max_frame)
-            # a decoder that reads an unnamed event's data as bytes gets them so (`raw`)
+            # a decoder that reads an event's data as bytes gets them so (`SSEDecoder.raw`)
             self._framer.raw = getattr(self._stream, "sse_bytes", False) is True
         elif dialect.framing == "ndjson":
             self._framer = NDJSONDecoder(max_frame=max_frame)
