@@ -81,8 +81,6 @@ from ._fallback import CircuitBreakers as CircuitBreakers
 from ._fallback import shared_breakers as shared_breakers
 from ._grammar import Grammar as Grammar
 from ._grammar import map_finish_reason as map_finish_reason
-from ._handler import AttemptReset as AttemptReset
-from ._handler import Status as Status
 from ._hub import AppendConflict as AppendConflict
 from ._hub import CursorExpired as CursorExpired
 from ._hub import CursorInvalid as CursorInvalid
@@ -111,6 +109,8 @@ from ._lanes import PartStop as PartStop
 from ._lanes import Ping as Ping
 from ._lanes import ProviderErrorEvent as ProviderErrorEvent
 from ._lanes import RawUsage as RawUsage
+from ._markers import AttemptReset as AttemptReset
+from ._markers import Status as Status
 from ._policy import Outcome as Outcome
 from ._policy import Policy as Policy
 from ._public import fixup_module_metadata as _fixup_module_metadata

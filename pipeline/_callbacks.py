@@ -15,7 +15,7 @@ import attrs
 import trio
 
 from ._events import TextDelta, ThinkingDelta, UniEvent
-from ._handler import AttemptReset
+from ._markers import AttemptReset
 
 if TYPE_CHECKING:
     from ._turn import SinkBatch

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
     from rillet._events import UniEvent
-    from rillet._handler import AttemptReset
     from rillet._hub import Entry
+    from rillet._markers import AttemptReset
 
 __all__ = [
     "SSE_DONE",

@@ -24,7 +24,7 @@ from rillet.transports._http_upstream import default_client
 
 from ._errors import FallbackFailed, ProviderError
 from ._events import UniMessage
-from ._handler import AttemptReset
+from ._markers import AttemptReset
 from ._policy import Outcome
 from ._runevents import RunEventBuilder, StatusEvent
 from ._runstream import RunStream, StepSink

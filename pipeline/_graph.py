@@ -38,10 +38,11 @@ from ._accumulator import Accumulator
 from ._errors import RilletError
 from ._events import UniEvent
 from ._grammar import Grammar, wall_clock_ms
-from ._handler import AttemptOpen, AttemptReset, Batch, Handler, Status
+from ._markers import AttemptOpen, AttemptReset, Batch, Status
 from ._runevents import RunEvent, RunEventBuilder
 
 if TYPE_CHECKING:
+    from ._handler import Handler
     from ._policy import Outcome
 
 __all__ = [

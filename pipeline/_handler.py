@@ -41,10 +41,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import attrs
-import msgspec
 import trio
 
 from ._errors import (
@@ -54,9 +53,9 @@ from ._errors import (
     TransportError,
     TurnTimeout,
 )
-from ._events import UniEvent
 from ._failures import error_shape, http_shape
 from ._hedge import open_hedged
+from ._markers import AttemptOpen, AttemptReset, Batch, Item, Outlet, Status, Verdict
 from ._policy import Outcome, Policy, Shape, backoff_delay, retry_after
 from ._ratelimit import RateLimiter
 from ._reads import Replay, read_bounded, read_reply
@@ -66,75 +65,12 @@ from ._wire import HEAD_BYTES, WireDecoder
 from .providers._base import Provider, provider_error
 
 if TYPE_CHECKING:
+    from ._events import UniEvent
     from .providers._base import HttpRequest
 
-__all__ = ["AttemptOpen", "AttemptReset", "Handler", "Outlet", "Status"]
+__all__ = ["Handler"]
 
 _E = TypeVar("_E", bound=RilletError)
-
-
-class AttemptReset(msgspec.Struct, frozen=True, gc=False):
-    """Downstream marker: everything the previous attempt(s) emitted is void."""
-
-    attempt: int  # the attempt whose events follow
-
-
-class Status(msgspec.Struct, frozen=True, gc=False):
-    """Downstream marker: what the handler is doing (for the public stream's `status`)."""
-
-    phase: str  # requesting | waiting_rate_limit | backing_off | rescuing
-    attempt: int
-    delay: float = 0.0
-
-
-class AttemptOpen(msgspec.Struct, frozen=True, gc=False):
-    """Downstream marker, to a grammar downstream only: the lanes that follow are attempt
-    `attempt`'s."""
-
-    attempt: int
-
-
-Item = UniEvent | AttemptReset | Status
-Batch = list[Item]
-
-
-class Verdict(Protocol):
-    """A grammar downstream's word on one attempt."""
-
-    @property
-    def error(self) -> RilletError | None:
-        """Its first error (a grammar breach, an in-stream error, an incomplete reply)."""
-        ...
-
-    @property
-    def emitted(self) -> int:
-        """The UniEvents it released."""
-        ...
-
-
-class Outlet(Protocol):
-    """Where the handler's batches go. `offer` takes a batch at once and says whether it went
-    all the way; when it did not, the handler awaits `drain` (backpressure) before the next.
-    In a batch, the markers (`AttemptReset`, `Status`) come before every UniEvent.
-
-    An outlet with `grammar_downstream` takes lane events instead of UniEvents (the grammar is
-    an actor of its own): the handler then opens each attempt (`AttemptOpen`), stops reading
-    once the outlet says the attempt `failed`, and `settle`s it for the grammar's verdict."""
-
-    grammar_downstream: bool
-    failed: bool
-
-    def offer(self, items: Batch) -> bool:
-        """Take the batch; False if part of it waits for room downstream."""
-        ...
-
-    async def drain(self) -> None:
-        """Wait until what `offer` could not pass on has gone."""
-        ...
-
-    async def settle(self, *, close: bool) -> Verdict:
-        """End an attempt (`close`: its body ended); the grammar's verdict on it."""
-        ...
 
 
 _YIELD_EVERY = 32

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 import trio
 
 from ._events import TextDelta, ThinkingDelta, ToolCallDelta, UniEvent
-from ._handler import AttemptReset
+from ._markers import AttemptReset
 from ._runevents import AnswerDelta, RunEvent
 
 if TYPE_CHECKING:

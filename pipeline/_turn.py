@@ -40,8 +40,9 @@ from ._callbacks import FragmentSink, require_trio
 from ._errors import FallbackFailed, NoHistoryError
 from ._events import UniMessage
 from ._graph import AccumulatorActor, Given, Sink, SinkBatch, UniItem, route_for, run_hops
-from ._handler import Handler, Status
+from ._handler import Handler
 from ._history import PlainLog, RunHistory, UniHistory
+from ._markers import Status
 from ._policy import Outcome, Policy
 from ._ratelimit import RateLimiter, shared_limiter
 from ._request import TurnRequest

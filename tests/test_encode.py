@@ -18,8 +18,8 @@ from rillet._encode import (
     ws_text_frames,
 )
 from rillet._events import UniEvent
-from rillet._handler import AttemptReset
 from rillet._hub import Entry
+from rillet._markers import AttemptReset
 from rillet._runevents import AnswerDelta, decode_run_event
 from rillet.frames import SSEDecoder
 from wsproto.frame_protocol import FrameProtocol, Opcode

@@ -33,8 +33,8 @@ from rillet._graph import (
     SinkBatch,
     sink_actor,
 )
-from rillet._handler import AttemptOpen, Status
 from rillet._lanes import MessageDelta, MessageStart, MessageStop, PartDelta, PartStart, RawUsage
+from rillet._markers import AttemptOpen, Status
 from rillet._runevents import RunEventBuilder
 from rillet._turn import _Log
 from rillet.providers import OpenAIChatDialect, Provider

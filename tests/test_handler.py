@@ -44,8 +44,8 @@ from rillet import (
     TurnTimeout,
 )
 from rillet._events import TextDelta, TextDone, UniEvent
-from rillet._handler import AttemptReset
 from rillet._lanes import LaneEvent, MessageStart, PartDelta
+from rillet._markers import AttemptReset
 from rillet._policy import Outcome, Policy
 from rillet._ratelimit import RateLimiter
 from rillet._request import TurnRequest, user

@@ -43,6 +43,7 @@ CORE = [
     "_budget.py",
     "_conversation.py",
     "_explain.py",
+    "_markers.py",
     *[f"providers/{p.name}" for p in sorted((PIPELINE / "providers").glob("*.py"))],
 ]
 IO = ("rillet.transports", "httpx", "httpcore", "trio", "trio_websocket", "socket", "h11")

@@ -23,8 +23,8 @@ from rillet._events import (
     stop_event,
 )
 from rillet._graph import AccumulatorActor
-from rillet._handler import AttemptReset
 from rillet._history import PlainLog, RunHistory, UniHistory
+from rillet._markers import AttemptReset
 from rillet._runevents import RunEvent, RunEventBuilder
 from rillet._turn import CallbackSink, Turn, UniItem, open_turn, run_turn
 

@@ -42,8 +42,8 @@ import pytest
 import trio
 import trio.testing
 import trio_websocket
-from rillet._handler import AttemptReset
 from rillet._hub import Hub, MemoryRunLog, SubscriberDropped
+from rillet._markers import AttemptReset
 from rillet._policy import Outcome, Policy
 from rillet._ratelimit import RateLimiter
 from rillet._runevents import AnswerDone, RunDone, RunEvent, StatusEvent, decode_run_event

@@ -29,7 +29,7 @@ from rillet._events import (
     encode_json,
     stop_event,
 )
-from rillet._handler import AttemptReset
+from rillet._markers import AttemptReset
 from rillet._policy import Outcome
 from rillet._runevents import RunDone, RunEvent, RunEventBuilder, RunStarted, decode_run_event
 from rillet.providers._base import Provider

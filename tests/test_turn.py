@@ -18,7 +18,7 @@ import trio
 import trio.testing
 from rillet import NoHistoryError
 from rillet._events import TextDone, ToolCallDone, UniEvent, encode_json
-from rillet._handler import AttemptReset
+from rillet._markers import AttemptReset
 from rillet._policy import Outcome
 from rillet._ratelimit import RateLimiter
 from rillet._runevents import (

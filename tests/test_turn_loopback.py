@@ -22,7 +22,7 @@ import pytest
 import trio
 import trio.testing
 from rillet import FrameTooLarge
-from rillet._handler import AttemptReset
+from rillet._markers import AttemptReset
 from rillet._policy import Outcome, Policy
 from rillet._ratelimit import RateLimiter
 from rillet._runevents import AnswerDelta, RunEvent

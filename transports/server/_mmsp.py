@@ -22,7 +22,7 @@ from rillet._errors import (
     TurnTimeout,
 )
 from rillet._events import UniEvent, UniMessage, encode_json
-from rillet._handler import AttemptReset
+from rillet._markers import AttemptReset
 from rillet._policy import Outcome, Policy
 from rillet._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
 from rillet._turn import SinkBatch, Turn, TurnResult, UniItem, run_turn

@@ -28,7 +28,7 @@ from rillet._events import (
     UniMessage,
     UsageMetadata,
 )
-from rillet._handler import AttemptReset
+from rillet._markers import AttemptReset
 from rillet._openai_request import BadRequest, ChatBody, chat_request, decode_chat_body
 
 from ._mmsp import mmsp_error

@@ -31,7 +31,7 @@ from rillet._events import (
     UniEvent,
     UniMessage,
 )
-from rillet._handler import AttemptReset
+from rillet._markers import AttemptReset
 from rillet._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
 
 from ._mmsp import mmsp_error
