@@ -371,13 +371,14 @@ class AccumulatorActor:
             elif type(item) is Status:
                 runs.append(builder.status(item.phase, item.attempt, item.delay))
             first += 1
-        if first < len(items):
-            events: list[UniEvent] = items[first:] if first else items  # type: ignore[assignment]
-            if not self.routes and not self.history:
-                # no sink and no reader: the run events would reach no one, only the result
-                accumulator.feed_many(events)
-                return True
-            builder.take(events, runs, accumulator)
+        events: list[UniEvent] = items[first:] if first else items  # type: ignore[assignment]
+        if not self.routes and not self.history:
+            # no sink and no reader: the run events and the logs would reach no one
+            accumulator.feed_many(events)
+            return True
+        if events:
+            accumulator.feed_many(events)
+            builder.uni_many(events, runs)
             unis += events
         if self.routes and (runs or unis):  # the sinks first: the logs' keeping can wait
             out = SinkBatch(runs, unis)
@@ -386,8 +387,6 @@ class AccumulatorActor:
                     self._owed.append((route, out))
         if not self.history:  # keep only what a sink has not been given yet
             given = self.given
-            if not given:
-                return True  # no sink, no reader (none can follow a turn without history)
             uni, run = self.uni_log, self.run_log
             uni.extend(unis)
             run.extend(runs)

@@ -270,16 +270,7 @@ class Handler:
                             moved = True
                     if batch:
                         emitted += len(batch)
-                        if hops:
-                            items: Batch = batch  # type: ignore[assignment]
-                        else:  # `_items`, inline
-                            self.events += len(batch)
-                            self.emitted_attempt = True
-                            items = batch  # type: ignore[assignment]
-                            if self._pending_reset:
-                                self._pending_reset = False
-                                items = [AttemptReset(self.attempts), *batch]
-                        offered = out.offer(items)
+                        offered = out.offer(self._items(batch))
                         if moved:  # (after the hand-over: the first delta does not wait for it)
                             reading.deadline = armed
                             moved = False
@@ -336,13 +327,13 @@ class Handler:
         """What goes downstream for `batch`: the reset it owes first, if any. (With the grammar
         downstream, it counts the events and owes the resets.)"""
         if self._hops:
-            return cast("Batch", batch)
+            return batch  # type: ignore[return-value]
         self.events += len(batch)
         self.emitted_attempt = True
         if self._pending_reset:
             self._pending_reset = False
             return [AttemptReset(self.attempts), *batch]
-        return cast("Batch", batch)
+        return batch  # type: ignore[return-value]
 
     async def _send(self, out: Outlet, batch: list[UniEvent]) -> None:
         await self._put(out, self._items(batch))

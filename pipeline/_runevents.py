@@ -40,7 +40,6 @@ from ._text import AnswerText
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from ._accumulator import Accumulator
 
 _E = TypeVar("_E", bound="_Envelope")
 
@@ -337,42 +336,6 @@ class RunEventBuilder:
                 out.append(run)
         if text is not None:
             self._answer.settle()  # a few long strings, not one per fragment
-
-    def take(self, events: list[UniEvent], out: list[RunEvent], into: Accumulator) -> None:
-        """`into.feed_many(events)` and `uni_many(events, out)` in one pass over the batch, for
-        a builder that reads that accumulator's text (`text=into.answer`): a text fragment is
-        one append to the answer and one `answer.delta`."""
-        if self._writes or into.answer is not self._answer:
-            into.feed_many(events)
-            self.uni_many(events, out)
-            return
-        run_id = self.run_id
-        elapsed = int((self._clock() - self._t0) * 1000)
-        answer = into.answer
-        text = answer.parts
-        for event in events:
-            items = event.content_items
-            if items:
-                kind = type(items[0])
-                if kind is TextDelta:
-                    fragment = items[0].text  # type: ignore[union-attr]
-                    text.append(fragment)
-                    if fragment:
-                        self._seq += 1
-                        out.append(
-                            AnswerDelta(
-                                run_id=run_id, seq=self._seq, elapsed_ms=elapsed, delta=fragment
-                            )
-                        )
-                    continue
-                if kind is ThinkingDelta and not self._reasoning:
-                    continue  # the accumulator skips it too: its `.done` is what counts
-            into.feed(event)  # (a tool fragment it skips: `feed` keeps nothing of one)
-            run = self.uni(event)
-            if run is not None:
-                out.append(run)
-        if len(text) > 256:  # a few long strings, not one per fragment
-            answer.settle()
 
     def uni(self, event: UniEvent) -> RunEvent | None:
         """The run event a UniEvent shows as, if any."""

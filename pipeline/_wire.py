@@ -162,7 +162,7 @@ class WireDecoder:
         stop are ignored."""
         if out is None:
             out = []
-        if self._lane_stop or self.grammar._stopped:
+        if self._lane_stop or self.grammar.stopped:
             return out  # the reply is over: what follows is not even framed
         split = self._split
         if split is None:

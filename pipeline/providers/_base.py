@@ -47,7 +47,6 @@ __all__ = [
     "sse_event",
     "sse_text",
     "strict_decode",
-    "strict_decode_event",
 ]
 
 Framing = Literal["sse", "ndjson", "json", "message"]
@@ -280,20 +279,6 @@ def sse_text(data: str | bytes) -> str:
     """An SSE event's data as the text an `SSEEvent` holds: bytes decoded with replacement
     characters, as the event-stream standard says."""
     return data if type(data) is str else data.decode("utf-8", "replace")  # type: ignore[union-attr]
-
-
-def strict_decode_event(
-    decoder: msgspec.json.Decoder[Any], data: str | bytes, provider: str
-) -> Any:
-    """`strict_decode` for an SSE event's data, which may come as its bytes
-    (`SSEDecoder.raw`): bytes that are not UTF-8 read as the event-stream standard says, decoded
-    with replacement characters, as they would have been in an `SSEEvent`."""
-    if type(data) is bytes:
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError:
-            data = data.decode("utf-8", "replace")
-    return strict_decode(decoder, data, provider)
 
 
 _decode_any = msgspec.json.Decoder().decode

@@ -26,7 +26,8 @@ from ._base import (
     dumps_arguments,
     error_from_body,
     sse_event,
-    strict_decode_event,
+    sse_text,
+    strict_decode,
 )
 from ._partial_args import PartialArg, StreamedCall
 
@@ -173,7 +174,7 @@ class _StreamDecoder:
         try:  # the hot path: one call into msgspec; on error, strict_decode types it
             decoded = _decode_chunk.decode(data)
         except msgspec.MsgspecError:
-            decoded = strict_decode_event(_decode_chunk, data, NAME)
+            decoded = strict_decode(_decode_chunk, sse_text(data), NAME)
         return self.chunk(decoded)
 
     def feed_frames(self, frames: list[Any], out: list[LaneEvent]) -> None:
@@ -200,7 +201,7 @@ class _StreamDecoder:
                 try:
                     chunk = decode(data)
                 except msgspec.MsgspecError:
-                    chunk = strict_decode_event(_decode_chunk, data, NAME)
+                    chunk = strict_decode(_decode_chunk, sse_text(data), NAME)
                 if lane is not None and chunk.candidates and chunk.error is None:
                     candidate = chunk.candidates[0]
                     content = candidate.content

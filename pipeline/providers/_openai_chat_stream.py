@@ -57,7 +57,7 @@ from rillet._lanes import (
     ProviderErrorEvent,
 )
 
-from ._base import ToolIds, sse_event, strict_decode, strict_decode_event
+from ._base import ToolIds, sse_event, sse_text, strict_decode
 from ._openai_chat_wire import (
     _DETAIL_TYPES,
     NAME,
@@ -149,12 +149,12 @@ class ChatStreamDecoder:
             try:  # the hot path: one call into msgspec; on error, strict_decode types it
                 chunk = _decode_frame.decode(data)
             except msgspec.MsgspecError:
-                chunk = strict_decode_event(_decode_frame, data, NAME)
+                chunk = strict_decode(_decode_frame, sse_text(data), NAME)
         else:
             try:
                 first: _Chunk = _decode_chunk.decode(data)
             except msgspec.MsgspecError:
-                first = strict_decode_event(_decode_chunk, data, NAME)
+                first = strict_decode(_decode_chunk, sse_text(data), NAME)
             if first.id or first.model:
                 self._started = True
                 out.append(MessageStart(first.id or "", first.model or ""))
@@ -197,7 +197,7 @@ class ChatStreamDecoder:
                 try:
                     chunk = decode(data)
                 except msgspec.MsgspecError:
-                    chunk = strict_decode_event(_decode_frame, data, NAME)
+                    chunk = strict_decode(_decode_frame, sse_text(data), NAME)
                 choices = chunk.choices
                 if choices:
                     choice = choices[0]
