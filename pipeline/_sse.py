@@ -131,9 +131,19 @@ class SSEDecoder:
                 chunk = chunk[3:]
         if not chunk:
             return []
+        blocks: list[bytes] | None = None
         if 0x0D in chunk:
-            self._skip_lf = chunk[-1] == 0x0D
-            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+            if not self._held_lf and not self._in_comment:
+                # CRLF throughout (Gemini's): where no line end but the blank lines' is in
+                # the chunk, cutting at "\r\n\r\n" gives the very blocks normalising would
+                blocks = chunk.split(b"\r\n\r\n")
+                for block in blocks:
+                    if 0x0D in block or 0x0A in block:
+                        blocks = None
+                        break
+            if blocks is None:
+                self._skip_lf = chunk[-1] == 0x0D
+                chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         if self._in_comment:  # the rest of a comment line: dropped up to its end
             nl = chunk.find(b"\n")
             if nl < 0:
@@ -144,8 +154,9 @@ class SSEDecoder:
             if not chunk:
                 return []
         held = self._held
-        # split first: looking for a blank line before splitting at them scans the bytes twice
-        blocks = chunk.split(b"\n\n")
+        if blocks is None:
+            # split first: a search for a blank line before the split scans the bytes twice
+            blocks = chunk.split(b"\n\n")
         if len(blocks) == 1 and not (self._held_lf and chunk[0] == 0x0A):
             # no block ends here: hold the piece (joined once when the block ends, so a long
             # event arriving in many small chunks costs linear time), without its comment lines

@@ -670,3 +670,49 @@ def test_raw_hands_a_one_line_event_on_as_its_data_bytes() -> None:
     as_events = [SSEEvent(g.decode("utf-8", "replace")) for g in got[:2]]
     assert [*as_events, SSEEvent(got[2][1].decode(), got[2][0])] == want[:3]
     assert (raw.frames, raw.last_event_id) == (plain.frames, plain.last_event_id) == (5, "7")
+
+
+CRLF_BLOCKS = st.sampled_from(
+    [
+        b'data: {"a": "\xc3\xa9"}',
+        b"data: x",
+        b"data:",
+        b"event: e\r\ndata: y",
+        b"id: 3\r\ndata: z",
+        b": ping",
+        b": data: not an event",
+        b"retry: 5",
+        b"data: \xff",
+    ]
+)
+# mostly the CRLF blank line of a CRLF stream, now and then another line end or blank line
+CRLF_ENDS = st.sampled_from([b"\r\n\r\n"] * 8 + [b"\n\n", b"\r\r", b"\r\n\n", b"\n\r\n", b"\r\n"])
+
+
+def _counts(chunks: list[bytes]) -> list[int]:
+    """How many events had come out after each chunk."""
+    decoder = SSEDecoder()
+    counts, n = [], 0
+    for chunk in chunks:
+        n += len(decoder.feed(chunk))
+        counts.append(n)
+    return counts
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(blocks=st.lists(st.tuples(CRLF_BLOCKS, CRLF_ENDS), max_size=30), data=st.data())
+def test_crlf_streams_read_alike_in_any_chunking(
+    blocks: list[tuple[bytes, bytes]], data: st.DataObject
+) -> None:
+    # chunks of whole CRLF blocks take a step of their own; one byte at a time never does
+    stream = b"".join(block + end for block, end in blocks)
+    reference = _outcome(bytewise(stream))
+    assert _outcome([stream]) == reference
+    chunks = _split(stream, data.draw(st.lists(st.integers(0, len(stream)), max_size=12)))
+    assert _outcome(chunks) == reference
+    # and each event comes out with the chunk that completes it, as byte by byte
+    by_byte = [0, *_counts(bytewise(stream))]  # after 0, 1, 2, ... bytes
+    ends = [sum(len(c) for c in chunks[: i + 1]) for i in range(len(chunks))]
+    assert _counts(chunks) == [by_byte[end] for end in ends]
+    for cut in range(len(stream) + 1):
+        assert _counts([stream[:cut], stream[cut:]]) == [by_byte[cut], by_byte[-1]]
