@@ -8,6 +8,8 @@ events and the result read too). `reset()` voids an attempt that is being retrie
 
 from __future__ import annotations
 
+from typing import Any
+
 from ._events import (
     ContentItem,
     EmbeddingDone,
@@ -24,6 +26,7 @@ from ._events import (
     UniMessage,
     UsageMetadata,
 )
+from ._markers import DeltaRun
 from ._text import AnswerText
 
 __all__ = ["Accumulator"]
@@ -75,7 +78,8 @@ class Accumulator:
                     self.answer.adopt(item.text)  # the same text: keep one copy of it
 
     def feed_many(self, events: list[UniEvent]) -> None:
-        """Take a batch of UniEvents, in order."""
+        """Take a batch of UniEvents, in order (or runs of deltas standing for them, from a
+        grammar that releases runs)."""
         answer = self.answer
         text = answer.parts
         for event in events:
@@ -86,6 +90,12 @@ class Accumulator:
                     text.append(items[0].text)  # type: ignore[union-attr]
                     continue
                 if kind in _SKIPPED:
+                    continue
+            else:
+                run: Any = event
+                if type(run) is DeltaRun:  # (a grammar's `runs`): its strings, if text
+                    if run.kind == "text":
+                        text += run.values
                     continue
             self.feed(event)
         if len(text) > 256:  # a few long strings, not one per fragment

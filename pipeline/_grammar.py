@@ -75,6 +75,7 @@ from ._lanes import (
     ProviderErrorEvent,
     RawUsage,
 )
+from ._markers import DeltaRun
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -195,6 +196,10 @@ class Grammar:
     `IncompleteStreamError`; a reply of thinking only raises `EmptyResponseError`; a closed tool
     call whose arguments do not parse raises `ToolCallArgumentParseError` in place of its `.done`.
     After any error the grammar is spent.
+
+    With `runs` on, a run of fragments for the lane streaming now (`PartRun`) comes out as one
+    `DeltaRun` standing for its deltas, for a reader that wants only their strings; `folded`
+    counts the UniEvents those stood for beyond one each.
     """
 
     __slots__ = (
@@ -206,13 +211,17 @@ class Grammar:
         "_started",
         "_stopped",
         "_usage",
+        "folded",
         "message_id",
         "model",
         "provider",
+        "runs",
     )
 
     def __init__(self, provider: str, *, clock: Callable[[], int] = wall_clock_ms) -> None:
         self.provider = provider
+        self.runs = False  # release a run of fragments as one `DeltaRun` (`feed_many`)
+        self.folded = 0  # the UniEvents the `DeltaRun`s released so far stand for, less one each
         self._clock = clock
         self._lanes: dict[tuple[str, int], _Lane] = {}
         self._queue: deque[_Lane] = deque()
@@ -321,7 +330,10 @@ class Grammar:
                 if head.index == event.index and kind == event.kind and all(values):
                     if now < 0:
                         now = self._clock()
-                    if kind == "text":
+                    if self.runs and (kind != "tool_call" or head.started):
+                        out.append(DeltaRun(kind, values))  # type: ignore[arg-type]
+                        self.folded += len(values) - 1
+                    elif kind == "text":
                         out += [
                             UniEvent(
                                 event_type="delta",

@@ -120,6 +120,7 @@ class ChannelOutlet:
 
     send: trio.MemorySendChannel[Batch]
     grammar_downstream: bool = True
+    wants_deltas: bool = True
     failed: bool = False
     _owed: list[Batch] = attrs.field(factory=list)
 
@@ -351,6 +352,12 @@ class AccumulatorActor:
     grammar_downstream = False  # as the source's outlet: it takes checked UniEvents
     failed = False
 
+    @property
+    def wants_deltas(self) -> bool:
+        """Whether a sink or the logs read the deltas: with neither, the accumulator alone
+        reads them, and only their strings (the source may send `DeltaRun`s)."""
+        return bool(self.routes) or self.history
+
     async def settle(self, *, close: bool) -> Verdict:
         """Never called: the grammar runs in the source (`grammar_downstream` is False)."""
         raise NotImplementedError
@@ -362,7 +369,7 @@ class AccumulatorActor:
         unis: list[UniItem] = []
         # markers (a reset, a status) come first in a batch (`Outlet`), UniEvents after them
         first = 0
-        while first < len(items) and type(items[first]) is not UniEvent:
+        while first < len(items):
             item = items[first]
             if type(item) is AttemptReset:
                 accumulator.reset()
@@ -370,10 +377,13 @@ class AccumulatorActor:
                 runs.append(builder.reset(item.attempt))
             elif type(item) is Status:
                 runs.append(builder.status(item.phase, item.attempt, item.delay))
+            else:
+                break
             first += 1
         events: list[UniEvent] = items[first:] if first else items  # type: ignore[assignment]
         if not self.routes and not self.history:
-            # no sink and no reader: the run events and the logs would reach no one
+            # no sink and no reader: the run events and the logs would reach no one (and runs
+            # of deltas may stand for the deltas, `wants_deltas`)
             accumulator.feed_many(events)
             return True
         if events:

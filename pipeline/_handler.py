@@ -193,6 +193,8 @@ class Handler:
             provider=self.provider.label,
             grammar=not hops,
         )
+        grammar = decoder.grammar
+        grammar.runs = runs = not hops and not out.wants_deltas  # (`DeltaRun`)
         clock = trio.lowlevel.current_clock().current_time  # `trio.current_time`, one call fewer
         sent_at = clock()
         deadline = min(sent_at + policy.initial_event_timeout, self._total_deadline)
@@ -269,8 +271,12 @@ class Handler:
                             armed = due  # set on the scope once the batch is handed on
                             moved = True
                     if batch:
-                        emitted += len(batch)
-                        offered = out.offer(self._items(batch))
+                        count = len(batch)
+                        if runs:  # the UniEvents its `DeltaRun`s stand for
+                            count += grammar.folded
+                            grammar.folded = 0
+                        emitted += count
+                        offered = out.offer(self._items(batch, count))
                         if moved:  # (after the hand-over: the first delta does not wait for it)
                             reading.deadline = armed
                             moved = False
@@ -323,12 +329,13 @@ class Handler:
         self.requests += 1
         self.started.set()
 
-    def _items(self, batch: list[UniEvent]) -> Batch:
-        """What goes downstream for `batch`: the reset it owes first, if any. (With the grammar
-        downstream, it counts the events and owes the resets.)"""
+    def _items(self, batch: list[UniEvent], count: int) -> Batch:
+        """What goes downstream for `batch`, which stands for `count` UniEvents: the reset it
+        owes first, if any. (With the grammar downstream, it counts the events and owes the
+        resets.)"""
         if self._hops:
             return batch  # type: ignore[return-value]
-        self.events += len(batch)
+        self.events += count
         self.emitted_attempt = True
         if self._pending_reset:
             self._pending_reset = False
@@ -336,7 +343,7 @@ class Handler:
         return batch  # type: ignore[return-value]
 
     async def _send(self, out: Outlet, batch: list[UniEvent]) -> None:
-        await self._put(out, self._items(batch))
+        await self._put(out, self._items(batch, len(batch)))
 
     async def _put(self, out: Outlet, items: Batch) -> None:
         """Send downstream. Time spent blocked on a slow consumer is backpressure, not the

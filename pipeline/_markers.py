@@ -4,7 +4,7 @@ it sends its batches to (`Outlet`, with the grammar's `Verdict` on an attempt). 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import msgspec
 
@@ -13,7 +13,16 @@ from ._events import UniEvent
 if TYPE_CHECKING:
     from ._errors import RilletError
 
-__all__ = ["AttemptOpen", "AttemptReset", "Batch", "Item", "Outlet", "Status", "Verdict"]
+__all__ = [
+    "AttemptOpen",
+    "AttemptReset",
+    "Batch",
+    "DeltaRun",
+    "Item",
+    "Outlet",
+    "Status",
+    "Verdict",
+]
 
 
 class AttemptReset(msgspec.Struct, frozen=True, gc=False):
@@ -37,7 +46,20 @@ class AttemptOpen(msgspec.Struct, frozen=True, gc=False):
     attempt: int
 
 
-Item = UniEvent | AttemptReset | Status
+class DeltaRun(msgspec.Struct, frozen=True, gc=False):
+    """A run of one lane's fragments, standing for their delta UniEvents (one per string):
+    what the grammar releases (`Grammar.runs`) to a turn whose only reader is its accumulator
+    (no sink, no handle), which reads the strings and would drop the UniEvents. Its
+    `event_type` and empty `content_items` send it down `Accumulator.feed_many`'s slow path,
+    to `Accumulator.feed`, which reads it."""
+
+    kind: str  # the lane's kind: text, thinking or tool_call
+    values: list[str]
+    event_type: ClassVar[str] = "delta"
+    content_items: ClassVar[tuple[()]] = ()
+
+
+Item = UniEvent | AttemptReset | Status | DeltaRun
 Batch = list[Item]
 
 
@@ -66,6 +88,12 @@ class Outlet(Protocol):
 
     grammar_downstream: bool
     failed: bool
+
+    @property
+    def wants_deltas(self) -> bool:
+        """Whether anything reads the delta UniEvents; if not, runs of them will do
+        (`DeltaRun`)."""
+        ...
 
     def offer(self, items: Batch) -> bool:
         """Take the batch; False if part of it waits for room downstream."""
