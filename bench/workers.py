@@ -59,7 +59,7 @@ from rillet.transports.server import Limits, ServerConfig
 from rillet.transports.server._workers import supervise
 from rillet.transports.testing import openai_text_stream
 
-from .fanout import raise_fd_limit
+from .fanout_load import raise_fd_limit
 from .redis_hub import local_redis
 
 if TYPE_CHECKING:
