@@ -110,6 +110,7 @@ from ._lanes import Ping as Ping
 from ._lanes import ProviderErrorEvent as ProviderErrorEvent
 from ._lanes import RawUsage as RawUsage
 from ._markers import AttemptReset as AttemptReset
+from ._markers import DeltaRun as DeltaRun
 from ._markers import Status as Status
 from ._policy import Outcome as Outcome
 from ._policy import Policy as Policy
@@ -186,6 +187,7 @@ __all__ = [
     "CursorExpired",
     "CursorInvalid",
     "DeltaItem",
+    "DeltaRun",
     "DoneItem",
     "EmbeddingDelta",
     "EmbeddingDone",

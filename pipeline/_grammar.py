@@ -35,13 +35,11 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
+from ._arguments import parse_arguments
 from ._errors import (
     EmptyResponseError,
     IncompleteStreamError,
     StreamProtocolError,
-    ToolCallArgumentParseError,
 )
 from ._events import (
     EmbeddingDelta,
@@ -100,31 +98,6 @@ _NO_USAGE = UsageMetadata(
     cached_tokens=None, prompt_tokens=None, thoughts_tokens=None, response_tokens=None
 )
 _THINKING_KINDS = frozenset({"thinking", "inline_thinking"})
-_decode_arguments = msgspec.json.Decoder().decode
-
-_TOO_DEEP = object()
-MAX_ARGUMENT_DEPTH = 128
-"""Tool arguments nested deeper than this are refused (`ToolCallArgumentParseError`): every
-JSON encoder downstream (the MMSP endpoint, JSONL, run events) must be able to write them back
-without running out of stack."""
-
-
-def _too_deep(raw: str, parsed: Any) -> bool:
-    """Whether parsed tool arguments nest deeper than `MAX_ARGUMENT_DEPTH`. The text is counted
-    first (in C): arguments with fewer brackets than the limit cannot be that deep."""
-    if raw.count("{") + raw.count("[") <= MAX_ARGUMENT_DEPTH:
-        return False
-    level: list[Any] = [parsed] if isinstance(parsed, dict | list) else []
-    for _ in range(MAX_ARGUMENT_DEPTH):  # after n rounds: the containers n levels down
-        level = [
-            child
-            for node in level
-            for child in (node.values() if isinstance(node, dict) else node)
-            if isinstance(child, dict | list)
-        ]
-        if not level:
-            return False
-    return True
 
 
 def map_finish_reason(raw: str) -> FinishReason:
@@ -522,28 +495,7 @@ class Grammar:
         return UniEvent(event_type="delta", content_items=[item], created_at=self._clock())
 
     def _parse_arguments(self, lane: _Lane) -> dict[str, Any]:
-        raw = "".join(lane.chunks)
-        try:
-            parsed = _decode_arguments(raw or "{}")
-        except msgspec.DecodeError as exc:
-            raise ToolCallArgumentParseError(
-                self.provider, lane.name, lane.call_id, raw, str(exc)
-            ) from None
-        except RecursionError:
-            parsed = _TOO_DEEP  # nested past what the decoder can follow: refused below
-        if parsed is _TOO_DEEP or _too_deep(raw, parsed):
-            raise ToolCallArgumentParseError(
-                self.provider,
-                lane.name,
-                lane.call_id,
-                raw,
-                f"Nested deeper than {MAX_ARGUMENT_DEPTH} levels.",
-            )
-        if not isinstance(parsed, dict):
-            raise ToolCallArgumentParseError(
-                self.provider, lane.name, lane.call_id, raw, "Expected a JSON object."
-            )
-        return parsed
+        return parse_arguments("".join(lane.chunks), self.provider, lane.name, lane.call_id)
 
     # --- the message ----------------------------------------------------------------------------
 

@@ -15,10 +15,9 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from rillet import WireDecoder
+from rillet import DeltaRun, WireDecoder
 from rillet._events import TextDelta, ThinkingDelta, ToolCallDelta, UniEvent
 from rillet._grammar import Grammar
-from rillet._markers import DeltaRun
 from rillet._policy import Outcome
 from rillet._ratelimit import RateLimiter
 from rillet._turn import Turn, TurnResult, run_turn

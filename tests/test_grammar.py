@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import pytest
+import rillet._arguments as arguments_module
 import rillet._grammar as grammar_module
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -383,13 +384,13 @@ def test_tool_arguments_are_parsed_from_the_joined_string(
 
 def test_tool_arguments_are_parsed_once(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[Any] = []
-    decode = grammar_module._decode_arguments
+    decode = arguments_module._decode_arguments
 
     def counting(raw: Any) -> Any:
         calls.append(raw)
         return decode(raw)
 
-    monkeypatch.setattr(grammar_module, "_decode_arguments", counting)
+    monkeypatch.setattr(arguments_module, "_decode_arguments", counting)
     run([*tool_lane(0, "f", "c", '{"a', '": ', "1}"), *tool_lane(1, "g", "d", ""), *END])
     assert calls == ['{"a": 1}', "{}"]
 

@@ -46,6 +46,7 @@ from rillet import (
     WireDecoder,
     encode_json,
 )
+from rillet._arguments import MAX_ARGUMENT_DEPTH
 from rillet._events import (
     EmbeddingDone,
     TextDelta,
@@ -54,7 +55,6 @@ from rillet._events import (
     UniEvent,
     delta_event,
 )
-from rillet._grammar import MAX_ARGUMENT_DEPTH
 from rillet._policy import Outcome
 from rillet._request import TurnRequest, user
 from rillet._runevents import AnswerDelta, RunDone
