@@ -528,9 +528,10 @@ async def test_providers_lists_each_default_model_and_masks_keys() -> None:
 
 
 def test_serve_route_names_provider_kinds() -> None:
-    from rillet._cli import CliError, _route_kinds
+    from rillet._cli import CliError
+    from rillet._cliserve import route_kinds
 
-    assert _route_kinds("") == ()
-    assert _route_kinds("anthropic, gemini") == ("anthropic", "gemini")
+    assert route_kinds("") == ()
+    assert route_kinds("anthropic, gemini") == ("anthropic", "gemini")
     with pytest.raises(CliError, match="unknown provider kind 'nope'"):
-        _route_kinds("anthropic,nope")
+        route_kinds("anthropic,nope")
