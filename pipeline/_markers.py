@@ -47,15 +47,14 @@ class AttemptOpen(msgspec.Struct, frozen=True, gc=False):
 
 
 class DeltaRun(msgspec.Struct, frozen=True, gc=False):
-    """A run of one lane's fragments, standing for their delta UniEvents (one per string):
-    what the grammar releases (`Grammar.runs`) to a turn whose only reader is its accumulator
-    (no sink, no handle), which reads the strings and would drop the UniEvents. Its
-    `event_type` and empty `content_items` send it down `Accumulator.feed_many`'s slow path,
-    to `Accumulator.feed`, which reads it."""
+    """A run of one lane's fragments, standing for their delta UniEvents (one per string): what
+    a `Grammar` with `runs` on releases for the lane streaming now. A turn asks for it when its
+    accumulator is its only reader (no sink, no handle): `Accumulator.feed_many` reads the
+    strings, and the turn counts the UniEvents the run stands for. Its `content_items` is empty,
+    so a reader of UniEvents that is handed one finds nothing in it to read as an item."""
 
     kind: str  # the lane's kind: text, thinking or tool_call
     values: list[str]
-    event_type: ClassVar[str] = "delta"
     content_items: ClassVar[tuple[()]] = ()
 
 
