@@ -14,6 +14,7 @@ import re
 import resource
 import select
 import socket
+import struct
 import sys
 import time
 from array import array
@@ -22,7 +23,15 @@ from typing import Any
 import trio
 from rillet.transports.testing import openai_text_stream
 
-__all__ = ["SPARE_FDS", "cpu_seconds", "provide", "raise_fd_limit", "subscribe"]
+__all__ = [
+    "SO_TIMESTAMPNS",
+    "SPARE_FDS",
+    "cpu_seconds",
+    "kernel_arrival",
+    "provide",
+    "raise_fd_limit",
+    "subscribe",
+]
 
 SPARE_FDS = 64  # besides one per subscriber: listeners, the provider, files, the child
 
@@ -36,6 +45,24 @@ def raise_fd_limit(wanted: int) -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         soft = target
     return soft
+
+
+SO_TIMESTAMPNS: int | None = getattr(
+    socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None
+)
+"""The socket option that has the kernel stamp each read's arrival (None where it is unknown)."""
+_TIMESPEC = struct.Struct("qq")  # struct timespec
+
+
+def kernel_arrival(ancillary: list[tuple[int, int, bytes]]) -> int:
+    """The kernel's receive timestamp (ns, CLOCK_REALTIME, `time.time_ns()`'s clock) of a read
+    made with `recvmsg` on a socket with `SO_TIMESTAMPNS` set, or 0. On loopback the kernel
+    stamps a segment inside the sender's `send`; for a read of several, the last one's."""
+    for level, kind, value in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+            seconds, nanos = _TIMESPEC.unpack(value[: _TIMESPEC.size])
+            return int(seconds) * 1_000_000_000 + int(nanos)
+    return 0
 
 
 def cpu_seconds() -> float:

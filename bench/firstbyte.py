@@ -28,7 +28,6 @@ from __future__ import annotations
 import functools
 import socket
 import ssl
-import struct
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ from rillet import open_turn, run_turn
 from rillet.providers import OpenAIChatDialect, Provider, Secret
 
 from .contestants import request
+from .fanout_load import SO_TIMESTAMPNS, kernel_arrival
 from .latency import Samples
 from .wire import first_delta_stream
 
@@ -61,10 +61,6 @@ __all__ = [
 FIRSTBYTE_CONTESTANTS = ("trio", "run_turn", "open_turn")
 FIRSTBYTE_CASES = ("cold", "warm")
 _WARMUP = 10
-_SO_TIMESTAMPNS: int | None = getattr(
-    socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None
-)
-_STAMP = struct.Struct("qq")  # struct timespec
 
 
 def reply_bytes() -> bytes:
@@ -155,9 +151,9 @@ def _serve() -> None:
 async def _server_main() -> None:
     listener = trio.socket.socket()
     kernel = False
-    if _SO_TIMESTAMPNS is not None:
+    if SO_TIMESTAMPNS is not None:
         try:  # accepted sockets inherit it
-            listener.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+            listener.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
             kernel = True
         except OSError:
             pass
@@ -194,7 +190,7 @@ async def _connection(
             if not piece:
                 return
             if not data:
-                stamp = _arrival(ancillary) if kernel else 0
+                stamp = kernel_arrival(ancillary) if kernel else 0
                 if not stamp:
                     stamp = time.time_ns()
             data += piece
@@ -206,15 +202,6 @@ async def _connection(
                     await _send_all(conn, reply)
                 except OSError:
                     return
-
-
-def _arrival(ancillary: list[tuple[int, int, bytes]]) -> int:
-    """The kernel's receive timestamp (ns, CLOCK_REALTIME) of a read, or 0."""
-    for level, kind, value in ancillary:
-        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
-            seconds, nanos = _STAMP.unpack(value[: _STAMP.size])
-            return int(seconds) * 1_000_000_000 + int(nanos)
-    return 0
 
 
 async def _send_all(conn: trio.socket.SocketType, data: bytes) -> None:

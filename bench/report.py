@@ -358,6 +358,13 @@ def workers_markdown(section: dict[str, Any]) -> str:
     def ms(value: float) -> str:
         return "–" if value is None or math.isnan(value) else f"{value:.1f}"
 
+    paced = [p for p in section["phases"] if p["phase"] != "saturation"]
+    stamped = bool(paced) and all(p.get("kernel_stamps") for p in paced)
+    arrival = (
+        "the kernel's receive timestamp of the read (`SO_TIMESTAMPNS`)"
+        if stamped
+        else "`recv` (no kernel timestamps here)"
+    )
     rows = [
         "## Workers",
         "",
@@ -366,7 +373,7 @@ def workers_markdown(section: dict[str, Any]) -> str:
         "in one process of plain sockets and epoll that counts events with `bytes.count` and",
         "parses nothing else. Saturation: every run's fragments sent at once, deliveries/s =",
         "events received / (last `run.done` - provider start). Paced: one run at the stream's",
-        "rate, delay = `recv` - the provider's scheduled send of that event (one monotonic",
+        f"rate, delay = {arrival} - the provider's scheduled send of that event (one monotonic",
         "clock), the first event of each read timed (the read's oldest). CPU as a share of one",
         f"core; the machine has {section['cpus']} (load average {section['load']:.1f} before).",
         "",

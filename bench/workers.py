@@ -18,9 +18,13 @@ process, `--client`: plain sockets and epoll). Two phases per worker count:
   subscribers / (last `run.done` received - the provider's start). No subscriber can be
   dropped: a run's events (≈ `events`) stay within the hub's 1,024-event allowance.
 - paced: one run, `paced` WS + `paced` SSE subscribers, `rate` events/s on the provider's fixed
-  schedule: delay = the `recv` that brought an event minus the time the provider's schedule
-  sent it (`t0 + k/rate`; both processes read the same monotonic clock), so it spans provider,
-  worker, Redis, the worker serving the subscriber and the kernel.
+  schedule: delay = the arrival of the read that brought an event minus the time the
+  provider's schedule sent it (`t0 + k/rate`; both processes read the same monotonic clock),
+  so it spans provider, worker, Redis, the worker serving the subscriber and the kernel. The
+  arrival is the kernel's receive timestamp of the read (`SO_TIMESTAMPNS`, the last segment's
+  for a read of several, taken on loopback inside the worker's `send`), not the moment this
+  one process got round to that socket among 2,000 ready ones: a subscriber of its own would
+  have read it then. Where the kernel gives no stamp, it is the `recv` (the table says so).
 
 The load generator is kept cheap, since it shares the two cores with what it measures: one
 `recv_into` per readable socket into one buffer, events counted with `bytes.count` of the
@@ -59,11 +63,11 @@ from rillet.transports.server import Limits, ServerConfig
 from rillet.transports.server._workers import supervise
 from rillet.transports.testing import openai_text_stream
 
-from .fanout_load import raise_fd_limit
+from .fanout_load import SO_TIMESTAMPNS, kernel_arrival, raise_fd_limit
 from .redis_hub import local_redis
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
 __all__ = ["WorkersPhase", "WorkersResult", "run_phase", "run_workers"]
 
@@ -95,6 +99,7 @@ class WorkersPhase:
     rounds: list[float] = attrs.field(factory=list)  # deliveries/s of each round
     fewest: int = 0  # the fewest and most events a subscriber that finished got
     most: int = 0
+    kernel_stamps: bool = False  # paced: arrivals are the kernel's receive timestamps
 
 
 @attrs.define
@@ -232,6 +237,10 @@ def _client(spec: dict[str, Any]) -> dict[str, Any]:
     print("ready", flush=True)
     _, t0_text, rate_text, offset_text = sys.stdin.readline().split()
     t0, rate, offset = float(t0_text), float(rate_text), int(offset_text)
+    # paced: a read's arrival is the kernel's stamp of it (the socket's, not when this one
+    # process got round to it among 2,000), on the monotonic clock the schedule is on
+    stamped = bool(rate) and _stamp_arrivals(socks.values())
+    realtime = time.time_ns() - time.monotonic_ns()  # CLOCK_REALTIME - CLOCK_MONOTONIC
     cpu = _cpu()
     poller = select.epoll()
     delivered = 0
@@ -251,13 +260,18 @@ def _client(spec: dict[str, Any]) -> dict[str, Any]:
     while socks and time.monotonic() < deadline:
         for fd, _ in poller.poll(0.5):
             sock = socks[fd]
+            arrival = 0
             try:
-                size = sock.recv_into(buffer)
+                if stamped:
+                    size, ancillary, _, _ = sock.recvmsg_into([buffer], 64)
+                    arrival = kernel_arrival(ancillary)
+                else:
+                    size = sock.recv_into(buffer)
             except BlockingIOError:
                 continue
             except OSError:
                 size = 0
-            now = time.monotonic()
+            now = (arrival - realtime) / 1e9 if arrival else time.monotonic()
             chunk = tails[fd] + bytes(view[:size])
             count = chunk.count(_MARK)
             delivered += count
@@ -282,6 +296,7 @@ def _client(spec: dict[str, Any]) -> dict[str, Any]:
         sock.close()
     delays.sort()
     return {
+        "kernel_stamps": stamped,
         "delivered": delivered,
         "done": done,
         "seconds": last - t0,
@@ -292,6 +307,18 @@ def _client(spec: dict[str, Any]) -> dict[str, Any]:
         "fewest": min(finished_counts, default=0),  # -1: one ended without `run.done`
         "most": max(finished_counts, default=0),
     }
+
+
+def _stamp_arrivals(socks: Iterable[socket.socket]) -> bool:
+    """Have the kernel stamp every read's arrival on these sockets; False if it cannot."""
+    if SO_TIMESTAMPNS is None:
+        return False
+    try:
+        for sock in socks:
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    except OSError:
+        return False
+    return True
 
 
 def _rank(ordered: list[float], p: float) -> float:
@@ -416,6 +443,7 @@ async def run_phase(
             spread=spread,
             fewest=found["fewest"],
             most=found["most"],
+            kernel_stamps=found["kernel_stamps"],
         )
     finally:
         with trio.CancelScope(shield=True):
