@@ -303,7 +303,11 @@ class Grammar:
                 if head.index == event.index and kind == event.kind and all(values):
                     if now < 0:
                         now = self._clock()
-                    if self.runs and (kind != "tool_call" or head.started):
+                    if self.runs and (
+                        kind == "text"
+                        or kind == "thinking"
+                        or (kind == "tool_call" and head.started)
+                    ):  # the kinds the UniEvents below are made for; any other goes the slow way
                         out.append(DeltaRun(kind, values))  # type: ignore[arg-type]
                         self.folded += len(values) - 1
                     elif kind == "text":

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from rillet import DeltaRun, WireDecoder
+from rillet import DeltaRun, LaneKind, WireDecoder
 from rillet._events import TextDelta, ThinkingDelta, ToolCallDelta, UniEvent
 from rillet._grammar import Grammar
 from rillet._policy import Outcome
@@ -219,3 +219,35 @@ async def test_a_turn_with_no_reader_ends_as_one_with_a_reader(
         assert decoders
         assert not any(d.grammar.runs for d in decoders)
         assert not any(type(item) is DeltaRun for d in decoders for item in d.released)
+
+
+@pytest.mark.parametrize("kind", ["inline_data", "inline_thinking", "embedding"])
+def test_a_run_of_another_kind_goes_the_slow_way(kind: LaneKind) -> None:
+    from rillet._lanes import MessageDelta, MessageStart, MessageStop, PartRun, PartStart, PartStop
+
+    lanes: list[Any] = [
+        MessageStart("m", "model"),
+        PartStart(index=0, kind="text"),
+        PartRun(0, "text", ["a", "b"]),
+        PartStop(0, "text"),
+        PartStart(index=1, kind=kind, mime_type="image/png"),
+        PartRun(1, kind, ["x", "y"]),
+        PartStop(1, kind),
+        MessageDelta(finish_reason="stop"),
+        MessageStop(),
+    ]
+    released: dict[bool, tuple[list[Any], str]] = {}
+    for runs in (False, True):
+        grammar = Grammar("test", clock=lambda: 0)
+        grammar.runs = runs
+        out: list[Any] = []
+        error = ""
+        try:
+            grammar.feed_many(lanes, out)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        released[runs] = (out, error)
+    with_runs, error = released[True]
+    # the text run folds; the other kind's run is read as its fragments, as without runs
+    assert with_runs[0] == DeltaRun("text", ["a", "b"])
+    assert (expand(with_runs), error) == released[False]
