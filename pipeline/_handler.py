@@ -195,6 +195,7 @@ class Handler:
         )
         grammar = decoder.grammar
         grammar.runs = runs = not hops and not out.wants_deltas  # (`DeltaRun`)
+        folded = 0  # `grammar.folded` as last counted
         clock = trio.lowlevel.current_clock().current_time  # `trio.current_time`, one call fewer
         sent_at = clock()
         deadline = min(sent_at + policy.initial_event_timeout, self._total_deadline)
@@ -273,8 +274,8 @@ class Handler:
                     if batch:
                         count = len(batch)
                         if runs:  # the UniEvents its `DeltaRun`s stand for
-                            count += grammar.folded
-                            grammar.folded = 0
+                            count += grammar.folded - folded
+                            folded = grammar.folded
                         emitted += count
                         offered = out.offer(self._items(batch, count))
                         if moved:  # (after the hand-over: the first delta does not wait for it)
