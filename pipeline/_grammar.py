@@ -263,7 +263,7 @@ class Grammar:
         if self.stopped:
             return  # the reply is over: the batch is ignored
         queue = self._queue
-        now = -1  # the batch's stamp, read once: its events arrived together
+        now = -1  # the batch's stamp, read once (when a UniEvent needs it): they came together
         for event in events:
             if type(event) is PartDelta and queue:
                 head = queue[0]
@@ -301,8 +301,6 @@ class Grammar:
                 kind = head.kind
                 values = event.values
                 if head.index == event.index and kind == event.kind and all(values):
-                    if now < 0:
-                        now = self._clock()
                     if self.runs and (
                         kind == "text"
                         or kind == "thinking"
@@ -311,6 +309,8 @@ class Grammar:
                         out.append(DeltaRun(kind, values))  # type: ignore[arg-type]
                         self.folded += len(values) - 1
                     elif kind == "text":
+                        if now < 0:  # (a run needs no stamp: it is read here, for UniEvents)
+                            now = self._clock()
                         out += [
                             UniEvent(
                                 event_type="delta",
@@ -320,6 +320,8 @@ class Grammar:
                             for v in values
                         ]
                     elif kind == "thinking":
+                        if now < 0:
+                            now = self._clock()
                         out += [
                             UniEvent(
                                 event_type="delta",
@@ -329,6 +331,8 @@ class Grammar:
                             for v in values
                         ]
                     elif kind == "tool_call" and head.started:
+                        if now < 0:
+                            now = self._clock()
                         out += [
                             UniEvent(
                                 event_type="delta",

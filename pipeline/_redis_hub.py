@@ -1,18 +1,12 @@
 """Run logs on Redis Streams: every server sharing one Redis serves every run's subscribers.
 
-Layout, one hash slot per run (the `{<run_id>}` hash tag keeps a run's keys together on a
-Redis Cluster):
-
-- `rillet:{<run_id>}:run`, a hash: `state` (`open`, then `done`) and `access` (the hex digest
-  of the run's reader token, so any server can authorize the run's readers).
-- `rillet:{<run_id>}:log`, the stream. Entry `<seq>-0` holds the event's JSON, encoded once, in
-  field `e`: an SSE `Last-Event-ID` is a stream cursor, and Redis itself refuses a duplicate or
-  out-of-order entry id, so a second producer of a run fails (`AppendConflict`).
-
-An append is one Lua call per batch (the run must be open and the seqs must continue the stream;
-`XADD ... MAXLEN ~ max_events` per entry; the TTLs refreshed): atomic and one round trip. An open
-run expires `open_ttl` seconds after its last append (a producer that died leaves nothing behind
-for long); its `run.done` sets both keys to expire after `retention`.
+A run is two keys in one hash slot, a hash and a stream (`_redis_log` holds the layout and the
+scripts). An append is one Lua call per batch (the run must be open and the seqs must continue
+the stream; `XADD ... MAXLEN ~ max_events` per entry; the TTLs refreshed): atomic and one round
+trip, and Redis itself refuses a duplicate or out-of-order entry id, so a second producer of a
+run fails (`AppendConflict`). An open run expires `open_ttl` seconds after its last append (a
+producer that died leaves nothing behind for long); its `run.done` sets both keys to expire
+after `retention`.
 
 Fan-out: for each run that has subscribers here, the hub keeps ONE tail, an `XREAD BLOCK` loop, and
 a window of the newest entries in memory; its subscribers are cursors into that window, with the
@@ -46,6 +40,7 @@ import trio
 from coredis.exceptions import RedisError, ResponseError
 from coredis.retry import NoRetryPolicy
 
+from . import _redis_log as layout
 from ._events import encode_json
 from ._hub import (
     AppendConflict,
@@ -60,7 +55,7 @@ from ._hub import (
     Subscription,
     UnknownRun,
 )
-from ._runevents import RunDone, decode_run_event
+from ._runevents import RunDone
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -72,86 +67,8 @@ __all__ = ["RedisHub", "RedisHubSink", "RedisSubscription", "open_redis_hub"]
 
 logger = logging.getLogger(__name__)
 
-_FIELD = b"e"
 _UNAVAILABLE = "log_unavailable"
 _FAILURES = (RedisError, OSError, TimeoutError)
-
-# KEYS: run, log. ARGV: access (hex, may be empty), open_ttl_ms. 1 when created, 0 if it exists.
-_CREATE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('DEL', KEYS[2])
-redis.call('HSET', KEYS[1], 'state', 'open', 'access', ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
-"""
-
-# KEYS: run, log. ARGV: maxlen, open_ttl_ms, retention_ms, done (1/0), then (id, json) pairs
-# whose seqs are consecutive. A duplicate or out-of-order first id is refused by XADD itself,
-# before anything is written; a gap is refused here.
-_APPEND = """
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return redis.error_reply('RILLET_UNKNOWN unknown run') end
-if state ~= 'open' then return redis.error_reply('RILLET_DONE run is done') end
-local first = tonumber(string.match(ARGV[5], '^(%d+)'))
-local top = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
-local last = 0
-if top[1] then last = tonumber(string.match(top[1][1], '^(%d+)')) end
-if first > last + 1 then
-  return redis.error_reply('RILLET_GAP expected seq ' .. (last + 1) .. ', got ' .. first)
-end
-for i = 5, #ARGV, 2 do
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], ARGV[i], 'e', ARGV[i + 1])
-end
-local ttl = ARGV[2]
-if ARGV[4] == '1' then
-  redis.call('HSET', KEYS[1], 'state', 'done')
-  ttl = ARGV[3]
-end
-redis.call('PEXPIRE', KEYS[1], ttl)
-redis.call('PEXPIRE', KEYS[2], ttl)
-return last
-"""
-
-# KEYS: run, log. {} for an unknown run, else {state, access, first id, last id}.
-_INFO = """
-local meta = redis.call('HMGET', KEYS[1], 'state', 'access')
-if not meta[1] then return {} end
-local first = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)
-local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
-local f, l = '0-0', '0-0'
-if first[1] then f = first[1][1] end
-if last[1] then l = last[1][1] end
-return {meta[1], meta[2] or '', f, l}
-"""
-
-
-def _keys(run_id: str) -> tuple[str, str]:
-    """The run's hash and stream keys (one hash slot)."""
-    return f"rillet:{{{run_id}}}:run", f"rillet:{{{run_id}}}:log"
-
-
-def _seq(entry_id: bytes | str) -> int:
-    """The seq of a stream entry id `<seq>-0`."""
-    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    return int(text.partition("-")[0])
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _entry(entry_id: bytes | str, fields: Any) -> Entry:
-    """An `Entry` from a stream entry: the stored JSON as is, decoded once for `event`."""
-    data = fields[_FIELD]
-    return Entry(_seq(entry_id), decode_run_event(data), data)
-
-
-def _safe_url(url: str) -> str:
-    """The URL without its password, for messages."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    return f"{scheme}://…@{rest.rpartition('@')[2]}"
 
 
 class _Tail(RunState):
@@ -302,20 +219,22 @@ class RedisHub:
     _info: Any = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
-        self._create = self._client.register_script(_CREATE)
-        self._append = self._client.register_script(_APPEND)
-        self._info = self._client.register_script(_INFO)
+        self._create = self._client.register_script(layout.CREATE)
+        self._append = self._client.register_script(layout.APPEND)
+        self._info = self._client.register_script(layout.INFO)
 
     def _unavailable(self, exc: BaseException) -> HubUnavailable:
         reason = str(exc) or type(exc).__name__
-        return HubUnavailable(f"the run log at {_safe_url(self.url)} is unavailable: {reason}")
+        return HubUnavailable(
+            f"the run log at {layout.safe_url(self.url)} is unavailable: {reason}"
+        )
 
     async def ping(self) -> None:
         """Check that Redis answers (and load the hub's scripts); `HubUnavailable` otherwise."""
         try:
             with trio.fail_after(self.timeout):
                 await self._client.ping()
-                for script in (_CREATE, _APPEND, _INFO):
+                for script in (layout.CREATE, layout.APPEND, layout.INFO):
                     await self._client.script_load(script)
         except (*_FAILURES, trio.TooSlowError) as exc:
             raise self._unavailable(exc) from exc
@@ -329,10 +248,10 @@ class RedisHub:
 
     async def create(self, run_id: str, *, access: bytes | None = None) -> None:
         """Open a new, empty run. Raises `RunExists`, `HubUnavailable`."""
-        keys = _keys(run_id)
+        run_keys = layout.keys(run_id)
         args = [access.hex() if access else "", int(self.open_ttl * 1000)]
         try:
-            created = await self._create(keys=keys, args=args)
+            created = await self._create(keys=run_keys, args=args)
         except _FAILURES as exc:
             raise self._unavailable(exc) from exc
         if not created:
@@ -364,7 +283,7 @@ class RedisHub:
         args[2] = max(1, int(self.retention * 1000))
         args[3] = 1 if done else 0
         try:
-            await self._append(keys=_keys(run_id), args=args)
+            await self._append(keys=layout.keys(run_id), args=args)
         except ResponseError as exc:
             raise self._refused(run_id, first, exc) from exc
         except _FAILURES as exc:
@@ -409,28 +328,28 @@ class RedisHub:
         """The run's state, access, first and last seq kept; None for an unknown run."""
         try:
             with trio.fail_after(self.timeout):
-                reply = await self._info(keys=_keys(run_id))
+                reply = await self._info(keys=layout.keys(run_id))
         except (*_FAILURES, trio.TooSlowError) as exc:
             raise self._unavailable(exc) from exc
         if not reply:
             return None
         state, access, first, last = reply
-        access_hex = _text(access)
+        access_hex = layout.text(access)
         return (
-            _text(state),
+            layout.text(state),
             bytes.fromhex(access_hex) if access_hex else None,
-            _seq(first),
-            _seq(last),
+            layout.seq(first),
+            layout.seq(last),
         )
 
     async def _range(self, run_id: str, start: int, count: int) -> list[Entry]:
         """Up to `count` entries from seq `start` on, as the stream keeps them."""
         try:
             with trio.fail_after(self.timeout):
-                reply = await self._client.xrange(_keys(run_id)[1], f"{start}-0", "+", count)
+                reply = await self._client.xrange(layout.keys(run_id)[1], f"{start}-0", "+", count)
         except (*_FAILURES, trio.TooSlowError) as exc:
             raise self._unavailable(exc) from exc
-        return [_entry(item.identifier, item.field_values) for item in reply]
+        return [layout.entry(item.identifier, item.field_values) for item in reply]
 
     async def follow(
         self, run_id: str, after: int = 0, *, buffer: int | None = None
@@ -486,7 +405,7 @@ class RedisHub:
         try:
             with trio.fail_after(self.timeout):
                 async with self._client.pipeline(transaction=False) as pipe:
-                    replies = [pipe.exists([_keys(run_id)[0]]) for run_id in run_ids]
+                    replies = [pipe.exists([layout.keys(run_id)[0]]) for run_id in run_ids]
                 found = [await reply for reply in replies]
         except (*_FAILURES, trio.TooSlowError) as exc:
             raise self._unavailable(exc) from exc
@@ -513,7 +432,7 @@ class RedisHub:
         """Follow one run's stream with `XREAD BLOCK` on a connection of its own, fanning each
         read out to the subscribers here, until `run.done`, a failure, or no subscriber is
         left (the scope is cancelled)."""
-        key = _keys(tail.run_id)[1]
+        key = layout.keys(tail.run_id)[1]
         block_ms = max(1, int(self.block * 1000))
         client: coredis.Redis[bytes] = coredis.Redis.from_url(
             self.url,
@@ -533,9 +452,10 @@ class RedisHub:
                         if reply:
                             for items in reply.values():
                                 self._fan_out(
-                                    tail, [_entry(i.identifier, i.field_values) for i in items]
+                                    tail,
+                                    [layout.entry(i.identifier, i.field_values) for i in items],
                                 )
-                        elif not await self._client.exists([_keys(tail.run_id)[0]]):
+                        elif not await self._client.exists([layout.keys(tail.run_id)[0]]):
                             reason = "run_expired"  # its producer went away without run.done
                             break
             except* Exception as group:  # Redis gone, or an entry that is not a run event
@@ -593,7 +513,7 @@ async def open_redis_hub(url: str, **options: Any) -> AsyncIterator[RedisHub]:
             retry_policy=NoRetryPolicy(),
         )
     except (ValueError, RedisError) as exc:
-        raise HubUnavailable(f"not a usable Redis URL: {_safe_url(url)} ({exc})") from None
+        raise HubUnavailable(f"not a usable Redis URL: {layout.safe_url(url)} ({exc})") from None
     error: BaseException | None = None
     async with client, trio.open_nursery() as nursery:
         hub = RedisHub(url, client, nursery, **options)
