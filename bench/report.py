@@ -402,9 +402,39 @@ def workers_markdown(section: dict[str, Any]) -> str:
     ]
     if speedup is not None:
         rows.append(f"Saturated deliveries/s, 2 workers ÷ 1: {speedup:.2f}× (target ≥ 1.7×).")
+    rows += _workers_ceiling(section)
     if section.get("note"):
         rows.append(section["note"])
     return "\n".join(rows)
+
+
+def _workers_ceiling(section: dict[str, Any]) -> list[str]:
+    """What the machine left the workers: every process's CPU in each saturated run, and the
+    most the speedup could be at one worker's cost per delivery."""
+    sat = {p["workers"]: p for p in section["phases"] if p["phase"] == "saturation"}
+    if (
+        1 not in sat
+        or len(sat) < 2
+        or any(math.isnan(p.get("machine_cpu", math.nan)) for p in sat.values())
+    ):
+        return []
+    one, most = sat[1], sat[max(sat)]
+    cpus = section["cpus"]
+    others = most["machine_cpu"] - most["server_cpu"]
+    ceiling = (
+        one["deliveries_per_s"] / one["server_cpu"] * (cpus - others) / one["deliveries_per_s"]
+    )
+    used = ", ".join(
+        f"{n} worker{'s' if n > 1 else ''} {p['machine_cpu']:.0%} "
+        f"(the workers {p['server_cpu']:.0%})"
+        for n, p in sorted(sat.items())
+    )
+    return [
+        f"Every process on the machine, saturated: {used} of the {cpus * 100}% its {cpus} cores "
+        f"have. With {max(sat)} workers the other processes (subscribers, Redis, the provider) "
+        f"used {others:.0%}: at one worker's cost per delivery, what was left allows at most "
+        f"{ceiling:.2f}× one worker's deliveries/s on this machine.",
+    ]
 
 
 def _per_core(phase: dict[str, Any]) -> str:

@@ -15,7 +15,7 @@ from .core import rillet_core
 from .latency import run_ttfd, ttfd_stream
 from .memory import measure
 from .peers import _limit_sync, _Loaded, _rillet_pipeline, family, paired
-from .report import memory_markdown, replace_section
+from .report import memory_markdown, replace_section, workers_markdown
 from .targets import judge_targets
 from .transport import ChunkTransport, transport_class
 from .turns import run_turns
@@ -216,6 +216,24 @@ def test_the_workers_target_is_2_workers_saturated_deliveries_over_1s(
     delay = targets["serve --workers 2: p99 delay, 4 subscribers at 50/s"]
     assert delay.met is True
     assert delay.measured == "40.0 ms"
+
+
+def test_the_workers_section_says_what_the_machine_left_the_workers() -> None:
+    """With every process's CPU measured, the section gives the most the speedup could be: one
+    worker's deliveries per core-second, times the cores less what the other processes used
+    in the 2-worker run, over one worker's deliveries/s."""
+    one = {**_workers_phase(1, "saturation", 100_000.0, float("nan")), "machine_cpu": 1.0}
+    one["server_cpu"] = 0.8
+    two = {**_workers_phase(2, "saturation", 130_000.0, float("nan")), "machine_cpu": 1.9}
+    two["server_cpu"] = 1.4
+    section = {"phases": [one, two], "cpus": 2, "load": 0.5}
+    text = workers_markdown(section)
+    # 125,000 deliveries a core-second; 2 cores less 0.5 used by the rest: 1.5 cores, 1.88x
+    assert "1 worker 100% (the workers 80%), 2 workers 190% (the workers 140%)" in text
+    assert "the other processes (subscribers, Redis, the provider) used 50%" in text
+    assert "at most 1.88× one worker's deliveries/s" in text
+    unmeasured = {"phases": [_workers_phase(1, "saturation", 1.0, 0.0)], "cpus": 2, "load": 0}
+    assert "at most" not in workers_markdown(unmeasured)
 
 
 def test_memory_measures_every_figure_and_judges_the_retained_bytes() -> None:

@@ -100,6 +100,7 @@ class WorkersPhase:
     fewest: int = 0  # the fewest and most events a subscriber that finished got
     most: int = 0
     kernel_stamps: bool = False  # paced: arrivals are the kernel's receive timestamps
+    machine_cpu: float = math.nan  # every process on the machine, as a share of one core
 
 
 @attrs.define
@@ -330,6 +331,17 @@ def _rank(ordered: list[float], p: float) -> float:
 # --- the orchestration (this process, the supervisor) --------------------------------------------
 
 
+def _machine_busy() -> float:
+    """Seconds of CPU time the whole machine has spent busy so far, every core and process
+    (`/proc/stat`: all but idle and iowait); NaN where there is no `/proc/stat`."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return math.nan
+    ticks = [int(f) for f in fields]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def _proc_cpu(pid: int) -> float:
     """User+system seconds of a process so far (0 once it is gone)."""
     try:
@@ -410,6 +422,7 @@ async def run_phase(
                 assert (await _line(client_process.stdout)).strip() == b"ready"
             spread = await _spread(url, workers, "runs_started" if rate == 0 else "subscribers")
             cpu0 = sum(_proc_cpu(p) for p in pids)
+            busy0 = _machine_busy()
             _, offset = _frames(events)
             t0 = time.monotonic() + 0.2
             go = f"go {t0} {rate} {offset}\n".encode()
@@ -423,6 +436,7 @@ async def run_phase(
                 out += data
             await client_process.wait()
             cpu = sum(_proc_cpu(p) for p in pids) - cpu0
+            busy = _machine_busy() - busy0
             nursery.cancel_scope.cancel()
         found = json.loads(out)
         seconds = found["seconds"]
@@ -444,6 +458,7 @@ async def run_phase(
             fewest=found["fewest"],
             most=found["most"],
             kernel_stamps=found["kernel_stamps"],
+            machine_cpu=busy / seconds if seconds > 0 else math.nan,
         )
     finally:
         with trio.CancelScope(shield=True):

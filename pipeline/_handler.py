@@ -55,7 +55,16 @@ from ._errors import (
 )
 from ._failures import error_shape, http_shape
 from ._hedge import open_hedged
-from ._markers import AttemptOpen, AttemptReset, Batch, Item, Outlet, Status, Verdict
+from ._markers import (
+    AttemptOpen,
+    AttemptReset,
+    Batch,
+    DeltaRun,
+    Item,
+    Outlet,
+    Status,
+    Verdict,
+)
 from ._policy import Outcome, Policy, Shape, backoff_delay, retry_after
 from ._ratelimit import RateLimiter
 from ._reads import Replay, read_bounded, read_reply
@@ -77,6 +86,11 @@ _YIELD_EVERY = 32
 """Reads handed on without waiting between two checkpoints: a body that is all in memory (a
 replay, a test transport) never yields on its own, and the turn must still let other tasks run
 and notice a cancel."""
+_HELD_RUNS = 64
+"""With runs of deltas (`DeltaRun`), a read whose batch is one run is not handed on by itself:
+only the accumulator reads runs, and no one reads it before the attempt ends (no sink, no
+handle). Up to this many such runs are held and handed on with the next batch, or when the
+attempt ends however it ends: one hand-over where there were many, the order unchanged."""
 _DEADLINE_SLACK = 0.001
 """The per-event deadline moves only once it would move by this much (seconds): a burst of
 reads does not pay for moving it on each, and it fires at most this early."""
@@ -196,6 +210,8 @@ class Handler:
         grammar = decoder.grammar
         grammar.runs = runs = not hops and not out.wants_deltas  # (`DeltaRun`)
         folded = 0  # `grammar.folded` as last counted
+        held: list[Item] = []  # runs not handed on yet (`_HELD_RUNS`)
+        reset_owed = self._pending_reset  # this attempt's reset, not handed on yet
         clock = trio.lowlevel.current_clock().current_time  # `trio.current_time`, one call fewer
         sent_at = clock()
         deadline = min(sent_at + policy.initial_event_timeout, self._total_deadline)
@@ -248,7 +264,7 @@ class Handler:
                         head -= cut or len(chunk)  # the rest counts when its turn comes
                         if cut:
                             chunk, rest = chunk[:cut], chunk[cut:]
-                    batch: list[UniEvent] = []
+                    batch: list[Item] = []  # UniEvents, or runs of deltas (`DeltaRun`)
                     before = decoder.lane_events
                     error: RilletError | None = None
                     try:
@@ -277,7 +293,24 @@ class Handler:
                             count += grammar.folded - folded
                             folded = grammar.folded
                         emitted += count
-                        offered = out.offer(self._items(batch, count))
+                        if (
+                            runs
+                            and len(batch) == 1
+                            and type(batch[0]) is DeltaRun
+                            and len(held) < _HELD_RUNS
+                        ):
+                            held += batch  # a run alone: only the accumulator reads it
+                            self.events += count
+                            self.emitted_attempt = True
+                            offered = True
+                        elif held:
+                            held += batch
+                            offered = out.offer(self._items(held, count))
+                            held = []
+                            reset_owed = False
+                        else:
+                            offered = out.offer(self._items(batch, count))
+                            reset_owed = False
                         if moved:  # (after the hand-over: the first delta does not wait for it)
                             reading.deadline = armed
                             moved = False
@@ -322,6 +355,10 @@ class Handler:
         except RilletError as exc:
             return self._failure_of(exc, emitted)
         finally:
+            if held:  # the attempt's last runs, before anything else can read the accumulator,
+                # after the reset owed to this attempt if it is still owed (a failure noted
+                # already owes the next attempt its own); no sink, no handle: always taken
+                out.offer([AttemptReset(self.attempts), *held] if reset_owed else held)
             if response is not None:
                 await response.aclose()
 
@@ -330,21 +367,21 @@ class Handler:
         self.requests += 1
         self.started.set()
 
-    def _items(self, batch: list[UniEvent], count: int) -> Batch:
+    def _items(self, batch: Batch, count: int) -> Batch:
         """What goes downstream for `batch`, which stands for `count` UniEvents: the reset it
         owes first, if any. (With the grammar downstream, it counts the events and owes the
         resets.)"""
         if self._hops:
-            return batch  # type: ignore[return-value]
+            return batch
         self.events += count
         self.emitted_attempt = True
         if self._pending_reset:
             self._pending_reset = False
             return [AttemptReset(self.attempts), *batch]
-        return batch  # type: ignore[return-value]
+        return batch
 
     async def _send(self, out: Outlet, batch: list[UniEvent]) -> None:
-        await self._put(out, self._items(batch, len(batch)))
+        await self._put(out, self._items(cast("Batch", batch), len(batch)))
 
     async def _put(self, out: Outlet, items: Batch) -> None:
         """Send downstream. Time spent blocked on a slow consumer is backpressure, not the

@@ -18,16 +18,18 @@ import trio.testing
 from rillet import DeltaRun, LaneKind, WireDecoder
 from rillet._events import TextDelta, ThinkingDelta, ToolCallDelta, UniEvent
 from rillet._grammar import Grammar
+from rillet._graph import AccumulatorActor
 from rillet._policy import Outcome
 from rillet._ratelimit import RateLimiter
 from rillet._turn import Turn, TurnResult, run_turn
+from rillet.providers import AnthropicDialect, Provider, Secret
 from rillet.transports.testing import Reply, Script, open_loopback_provider
 
 from bench.contestants import dialect_of
 from bench.wire import STREAM_KINDS, build_stream
 
 from .test_fixtures import DIALECTS, dialect_for
-from .test_handler import OK, REQUEST, TEXT, policy
+from .test_handler import OK, REQUEST, TEXT, anthropic_events, openai_events, policy
 from .test_turn_loopback import provider_at
 from .wire_cases import FIXTURES
 
@@ -154,16 +156,26 @@ class Recording(WireDecoder):
             self.released += out[start:]
 
 
-async def one_turn(script: Script, *, reader: str) -> tuple[TurnResult, list[Recording]]:
-    """One turn against a loopback provider playing `script`: awaited alone (`none`), with a
-    sink (`sink`), or started for its handle (`handle`)."""
+async def one_turn(
+    script: Script, *, reader: str, anthropic: bool = False
+) -> tuple[TurnResult, list[Recording]]:
+    """One turn against a loopback provider playing `script` (OpenAI Chat, or Anthropic):
+    awaited alone (`none`), with a sink (`sink`), or started for its handle (`handle`)."""
     Recording.made = []
     with trio.fail_after(LIMIT):
         async with open_loopback_provider(script) as server, httpx.AsyncClient() as client:
+            provider = provider_at(server)
+            if anthropic:
+                provider = Provider(
+                    dialect=AnthropicDialect(),
+                    base_url=server.url,
+                    model="test-model",
+                    api_key=Secret("sk-test"),
+                )
             turn_of = functools.partial(
                 run_turn,
                 REQUEST,
-                provider_at(server),
+                provider,
                 client=client,
                 policy=policy(),
                 limiter=RateLimiter(),
@@ -219,6 +231,50 @@ async def test_a_turn_with_no_reader_ends_as_one_with_a_reader(
         assert decoders
         assert not any(d.grammar.runs for d in decoders)
         assert not any(type(item) is DeltaRun for d in decoders for item in d.released)
+
+
+LONG = openai_events([f"w{i} " for i in range(150)])  # more runs than a turn holds back at once
+LONG_DROPPED = Reply(chunks=tuple(LONG[:101]), drop_after_bytes=len(b"".join(LONG[:100])))
+ANTHROPIC = anthropic_events()  # its first delta is a run: nothing visible comes before it
+ANTHROPIC_DROPPED = Reply(
+    chunks=tuple(ANTHROPIC[:5]), drop_after_bytes=len(b"".join(ANTHROPIC[:4]))
+)
+ENDINGS = {
+    "dropped every time": [DROPPED],
+    "anthropic, dropped every time": [ANTHROPIC_DROPPED],
+    "anthropic, dropped, then ok": [ANTHROPIC_DROPPED, Reply(chunks=tuple(ANTHROPIC))],
+    "stalled every time": [Reply(chunks=tuple(OK), stall_after=4)],
+    "long, dropped, then ok": [LONG_DROPPED, Reply(chunks=tuple(LONG))],
+    "long, dropped every time": [LONG_DROPPED],
+}
+
+
+@pytest.mark.parametrize("script", list(ENDINGS))
+async def test_a_turn_with_no_reader_keeps_every_fragment_however_its_attempts_end(
+    loop_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch, script: str
+) -> None:
+    """The runs a turn with no reader holds back (one hand-over for many reads) reach its
+    accumulator however an attempt ends: cut off, timed out, before its retry. Its result is
+    that of the same turn with a reader, partial text included."""
+    monkeypatch.setattr("rillet._handler.WireDecoder", Recording)
+    offers: list[int] = []
+    offer = AccumulatorActor.offer
+
+    def counted(self: AccumulatorActor, items: Any) -> bool:
+        offers.append(len(items))
+        return offer(self, items)
+
+    monkeypatch.setattr(AccumulatorActor, "offer", counted)
+    anthropic = script.startswith("anthropic")
+    alone, decoders = await one_turn(ENDINGS[script], reader="none", anthropic=anthropic)
+    runs = sum(type(item) is DeltaRun for d in decoders for item in d.released)
+    assert alone.text  # something was read, whatever the outcome
+    if script.startswith("long"):  # far fewer hand-overs than reads: the runs were held back
+        assert runs > 100
+        assert len(offers) * 16 < runs
+    for reader in ("sink", "handle"):
+        read, _ = await one_turn(ENDINGS[script], reader=reader, anthropic=anthropic)
+        assert facts(read) == facts(alone)
 
 
 @pytest.mark.parametrize("kind", ["inline_data", "inline_thinking", "embedding"])
