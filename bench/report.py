@@ -375,7 +375,8 @@ def workers_markdown(section: dict[str, Any]) -> str:
         "events received / (last `run.done` - provider start). Paced: one run at the stream's",
         f"rate, delay = {arrival} - the provider's scheduled send of that event (one monotonic",
         "clock), the first event of each read timed (the read's oldest). CPU as a share of one",
-        f"core; the machine has {section['cpus']} (load average {section['load']:.1f} before).",
+        "core, from the provider's start to the last `run.done` (sampled by the subscribers'",
+        f"process); the machine has {section['cpus']} (load average {section['load']:.1f} before).",
         "",
         "| workers | phase | subscribers | events each | deliveries/s | complete | p50 ms "
         "| p99 ms | max ms | server CPU | deliveries per server core-s | client CPU | spread "

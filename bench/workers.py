@@ -242,7 +242,13 @@ def _client(spec: dict[str, Any]) -> dict[str, Any]:
     # process got round to it among 2,000), on the monotonic clock the schedule is on
     stamped = bool(rate) and _stamp_arrivals(socks.values())
     realtime = time.time_ns() - time.monotonic_ns()  # CLOCK_REALTIME - CLOCK_MONOTONIC
+    # CPU from the provider's start to the last `run.done`, the window `seconds` measures:
+    # this process's, the workers' and the whole machine's
+    time.sleep(max(0.0, t0 - time.monotonic()))
+    window = time.monotonic()
     cpu = _cpu()
+    servers = sum(_proc_cpu(pid) for pid in spec["pids"])
+    busy = _machine_busy()
     poller = select.epoll()
     delivered = 0
     done = 0
@@ -293,6 +299,9 @@ def _client(spec: dict[str, Any]) -> dict[str, Any]:
                 sock.close()
                 del socks[fd]
     cpu = _cpu() - cpu
+    servers = sum(_proc_cpu(pid) for pid in spec["pids"]) - servers
+    busy = _machine_busy() - busy
+    window = time.monotonic() - window
     for sock in socks.values():
         sock.close()
     delays.sort()
@@ -301,7 +310,9 @@ def _client(spec: dict[str, Any]) -> dict[str, Any]:
         "delivered": delivered,
         "done": done,
         "seconds": last - t0,
-        "cpu": cpu,
+        "cpu": cpu / window,  # shares of one core
+        "server_cpu": servers / window,
+        "machine_cpu": busy / window,
         "p50": _rank(delays, 0.50),
         "p99": _rank(delays, 0.99),
         "max": delays[-1] if delays else math.nan,
@@ -413,6 +424,7 @@ async def run_phase(
                 "runs": started,
                 "subs": subs,
                 "timeout": (events / rate if rate else 0) + 240,
+                "pids": pids,
             }
             client_process = await _open(["--client"])
             assert client_process.stdin is not None
@@ -421,8 +433,6 @@ async def run_phase(
             with trio.fail_after(300):
                 assert (await _line(client_process.stdout)).strip() == b"ready"
             spread = await _spread(url, workers, "runs_started" if rate == 0 else "subscribers")
-            cpu0 = sum(_proc_cpu(p) for p in pids)
-            busy0 = _machine_busy()
             _, offset = _frames(events)
             t0 = time.monotonic() + 0.2
             go = f"go {t0} {rate} {offset}\n".encode()
@@ -435,8 +445,6 @@ async def run_phase(
                     break
                 out += data
             await client_process.wait()
-            cpu = sum(_proc_cpu(p) for p in pids) - cpu0
-            busy = _machine_busy() - busy0
             nursery.cancel_scope.cancel()
         found = json.loads(out)
         seconds = found["seconds"]
@@ -452,13 +460,13 @@ async def run_phase(
             p50_ms=found["p50"] * 1000,
             p99_ms=found["p99"] * 1000,
             max_ms=found["max"] * 1000,
-            server_cpu=cpu / seconds if seconds > 0 else math.nan,
-            client_cpu=found["cpu"] / seconds if seconds > 0 else math.nan,
+            server_cpu=found["server_cpu"],
+            client_cpu=found["cpu"],
             spread=spread,
             fewest=found["fewest"],
             most=found["most"],
             kernel_stamps=found["kernel_stamps"],
-            machine_cpu=busy / seconds if seconds > 0 else math.nan,
+            machine_cpu=found["machine_cpu"],
         )
     finally:
         with trio.CancelScope(shield=True):
