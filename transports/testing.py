@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import functools
 import socket
-import struct
 from collections.abc import Callable, Sequence
 from contextlib import asynccontextmanager
-from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import attrs
@@ -32,9 +30,23 @@ import h11
 import msgspec
 import trio
 from rillet._encode import encode_sse
+from rillet._public import fixup_module_metadata as _fixup_module_metadata
+
+from ._loopback_io import (
+    PING,
+    drop,
+    header_dict,
+    phrase,
+    receive,
+    response_head,
+    send,
+    send_error,
+    stall,
+    until_client_leaves,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterable, Mapping
+    from collections.abc import AsyncIterator, Mapping
     from pathlib import Path
 
 __all__ = [
@@ -57,10 +69,6 @@ __all__ = [
 DEFAULT_MAX_BODY = 10 * 1024 * 1024
 """Largest request body the provider accepts; a larger one is read, discarded and answered 413."""
 
-PING = encode_sse(comment="ping")
-"""The SSE comment a stalled reply sends every `Reply.ping_every` seconds."""
-
-_RECEIVE_SIZE = 64 * 1024
 _CONTENT_TYPES = {
     ".sse": "text/event-stream",
     ".ndjson": "application/x-ndjson",
@@ -68,6 +76,8 @@ _CONTENT_TYPES = {
 }
 # the client went away, reset the connection, or spoke broken HTTP: all normal in fault tests
 _CLIENT_GONE = (trio.BrokenResourceError, trio.ClosedResourceError, h11.RemoteProtocolError)
+
+_CLOSE = (("connection", "close"),)  # an error reply ends the connection
 
 _non_negative = attrs.validators.ge(0)
 _non_negative_float = attrs.validators.ge(0.0)
@@ -240,7 +250,7 @@ class LoopbackProvider:
         conn = h11.Connection(h11.SERVER)
         while True:
             try:
-                event = await _receive(stream, conn)
+                event = await receive(stream, conn)
                 if isinstance(event, h11.ConnectionClosed):
                     return
                 assert isinstance(event, h11.Request)  # h11 yields nothing else here
@@ -248,19 +258,21 @@ class LoopbackProvider:
                 body = await self._read_body(stream, conn)
             except h11.RemoteProtocolError as exc:
                 if conn.our_state in {h11.IDLE, h11.SEND_RESPONSE}:
-                    await _send_error(stream, conn, exc.error_status_hint)
+                    await send_error(
+                        stream, conn, status_reply(exc.error_status_hint, headers=_CLOSE)
+                    )
                 return
             request = RecordedRequest(
                 method=event.method.decode("latin-1"),
                 path=event.target.decode("latin-1"),
-                headers=_header_dict(event.headers),
+                headers=header_dict(event.headers),
                 body=body or b"",
                 at=at,
                 connection=number,
             )
             self._record(request)
             if body is None:
-                await _send_error(stream, conn, 413)
+                await send_error(stream, conn, status_reply(413, headers=_CLOSE))
                 return
             if not await self._respond(stream, conn, self._reply_for(request), request.method):
                 return
@@ -271,11 +283,11 @@ class LoopbackProvider:
     async def _read_body(self, stream: trio.SocketStream, conn: h11.Connection) -> bytes | None:
         """The request body, or None when it is over `max_body` (read to its end, discarded)."""
         if conn.they_are_waiting_for_100_continue:
-            await _send(stream, conn, h11.InformationalResponse(status_code=100, headers=[]))
+            await send(stream, conn, h11.InformationalResponse(status_code=100, headers=[]))
         body = bytearray()
         size = 0
         while True:
-            event = await _receive(stream, conn)
+            event = await receive(stream, conn)
             if isinstance(event, h11.EndOfMessage):
                 return bytes(body) if size <= self.max_body else None
             if isinstance(event, h11.Data):
@@ -301,34 +313,34 @@ class LoopbackProvider:
     ) -> bool:
         """Play one reply; False when it ended the connection (a stall or a drop)."""
         if reply.stall_headers:
-            await _until_client_leaves(stream)
+            await until_client_leaves(stream)
             return False
         if reply.headers_delay:
             await trio.sleep(reply.headers_delay)
-        await _send(stream, conn, _response_head(reply))
+        await send(stream, conn, response_head(reply))
         chunks = () if method == "HEAD" else reply.chunks
         sent = 0
         for index, chunk in enumerate(chunks):
             if reply.stall_after is not None and index >= reply.stall_after:
-                await _stall(stream, conn, reply.ping_every)
+                await stall(stream, conn, reply.ping_every)
                 return False
             if reply.chunk_delay:
                 await trio.sleep(reply.chunk_delay)
             if reply.drop_after_bytes is not None and sent + len(chunk) >= reply.drop_after_bytes:
                 if part := chunk[: reply.drop_after_bytes - sent]:
-                    await _send(stream, conn, h11.Data(data=part))
-                await _drop(stream, reset=reply.drop_with_reset)
+                    await send(stream, conn, h11.Data(data=part))
+                await drop(stream, reset=reply.drop_with_reset)
                 return False
             if chunk:  # an empty chunk would end the chunked body
-                await _send(stream, conn, h11.Data(data=chunk))
+                await send(stream, conn, h11.Data(data=chunk))
             sent += len(chunk)
         if reply.stall_after is not None:
-            await _stall(stream, conn, reply.ping_every)
+            await stall(stream, conn, reply.ping_every)
             return False
         if reply.drop_after_bytes is not None:
-            await _drop(stream, reset=reply.drop_with_reset)
+            await drop(stream, reset=reply.drop_with_reset)
             return False
-        await _send(stream, conn, h11.EndOfMessage())
+        await send(stream, conn, h11.EndOfMessage())
         return True
 
 
@@ -361,88 +373,6 @@ def refused_url() -> str:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
     return f"http://127.0.0.1:{port}"
-
-
-# --- I/O helpers ----------------------------------------------------------------------------
-
-
-async def _receive(stream: trio.SocketStream, conn: h11.Connection) -> object:
-    """The next h11 event, reading from the socket as needed (end of input included)."""
-    while True:
-        event = conn.next_event()
-        if event is not h11.NEED_DATA:
-            return event
-        conn.receive_data(await stream.receive_some(_RECEIVE_SIZE))
-
-
-async def _send(stream: trio.SocketStream, conn: h11.Connection, event: h11.Event) -> None:
-    if data := conn.send(event):
-        await stream.send_all(data)
-
-
-async def _send_error(stream: trio.SocketStream, conn: h11.Connection, status: int) -> None:
-    """A short JSON error response that closes the connection."""
-    reply = status_reply(status, headers=(("connection", "close"),))
-    await _send(stream, conn, _response_head(reply))
-    for chunk in reply.chunks:
-        await _send(stream, conn, h11.Data(data=chunk))
-    await _send(stream, conn, h11.EndOfMessage())
-
-
-async def _until_client_leaves(stream: trio.SocketStream) -> None:
-    """Wait, discarding anything read, until the client closes or resets the connection."""
-    try:
-        while await stream.receive_some(_RECEIVE_SIZE):
-            pass
-    except trio.BrokenResourceError:
-        pass
-
-
-async def _stall(stream: trio.SocketStream, conn: h11.Connection, ping_every: float | None) -> None:
-    """Go silent (but for pings) until the client goes away."""
-    async with trio.open_nursery() as nursery:
-        if ping_every is not None:
-            nursery.start_soon(_ping, stream, conn, ping_every)
-        await _until_client_leaves(stream)
-        nursery.cancel_scope.cancel()
-
-
-async def _ping(stream: trio.SocketStream, conn: h11.Connection, every: float) -> None:
-    while True:
-        await trio.sleep(every)
-        await _send(stream, conn, h11.Data(data=PING))
-
-
-async def _drop(stream: trio.SocketStream, *, reset: bool) -> None:
-    """Close the connection mid-body; with `reset`, as a TCP reset (SO_LINGER 0)."""
-    if reset:
-        stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    await stream.aclose()
-
-
-def _response_head(reply: Reply) -> h11.Response:
-    names = {name.lower() for name, _ in reply.headers}
-    headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in reply.headers]
-    if reply.content_type and "content-type" not in names:
-        headers.insert(0, (b"content-type", reply.content_type.encode("latin-1")))
-    reason = _phrase(reply.status).encode("latin-1")
-    return h11.Response(status_code=reply.status, headers=headers, reason=reason)
-
-
-def _phrase(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return ""
-
-
-def _header_dict(headers: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for name, value in headers:
-        key = name.decode("latin-1")
-        text = value.decode("latin-1")
-        out[key] = f"{out[key]}, {text}" if key in out else text
-    return out
 
 
 # --- building replies -----------------------------------------------------------------------
@@ -572,7 +502,7 @@ def status_reply(
     can be scripted too). With no `body`, an error status gets an OpenAI-shaped error body
     naming the status, any other status an empty one."""
     if body is None:
-        message = _phrase(status) or f"HTTP {status}"
+        message = phrase(status) or f"HTTP {status}"
         data = (
             msgspec.json.encode({"error": {"message": message, "type": None, "code": None}})
             if status >= 400
@@ -604,3 +534,6 @@ def _header_value(value: float | str | bool) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+_fixup_module_metadata(__name__, globals())

@@ -1,0 +1,118 @@
+"""The loopback provider's plumbing (`rillet.transports.testing`): h11 events read from and
+written to one trio socket, the waits of a stalled reply, and a dropped connection."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from http import HTTPStatus
+from typing import TYPE_CHECKING
+
+import h11
+import trio
+from rillet._encode import encode_sse
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from .testing import Reply
+
+__all__ = [
+    "PING",
+    "drop",
+    "header_dict",
+    "phrase",
+    "receive",
+    "response_head",
+    "send",
+    "send_error",
+    "stall",
+    "until_client_leaves",
+]
+
+PING = encode_sse(comment="ping")
+"""The SSE comment a stalled reply sends every `Reply.ping_every` seconds."""
+
+_RECEIVE_SIZE = 64 * 1024
+
+
+async def receive(stream: trio.SocketStream, conn: h11.Connection) -> object:
+    """The next h11 event, reading from the socket as needed (end of input included)."""
+    while True:
+        event = conn.next_event()
+        if event is not h11.NEED_DATA:
+            return event
+        conn.receive_data(await stream.receive_some(_RECEIVE_SIZE))
+
+
+async def send(stream: trio.SocketStream, conn: h11.Connection, event: h11.Event) -> None:
+    """Write what h11 makes of `event`."""
+    if data := conn.send(event):
+        await stream.send_all(data)
+
+
+async def send_error(stream: trio.SocketStream, conn: h11.Connection, reply: Reply) -> None:
+    """A short error reply, whole (one that closes the connection, from `status_reply`)."""
+    await send(stream, conn, response_head(reply))
+    for chunk in reply.chunks:
+        await send(stream, conn, h11.Data(data=chunk))
+    await send(stream, conn, h11.EndOfMessage())
+
+
+async def until_client_leaves(stream: trio.SocketStream) -> None:
+    """Wait, discarding anything read, until the client closes or resets the connection."""
+    try:
+        while await stream.receive_some(_RECEIVE_SIZE):
+            pass
+    except trio.BrokenResourceError:
+        pass
+
+
+async def stall(stream: trio.SocketStream, conn: h11.Connection, ping_every: float | None) -> None:
+    """Go silent (but for pings) until the client goes away."""
+    async with trio.open_nursery() as nursery:
+        if ping_every is not None:
+            nursery.start_soon(_ping, stream, conn, ping_every)
+        await until_client_leaves(stream)
+        nursery.cancel_scope.cancel()
+
+
+async def _ping(stream: trio.SocketStream, conn: h11.Connection, every: float) -> None:
+    while True:
+        await trio.sleep(every)
+        await send(stream, conn, h11.Data(data=PING))
+
+
+async def drop(stream: trio.SocketStream, *, reset: bool) -> None:
+    """Close the connection mid-body; with `reset`, as a TCP reset (SO_LINGER 0)."""
+    if reset:
+        stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    await stream.aclose()
+
+
+def response_head(reply: Reply) -> h11.Response:
+    """A reply's status line and headers, its content type first unless it sets its own."""
+    names = {name.lower() for name, _ in reply.headers}
+    headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in reply.headers]
+    if reply.content_type and "content-type" not in names:
+        headers.insert(0, (b"content-type", reply.content_type.encode("latin-1")))
+    reason = phrase(reply.status).encode("latin-1")
+    return h11.Response(status_code=reply.status, headers=headers, reason=reason)
+
+
+def phrase(status: int) -> str:
+    """A status code's reason phrase; empty for a code with none."""
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
+def header_dict(headers: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """Request headers as text, a repeated one's values joined with commas."""
+    out: dict[str, str] = {}
+    for name, value in headers:
+        key = name.decode("latin-1")
+        text = value.decode("latin-1")
+        out[key] = f"{out[key]}, {text}" if key in out else text
+    return out
