@@ -546,6 +546,28 @@ async def test_s25_a_client_that_half_closes_after_its_request_gets_its_whole_st
     assert mmsp.count(b'"text":"w') >= len(words)
 
 
+async def test_s25_a_client_that_closes_after_reading_all_it_was_sent_is_let_go_at_once() -> None:
+    """Its end of stream alone could be a half-close; the reset its kernel sends back to the
+    server's probe says it closed. That reset comes after the end of stream, so a read does not
+    raise it: the server must see it all the same, with no heartbeat due for an hour."""
+    script = [text_reply([f"w{n} " for n in range(5)], stall_after=3)]  # then silence
+    with trio.fail_after(20):
+        async with serving(script, limits=Limits(heartbeat=3600)) as served:
+            run = await served.start()
+            while not any(b'"delta":"w1 "' in e for e in served.log(run["run_id"])):  # noqa: ASYNC110
+                await trio.sleep(0.01)  # (the log offers no event) the run has given all it will
+            last = f"{run['run_id']}:{len(served.log(run['run_id']))}".encode()
+            async with await connect(served.url) as stream:
+                path = path_of(run["events_url"])
+                await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+                seen = b""
+                while b"id: " + last + b"\n" not in seen:  # every event there is, then close
+                    seen += await stream.receive_some()
+            while (await served.client.get("/metrics.json")).json()["subscribers"]:  # noqa: ASYNC110
+                await trio.sleep(0.01)  # (no event says a subscriber went)
+    assert seen.startswith(b"HTTP/1.1 200 ")
+
+
 # --- S26 -----------------------------------------------------------------------------------------
 
 

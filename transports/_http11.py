@@ -150,6 +150,10 @@ class ConnectionStream(trio.abc.Stream):
         if self._fd < 0:
             return True
         try:
+            # a reset that came after the peer's end of stream is not raised by a read, which
+            # returns that end of stream first: it is the socket's pending error (EPIPE)
+            if self._socket.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                return True
             await self._socket.recv(1, socket.MSG_PEEK)
         except OSError:
             return True
