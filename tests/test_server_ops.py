@@ -88,7 +88,7 @@ def ended(runs: int) -> Callable[[Samples], bool]:
 
 
 async def test_a_turn_that_retried_once_shows_two_provider_requests_and_one_retry() -> None:
-    script = [status_reply(503), text_reply()]
+    script = [status_reply(503, retry_after_ms=10), text_reply()]  # (not the default 5 s wait)
     with trio.fail_after(10):
         async with serving(script) as served:
             run = await served.start()
@@ -232,7 +232,7 @@ async def test_a_run_leaves_a_start_an_end_and_a_line_per_request(
 ) -> None:
     caplog.set_level(logging.INFO, logger="rillet")
     with trio.fail_after(10):
-        async with serving([status_reply(503), text_reply()]) as served:
+        async with serving([status_reply(503, retry_after_ms=10), text_reply()]) as served:
             run = await served.start()
             await read_sse(served.client, run["events_url"])
             await scrape_until(served, ended(1))
