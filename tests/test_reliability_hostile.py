@@ -568,6 +568,56 @@ async def test_s25_a_client_that_closes_after_reading_all_it_was_sent_is_let_go_
     assert seen.startswith(b"HTTP/1.1 200 ")
 
 
+def mmsp_request() -> bytes:
+    """A raw `POST /v1/stream` (MMSP), head and body."""
+    body = msgspec.json.encode(mmsp_body())
+    return (
+        b"POST /v1/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+
+
+async def queued(served: Served, n: int) -> None:
+    """Until `n` runs or streams wait for a slot."""
+    while (await served.client.get("/metrics.json")).json()["runs_queued"] != n:  # noqa: ASYNC110
+        await trio.sleep(0.01)  # (no event says a stream was queued or left the queue)
+
+
+async def test_s25_a_client_that_leaves_the_queue_never_costs_a_provider_request() -> None:
+    """No response has begun while a stream waits for a slot, so no SSE comment can probe the
+    connection: a `100 Continue` does, and the reset that answers it takes the stream out of
+    the queue before it is ever sent upstream."""
+    script = [text_reply([f"w{n} " for n in range(5)], stall_after=3)]  # holds its slot
+    limits = Limits(max_streams=1, heartbeat=3600)
+    with trio.fail_after(20):
+        async with serving(script, limits=limits) as served:
+            await served.start()  # the one slot, held
+            async with await connect(served.url) as stream:
+                await stream.send_all(mmsp_request())
+                await queued(served, 1)
+            await queued(served, 0)  # the client that closed is out of the queue
+            requests = len(served.loopback.requests)
+    assert requests == 1  # the run's: the stream that left never reached the provider
+
+
+async def test_s25_a_client_that_half_closes_in_the_queue_gets_its_whole_stream() -> None:
+    script = [text_reply([f"w{n} " for n in range(5)], chunk_delay=0.05)]
+    limits = Limits(max_streams=1, heartbeat=3600)
+    with trio.fail_after(20):
+        async with serving(script, limits=limits) as served:
+            run = await served.start()  # the one slot, for a quarter of a second
+            async with await connect(served.url) as stream:
+                await stream.send_all(mmsp_request())
+                await stream.send_eof()
+                answer = await read_all(stream)
+            await served.wait_for(run["run_id"])
+    interim, _, final = answer.partition(b"\r\n\r\n")
+    assert interim == b"HTTP/1.1 100 Continue"  # the probe: it half-closed, so read on
+    assert final.startswith(b"HTTP/1.1 200 ")
+    assert b"data: [DONE]\n\n" in final
+    assert final.count(b'"text":"w') >= 5
+
+
 # --- S26 -----------------------------------------------------------------------------------------
 
 

@@ -372,7 +372,9 @@ class HttpConnection:
             raise BodyTooLarge
         with trio.move_on_after(within):
             if self.conn.they_are_waiting_for_100_continue:
-                await self._send(h11.InformationalResponse(status_code=100, headers=[]))
+                await self._send(
+                    h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")
+                )
             body = bytearray()
             pieces = 0
             while True:
@@ -438,6 +440,14 @@ class HttpConnection:
         `try_send` or `send_all`)."""
         assert self.chunked
         return b"%x\r\n%s\r\n" % (len(data), data)
+
+    async def send_continue(self) -> bool:
+        """A `100 Continue`, while no response has begun, to an HTTP/1.1 client (which must
+        read any 1xx before its response; HTTP/1.0 has none): whether it went out."""
+        if self.conn.our_state is not h11.SEND_RESPONSE or self.conn.their_http_version != b"1.1":
+            return False
+        await self._send(h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue"))
+        return True
 
     async def send_data(self, data: bytes) -> None:
         """A piece of a streamed body."""

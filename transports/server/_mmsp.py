@@ -137,7 +137,8 @@ class Mmsp:
     ) -> None:
         """Wait for a slot (while the client stays), then stream the turn."""
         admit = functools.partial(self.shared.admission.admit, ticket)
-        if not self.shared.admission.try_admit(ticket) and not await until_gone(http, admit):
+        queued = not self.shared.admission.try_admit(ticket)
+        if queued and not await until_gone(http, admit, waiting=True):
             raise CloseConnection
         policy = self.shared.config.policy or Policy()
         send, receive = trio.open_memory_channel[list[UniItem]](policy.channel_size)

@@ -72,12 +72,17 @@ _PROBE_WAIT = 0.05  # seconds for a reset to come back over loopback or a LAN
 _PROBE_EVERY = 1.0  # seconds between looks at whether the head went out, to probe after it
 
 
-async def until_gone(http: HttpConnection, body: Callable[[], Awaitable[None]]) -> bool:
+async def until_gone(
+    http: HttpConnection, body: Callable[[], Awaitable[None]], *, waiting: bool = False
+) -> bool:
     """Run a streamed response's body while watching the connection: True when the body
     finished, False when the client went away first (the body is then cancelled).
 
     The client's end of stream alone is not its leaving (it may have half-closed and still
-    read): the server then sends an SSE comment, and only a reset in answer counts."""
+    read): the server then sends an SSE comment, and only a reset in answer counts. Before the
+    response's head there is no comment to send; `waiting` (a request waiting for a slot, whose
+    head will not come until it has one) probes with a `100 Continue` instead, so a client that
+    gave up leaves the queue before its provider request is ever sent."""
     gone = False
 
     async def watch(scope: trio.CancelScope) -> None:
@@ -86,7 +91,7 @@ async def until_gone(http: HttpConnection, body: Callable[[], Awaitable[None]]) 
         while (more := await stream.receive_ahead()) is True:
             pass
         if more is None:  # the end of its requests: a close, or a half-close
-            while not await _probe(http):  # noqa: ASYNC110 (no event says the head went)
+            while not await _probe(http, waiting):  # noqa: ASYNC110 (no event says the head went)
                 await trio.sleep(_PROBE_EVERY)
             await trio.sleep(_PROBE_WAIT)  # a client that closed answers the probe with a reset
             if not await stream.reset_by_peer():
@@ -104,14 +109,15 @@ async def until_gone(http: HttpConnection, body: Callable[[], Awaitable[None]]) 
     return not gone
 
 
-async def _probe(http: HttpConnection) -> bool:
-    """Send an SSE comment, if the streamed body has begun (False when it has not): a client
-    that closed its connection answers it with a reset, one that half-closed reads it as
-    nothing."""
-    if http.conn.our_state is not h11.SEND_BODY:
-        return False
-    await http.send_data(SSE_PROBE)
-    return True
+async def _probe(http: HttpConnection, waiting: bool) -> bool:
+    """Send an SSE comment, if the streamed body has begun, or (`waiting`) a `100 Continue`
+    before any response; False when neither can go out. A client that closed its connection
+    answers either with a reset; one that half-closed reads the comment as nothing, the 1xx as
+    the interim answer every HTTP/1.1 client knows."""
+    if http.conn.our_state is h11.SEND_BODY:
+        await http.send_data(SSE_PROBE)
+        return True
+    return waiting and await http.send_continue()
 
 
 async def end_stream(http: HttpConnection, completed: bool, within: float) -> None:

@@ -72,7 +72,8 @@ async def run_wire_turn(
     `pump` write it; a client that leaves cancels the turn. The ticket is released here."""
     try:
         admit = functools.partial(shared.admission.admit, ticket)
-        if not shared.admission.try_admit(ticket) and not await until_gone(http, admit):
+        queued = not shared.admission.try_admit(ticket)
+        if queued and not await until_gone(http, admit, waiting=True):
             raise CloseConnection
         policy = shared.config.policy or Policy()
         send, receive = trio.open_memory_channel[list[UniItem]](policy.channel_size)
