@@ -300,54 +300,52 @@ class Grammar:
                 head = queue[0]
                 kind = head.kind
                 values = event.values
-                if head.index == event.index and kind == event.kind and all(values):
-                    if self.runs and (
+                if (
+                    head.index == event.index
+                    and kind == event.kind
+                    # the kinds the UniEvents below are made for; any other goes the slow way
+                    and (
                         kind == "text"
                         or kind == "thinking"
                         or (kind == "tool_call" and head.started)
-                    ):  # the kinds the UniEvents below are made for; any other goes the slow way
+                    )
+                    and all(values)
+                ):
+                    if self.runs:
                         out.append(DeltaRun(kind, values))  # type: ignore[arg-type]
                         self.folded += len(values) - 1
-                    elif kind == "text":
+                    else:
                         if now < 0:  # (a run needs no stamp: it is read here, for UniEvents)
                             now = self._clock()
-                        out += [
-                            UniEvent(
-                                event_type="delta",
-                                content_items=[TextDelta(text=v)],
-                                created_at=now,
-                            )
-                            for v in values
-                        ]
-                    elif kind == "thinking":
-                        if now < 0:
-                            now = self._clock()
-                        out += [
-                            UniEvent(
-                                event_type="delta",
-                                content_items=[ThinkingDelta(thinking=v)],
-                                created_at=now,
-                            )
-                            for v in values
-                        ]
-                    elif kind == "tool_call" and head.started:
-                        if now < 0:
-                            now = self._clock()
-                        out += [
-                            UniEvent(
-                                event_type="delta",
-                                content_items=[
-                                    ToolCallDelta(name="", arguments=v, tool_call_id="")
-                                ],
-                                created_at=now,
-                            )
-                            for v in values
-                        ]
-                    else:
-                        self.feed(event, out)
-                        if self._stopped:
-                            return
-                        continue
+                        if kind == "text":
+                            out += [
+                                UniEvent(
+                                    event_type="delta",
+                                    content_items=[TextDelta(text=v)],
+                                    created_at=now,
+                                )
+                                for v in values
+                            ]
+                        elif kind == "thinking":
+                            out += [
+                                UniEvent(
+                                    event_type="delta",
+                                    content_items=[ThinkingDelta(thinking=v)],
+                                    created_at=now,
+                                )
+                                for v in values
+                            ]
+                        else:
+                            out += [
+                                UniEvent(
+                                    event_type="delta",
+                                    content_items=[
+                                        ToolCallDelta(name="", arguments=v, tool_call_id="")
+                                    ],
+                                    created_at=now,
+                                )
+                                for v in values
+                            ]
                     head.started = True
                     chunks = head.chunks
                     chunks += values

@@ -210,8 +210,7 @@ class Handler:
         grammar = decoder.grammar
         grammar.runs = runs = not hops and not out.wants_deltas  # (`DeltaRun`)
         folded = 0  # `grammar.folded` as last counted
-        held: list[Item] = []  # runs not handed on yet (`_HELD_RUNS`)
-        reset_owed = self._pending_reset  # this attempt's reset, not handed on yet
+        held: list[Item] = []  # runs not handed on yet, after this attempt's reset if owed
         clock = trio.lowlevel.current_clock().current_time  # `trio.current_time`, one call fewer
         sent_at = clock()
         deadline = min(sent_at + policy.initial_event_timeout, self._total_deadline)
@@ -293,24 +292,20 @@ class Handler:
                             count += grammar.folded - folded
                             folded = grammar.folded
                         emitted += count
+                        items = self._items(batch, count)
                         if (
                             runs
                             and len(batch) == 1
                             and type(batch[0]) is DeltaRun
                             and len(held) < _HELD_RUNS
                         ):
-                            held += batch  # a run alone: only the accumulator reads it
-                            self.events += count
-                            self.emitted_attempt = True
+                            held += items  # a run alone: only the accumulator reads it
                             offered = True
-                        elif held:
-                            held += batch
-                            offered = out.offer(self._items(held, count))
-                            held = []
-                            reset_owed = False
                         else:
-                            offered = out.offer(self._items(batch, count))
-                            reset_owed = False
+                            if held:  # (a reset they hold came first: it is in them)
+                                held += items
+                                items, held = held, []
+                            offered = out.offer(items)
                         if moved:  # (after the hand-over: the first delta does not wait for it)
                             reading.deadline = armed
                             moved = False
@@ -355,10 +350,8 @@ class Handler:
         except RilletError as exc:
             return self._failure_of(exc, emitted)
         finally:
-            if held:  # the attempt's last runs, before anything else can read the accumulator,
-                # after the reset owed to this attempt if it is still owed (a failure noted
-                # already owes the next attempt its own); no sink, no handle: always taken
-                out.offer([AttemptReset(self.attempts), *held] if reset_owed else held)
+            if held:  # the attempt's last runs, before anything can read the accumulator
+                out.offer(held)  # (no sink, no handle: it always takes them)
             if response is not None:
                 await response.aclose()
 

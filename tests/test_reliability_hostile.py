@@ -527,13 +527,8 @@ async def test_s25_a_client_that_half_closes_after_its_request_gets_its_whole_st
                 await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
                 await stream.send_eof()
                 sse = await read_all(stream)
-            body = msgspec.json.encode(mmsp_body())
             async with await connect(served.url) as stream:
-                await stream.send_all(
-                    b"POST /v1/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                    % (len(body), body)
-                )
+                await stream.send_all(mmsp_request())
                 await stream.send_eof()
                 mmsp = await read_all(stream)
     events = events_of(sse)
@@ -601,16 +596,24 @@ async def test_s25_a_client_that_leaves_the_queue_never_costs_a_provider_request
 
 
 async def test_s25_a_client_that_half_closes_in_the_queue_gets_its_whole_stream() -> None:
-    script = [text_reply([f"w{n} " for n in range(5)], chunk_delay=0.05)]
+    words = [f"w{n} " for n in range(5)]
+    script = [text_reply(words, stall_after=3), text_reply(words)]  # the run's, the stream's
     limits = Limits(max_streams=1, heartbeat=3600)
     with trio.fail_after(20):
         async with serving(script, limits=limits) as served:
-            run = await served.start()  # the one slot, for a quarter of a second
+            run = await served.start()  # the one slot, held until the run is cancelled
             async with await connect(served.url) as stream:
                 await stream.send_all(mmsp_request())
+                await queued(served, 1)
                 await stream.send_eof()
-                answer = await read_all(stream)
-            await served.wait_for(run["run_id"])
+                answer = b""
+                while b"\r\n\r\n" not in answer:  # the probe's answer, while still queued
+                    answer += await stream.receive_some()
+                cancelled = await served.client.delete(
+                    f"/v1/runs/{run['run_id']}", headers={"authorization": f"Bearer {run['token']}"}
+                )
+                answer += await read_all(stream)
+    assert cancelled.status_code == 202
     interim, _, final = answer.partition(b"\r\n\r\n")
     assert interim == b"HTTP/1.1 100 Continue"  # the probe: it half-closed, so read on
     assert final.startswith(b"HTTP/1.1 200 ")

@@ -62,6 +62,7 @@ _MAX_UNREAD = 64 * 1024  # bytes a streaming response reads ahead of the next re
 _MAX_LINGER = 1024 * 1024  # bytes read and dropped before a refused client is closed
 _GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
 _CHUNKED = b"\r\ntransfer-encoding: chunked\r\n"
+_CONTINUE = h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")
 _WRITE_TIMEOUT = 30.0  # seconds a write may make no progress before the connection is cut
 _YIELD_EVERY = 16  # h11 events a body reader handles before letting other tasks run
 _MAX_PIECES = 8192  # h11 data events one request body may take (1-byte chunks are refused)
@@ -372,9 +373,7 @@ class HttpConnection:
             raise BodyTooLarge
         with trio.move_on_after(within):
             if self.conn.they_are_waiting_for_100_continue:
-                await self._send(
-                    h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")
-                )
+                await self._send(_CONTINUE)
             body = bytearray()
             pieces = 0
             while True:
@@ -446,7 +445,7 @@ class HttpConnection:
         read any 1xx before its response; HTTP/1.0 has none): whether it went out."""
         if self.conn.our_state is not h11.SEND_RESPONSE or self.conn.their_http_version != b"1.1":
             return False
-        await self._send(h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue"))
+        await self._send(_CONTINUE)
         return True
 
     async def send_data(self, data: bytes) -> None:
