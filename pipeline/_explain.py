@@ -32,7 +32,7 @@ from ._errors import (
 if TYPE_CHECKING:
     from .providers._base import Provider
 
-__all__ = ["explain", "mask_keys"]
+__all__ = ["RETRY_SAID", "explain", "mask_keys"]
 
 # a token that looks like a credential: a known key prefix, then key characters (OpenAI's own
 # error messages echo the key with stars in the middle: `sk-abc1**********3456`)
@@ -62,6 +62,19 @@ _TRANSPORT_KINDS = {
     "ReadTimeout": "timed out reading",
     "ProxyError": "the proxy failed",
 }
+
+
+RETRY_SAID = {
+    "connect_failed": "could not connect",
+    "connection_lost": "the connection broke off",
+    "stalled": "no data came in time",
+    "overloaded": "the provider is overloaded",
+    "server_error": "the provider had a server error",
+    "unreadable_stream": "the stream came garbled",
+    "provider_error": "the provider reported an error",
+}
+"""What a retry's `status` event says its cause is, for a person: one phrase per safe code
+(`RETRY_REASONS`)."""
 
 
 def mask_keys(text: str, provider: Provider | None = None) -> str:

@@ -63,10 +63,12 @@ __all__ = [
     "CAUSE_SHAPES",
     "ERROR_SHAPES",
     "PERMANENT_CODES",
+    "RETRY_REASONS",
     "STATUS_SHAPES",
     "cause_of",
     "error_shape",
     "http_shape",
+    "retry_reason",
     "status_shape",
 ]
 
@@ -179,3 +181,35 @@ def http_shape(status: int, error: ProviderError, should_retry: str = "") -> Sha
     if should_retry == "true" and shape is Shape.PERMANENT:
         shape = Shape.TRANSPORT
     return shape
+
+
+RETRY_REASONS = (
+    "connect_failed",
+    "connection_lost",
+    "stalled",
+    "overloaded",
+    "server_error",
+    "unreadable_stream",
+    "provider_error",
+)
+"""The safe codes a retry's `status` event names its cause with (`retry_reason`)."""
+
+
+def retry_reason(error: BaseException | None) -> str:
+    """Why an attempt is retried, as a safe code (`RETRY_REASONS`): what a person waiting on the
+    retry is told, never the provider's own words."""
+    if isinstance(error, TransportError):
+        return "connect_failed" if error.kind.startswith("Connect") else "connection_lost"
+    if isinstance(error, IncompleteStreamError):
+        return "connection_lost"  # the bytes stopped before the reply's end
+    if isinstance(error, TurnTimeout):
+        return "stalled"
+    if isinstance(error, OverloadedError):
+        return "overloaded"
+    if isinstance(error, ProviderError) and (
+        isinstance(error, ServerError) or (error.status is not None and error.status >= 500)
+    ):
+        return "server_error"
+    if isinstance(error, FrameError):
+        return "unreadable_stream"  # not JSON, bad UTF-8: corrupted on the way
+    return "provider_error"

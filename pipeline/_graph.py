@@ -376,7 +376,7 @@ class AccumulatorActor:
                 unis.append(item)
                 runs.append(builder.reset(item.attempt))
             elif type(item) is Status:
-                runs.append(builder.status(item.phase, item.attempt, item.delay))
+                runs.append(builder.status(item.phase, item.attempt, item.delay, item.reason))
             else:
                 break
             first += 1

@@ -53,7 +53,7 @@ from ._errors import (
     TransportError,
     TurnTimeout,
 )
-from ._failures import error_shape, http_shape
+from ._failures import error_shape, http_shape, retry_reason
 from ._hedge import open_hedged
 from ._markers import (
     AttemptOpen,
@@ -495,7 +495,8 @@ class Handler:
             return Outcome.EVENT_TIMEOUT if failure.shape is Shape.STALL else self._failed()
         delay = backoff_delay(policy, self._transport_used)
         self._transport_used += 1
-        await self._put(out, [Status("backing_off", self.attempts + 1, delay)])
+        reason = retry_reason(failure.error)
+        await self._put(out, [Status("backing_off", self.attempts + 1, delay, reason)])
         with trio.move_on_at(self._total_deadline):
             await trio.sleep(delay)
             return None
@@ -545,7 +546,8 @@ class Handler:
         policy = self.policy
         self._rescue_failure = None
         if announce:
-            await self._put(out, [Status("rescuing", self.attempts + 1)])
+            reason = retry_reason(self.error)
+            await self._put(out, [Status("rescuing", self.attempts + 1, reason=reason)])
         await self._take_token()
         start = trio.current_time()
         if start >= self._total_deadline:

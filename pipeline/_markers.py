@@ -37,6 +37,7 @@ class Status(msgspec.Struct, frozen=True, gc=False):
     phase: str  # requesting | waiting_rate_limit | backing_off | rescuing
     attempt: int
     delay: float = 0.0
+    reason: str | None = None  # why the last attempt failed, a safe code (`retry_reason`)
 
 
 class AttemptOpen(msgspec.Struct, frozen=True, gc=False):

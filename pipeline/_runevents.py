@@ -86,7 +86,9 @@ class StatusEvent(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag=
     `fallback` (the next provider of a chain answers), `candidate_rejected` (buffered delivery).
 
     `step` is the agent step it belongs to; `provider` / `model` name who answers (`fallback`);
-    `reason_code` is a safe code (`candidate_rejected`)."""
+    `reason_code` is a safe code: why the last attempt failed (`backing_off`, `rescuing`: one
+    of `RETRY_REASONS`, such as `connect_failed` or `stalled`), or why a candidate was
+    rejected (`candidate_rejected`)."""
 
     phase: str
     attempt: int
@@ -297,10 +299,14 @@ class RunEventBuilder:
         """`run.started`."""
         return RunStarted(**self._env(), provider=provider, model=model)
 
-    def status(self, phase: str, attempt: int, delay: float = 0.0) -> RunEvent:
-        """A `status` event."""
+    def status(
+        self, phase: str, attempt: int, delay: float = 0.0, reason: str | None = None
+    ) -> RunEvent:
+        """A `status` event (`reason`: the safe code of why a retry or the rescue follows)."""
         delay_ms = int(delay * 1000) if delay else None
-        return StatusEvent(**self._env(), phase=phase, attempt=attempt, delay_ms=delay_ms)
+        return StatusEvent(
+            **self._env(), phase=phase, attempt=attempt, delay_ms=delay_ms, reason_code=reason
+        )
 
     def reset(self, attempt: int) -> RunEvent:
         """`attempt.reset`: the text so far is void."""

@@ -15,7 +15,7 @@ import pytest
 import trio
 from rillet.transports.testing import Reply, openai_text_stream, sse
 
-from .test_browser import Browser, _chromium, paced, save
+from .test_browser import Browser, _chromium, broken_after, paced, save
 from .test_server import serving
 
 if TYPE_CHECKING:
@@ -378,6 +378,44 @@ async def test_an_error_is_a_sentence_with_a_retry_button(chromium: Browser) -> 
     assert seen["pill_after"] == "done"
     assert not seen["retry_after"]
     assert "Try me" in str(second["messages"][-1])  # the same prompt, asked again
+
+
+async def test_a_retry_says_why_while_the_page_waits(chromium: Browser) -> None:
+    """A 502, then a stream cut off: while each retry waits, the page says what went wrong."""
+    bad_gateway = Reply(
+        status=502,
+        chunks=(b'{"error": {"message": "upstream detail"}}',),
+        content_type="application/json",
+    )
+    cut = broken_after(["Lost ", "words "], kept=1, pace=0.05)
+
+    def steps(page: Page) -> dict[str, Any]:
+        page.evaluate(
+            """() => {
+              window.__phases = [];
+              const phase = document.getElementById("phase");
+              new MutationObserver(() => window.__phases.push(phase.textContent))
+                .observe(phase, { childList: true, characterData: true, subtree: true });
+            }"""
+        )
+        page.locator("#prompt").fill("Again")
+        page.locator("#start").click()
+        page.wait_for_function(
+            "() => document.getElementById('outcome').textContent.startsWith('completed')"
+        )
+        return {
+            "phases": page.evaluate("() => window.__phases.filter((t) => t)"),
+            "answer": page.locator("#answer").text_content(),
+        }
+
+    with trio.fail_after(40):
+        async with serving([bad_gateway, cut, paced(["Third ", "time."])]) as served:
+            seen = await chromium.run(_in_browser(served.url, steps))
+    assert seen["errors"] == []
+    failed = [t for t in seen["phases"] if t.startswith("That attempt failed")]
+    assert failed[0].startswith("That attempt failed (the provider had a server error); attempt 2")
+    assert failed[1].startswith("That attempt failed (the connection broke off); attempt 3")
+    assert seen["answer"] == "Third time."
 
 
 async def test_the_page_has_an_icon() -> None:

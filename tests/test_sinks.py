@@ -707,6 +707,8 @@ async def test_a_real_retry_shows_the_marker_and_the_restarted_text(tmp_path: Pa
     assert result.ok
     assert result.attempts == 2
     assert out.getvalue() == "Hello\nHello, world!\n"
-    assert err.getvalue() == "retrying (attempt 2) in 10 ms\n[attempt 2: output restarted]\n"
+    assert err.getvalue() == (
+        "retrying (attempt 2) in 10 ms: the connection broke off\n[attempt 2: output restarted]\n"
+    )
     lines = [json.loads(line) for line in uni_file.read_bytes().splitlines()]
     assert {"type": "attempt.reset", "attempt": 2} in lines

@@ -24,6 +24,7 @@ from contextlib import asynccontextmanager
 from typing import IO, TYPE_CHECKING, TextIO
 
 import trio
+from rillet._explain import RETRY_SAID
 from rillet._public import fixup_module_metadata as _fixup_module_metadata
 from rillet._runevents import (
     AnswerDelta,
@@ -193,8 +194,9 @@ class TerminalSink:
 
     - The answer text is written to `out` as it arrives and flushed once per batch.
     - Retries, rate-limit waits and the final error are one-line messages on `err`
-      (`retrying (attempt 2) in 0.1 s`, `rate limited: waiting 5 s`, `error: timeout`); a
-      completed run adds nothing there. A tool call is one line: `→ calling get_weather`.
+      (`retrying (attempt 2) in 0.1 s: could not connect`, `rate limited: waiting 5 s`,
+      `error: timeout`); a completed run adds nothing there. A tool call is one line:
+      `→ calling get_weather`.
     - Reasoning goes to `err`, dimmed on a terminal, only with `show_reasoning` (and only
       arrives when the turn was started with `reasoning=True`).
     - At the end, `out` gets a final newline if the text did not end with one.
@@ -398,7 +400,8 @@ class TerminalSink:
             message = f"retrying without streaming (attempt {event.attempt})"
         else:
             message = f"{phase} (attempt {event.attempt})"
-        self._line(message)
+        said = RETRY_SAID.get(event.reason_code or "")
+        self._line(f"{message}: {said}" if said else message)
 
     def _reset(self, attempt: int) -> None:
         self._waiting = True
