@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import socket
 
 import pytest
 from rillet import (
@@ -39,6 +40,29 @@ def _refused() -> TransportError:
 def test_a_refused_connection_names_host_cause_and_attempts() -> None:
     line = explain(_refused(), PROVIDER, attempts=4)
     assert line.startswith("cannot connect to api.example.com:443: connection refused (4 attempts)")
+
+
+def _lookup_failed(number: int, words: str) -> TransportError:
+    error = TransportError("openai-chat", "ConnectError")
+    error.__cause__ = socket.gaierror(number, words)
+    return error
+
+
+@pytest.mark.parametrize(
+    ("number", "words", "cause"),
+    [
+        (socket.EAI_NONAME, "Name or service not known", "no such host"),
+        (socket.EAI_AGAIN, "Temporary failure in name resolution", "could not be looked up"),
+    ],
+)
+def test_a_name_that_does_not_resolve_points_at_the_host_and_the_network(
+    number: int, words: str, cause: str
+) -> None:
+    line = explain(_lookup_failed(number, words), PROVIDER, attempts=5)
+    assert line.startswith("cannot connect to api.example.com:443: ")
+    assert cause in line
+    assert line.endswith("— check the host in --base-url, and this machine's network")
+    assert "is the server running" not in line  # a server that has no address is not down
 
 
 def test_the_same_failure_in_stream_and_rescue_is_said_once() -> None:
