@@ -1113,6 +1113,15 @@ async def test_f17_in_stream_overloaded_or_server_error_resets_and_retries(
         saw=expect("start", "D", "reset", *OK_SEEN, END_OK),
         text=TEXT,
     )
+    # the retry names the provider's side: overloaded where it said so (Anthropic's type,
+    # Gemini's UNAVAILABLE), a server error where it said that, and Ollama says no more
+    said = [e.reason_code for e in run.events if isinstance(e, StatusEvent)]
+    if b"overloaded" in error or b"UNAVAILABLE" in error:
+        assert said == ["overloaded"]
+    elif dialect == "ollama":
+        assert said == ["provider_error"]
+    else:
+        assert said == ["server_error"]
 
 
 RATE_IN_STREAM = [

@@ -31,11 +31,9 @@ from rillet.transports.sinks import TerminalSink
 
 from .test_handler import (
     HANG,
-    SERVER_SIDE,
     Answer,
     Raise,
     Run,
-    first_delta_then,
     ok,
     partial,
     play,
@@ -116,21 +114,6 @@ async def test_a_5xx_status_is_retried_as_server_error(
 ) -> None:
     run = await play([status(502), ok()])
     assert reasons(run) == [("backing_off", "server_error")]
-
-
-@pytest.mark.parametrize(
-    ("dialect", "error"), SERVER_SIDE, ids=[f"{d}-{i}" for i, (d, _) in enumerate(SERVER_SIDE)]
-)
-async def test_an_in_stream_server_error_names_the_provider_side(
-    autojump_clock: trio.testing.MockClock, dialect: str, error: bytes
-) -> None:
-    wire, failing, good = first_delta_then(dialect, error)
-    run = await play([failing, good], dialect=wire)
-    [(phase, code)] = reasons(run)
-    assert phase == "backing_off"
-    assert code in ("overloaded", "server_error", "provider_error")
-    if b"overloaded" in error:
-        assert code == "overloaded"
 
 
 async def test_a_rate_limit_wait_carries_no_retry_reason(
