@@ -294,6 +294,41 @@ def test_a_non_streaming_body_keeps_server_tool_blocks_and_citations() -> None:
     ]
 
 
+def test_a_message_that_starts_with_its_content_reads_as_the_same_body() -> None:
+    # a client tool called from code execution: the whole reply is in `message_start`
+    called = {
+        "type": "tool_use",
+        "id": "toolu_1",
+        "name": "roll",
+        "input": {"player": "p2"},
+        "caller": {"type": "code_execution_20250825", "tool_id": "srvtoolu_1"},
+    }
+    message = {
+        "id": "msg_1",
+        "model": "claude",
+        "content": [SEARCH_RESULT, called],
+        "stop_reason": "tool_use",
+        "usage": {"input_tokens": 10, "output_tokens": 5},
+    }
+    entries = decode(sse({"type": "message_start", "message": message}, {"type": "message_stop"}))
+    assert entries == decode_body(message)
+    assert entries[-1]["finish_reason"] == "tool_call"
+    assert [e["name"] for e in entries if e["type"] == "tool_call.done"] == ["roll"]
+    assert {"block": SEARCH_RESULT} in [e.get("fidelity") for e in entries]
+
+
+def test_blocks_streamed_after_a_started_content_follow_it() -> None:
+    message = {
+        "id": "msg_1",
+        "model": "claude",
+        "content": [{"type": "text", "text": "Hi"}],
+        "usage": {"input_tokens": 10},
+    }
+    data = sse({"type": "message_start", "message": message}, *text_block(1, " there"), *end())
+    texts = [e["text"] for e in decode(data) if e["type"] == "text.done"]
+    assert texts == ["Hi", " there"]
+
+
 def test_a_paused_turn_goes_back_with_its_server_blocks_verbatim() -> None:
     entries = decode(paused_stream())
     dones = [e for e in entries if e["type"] == "text.done"]

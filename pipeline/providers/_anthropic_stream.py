@@ -312,8 +312,14 @@ class _StreamDecoder:
         if type(event) is _MessageStart:
             message = event.message
             out: list[LaneEvent] = [MessageStart(message.id, message.model)]
-            if message.usage is not None:
-                out.append(MessageDelta(usage=_usage(message.usage)))
+            # a message may start with blocks already in it (a client tool called from code
+            # execution: the whole `tool_use` there, its stop reason too, then `message_stop`):
+            # each is read whole, as in a non-streaming body
+            for index, raw in enumerate(message.content):
+                out += _whole_block(index, raw)
+            if message.usage is not None or message.stop_reason is not None:
+                usage = _usage(message.usage) if message.usage is not None else None
+                out.append(MessageDelta(finish_reason=message.stop_reason, usage=usage))
             return out
         if type(event) is _MessageDelta:
             usage = _usage(event.usage) if event.usage is not None else None
