@@ -238,6 +238,21 @@ class SSEDecoder:
                 raise failed
         return out
 
+    def end_block(self) -> list[Any]:
+        """The held event as if its last line had ended and its blank line had come: for a
+        reader that, at end of input, takes such an event whose data is whole rather than
+        discarding it (`WireDecoder.close`). Nothing when no event is held. Call it just before
+        `close`; feeding more after it reads on from an empty block."""
+        if self._error is not None or not self._held:
+            return []
+        if self._in_comment or not self._held_lf:  # a line (or a comment line) to end first
+            end = b"\n\n"
+        else:  # the last line ended (a CR that ended it waits for its LF)
+            end = b"\r" if self._skip_lf else b"\n"
+        events = self.feed(end)
+        self.offset -= len(end)  # those bytes never came
+        return events
+
     def close(self) -> list[SSEEvent]:
         """End of input: an event not ended by a blank line is discarded, as the standard says,
         but a `retry` line of it whose line ended still sets the reconnection time (and a comment

@@ -211,7 +211,15 @@ class WireDecoder:
             self._body = []
             self._lanes(self._decode_body(body), out)
         else:
-            self._frames(self._framer.close(), out)
+            framer = self._framer
+            if type(framer) is SSEDecoder and not self.stopped:
+                # the last event lacks only its blank line: read it if its data is whole (the
+                # terminal `[DONE]`, or JSON), as NDJSON reads a last line without its LF; a
+                # cut in its data leaves JSON that does not parse, a truncation still
+                last = framer.end_block()
+                if last and all(_whole(frame) for frame in last):
+                    self._frames(last, out)
+            self._frames(framer.close(), out)
         self._lanes(self._stream_close(), out)
         if self._checks:
             out.extend(self.grammar.close())
@@ -327,6 +335,18 @@ class _Messages:
 
     def close(self) -> list[bytes]:
         return []
+
+
+def _whole(frame: Any) -> bool:
+    """Whether an SSE frame's data is a whole value: `[DONE]`, or JSON that parses."""
+    data = frame if type(frame) is bytes else frame[1] if type(frame) is tuple else frame.data
+    if data == b"[DONE]" or data == "[DONE]":
+        return True
+    try:
+        msgspec.json.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return False
+    return True
 
 
 def _text(frame: Any) -> str:
