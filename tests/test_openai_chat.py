@@ -766,6 +766,24 @@ def test_whole_calls_at_one_index_with_new_ids_are_separate_calls() -> None:
     ]
 
 
+@pytest.mark.parametrize("head_index", [{}, {"index": 0}], ids=["no index", "index 0"])
+def test_fragments_without_an_index_that_repeat_their_call_id_continue_that_call(
+    head_index: dict[str, Any],
+) -> None:
+    head = {**head_index, "id": "call_1", "function": {"name": "f", "arguments": ""}}
+    parts = [{"id": "call_1", "function": {"arguments": a}} for a in ('{"a":', " 1}")]
+    data = sse(
+        chunk({"tool_calls": [head]}),
+        *(chunk({"tool_calls": [part]}) for part in parts),
+        chunk(finish="tool_calls", usage=USAGE),
+        "[DONE]",
+    )
+    done = [e for e in decode(data) if e["type"] == "tool_call.done"]
+    assert done == [
+        {"type": "tool_call.done", "name": "f", "arguments": {"a": 1}, "tool_call_id": "call_1"}
+    ]
+
+
 def test_calls_without_ids_get_their_function_name() -> None:
     calls = [
         {"function": {"name": "f", "arguments": "{}"}},

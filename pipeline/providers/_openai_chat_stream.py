@@ -19,10 +19,11 @@ wire field starts (the lanes of the previous field close):
   `fidelity {"reasoning_field": "content"}` (sent back as such chunks); other chunk types are
   skipped.
 * `tool_calls`: one tool lane per call, told apart by the call's `index` (and by a new `id` at
-  an index already in use, as servers that send whole calls at index 0 do). Earlier calls stay
-  open when a later index appears, since fragments of parallel calls may interleave; the grammar
-  holds later calls back until earlier ones close. A call without an id gets its function's name
-  (`name#2`... for repeats).
+  an index already in use, as servers that send whole calls at index 0 do); a fragment without
+  an index goes to the open call whose `id` it repeats, else to the call streaming now. Earlier
+  calls stay open when a later index appears, since fragments of parallel calls may interleave;
+  the grammar holds later calls back until earlier ones close. A call without an id gets its
+  function's name (`name#2`... for repeats).
 * `audio` (OpenAI audio output): its base64 `data` fragments are decoded into one inline_data
   lane (`fidelity {"audio_id"}` carries the id to send back), its `transcript` fragments are a
   text lane after it. The audio lane opens first so the audio streams live. Streamed audio is
@@ -418,6 +419,8 @@ class ChatStreamDecoder:
             arguments = function.arguments if function is not None else None
             name = (function.name if function is not None else None) or ""
             key = call.index
+            if key is None and call.id:  # no index, but the id of an open call: that call
+                key = next((k for k, (_, known) in tools.items() if known == call.id), None)
             if key is None:  # no index: an id or a name starts a call, else it continues one
                 if call.id or name or self._last_key is None:
                     self._keys += 1
