@@ -465,6 +465,16 @@ QUOTA_CODES = frozenset({"insufficient_quota", "billing_hard_limit_reached", "bi
 """Provider error codes no wait or retry cures, the account must change first: an error with one
 is a plain `ProviderError` carrying the code, never a `RateLimitError`, even sent with a 429."""
 
+REQUEST_TOO_LARGE = "request_too_large"
+"""The code of a request larger than the provider takes (Anthropic's 413 type, and OpenAI's 429
+`rate_limit_exceeded` whose message says the request alone asks for more than the limit:
+`Request too large ... Limit 30000, Requested 35364`). The same request would get the same
+answer however long it waited: it must shrink first. Like a quota code, it is a plain
+`ProviderError` carrying the code, never a `RateLimitError`."""
+
+UNCURABLE_CODES = QUOTA_CODES | {REQUEST_TOO_LARGE}
+"""Provider error codes that no retry or wait cures."""
+
 
 class RateLimitError(ProviderError):
     """The provider is rate limiting us (429, `rate_limit_error`, `RESOURCE_EXHAUSTED`)."""

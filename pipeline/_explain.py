@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ._errors import (
+    QUOTA_CODES,
+    REQUEST_TOO_LARGE,
     AuthenticationError,
     ConfigurationError,
     EmptyResponseError,
@@ -185,6 +187,14 @@ def _provider_error(
         what = "permission denied" if error.status == 403 else "authentication failed"
         check = key_hint or "the API key (--api-key)"
         return f"{what}{status}{said} — check {check}"
+    code = (error.error_type or "").lower()
+    if code == REQUEST_TOO_LARGE:
+        return (
+            f"the request is larger than the provider takes{status}{said} — send less (a "
+            "shorter conversation, fewer tools, a lower --max-tokens) or ask for a higher limit"
+        )
+    if code in QUOTA_CODES:
+        return f"the account cannot pay for this request{status}{said} — check its plan and billing"
     if isinstance(error, RateLimitError):
         wait = (
             f"; the provider asked to wait {error.retry_after:g} s"

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._errors import (
-    QUOTA_CODES,
+    UNCURABLE_CODES,
     AuthenticationError,
     ConfigurationError,
     EmptyResponseError,
@@ -102,8 +102,9 @@ ERROR_SHAPES: Mapping[type[RilletError], Shape] = {
 }
 """The shape of each error class (its own, before any cause)."""
 
-PERMANENT_CODES = QUOTA_CODES
-"""Provider error codes that no retry or wait cures: the account must change first (F55)."""
+PERMANENT_CODES = UNCURABLE_CODES
+"""Provider error codes that no retry or wait cures: the account must change first (F55), or
+the request must shrink (`request_too_large`)."""
 
 CAUSE_SHAPES: Mapping[tuple[type[RilletError], str], Shape] = {
     (MalformedFrameError, "not_json"): T,  # cut short or corrupted on the way (F22)

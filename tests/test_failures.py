@@ -194,6 +194,55 @@ def test_an_http_answer_takes_its_status_unless_the_body_or_the_header_says_othe
     assert http_shape(status, error, should) is shape
 
 
+TOO_LARGE = (
+    "Request too large for gpt-4o-mini in organization org-x on tokens per min (TPM): "
+    "Limit 30000, Requested 35364. The input or output tokens must be reduced in order to run "
+    "successfully."
+)
+REACHED = (
+    "Rate limit reached for gpt-4o in organization org-x on tokens per min (TPM): Limit 30000, "
+    "Used 29000, Requested 2,000. Please try again in 2s."
+)
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "code", "shape"),
+    [
+        (429, {"message": TOO_LARGE, "type": "tokens", "code": "rate_limit_exceeded"}, "too", P),
+        (None, {"message": TOO_LARGE, "code": "rate_limit_exceeded"}, "too", P),  # in stream
+        (429, {"message": "Limit: 1,000, Requested: 1,200", "type": "tokens"}, "too", P),
+        (429, {"message": REACHED, "type": "tokens", "code": "rate_limit_exceeded"}, "", R),
+        (None, {"message": REACHED, "code": "rate_limit_exceeded"}, "", R),
+        (None, {"type": "request_too_large", "message": "too big"}, "too", P),  # Anthropic's
+        (400, {"message": TOO_LARGE, "type": "invalid_request_error"}, "", P),  # not a limit
+        (429, {"message": "Limit 10, Requested x"}, "", R),
+    ],
+    ids=[
+        "http",
+        "in-stream",
+        "colons-commas",
+        "reached",
+        "reached-in-stream",
+        "anthropic",
+        "a-400",
+        "unreadable-numbers",
+    ],
+)
+def test_a_request_too_large_for_the_limit_itself_is_never_waited_for(
+    status: int | None, error: dict[str, object], code: str, shape: Shape
+) -> None:
+    """A rate limit the request alone exceeds: the same request gets the same answer however
+    long it waits, so it is permanent (and carries `request_too_large`), not a rate limit."""
+    typed = error_from_body(
+        "p", status, msgspec.json.encode({"error": error}), in_stream=status is None
+    )
+    assert (typed.error_type == "request_too_large") is (code == "too")
+    if code == "too":
+        assert type(typed) is ProviderError
+    got = http_shape(status, typed) if status is not None else error_shape(typed)
+    assert got is shape
+
+
 def test_an_http_quota_error_is_a_plain_provider_error_with_its_code() -> None:
     body = {"error": {"message": "q", "type": "insufficient_quota", "code": "insufficient_quota"}}
     error = error_from_body("p", 429, msgspec.json.encode(body))

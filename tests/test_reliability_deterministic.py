@@ -24,6 +24,7 @@ from rillet import (
     ProviderError,
     RateLimitError,
 )
+from rillet._explain import explain
 from rillet._policy import Outcome
 from rillet._runevents import RunDone
 from rillet.frames import DEFAULT_MAX_FRAME, SSEDecoder
@@ -54,6 +55,7 @@ from .test_handler import (
     ollama_lines,
     play,
     policy,
+    provider_for,
     rescue_ok,
     status,
 )
@@ -419,6 +421,37 @@ async def test_f55_an_http_429_insufficient_quota_is_permanent(
     assert (error.status, error.error_type) == (429, "insufficient_quota")
     assert run.result.retry_after is None
     assert run_done(run.events).requests == 1
+
+
+async def test_a_request_too_large_for_the_rate_limit_is_asked_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """OpenAI's 429 for a request that alone asks for more tokens than the per-minute limit:
+    waiting cannot make it fit, so it is sent once, and the person is told to send less."""
+    body = msgspec.json.encode(
+        {
+            "error": {
+                "message": "Request too large for gpt-4o in organization org-x on tokens per min "
+                "(TPM): Limit 30000, Requested 35364. The input or output tokens must be reduced "
+                "in order to run successfully.",
+                "type": "tokens",
+                "param": None,
+                "code": "rate_limit_exceeded",
+            }
+        }
+    )
+    answer = Answer(
+        status=429, body=[body], headers={"retry-after": "1"}, content_type="application/json"
+    )
+    run = await play([answer, ok()], rescue=rescue_ok())
+    check(run, at=[0.0], outcome=Outcome.INIT_FAILED, saw=expect("start", END_PROVIDER), text="")
+    error = run.result.error
+    assert type(error) is ProviderError
+    assert (error.status, error.error_type) == (429, "request_too_large")
+    assert run_done(run.events).requests == 1
+    said = explain(error, provider_for())
+    assert said.startswith("the request is larger than the provider takes (429): Request too")
+    assert "— send less" in said
 
 
 async def test_f55_insufficient_quota_in_the_stream_is_permanent(

@@ -10,13 +10,15 @@ msgspec into typed Structs whose unknown fields are ignored.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import attrs
 import msgspec
 from rillet._errors import (
-    QUOTA_CODES,
+    REQUEST_TOO_LARGE,
+    UNCURABLE_CODES,
     AuthenticationError,
     InvalidRequestError,
     MalformedFrameError,
@@ -331,8 +333,18 @@ def provider_error(
 
     A quota code (`insufficient_quota`, sent with a 429 or in the stream) is a plain
     `ProviderError` carrying the code, whatever the status: no wait or retry cures it, so it must
-    not pass for a rate limit."""
-    quota = next((t for t in error_types if t and t.lower() in QUOTA_CODES), None)
+    not pass for a rate limit. So is a rate limit whose message says the request alone asks for
+    more than the limit (`REQUEST_TOO_LARGE`)."""
+    quota = next((t for t in error_types if t and t.lower() in UNCURABLE_CODES), None)
+    if (
+        quota is None
+        and _too_large(message)
+        and (
+            status == 429
+            or any(t and _ERROR_TYPES.get(t.lower()) is RateLimitError for t in error_types)
+        )
+    ):
+        quota = REQUEST_TOO_LARGE  # a rate limit the request alone exceeds: waiting cannot help
     if quota is not None:
         return ProviderError(
             provider,
@@ -363,6 +375,26 @@ def provider_error(
         retry_after=retry_after,
         in_stream=in_stream,
     )
+
+
+_LIMIT = re.compile(r"\bLimit:? ([\d,]+)")
+_REQUESTED = re.compile(r"\bRequested:? ([\d,]+)")
+
+
+def _too_large(message: str) -> bool:
+    """Whether a rate limit's message says the request by itself exceeds the limit (OpenAI's
+    `Request too large for gpt-4o in organization ... (TPM): Limit 30000, Requested 35364.`)."""
+    if not message:
+        return False
+    if "request too large" in message.lower():
+        return True
+    limit, requested = _LIMIT.search(message), _REQUESTED.search(message)
+    if limit is None or requested is None:
+        return False
+    try:
+        return int(requested.group(1).replace(",", "")) > int(limit.group(1).replace(",", ""))
+    except ValueError:
+        return False
 
 
 def error_from_body(

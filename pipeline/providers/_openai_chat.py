@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 from rillet._errors import (
-    QUOTA_CODES,
+    UNCURABLE_CODES,
     AuthenticationError,
     OverloadedError,
     ProviderError,
@@ -104,8 +104,9 @@ def http_error(
     for 401/403/429/503, whose status is more specific than the body (OpenAI answers a bad key
     with 401 and `type: "invalid_request_error"`). `retry-after-ms` / `retry-after` are read."""
     error = error_from_body(provider, status, body)
-    # a quota code outranks the status: a 429 `insufficient_quota` is no rate limit
-    quota = (error.error_type or "").lower() in QUOTA_CODES
+    # a quota code outranks the status: a 429 `insufficient_quota` is no rate limit, nor is a
+    # request too large for the limit itself
+    quota = (error.error_type or "").lower() in UNCURABLE_CODES
     cls = type(error) if quota else _STATUS_WINS.get(status, type(error))
     return cls(
         provider,
