@@ -1,17 +1,14 @@
 """The library's manners, as a new user meets them: outcomes that print their names, `partial`
 only for an incomplete answer, `on_text` / `on_thinking` / `on_reset` callbacks, a clear error
-from asyncio, keywords through `nursery.start`, and the README's example, run as written."""
+from asyncio, keywords through `nursery.start`, and `stream=False` on the retry ladder (the
+README's examples run as written in `tests/test_readme.py`)."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import json
-import os
-import re
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
@@ -173,60 +170,6 @@ def test_asyncio_callers_are_told_rillet_runs_on_trio() -> None:
     for call in (with_run_turn, with_open_turn):
         with pytest.raises(RuntimeError, match=r"rillet runs on trio.*from asyncio.*trio\.run"):
             asyncio.run(call())
-
-
-def _readme_examples() -> list[str]:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    start = readme.index("## Embedding it")
-    section = readme[start : readme.index("\n## ", start + 1)]
-    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
-    assert len(blocks) == 2
-    return blocks
-
-
-async def _run_example(code: str, replies: int, cwd: Path) -> tuple[str, list[Any]]:
-    script = [fixture_reply(FIXTURES / "text.sse") for _ in range(replies)]
-    async with open_loopback_provider(script) as provider:
-        env = {k: v for k, v in os.environ.items() if not k.endswith(("_API_KEY", "_BASE_URL"))}
-        env.update(ANTHROPIC_API_KEY="sk-ant-test-0123456789", ANTHROPIC_BASE_URL=provider.url)
-        done = await trio.run_process(
-            [sys.executable, "-c", code],
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-            env=env,
-            cwd=cwd,
-        )
-        sent = [json.loads(r.body) for r in provider.requests]
-    assert done.returncode == 0, done.stderr
-    assert len(sent) == replies
-    return done.stdout.decode(), sent
-
-
-def _fixture_text() -> str:
-    expected = json.loads((FIXTURES / "text.expected.json").read_text())
-    return "".join(e["text"] for e in expected if e["type"] == "text.delta")
-
-
-@pytest.mark.slow
-async def test_the_readme_example_runs_as_written_and_prints_the_text(tmp_path: Path) -> None:
-    out, sent = await _run_example(_readme_examples()[0], 1, tmp_path)
-    lines = out.splitlines()
-    assert lines[0] == _fixture_text()
-    assert lines[1].startswith("Completed UsageMetadata(")
-    assert "Why is the sky blue?" in json.dumps(sent[0]["messages"])
-    assert "TextDelta(" not in out  # the text, not the event objects
-
-
-@pytest.mark.slow
-async def test_the_readme_events_example_runs_as_written(tmp_path: Path) -> None:
-    out, _ = await _run_example(_readme_examples()[1], 2, tmp_path)
-    text = _fixture_text()
-    assert out.splitlines() == [text, "Completed 1", text]
-    log = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
-    assert log[0]["type"] == "run.started"
-    assert log[-1]["type"] == "run.done"
-    assert "".join(e["delta"] for e in log if e["type"] == "answer.delta") == text
 
 
 async def test_stream_false_sends_non_streaming_requests_on_the_retry_ladder() -> None:
