@@ -243,6 +243,64 @@ def test_a_request_too_large_for_the_limit_itself_is_never_waited_for(
     assert got is shape
 
 
+GEMINI_NO_QUOTA = (
+    "You exceeded your current quota, please check your plan and billing details.\n* Quota "
+    "exceeded for metric: generativelanguage.googleapis.com/generate_content_free_tier_requests, "
+    "limit: 0, model: gemini-2.5-pro\nPlease retry in 26.4s."
+)
+GEMINI_PER_MINUTE = GEMINI_NO_QUOTA.replace("limit: 0,", "limit: 5,")
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "permanent"),
+    [
+        (429, GEMINI_NO_QUOTA, True),
+        (None, GEMINI_NO_QUOTA, True),
+        (429, GEMINI_PER_MINUTE, False),
+        (429, GEMINI_NO_QUOTA.replace("limit: 0,", "limit: 0.5,"), False),
+        (429, GEMINI_NO_QUOTA.replace("limit: 0,", "limit: 05,"), False),
+    ],
+    ids=["http", "in-stream", "per-minute", "a-fraction", "not-zero"],
+)
+def test_a_rate_limit_of_zero_is_a_spent_quota(
+    status: int | None, message: str, permanent: bool
+) -> None:
+    """Gemini's free tier names a model it does not include with `limit: 0`: no wait helps."""
+    body = {"error": {"code": 429, "message": message, "status": "RESOURCE_EXHAUSTED"}}
+    typed = error_from_body("gemini", status, msgspec.json.encode(body), in_stream=status is None)
+    if permanent:
+        assert (type(typed), typed.error_type) == (ProviderError, "insufficient_quota")
+        assert error_shape(typed) is P
+    else:
+        assert type(typed) is RateLimitError
+        assert http_shape(429, typed) is R
+
+
+@pytest.mark.parametrize(("value", "permanent"), [("0", True), (0, True), ("5", False)])
+def test_a_google_quota_failure_of_value_zero_is_a_spent_quota(
+    value: object, permanent: bool
+) -> None:
+    violation = {"quotaMetric": "m", "quotaId": "GenerateRequestsPerDayPerProjectPerModel-FreeTier"}
+    details = [
+        {
+            "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+            "violations": [{**violation, "quotaValue": value}],
+        },
+        {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "26s"},
+    ]
+    body = {
+        "error": {
+            "code": 429,
+            "message": "You exceeded your current quota.",
+            "status": "RESOURCE_EXHAUSTED",
+            "details": details,
+        }
+    }
+    typed = error_from_body("gemini", 429, msgspec.json.encode(body))
+    assert (type(typed) is ProviderError) is permanent
+    assert http_shape(429, typed) is (P if permanent else R)
+
+
 def test_an_http_quota_error_is_a_plain_provider_error_with_its_code() -> None:
     body = {"error": {"message": "q", "type": "insufficient_quota", "code": "insufficient_quota"}}
     error = error_from_body("p", 429, msgspec.json.encode(body))

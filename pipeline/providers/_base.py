@@ -334,17 +334,16 @@ def provider_error(
     A quota code (`insufficient_quota`, sent with a 429 or in the stream) is a plain
     `ProviderError` carrying the code, whatever the status: no wait or retry cures it, so it must
     not pass for a rate limit. So is a rate limit whose message says the request alone asks for
-    more than the limit (`REQUEST_TOO_LARGE`)."""
+    more than the limit (`REQUEST_TOO_LARGE`), or that the limit is 0 (`insufficient_quota`)."""
     quota = next((t for t in error_types if t and t.lower() in UNCURABLE_CODES), None)
-    if (
-        quota is None
-        and _too_large(message)
-        and (
-            status == 429
-            or any(t and _ERROR_TYPES.get(t.lower()) is RateLimitError for t in error_types)
-        )
-    ):
-        quota = REQUEST_TOO_LARGE  # a rate limit the request alone exceeds: waiting cannot help
+    limited = status == 429 or any(
+        t and _ERROR_TYPES.get(t.lower()) is RateLimitError for t in error_types
+    )
+    if quota is None and limited and message:
+        if _too_large(message):
+            quota = REQUEST_TOO_LARGE  # a rate limit the request alone exceeds: waiting won't do
+        elif _NO_QUOTA.search(message):
+            quota = "insufficient_quota"  # a limit of 0 (a model the plan does not include)
     if quota is not None:
         return ProviderError(
             provider,
@@ -377,6 +376,9 @@ def provider_error(
     )
 
 
+_NO_QUOTA = re.compile(r"\blimit:? 0(?!\d|[.,]\d)", re.IGNORECASE)
+"""A rate limit whose limit is 0 (Gemini's `Quota exceeded for metric: ..., limit: 0, model:
+gemini-2.5-pro`: the plan has no quota for it at all), a spent quota however long one waits."""
 _LIMIT = re.compile(r"\bLimit:? ([\d,]+)")
 _REQUESTED = re.compile(r"\bRequested:? ([\d,]+)")
 
@@ -395,6 +397,19 @@ def _too_large(message: str) -> bool:
         return int(requested.group(1).replace(",", "")) > int(limit.group(1).replace(",", ""))
     except ValueError:
         return False
+
+
+def _zero_quota(details: Any) -> bool:
+    """Whether a Google error's details name a quota whose value is 0 (`QuotaFailure`
+    violations' `quotaValue`): the plan does not include what was asked for."""
+    if not isinstance(details, list):
+        return False
+    for detail in details:
+        if isinstance(detail, dict) and isinstance(detail.get("violations"), list):
+            for violation in detail["violations"]:
+                if isinstance(violation, dict) and str(violation.get("quotaValue")) == "0":
+                    return True
+    return False
 
 
 def error_from_body(
@@ -426,6 +441,8 @@ def error_from_body(
             error_types = tuple(
                 str(v) for v in (err.get("type"), err.get("status"), code) if isinstance(v, str)
             )
+            if _zero_quota(err.get("details")):
+                error_types = ("insufficient_quota", *error_types)  # no wait brings a quota of 0
     elif isinstance(body, bytes | str) and status is not None:
         message = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
     return provider_error(
