@@ -472,7 +472,11 @@ REQUEST_TOO_LARGE = "request_too_large"
 answer however long it waited: it must shrink first. Like a quota code, it is a plain
 `ProviderError` carrying the code, never a `RateLimitError`."""
 
-UNCURABLE_CODES = QUOTA_CODES | {REQUEST_TOO_LARGE}
+MODEL_TOO_LARGE = "model_too_large"
+"""The code of a model too large for the server's memory (Ollama's 500 `model requires more
+system memory (5.5 GiB) than is available`): it fails the same way until the model changes."""
+
+UNCURABLE_CODES = QUOTA_CODES | {REQUEST_TOO_LARGE, MODEL_TOO_LARGE}
 """Provider error codes that no retry or wait cures."""
 
 

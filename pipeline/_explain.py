@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ._errors import (
+    MODEL_TOO_LARGE,
     QUOTA_CODES,
     REQUEST_TOO_LARGE,
     AuthenticationError,
@@ -192,6 +193,11 @@ def _provider_error(
         return (
             f"the request is larger than the provider takes{status}{said} — send less (a "
             "shorter conversation, fewer tools, a lower --max-tokens) or ask for a higher limit"
+        )
+    if code == MODEL_TOO_LARGE:
+        return (
+            f"the model does not fit in the server's memory{status}{said} — pick a smaller one "
+            "(--model)"
         )
     if code in QUOTA_CODES:
         return f"the account cannot pay for this request{status}{said} — check its plan and billing"

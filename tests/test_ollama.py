@@ -29,7 +29,9 @@ from rillet import (
     WireDecoder,
     user,
 )
-from rillet._policy import Outcome
+from rillet._explain import explain
+from rillet._failures import http_shape
+from rillet._policy import Outcome, Shape
 from rillet.providers import Provider, Secret
 from rillet.providers._ollama import OllamaDialect
 
@@ -419,3 +421,18 @@ def test_http_errors_are_typed_by_status() -> None:
         assert type(error) is cls
         assert error.provider_message == "failed"
         assert error.provider == "ollama"
+
+
+def test_a_model_too_big_for_the_machine_is_refused_not_retried() -> None:
+    """Ollama's 500 for a model that does not fit in memory: the same request fails the same
+    way every time, so it is permanent, and the person is told to pick a smaller model."""
+    body = b'{"error":"model requires more system memory (5.5 GiB) than is available (3.1 GiB)"}'
+    error = OllamaDialect().error_from_response(500, {}, body)
+    assert (error.status, error.error_type) == (500, "model_too_large")
+    said = explain(error, Provider(OllamaDialect(), "http://127.0.0.1:11434", "llama3.2"))
+    assert said.startswith("the model does not fit in the server's memory (500): model requires")
+    assert said.endswith("— pick a smaller one (--model)")
+    assert error.provider_message.startswith("model requires more system memory")
+    assert http_shape(500, error) is Shape.PERMANENT
+    other = OllamaDialect().error_from_response(500, {}, b'{"error":"llama runner crashed"}')
+    assert http_shape(500, other) is Shape.TRANSPORT

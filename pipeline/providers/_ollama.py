@@ -27,6 +27,7 @@ from urllib.parse import unquote_to_bytes
 
 import msgspec
 from rillet._errors import (
+    MODEL_TOO_LARGE,
     FrameEncodingError,
     MalformedFrameError,
     ProviderError,
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
 __all__ = ["OllamaDialect"]
 
 NAME = "ollama"
+_TOO_BIG_FOR_MEMORY = "requires more system memory"
 _THINK_LEVELS = frozenset({"low", "medium", "high"})
 
 
@@ -425,5 +427,13 @@ class OllamaDialect:
     def error_from_response(
         self, status: int, headers: Mapping[str, str], body: bytes
     ) -> ProviderError:
-        """`{"error": "..."}`, typed by the status alone (Ollama sends no error type)."""
-        return error_from_body(NAME, status, body)
+        """`{"error": "..."}`, typed by the status alone (Ollama sends no error type), but for a
+        model this machine cannot hold (`model requires more system memory (5.5 GiB) than is
+        available`, a 500): the same request fails the same way, so it carries
+        `model_too_large` and is never retried."""
+        error = error_from_body(NAME, status, body)
+        if _TOO_BIG_FOR_MEMORY in error.provider_message.lower():
+            return ProviderError(
+                NAME, error.provider_message, status=status, error_type=MODEL_TOO_LARGE
+            )
+        return error
