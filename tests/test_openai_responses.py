@@ -28,7 +28,8 @@ from rillet import (
     WireDecoder,
     user,
 )
-from rillet._policy import Outcome
+from rillet._failures import error_shape
+from rillet._policy import Outcome, Shape
 from rillet.providers import Provider, Secret
 from rillet.providers._openai_responses import OpenAIResponsesDialect
 
@@ -642,6 +643,31 @@ def test_error_event_carries_the_provider_facts() -> None:
 def test_failed_without_an_error_object_is_a_provider_error() -> None:
     data = sse({"type": "response.failed", "response": response("failed", error=None)})
     assert decode(data) == [{"type": "error", "error": "ProviderError"}]
+
+
+@pytest.mark.parametrize(
+    ("code", "typed"),
+    [
+        ("invalid_prompt", "InvalidRequestError"),
+        ("context_length_exceeded", "InvalidRequestError"),
+        ("image_too_large", "InvalidRequestError"),
+        ("server_error", "ServerError"),
+        ("vector_store_timeout", "ProviderError"),
+    ],
+)
+def test_a_failed_response_whose_code_names_the_request_is_a_refused_request(
+    code: str, typed: str
+) -> None:
+    """`response.failed` codes that say what is wrong with the request are never retried; the
+    ones that may pass next time keep their transport shape."""
+    error = {"code": code, "message": "no"}
+    data = sse({"type": "response.failed", "response": response("failed", error=error)})
+    assert decode(data) == [{"type": "error", "error": typed}]
+    decoder = WireDecoder(OpenAIResponsesDialect(), clock=lambda: 0)
+    with pytest.raises(ProviderError) as info:
+        decoder.feed(data)
+    permanent = error_shape(info.value) is Shape.PERMANENT
+    assert permanent is (typed == "InvalidRequestError")
 
 
 def test_incomplete_without_a_reason_is_unknown() -> None:

@@ -285,6 +285,27 @@ def sse_text(data: str | bytes) -> str:
 
 _decode_any = msgspec.json.Decoder().decode
 
+_REQUEST_CODES = (
+    "invalid_prompt",
+    "context_length_exceeded",
+    "string_above_max_length",
+    "content_policy_violation",
+    "invalid_image",
+    "invalid_image_format",
+    "invalid_base64_image",
+    "invalid_image_url",
+    "invalid_image_mode",
+    "image_too_large",
+    "image_too_small",
+    "image_parse_error",
+    "image_content_policy_violation",
+    "image_file_too_large",
+    "image_file_not_found",
+    "unsupported_image_media_type",
+    "empty_image_file",
+)
+"""Error codes that name something wrong with the request itself: never cured by a retry."""
+
 _ERROR_TYPES: dict[str, type[ProviderError]] = {
     "rate_limit_error": RateLimitError,
     "rate_limit_exceeded": RateLimitError,
@@ -297,6 +318,9 @@ _ERROR_TYPES: dict[str, type[ProviderError]] = {
     "internal_error": ServerError,
     "invalid_request_error": InvalidRequestError,
     "invalid_argument": InvalidRequestError,
+    # what the request holds, which the same request would hold again (Responses' `response.failed`
+    # codes, and the codes OpenAI-style servers put on a 400, in a stream too)
+    **dict.fromkeys(_REQUEST_CODES, InvalidRequestError),
     "authentication_error": AuthenticationError,
     "permission_error": AuthenticationError,
     "unauthenticated": AuthenticationError,
