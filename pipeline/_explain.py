@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import re
-import socket
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -57,12 +56,11 @@ _OS_CAUSES = {
     errno.ETIMEDOUT: "timed out",
 }
 
-_LOOKUP_CAUSES = {
-    socket.EAI_NONAME: "no such host",
-    socket.EAI_AGAIN: "the host name could not be looked up",
-    getattr(socket, "EAI_NODATA", socket.EAI_NONAME): "no such host",
-}
-"""What a failed name lookup says (`socket.gaierror`'s numbers)."""
+_NO_SUCH_HOST = "no such host"
+_LOOKUP_FAILED = "the host name could not be looked up"
+_LOOKUP_CAUSES = (_NO_SUCH_HOST, _LOOKUP_FAILED)
+"""What a failed name lookup (`socket.gaierror`) says: the name has no address, or the lookup
+itself failed (`Temporary failure in name resolution`)."""
 
 _TRANSPORT_KINDS = {
     "ConnectError": "cannot connect",
@@ -146,7 +144,7 @@ def _explain_one(
         cause = _os_cause(error)
         if error.kind == "ConnectError":
             line = f"cannot connect to {where}: {cause or 'connection failed'}{tries}"
-            if cause in _LOOKUP_CAUSES.values():  # the name never became an address
+            if cause in _LOOKUP_CAUSES:  # the name never became an address
                 return line + " — check the host in --base-url, and this machine's network"
             return line + " — is the server running, and is --base-url right?"
         return f"{kind} ({where}){': ' + cause if cause else ''}{tries}"
@@ -238,10 +236,10 @@ def _os_cause(error: BaseException) -> str:
         number = getattr(exc, "errno", None)
         if isinstance(exc, OSError) and isinstance(number, int) and number in _OS_CAUSES:
             return _OS_CAUSES[number]
-        if isinstance(exc, socket.gaierror) or (
-            isinstance(exc, OSError) and "Name or service not known" in str(exc)
-        ):
-            return _LOOKUP_CAUSES.get(number if isinstance(number, int) else 0, "no such host")
+        lookup = type(exc).__name__ == "gaierror" or "Name or service not known" in str(exc)
+        if isinstance(exc, OSError) and lookup:  # (`socket.gaierror`, named: no socket here)
+            temporary = "temporary failure" in str(exc).lower()
+            return _LOOKUP_FAILED if temporary else _NO_SUCH_HOST
         if isinstance(exc, BaseExceptionGroup):
             stack.extend(exc.exceptions)
         for linked in (exc.__cause__, exc.__context__):
