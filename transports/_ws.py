@@ -11,6 +11,9 @@ Events go out as text frames built here (`text_frame`): a server's frames are no
 run's frame is the same bytes for every subscriber, built once and written straight to each
 connection's stream, next to trio-websocket's own writes (the stream keeps writes whole).
 
+What the client sends reaches trio-websocket through `ClientFrames` (`_ws_frames`), which counts
+its frames: messages, pings and pongs against the client's rate, fragments against a cap.
+
 Two close paths trio-websocket leaves to its caller are completed here: a close cut short by the
 grace period (the client stopped reading) drops the connection, and a frame wsproto could not
 parse (invalid UTF-8 in a text message: 1007) gets the close frame trio-websocket does not send.
@@ -34,6 +37,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from ._http11 import ConnectionStream, HttpConnection, Request
+    from ._ws_frames import ClientFrames
 
 __all__ = ["TokenBucket", "close_websocket", "handshake_problem", "open_websocket", "text_frame"]
 
@@ -68,21 +72,28 @@ def _nonce(key: str) -> bool:
 
 @asynccontextmanager
 async def open_websocket(
-    http: HttpConnection, request: Request, *, max_message: int, within: float
+    http: HttpConnection,
+    request: Request,
+    frames: ClientFrames,
+    *,
+    max_message: int,
+    within: float,
 ) -> AsyncIterator[trio_websocket.WebSocketConnection]:
-    """Accept the upgrade `request` on `http`'s connection: the open WebSocket for the block.
+    """Accept the upgrade `request` on `http`'s connection: the open WebSocket for the block,
+    which reads the client through `frames` (its frames counted against its limits).
 
     trio-websocket's reader task runs in a nursery of this block, cancelled when it ends (close
     the WebSocket inside the block). Raises `trio.TooSlowError` if the handshake does not
     complete within `timeout` seconds, `trio_websocket.ConnectionClosed` if the client left.
     """
-    stream = http.stream
-    stream.unread(request.raw_head() + http.trailing_data())
+    head = request.raw_head()
+    http.stream.unread(head + http.trailing_data())
+    frames.handshake(len(head))
     async with trio.open_nursery() as nursery:
         try:
             with trio.fail_after(within):
                 proposal = await trio_websocket.wrap_server_stream(
-                    nursery, stream, max_message_size=max_message
+                    nursery, frames, max_message_size=max_message
                 )
                 ws = await proposal.accept()
             yield ws

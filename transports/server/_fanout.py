@@ -24,6 +24,7 @@ from rillet._hub import CursorExpired, Entry, SubscriberDropped, Subscription
 
 from .._http11 import ConnectionStream
 from .._ws import TokenBucket, close_websocket, handshake_problem, open_websocket
+from .._ws_frames import ClientFrames
 from ._capacity import subscriber
 from ._replies import GONE, CloseConnection, ErrorReply, Refused, not_found
 from ._runs import Runs
@@ -232,12 +233,14 @@ class Fanout:
                 close=True,
             )
         limits = self.shared.limits
+        bucket = TokenBucket(limits.ws_rate, limits.ws_burst)
+        frames = ClientFrames(http.stream, bucket, max_message=limits.max_ws_message)
         try:
             async with open_websocket(
-                http, request, max_message=limits.max_ws_message, within=limits.head_timeout
+                http, request, frames, max_message=limits.max_ws_message, within=limits.head_timeout
             ) as ws:
                 state = WsState()
-                await self._ws_session(ws, http.stream, request, run_id, state)
+                await self._ws_session(ws, http.stream, frames, request, run_id, state)
                 await close_websocket(
                     ws, http.stream, state.code, state.reason, within=limits.close_timeout
                 )
@@ -249,6 +252,7 @@ class Fanout:
         self,
         ws: trio_websocket.WebSocketConnection,
         stream: ConnectionStream,
+        frames: ClientFrames,
         request: Request,
         run_id: str,
         state: WsState,
@@ -262,6 +266,7 @@ class Fanout:
                 self.runs.subscription(run_id, cursor, subscriber(request)) as sub,
                 trio.open_nursery() as nursery,
             ):
+                nursery.start_soon(self._ws_limits, frames, state, nursery.cancel_scope)
                 nursery.start_soon(self._ws_reader, ws, state, nursery.cancel_scope)
                 await self._ws_sender(ws, stream, sub, state)
                 nursery.cancel_scope.cancel()
@@ -298,12 +303,19 @@ class Fanout:
         elif end == "dropped" and sub.drop_reason is not None:
             state.close(1013, sub.drop_reason)
 
+    @staticmethod
+    async def _ws_limits(frames: ClientFrames, state: WsState, scope: trio.CancelScope) -> None:
+        """Close as the frames' limits say once the client went past one (`ClientFrames`)."""
+        await frames.breached.wait()
+        state.close(frames.code, frames.reason)
+        scope.cancel()
+
+    @staticmethod
     async def _ws_reader(
-        self, ws: trio_websocket.WebSocketConnection, state: WsState, scope: trio.CancelScope
+        ws: trio_websocket.WebSocketConnection, state: WsState, scope: trio.CancelScope
     ) -> None:
-        """Read what the client sends: JSON text within the rate; anything else closes."""
-        limits = self.shared.limits
-        bucket = TokenBucket(limits.ws_rate, limits.ws_burst)
+        """Read what the client sends: JSON text (its rate is counted by `ClientFrames`);
+        anything else closes."""
         while True:
             try:
                 message = await ws.get_message()
@@ -312,12 +324,12 @@ class Fanout:
             if isinstance(message, bytes):
                 state.close(1003, "binary messages are not accepted")
                 break
-            if not bucket.take():
-                state.close(1008, "rate_limited")
-                break
             try:
                 msgspec.json.decode(message)
             except msgspec.DecodeError:
                 state.close(1008, "not_json")
+                break
+            except RecursionError:  # nested deeper than the decoder follows: refused, no crash
+                state.close(1008, "nested_too_deeply")
                 break
         scope.cancel()

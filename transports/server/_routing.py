@@ -17,6 +17,7 @@ import h11
 import msgspec
 import trio
 import trio_websocket
+from wsproto.utilities import LocalProtocolError
 
 from .._http11 import (
     BodyTooLarge,
@@ -148,6 +149,8 @@ class Server:
         except* GONE:
             pass
         except* trio_websocket.ConnectionClosed:
+            pass
+        except* LocalProtocolError:  # a ping that came after our close: wsproto sends no pong
             pass
         except* Exception as group:  # a bug must not take the server down with it
             logger.error("connection failed", exc_info=group)
