@@ -152,21 +152,63 @@ async def test_s17_past_the_connection_cap_a_connection_gets_503_and_is_closed(
 ) -> None:
     mock_clock.autojump_threshold = 0.05
     with trio.fail_after(60):
-        async with serving(limits=Limits(max_connections=20)) as served:
-            held = [await connect(served.url) for _ in range(20)]  # idle: no request yet
-            await trio.testing.wait_all_tasks_blocked()
+        async with serving([slow_reply()], limits=Limits(max_connections=20)) as served:
+            run = await served.start()
+            path = path_of(run["events_url"])
+            # 20 subscribers: every connection busy (the last took the place of the test's own
+            # client, idle since it started the run)
+            held = [(await hold_sse(served.url, path))[0] for _ in range(20)]
             refused = []
             for _ in range(5):
                 async with await connect(served.url) as extra:
                     refused.append(await read_all(extra))
-            for stream in held:  # the head deadline closes them: the cap frees itself
-                assert await read_all(stream) == b""
+            for stream in held:  # their streams end: the cap frees itself
                 await stream.aclose()
+            await served.client.delete(f"/v1/runs/{run['run_id']}?token={run['token']}")
+            while (await served.client.get("/metrics.json")).json()["connections"] > 1:  # noqa: ASYNC110
+                await trio.sleep(0.1)  # the server counts connections; it has no event
             metrics = (await served.client.get("/metrics.json")).json()
     assert all(answer.startswith(b"HTTP/1.1 503 ") for answer in refused)
     assert all(b"retry-after: 1" in answer for answer in refused)
     assert metrics["connections_refused"] == 5
-    assert metrics["connections"] == 1
+    assert metrics["connections_evicted"] == 1
+
+
+async def test_s17_idle_connections_at_the_cap_make_room_for_a_new_client(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    # one program holds every connection the cap allows, idle or sending its heads slowly,
+    # and keeps them (a request now and then would restart the head deadline); another
+    # program still gets its answers: the connection that waited longest for a head is closed
+    mock_clock.autojump_threshold = 0.05
+    with trio.fail_after(60):
+        async with serving(limits=Limits(max_connections=20)) as served:
+            held = []
+            for n in range(20):  # one at a time: the server's tasks wait in this order
+                held.append(await connect(served.url))
+                if n < 5:
+                    await held[-1].send_all(b"GET /healthz HTTP/1.1\r\nHo")  # never finished
+                await trio.testing.wait_all_tasks_blocked()
+            answers, others = [], []
+            for _ in range(5):  # new clients, each keeping its connection
+                others.append(await connect(served.url))
+                await others[-1].send_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                answers.append(await read_head(others[-1]))
+            evicted = [await read_all(stream) for stream in held[:5]]  # the 5 waiting longest
+            kept = 0
+            for stream in held[5:]:
+                with trio.move_on_after(0.1):
+                    await stream.receive_some(1)  # b"" had it been closed
+                    continue
+                kept += 1
+            for stream in held + others:
+                await stream.aclose()
+            metrics = (await served.client.get("/metrics.json")).json()
+    assert all(answer.startswith(b"HTTP/1.1 200 ") for answer in answers)
+    assert evicted == [b""] * 5
+    assert kept == 15
+    assert metrics["connections_evicted"] == 5
+    assert metrics["connections_refused"] == 0
 
 
 async def test_s17_out_of_file_descriptors_the_server_backs_off_and_serves_again(

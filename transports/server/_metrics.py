@@ -107,6 +107,7 @@ class Metrics:
     streams_started: int = 0
     connections: int = 0
     connections_refused: int = 0
+    connections_evicted: int = 0  # idle ones closed at the cap to let a new one in
     subscribers_dropped: int = 0
     prom: Prometheus | None = attrs.field(factory=Prometheus.create)
     _buckets: collections.deque[list[float]] = attrs.field(factory=collections.deque)

@@ -85,6 +85,9 @@ class Server:
     ui: UiStream = attrs.field()
     page: Page = attrs.field(factory=Page)
     connection_cap: int = attrs.field()
+    # connections waiting for a request head, the longest waiting first: at the cap, the
+    # first of them is closed to let a new one in
+    _idle: dict[HttpConnection, trio.CancelScope] = attrs.field(init=False, factory=dict)
     _static: dict[str, dict[str, _Handler]] = attrs.field(init=False)
     _per_run: dict[str, dict[str, _Handler]] = attrs.field(init=False)
 
@@ -138,7 +141,7 @@ class Server:
             socket_stream.setsockopt(
                 trio.socket.SOL_SOCKET, trio.socket.SO_SNDBUF, self.shared.limits.send_buffer
             )
-        if self.shared.metrics.connections >= self.connection_cap:
+        if self.shared.metrics.connections >= self.connection_cap and not self._evict_idle():
             await self._refuse_connection(socket_stream)
             return
         stream = ConnectionStream(socket_stream, write_timeout=self.shared.limits.write_timeout)
@@ -162,6 +165,18 @@ class Server:
             finally:  # cancelled (the server stops) or not, the socket is closed
                 await stream.close_transport()
 
+    def _evict_idle(self) -> bool:
+        """At the cap, close the connection that has waited longest for a request head (idle
+        between requests, or sending one slowly): whether there was one. Idle connections
+        cannot hold the cap against a client that has something to ask; an idle keep-alive
+        connection may be closed at any time (RFC 9112 §9.5)."""
+        if not self._idle:
+            return False
+        http = next(iter(self._idle))
+        self._idle.pop(http).cancel()
+        self.shared.metrics.connections_evicted += 1
+        return True
+
     async def _refuse_connection(self, socket_stream: trio.SocketStream) -> None:
         """Past the connection cap: a 503 if the socket takes it at once, then closed."""
         self.shared.metrics.connections_refused += 1
@@ -172,7 +187,14 @@ class Server:
     async def _converse(self, http: HttpConnection) -> None:
         while True:
             try:
-                request = await http.next_request(self.shared.limits.head_timeout)
+                with trio.CancelScope() as waiting:
+                    self._idle[http] = waiting
+                    try:
+                        request = await http.next_request(self.shared.limits.head_timeout)
+                    finally:
+                        self._idle.pop(http, None)
+                if waiting.cancelled_caught:  # closed at the cap for a new connection
+                    return
             except RequestTimeout:
                 return
             except RequestRefused as refused:
@@ -329,6 +351,7 @@ class Server:
             "streams_started": m.streams_started,
             "connections": m.connections,
             "connections_refused": m.connections_refused,
+            "connections_evicted": m.connections_evicted,
             "subscribers": self.shared.hub.subscribers,
             "subscribers_dropped": m.subscribers_dropped,
             "events_per_second": round(m.events_per_second(), 3),
