@@ -8,6 +8,7 @@ and half-close. The limits are the defaults unless a test says otherwise (and wh
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pydoc
 import resource
@@ -552,6 +553,31 @@ async def test_s24_bodies_in_1_byte_chunks_cost_bounded_work() -> None:
     assert answers
     assert all(a.startswith(b"HTTP/1.1 400 ") or a == b"" for a in answers)
     assert any(a.startswith(b"HTTP/1.1 400 ") for a in answers)
+    assert runs == 0
+
+
+async def test_s24_a_body_whose_framing_passes_the_limit_is_413() -> None:
+    # a 15-byte body, each byte in a chunk of its own carrying 12 KB of extension: well under
+    # 8,192 pieces, but 180 KB on the wire against a limit of 1 KiB (trailers are bounded by
+    # h11's own limit on an incomplete event)
+    head = (
+        b"POST /v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
+    data = b'{"prompt":"hi"}'
+    body = b"".join(b"1;x=%s\r\n%c\r\n" % (b"a" * 12_000, byte) for byte in data)
+    body += b"0\r\n\r\n"
+    limits = Limits(max_body=1024)
+    with trio.fail_after(10):
+        async with serving(limits=limits) as served:
+            async with await connect(served.url) as stream:
+                await stream.send_all(head)
+                with contextlib.suppress(trio.BrokenResourceError):  # refused and closed
+                    for start in range(0, len(body), 4096):  # as it would come off a network
+                        await stream.send_all(body[start : start + 4096])
+                answer = await read_all(stream)
+            runs = served.hub.statistics()["runs"]
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
     assert runs == 0
 
 

@@ -21,7 +21,8 @@ a server must not is refused here (`RequestRefused`): a head over 16 KiB however
 (431), `Content-Length` next to `Transfer-Encoding` (400, RFC 9112 §6.1), an HTTP version other
 than 1.0 and 1.1 (505), a `Host` that is not `host[:port]` (400). A body costs bounded work: the
 reader yields every `_YIELD_EVERY` h11 events, and a body cut into more than `_MAX_PIECES`
-pieces is refused (400).
+pieces is refused (400), and one whose bytes on the wire (chunk sizes, extensions, trailers) pass
+twice the limit is refused as too large (413).
 
 Every write has a deadline for progress (`write_timeout`): a client that stops reading is cut
 off once the socket took nothing for that long, whatever the server was writing.
@@ -351,6 +352,7 @@ class HttpConnection:
     chunked: bool = False  # the streamed response's body is chunked (`body_chunk`)
     refused: bool = False  # a response with `close` went out: linger before closing
     status: int | None = None  # the status of the response last started (the access log's)
+    received: int = 0  # bytes read from the socket for h11
 
     async def next_request(self, within: float) -> Request | None:
         """The next request's head, or None when the client closed the connection between
@@ -376,8 +378,11 @@ class HttpConnection:
                 await self._send(_CONTINUE)
             body = bytearray()
             pieces = 0
+            start = self.received
             while True:
                 event = await self._next_event()
+                if self.received - start > _wire_limit(limit):  # framing, not data: extensions
+                    raise BodyTooLarge
                 pieces += 1
                 if pieces % _YIELD_EVERY == 0:  # a body in tiny pieces: others run meanwhile
                     await trio.lowlevel.checkpoint()
@@ -490,7 +495,9 @@ class HttpConnection:
                 return event
             if event is h11.PAUSED:
                 return h11.PAUSED
-            self.conn.receive_data(await self.stream.receive_some(_RECEIVE_SIZE))
+            data = await self.stream.receive_some(_RECEIVE_SIZE)
+            self.received += len(data)
+            self.conn.receive_data(data)
 
     async def _send(self, event: h11.Event) -> None:
         if isinstance(event, h11.Response):
@@ -498,6 +505,15 @@ class HttpConnection:
         data = self.conn.send(event)
         if data:
             await self.stream.send_all(data)
+
+
+def _wire_limit(limit: int) -> int:
+    """The most bytes a body of at most `limit` bytes may take on the wire: its chunks' sizes,
+    extensions and trailers are bytes to read too, and a chunked body of a few bytes could
+    otherwise bring hundreds of megabytes of extensions (8,192 pieces of up to 80 KiB each).
+    Twice the limit, and one read more (what follows the body), is far more than any real
+    chunking takes."""
+    return 2 * limit + _RECEIVE_SIZE
 
 
 def _response(status: int, headers: Iterable[tuple[str, str]]) -> h11.Response:
