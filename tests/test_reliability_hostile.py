@@ -744,8 +744,28 @@ def test_s26_documentation_and_reprs_never_render_a_key(monkeypatch: pytest.Monk
             b"Sec-WebSocket-Key: not-sixteen-bytes\r\n\r\n",
             400,
         ),
+        # methods are case-sensitive: a proxy in front that refuses DELETE passes `delete` on
+        (b"get /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 501),
+        (b"dElEtE /v1/runs/ab HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 501),
+        (b"BREW /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 501),
+        # RFC 9112 §6.1: an HTTP/1.0 message with Transfer-Encoding has faulty framing
+        (
+            b"POST /v1/runs HTTP/1.0\r\nContent-Type: application/json\r\n"
+            b'Transfer-Encoding: chunked\r\n\r\nf\r\n{"prompt":"hi"}\r\n0\r\n\r\n',
+            400,
+        ),
     ],
-    ids=["http-1.2", "http-2.0", "host-with-userinfo", "two-hosts", "short-websocket-key"],
+    ids=[
+        "http-1.2",
+        "http-2.0",
+        "host-with-userinfo",
+        "two-hosts",
+        "short-websocket-key",
+        "lower-case-get",
+        "mixed-case-delete",
+        "unknown-method",
+        "http-1.0-chunked",
+    ],
 )
 async def test_request_lines_and_headers_http_forbids_are_refused(
     request_bytes: bytes, status: int

@@ -18,8 +18,10 @@ Two things here are not what `trio.SocketStream` gives by itself:
 `HttpConnection` reads requests (a deadline for the head, a size cap and a deadline for the
 body) and writes responses, whole or streamed; keep-alive is h11's. What h11 lets through and
 a server must not is refused here (`RequestRefused`): a head over 16 KiB however it arrived
-(431), `Content-Length` next to `Transfer-Encoding` (400, RFC 9112 §6.1), an HTTP version other
-than 1.0 and 1.1 (505), a `Host` that is not `host[:port]` (400). A body costs bounded work: the
+(431), `Content-Length` next to `Transfer-Encoding`, or `Transfer-Encoding` from an HTTP/1.0
+client (400, RFC 9112 §6.1), an HTTP version other than 1.0 and 1.1 (505), a method HTTP does not
+define, in the case it defines it (501: `get` is not `GET`), a `Host` that is not `host[:port]`
+(400). A body costs bounded work: the
 reader yields every `_YIELD_EVERY` h11 events, and a body cut into more than `_MAX_PIECES`
 pieces is refused (400), and one whose bytes on the wire (chunk sizes, extensions, trailers) pass
 twice the limit is refused as too large (413).
@@ -68,6 +70,10 @@ _WRITE_TIMEOUT = 30.0  # seconds a write may make no progress before the connect
 _YIELD_EVERY = 16  # h11 events a body reader handles before letting other tasks run
 _MAX_PIECES = 8192  # h11 data events one request body may take (1-byte chunks are refused)
 _VERSIONS = (b"1.0", b"1.1")
+# the methods HTTP defines (RFC 9110 §9, RFC 5789): case-sensitive, so `get` is none of them
+_METHODS = frozenset(
+    (b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"CONNECT", b"OPTIONS", b"TRACE", b"PATCH")
+)
 _HOST = re.compile(rb"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~!$&'()*+,;=%-]*)(?::[0-9]{0,5})?")
 
 
@@ -263,7 +269,7 @@ class Request:
     """One parsed request.
 
     Attributes:
-        method: the method, upper case (`GET`).
+        method: the method, one HTTP defines, as sent (methods are case-sensitive: `GET`).
         path: the path of the target, without its query.
         query: the query parameters (the first of repeated names wins).
         headers: names lower-cased; repeated headers joined with ", ".
@@ -305,9 +311,13 @@ def _check_head(event: h11.Request) -> None:
         raise RequestRefused(431, "the request head is too large")
     if event.http_version not in _VERSIONS:
         raise RequestRefused(505, "only HTTP/1.1 and HTTP/1.0 are served")
+    if event.method not in _METHODS:  # `get`, say, which a proxy in front takes for another
+        raise RequestRefused(501, "the method is not implemented (methods are case-sensitive)")
     names = [name for name, _ in event.headers]
     if b"content-length" in names and b"transfer-encoding" in names:
         raise RequestRefused(400, "Content-Length and Transfer-Encoding together are refused")
+    if b"transfer-encoding" in names and event.http_version == b"1.0":  # RFC 9112 §6.1
+        raise RequestRefused(400, "Transfer-Encoding in an HTTP/1.0 request is refused")
     hosts = [value for name, value in event.headers if name == b"host"]
     if len(hosts) > 1 or (hosts and not _HOST.fullmatch(hosts[0])):
         raise RequestRefused(400, "the Host header must be one host[:port]")
@@ -329,7 +339,7 @@ def _request(event: h11.Request, client: str) -> Request:
         text = value.decode("latin-1")
         headers[key] = f"{headers[key]}, {text}" if key in headers else text
     return Request(
-        method=event.method.decode("latin-1").upper(),
+        method=event.method.decode("latin-1"),
         path=path,
         query=params,
         headers=headers,
