@@ -212,6 +212,32 @@ async def test_s17_idle_connections_at_the_cap_make_room_for_a_new_client(
     assert metrics["connections_refused"] == 0
 
 
+async def test_s17_clients_that_never_read_at_the_cap_make_room_for_a_new_client(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    # every connection the cap allows is busy writing to a client that never reads: once one
+    # has waited 5 s for its client, a new connection takes its place
+    mock_clock.autojump_threshold = 0.05
+    pages = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * 64
+    limits = Limits(max_connections=20, send_buffer=16384)
+    with trio.fail_after(60):
+        async with serving(limits=limits) as served:
+            stuck = []
+            for _ in range(20):
+                stuck.append(await connect(served.url, rcvbuf=16384))
+                await stuck[-1].send_all(pages)
+            await trio.sleep(6.0)  # the writes wait for clients that never read
+            async with await connect(served.url) as other:
+                await other.send_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                answer = await read_head(other)
+            for stream in stuck:
+                await stream.aclose()
+            metrics = (await served.client.get("/metrics.json")).json()
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:100]
+    assert metrics["connections_evicted"] == 1
+    assert metrics["connections_refused"] == 0
+
+
 async def test_s17_out_of_file_descriptors_the_server_backs_off_and_serves_again(
     mock_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:

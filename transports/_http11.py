@@ -115,6 +115,7 @@ class ConnectionStream(trio.abc.Stream):
         self._fd = self._socket.fileno()
         self.peer = _peer_address(stream)
         self.sent = 0  # bytes the socket took, for the access log and the metrics
+        self.stalled_since: float | None = None  # since when a write waits for the socket
 
     @property
     def parked(self) -> bool:
@@ -207,6 +208,8 @@ class ConnectionStream(trio.abc.Stream):
         try:
             while self._pending:
                 head = self._pending[0]
+                if self.stalled_since is None:
+                    self.stalled_since = trio.current_time()
                 with trio.move_on_after(self.write_timeout) as stalled:
                     try:
                         sent = await self._socket.send(head[:_SEND_SIZE])
@@ -215,6 +218,7 @@ class ConnectionStream(trio.abc.Stream):
                 if stalled.cancelled_caught:  # `send` is atomic: nothing of it went out
                     raise trio.BrokenResourceError("the client stopped reading")
                 self.sent += sent
+                self.stalled_since = None  # the client reads
                 if sent == len(head):
                     self._pending.popleft()
                 else:

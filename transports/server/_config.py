@@ -47,8 +47,9 @@ class Limits:
         max_active_runs: runs and streams started and not finished, queued ones included
             (429 past it); the lower of it and `max_streams + max_queued` applies.
         max_connections: client connections open at once. At it, the connection that has
-            waited longest for a request head is closed to let a new one in; when none is
-            idle, a new connection gets 503 and is closed at once. The cap applied is kept
+            waited longest for a request head is closed to let a new one in, else the one
+            whose client has read nothing for longest (5 s at least); when there is neither,
+            a new connection gets 503 and is closed at once. The cap applied is kept
             under the process's file limit (`RLIMIT_NOFILE`, less a descriptor for every
             stream admitted and 64 more).
         heartbeat: seconds of silence before an SSE comment (or a WebSocket pong) goes out.

@@ -49,6 +49,7 @@ logger = logging.getLogger("rillet.transports.server")
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _SPARE_FDS = 64  # descriptors kept for what is not a client connection
+_EVICT_STALLED = 5.0  # seconds a client has read nothing before, at the cap, it may be closed
 
 _Handler = Callable[[HttpConnection, Request, str], Awaitable[None]]
 
@@ -85,9 +86,10 @@ class Server:
     ui: UiStream = attrs.field()
     page: Page = attrs.field(factory=Page)
     connection_cap: int = attrs.field()
-    # connections waiting for a request head, the longest waiting first: at the cap, the
-    # first of them is closed to let a new one in
-    _idle: dict[HttpConnection, trio.CancelScope] = attrs.field(init=False, factory=dict)
+    # every connection, by the scope its task runs in (cancelled to close it at the cap), and
+    # those waiting for a request head, the longest waiting first
+    _open: dict[HttpConnection, trio.CancelScope] = attrs.field(init=False, factory=dict)
+    _idle: dict[HttpConnection, None] = attrs.field(init=False, factory=dict)
     _static: dict[str, dict[str, _Handler]] = attrs.field(init=False)
     _per_run: dict[str, dict[str, _Handler]] = attrs.field(init=False)
 
@@ -141,14 +143,15 @@ class Server:
             socket_stream.setsockopt(
                 trio.socket.SOL_SOCKET, trio.socket.SO_SNDBUF, self.shared.limits.send_buffer
             )
-        if self.shared.metrics.connections >= self.connection_cap and not self._evict_idle():
+        if self.shared.metrics.connections >= self.connection_cap and not self._evict():
             await self._refuse_connection(socket_stream)
             return
         stream = ConnectionStream(socket_stream, write_timeout=self.shared.limits.write_timeout)
         http = HttpConnection(stream)
         self.shared.metrics.connections += 1
         try:
-            await self._converse(http)
+            with trio.CancelScope() as self._open[http]:  # cancelled: closed at the cap
+                await self._converse(http)
         except* GONE:
             pass
         except* trio_websocket.ConnectionClosed:
@@ -158,6 +161,7 @@ class Server:
         except* Exception as group:  # a bug must not take the server down with it
             logger.error("connection failed", exc_info=group)
         finally:
+            self._open.pop(http, None)
             self.shared.metrics.connections -= 1
             try:
                 if http.refused:
@@ -165,17 +169,30 @@ class Server:
             finally:  # cancelled (the server stops) or not, the socket is closed
                 await stream.close_transport()
 
-    def _evict_idle(self) -> bool:
-        """At the cap, close the connection that has waited longest for a request head (idle
-        between requests, or sending one slowly): whether there was one. Idle connections
-        cannot hold the cap against a client that has something to ask; an idle keep-alive
-        connection may be closed at any time (RFC 9112 §9.5)."""
-        if not self._idle:
+    def _evict(self) -> bool:
+        """At the cap, close a connection that does nothing for its client, to let a new one
+        in: the one waiting longest for a request head (idle between requests, or sending one
+        slowly), else the one whose client has read nothing for longest, at least
+        `_EVICT_STALLED` seconds. Whether there was one. Connections that do nothing cannot
+        hold the cap against a client that has something to ask; an idle keep-alive connection
+        may be closed at any time (RFC 9112 §9.5)."""
+        http = next(iter(self._idle), None) or self._stalled()
+        if http is None:
             return False
-        http = next(iter(self._idle))
-        self._idle.pop(http).cancel()
+        self._idle.pop(http, None)
+        self._open.pop(http).cancel()
         self.shared.metrics.connections_evicted += 1
         return True
+
+    def _stalled(self) -> HttpConnection | None:
+        """The connection whose write has waited longest for its client, if one has waited
+        `_EVICT_STALLED` seconds."""
+        oldest, since = None, trio.current_time() - _EVICT_STALLED
+        for http in self._open:
+            at = http.stream.stalled_since
+            if at is not None and at <= since:
+                oldest, since = http, at
+        return oldest
 
     async def _refuse_connection(self, socket_stream: trio.SocketStream) -> None:
         """Past the connection cap: a 503 if the socket takes it at once, then closed."""
@@ -186,15 +203,9 @@ class Server:
 
     async def _converse(self, http: HttpConnection) -> None:
         while True:
+            self._idle[http] = None  # closed first at the cap
             try:
-                with trio.CancelScope() as waiting:
-                    self._idle[http] = waiting
-                    try:
-                        request = await http.next_request(self.shared.limits.head_timeout)
-                    finally:
-                        self._idle.pop(http, None)
-                if waiting.cancelled_caught:  # closed at the cap for a new connection
-                    return
+                request = await http.next_request(self.shared.limits.head_timeout)
             except RequestTimeout:
                 return
             except RequestRefused as refused:
@@ -207,6 +218,8 @@ class Server:
                     body = error_body("bad_request", "malformed HTTP request")
                     await http.respond(status, body, close=True)
                 return
+            finally:
+                self._idle.pop(http, None)
             if request is None:
                 return
             keep = await self._dispatch(http, request)
