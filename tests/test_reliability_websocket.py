@@ -11,16 +11,20 @@ from __future__ import annotations
 import logging
 import os
 import struct
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import pytest
 import trio
-from rillet.transports._ws_frames import MAX_FRAGMENTS
+import trio.lowlevel
+from rillet.transports._ws import TokenBucket
+from rillet.transports._ws_frames import MAX_FRAGMENTS, ClientFrames
 
 from .test_server import Served, serving, text_reply
 from .test_server_ws import follow, raw_handshake, server_frames, ws_url
 
 if TYPE_CHECKING:
+    from rillet.transports._http11 import ConnectionStream
+
     from .test_server_ws import Received
 
 
@@ -132,3 +136,35 @@ async def test_s03_json_nested_too_deeply_in_a_message_closes_1008(
     assert closed == (1008, b"nested_too_deeply")
     unaffected(calm, log)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+class _Feed:
+    """A connection's reads, `size` bytes at a time (then nothing: the client waits)."""
+
+    def __init__(self, data: bytes, size: int) -> None:
+        self.data = data
+        self.size = size
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        await trio.lowlevel.checkpoint()
+        if not self.data:
+            await trio.sleep_forever()
+        piece, self.data = self.data[: self.size], self.data[self.size :]
+        return piece
+
+
+@pytest.mark.parametrize("size", [1, 7, 65536], ids=["1-byte", "7-bytes", "whole"])
+async def test_s08_frames_are_counted_however_the_bytes_are_cut(size: int) -> None:
+    # what passes to trio-websocket ends with the header of the one frame too many, and a few
+    # bytes after it at most, wherever the reads cut the frames
+    first = frame(0x1, b'"' + b"x" * 200, fin=False)  # a 16-bit length: a longer header
+    flood = first + frame(0x0, fin=False) * 1000
+    bucket = TokenBucket(20.0, 40)
+    frames = ClientFrames(cast("ConnectionStream", _Feed(flood, size)), bucket, max_message=65536)
+    passed = bytearray()
+    with trio.fail_after(5):
+        while not frames.breached.is_set():
+            passed += await frames.receive_some(65536)
+    allowed = len(first) + MAX_FRAGMENTS * 6  # then the 128th continuation's header (6 bytes)
+    assert (frames.code, frames.reason) == (1008, "too_many_fragments")
+    assert bytes(passed) == flood[:allowed]
