@@ -780,6 +780,16 @@ def test_s26_documentation_and_reprs_never_render_a_key(monkeypatch: pytest.Monk
             b'Transfer-Encoding: chunked\r\n\r\nf\r\n{"prompt":"hi"}\r\n0\r\n\r\n',
             400,
         ),
+        # lines h11 reads one way and a proxy in front may read another (RFC 9112 §2.2, §5.2)
+        (b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: a\r\n b\r\n\r\n", 400),
+        (
+            b"POST /v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"X-A: a\r\n\tTransfer-Encoding: chunked\r\nContent-Length: 15\r\n\r\n"
+            b'{"prompt":"hi"}',
+            400,
+        ),
+        (b"GET /healthz HTTP/1.1\nHost: 127.0.0.1\n\n", 400),
+        (b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: a\nX-B: b\r\n\r\n", 400),
     ],
     ids=[
         "http-1.2",
@@ -791,6 +801,10 @@ def test_s26_documentation_and_reprs_never_render_a_key(monkeypatch: pytest.Monk
         "mixed-case-delete",
         "unknown-method",
         "http-1.0-chunked",
+        "obs-fold",
+        "obs-fold-hiding-transfer-encoding",
+        "bare-lf",
+        "bare-lf-in-one-line",
     ],
 )
 async def test_request_lines_and_headers_http_forbids_are_refused(
@@ -801,6 +815,17 @@ async def test_request_lines_and_headers_http_forbids_are_refused(
             answer = await raw_exchange(served.url, request_bytes)
     assert answer.startswith(b"HTTP/1.1 %d " % status)
     assert answer.count(b"\r\n\r\n") == 1  # one response, then closed
+
+
+async def test_a_pipelined_head_with_folded_lines_is_refused_after_the_one_before() -> None:
+    good = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    folded = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: a\r\n b\r\n\r\n"
+    with trio.fail_after(10):
+        async with serving() as served:
+            answer = await raw_exchange(served.url, good + folded + good)  # one write
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert answer.count(b"HTTP/1.1 ") == 2  # then the refusal, and nothing after it
+    assert b"HTTP/1.1 400 " in answer
 
 
 def test_s17_the_connection_cap_stays_under_the_file_limit() -> None:

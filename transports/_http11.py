@@ -21,7 +21,8 @@ a server must not is refused here (`RequestRefused`): a head over 16 KiB however
 (431), `Content-Length` next to `Transfer-Encoding`, or `Transfer-Encoding` from an HTTP/1.0
 client (400, RFC 9112 §6.1), an HTTP version other than 1.0 and 1.1 (505), a method HTTP does not
 define, in the case it defines it (501: `get` is not `GET`), a `Host` that is not `host[:port]`
-(400). A body costs bounded work: the
+(400), a head line ending in a bare LF or a field folded onto the next line (400: a proxy in
+front may read either otherwise). A body costs bounded work: the
 reader yields every `_YIELD_EVERY` h11 events, and a body cut into more than `_MAX_PIECES`
 pieces is refused (400), and one whose bytes on the wire (chunk sizes, extensions, trailers) pass
 twice the limit is refused as too large (413).
@@ -327,6 +328,24 @@ def _check_head(event: h11.Request) -> None:
         raise RequestRefused(400, "the Host header must be one host[:port]")
 
 
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+_BARE_LF = re.compile(rb"(?<!\r)\n")
+_OBS_FOLD = re.compile(rb"\n[ \t]")
+
+
+def _check_lines(raw: bytes | bytearray) -> None:
+    """Refuse a head whose lines h11 read but a server in front may read otherwise (400): a
+    line ending in a bare LF, or a field continued on the next line (obs-fold, RFC 9112 §5.2).
+    h11 takes both; a proxy that does not would see other fields, or other requests."""
+    raw = raw.lstrip(b"\r\n")  # empty lines before a request line are ignored (§2.2)
+    end = _HEAD_END.search(raw)
+    head = raw[: end.start()] if end else raw
+    if _BARE_LF.search(head):
+        raise RequestRefused(400, "the request head's lines must end in CRLF")
+    if _OBS_FOLD.search(head):
+        raise RequestRefused(400, "a header field continued on another line is refused")
+
+
 def _tokens(value: str) -> set[str]:
     return {token.strip().lower() for token in value.split(",")}
 
@@ -367,18 +386,25 @@ class HttpConnection:
     refused: bool = False  # a response with `close` went out: linger before closing
     status: int | None = None  # the status of the response last started (the access log's)
     received: int = 0  # bytes read from the socket for h11
+    _raw: bytearray | None = None  # the bytes of the head being read (`next_request`)
 
     async def next_request(self, within: float) -> Request | None:
         """The next request's head, or None when the client closed the connection between
         requests. Raises `RequestTimeout` when the head is not complete within `within`
         seconds and `h11.RemoteProtocolError` for a request that is not HTTP/1.1."""
-        with trio.move_on_after(within):
-            event = await self._next_event()
-            if isinstance(event, h11.ConnectionClosed):
-                return None
-            assert isinstance(event, h11.Request)  # h11 yields nothing else here
-            _check_head(event)
-            return _request(event, self.stream.peer)
+        # what came after the last request (a head past the limit is refused anyway)
+        self._raw = bytearray(self.conn.trailing_data[0][: _MAX_HEAD + 4])
+        try:
+            with trio.move_on_after(within):
+                event = await self._next_event()
+                if isinstance(event, h11.ConnectionClosed):
+                    return None
+                assert isinstance(event, h11.Request)  # h11 yields nothing else here
+                _check_head(event)
+                _check_lines(self._raw)
+                return _request(event, self.stream.peer)
+        finally:
+            self._raw = None
         raise RequestTimeout
 
     async def read_body(self, request: Request, limit: int, within: float) -> bytes:
@@ -511,6 +537,8 @@ class HttpConnection:
                 return h11.PAUSED
             data = await self.stream.receive_some(_RECEIVE_SIZE)
             self.received += len(data)
+            if self._raw is not None and len(self._raw) < _MAX_HEAD + _RECEIVE_SIZE:
+                self._raw += data  # a head being read: its lines are checked as they came
             self.conn.receive_data(data)
 
     async def _send(self, event: h11.Event) -> None:
