@@ -246,6 +246,11 @@ class Fanout:
                 )
         except (trio.TooSlowError, trio_websocket.HandshakeError):
             pass
+        finally:
+            # a client past its frame limits may still be sending: linger, so that closing with
+            # its bytes unread does not reset the connection before it reads why
+            if frames.breached.is_set():
+                http.refused = True
         raise CloseConnection
 
     async def _ws_session(
