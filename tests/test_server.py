@@ -461,6 +461,24 @@ async def test_another_runs_token_and_an_unknown_run_get_the_same_bytes() -> Non
     assert bearer.content == answers[0].split(b"\r\n\r\n", 1)[1]
 
 
+async def test_a_client_that_sends_the_server_key_everywhere_reads_its_run_by_its_token() -> None:
+    """`Authorization: Bearer <server key>` on every request, the run named by `?token=`."""
+    key = "server-key-0123456789"
+    with trio.fail_after(10):
+        async with serving(api_key=Secret(key)) as served:
+            auth = {"authorization": f"Bearer {key}"}
+            started = await served.client.post("/v1/runs", json={"prompt": "Hi"}, headers=auth)
+            run = started.json()
+            events = await served.client.get(run["events_url"], headers=auth)
+            wrong = await served.client.get(
+                f"/v1/runs/{run['run_id']}/events?token={'x' * 43}", headers=auth
+            )
+    assert started.status_code == 201
+    assert events.status_code == 200
+    assert '"type":"run.done"' in events.text
+    assert wrong.status_code == 404  # the server key is not a run's token
+
+
 async def test_without_the_server_key_401_and_no_run_starts() -> None:
     key = "server-key-0123456789"
     with trio.fail_after(5):

@@ -314,8 +314,9 @@ class Runs:
         return f"http://{host}"
 
     async def authorized(self, request: Request, run_id: str) -> RunRecord | None:
-        """The run when the request carries its token; None for an unknown run or a wrong
-        token alike (one constant-time comparison either way). A run another server started
+        """The run when the request carries its token (as its Bearer credential or as `?token=`);
+        None for an unknown run or a wrong token alike (the same constant-time comparisons
+        either way). A run another server started
         is known by the access the shared hub keeps; `Refused` (503) when it cannot be asked."""
         record = self.runs.get(run_id) if _RUN_ID.fullmatch(run_id) else None
         if record is None and _RUN_ID.fullmatch(run_id):
@@ -324,9 +325,13 @@ class Runs:
             except HubUnavailable:
                 raise log_unavailable() from None
             record = RunRecord(token="", access=access) if access is not None else None
-        given = token_digest(request.bearer() or request.query.get("token", ""))
         expected = record.access if record is not None else token_digest(self.decoy)
-        if hmac.compare_digest(given, expected) and record is not None:
+        # the header or the query may carry it: a client that sends the server key with every
+        # request (`Authorization`) still names the run with `?token=`; both are compared
+        matched = False
+        for given in (request.bearer() or "", request.query.get("token", "")):
+            matched |= hmac.compare_digest(token_digest(given), expected)
+        if matched and record is not None:
             return record
         return None
 
