@@ -479,6 +479,25 @@ async def test_a_client_that_sends_the_server_key_everywhere_reads_its_run_by_it
     assert wrong.status_code == 404  # the server key is not a run's token
 
 
+async def test_a_run_started_without_a_host_header_names_the_address_it_reached() -> None:
+    """HTTP/1.0 may send no `Host`: the run's URLs name the address and port the client reached
+    (the server listens on port 0, any), and they work."""
+    body = b'{"prompt": "Hi"}'
+    head = b"POST /v1/runs HTTP/1.0\r\nContent-Type: application/json\r\n"
+    with trio.fail_after(10):
+        async with serving() as served:
+            raw = await raw_exchange(
+                served.url, head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+            )
+            answer = msgspec.json.decode(raw.split(b"\r\n\r\n", 1)[1])
+            events = await served.client.get(answer["events_url"])
+    assert raw.startswith(b"HTTP/1.1 201 ")
+    assert answer["events_url"].startswith(served.url + "/v1/runs/")
+    assert answer["ws_url"].startswith(served.url.replace("http", "ws", 1) + "/v1/runs/")
+    assert events.status_code == 200
+    assert '"type":"run.done"' in events.text
+
+
 async def test_without_the_server_key_401_and_no_run_starts() -> None:
     key = "server-key-0123456789"
     with trio.fail_after(5):

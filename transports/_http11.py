@@ -118,6 +118,16 @@ class ConnectionStream(trio.abc.Stream):
         self.sent = 0  # bytes the socket took, for the access log and the metrics
         self.stalled_since: float | None = None  # since when a write waits for the socket
 
+    def local_address(self) -> str:
+        """`host:port` the client reached (`[host]:port` for IPv6): what a URL for it names
+        when the request has no `Host`."""
+        try:
+            name = self._socket.getsockname()
+        except OSError:
+            return ""
+        host, port = str(name[0]), int(name[1])
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
     @property
     def parked(self) -> bool:
         """Whether bytes are waiting to be written (`flush` writes them)."""

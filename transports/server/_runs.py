@@ -211,7 +211,7 @@ class Runs:
         except BaseException:
             self.shared.admission.release(ticket)
             raise
-        base = self._base(request)
+        base = self._base(http, request)
         query = f"?token={record.token}"
         answer = {
             "run_id": run_id,
@@ -307,9 +307,14 @@ class Runs:
             for run_id in [r for r in self.runs if r not in kept]:
                 self.runs.pop(run_id, None)
 
-    def _base(self, request: Request) -> str:
+    def _base(self, http: HttpConnection, request: Request) -> str:
+        """The URL the client reached: its `Host`, else the address it connected to (an
+        HTTP/1.0 request may name none; the configured port may be 0, any)."""
         host = request.headers.get("host")
         if host is None or not re.fullmatch(r"[A-Za-z0-9.:\[\]-]+", host):
+            reached = http.stream.local_address()
+            if reached:
+                return f"http://{reached}"
             return f"http://{self.shared.config.host}:{self.shared.config.port}"
         return f"http://{host}"
 
