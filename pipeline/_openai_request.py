@@ -1,6 +1,8 @@
 """OpenAI's Chat Completions request as rillet's turn request: the messages (system and
 developer ones as the system prompt, assistant tool calls, tool results), the tools, the tool
-choice and the generation settings."""
+choice and the generation settings. OpenAI's own sampling and output fields that rillet's turn
+request has no place for (`stop`, `seed`, `top_p`, `response_format`, ...) go, as given, to a
+provider speaking OpenAI's Chat Completions wire (`extra_body`); other dialects do without them."""
 
 from __future__ import annotations
 
@@ -17,11 +19,12 @@ from ._events import (
     UniMessage,
 )
 from ._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
+from .providers._openai_chat_wire import NAME as OPENAI_CHAT
 
 if TYPE_CHECKING:
     from ._events import ContentItem
 
-__all__ = ["BadRequest", "ChatBody", "chat_request", "decode_chat_body"]
+__all__ = ["PASSED_ON", "BadRequest", "ChatBody", "chat_request", "decode_chat_body"]
 
 
 # --- the request ----------------------------------------------------------------------------------
@@ -75,10 +78,34 @@ class ChatBody(msgspec.Struct, frozen=True, kw_only=True):
     temperature: float | None = None
     reasoning_effort: str | None = None
     n: int | None = None
+    # passed on as given to a provider of OpenAI's own wire (see `PASSED_ON`)
+    stop: Any = None
+    seed: Any = None
+    top_p: Any = None
+    frequency_penalty: Any = None
+    presence_penalty: Any = None
+    logit_bias: Any = None
+    response_format: Any = None
+    parallel_tool_calls: Any = None
+    user: Any = None
 
 
 decode_chat_body = msgspec.json.Decoder(ChatBody).decode
 """A request body as a `ChatBody` (raises `msgspec.DecodeError`)."""
+
+PASSED_ON = (
+    "stop",
+    "seed",
+    "top_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+    "response_format",
+    "parallel_tool_calls",
+    "user",
+)
+"""The request's fields sent, as the client gave them, to a provider speaking OpenAI's Chat
+Completions wire, where they mean what the client meant; providers of other wires go without."""
 _EFFORTS: dict[str, ThinkingLevel] = {
     "none": "none",
     "minimal": "low",
@@ -218,6 +245,7 @@ def chat_request(body: ChatBody) -> TurnRequest:
         for tool in body.tools or ()
         if tool.type == "function"
     ]
+    passed = {name: value for name in PASSED_ON if (value := getattr(body, name)) is not None}
     return TurnRequest(
         messages=messages,
         system_prompt="\n\n".join(s for s in system if s) or None,
@@ -226,4 +254,5 @@ def chat_request(body: ChatBody) -> TurnRequest:
         max_tokens=body.max_completion_tokens or body.max_tokens,
         temperature=body.temperature,
         thinking_level=effort,
+        extra_body={OPENAI_CHAT: passed} if passed else {},
     )

@@ -174,6 +174,10 @@ history = user("WEATHER in Paris?") + [
     {"role": "tool", "tool_call_id": calls[0]["id"], "content": "18 °C, pluie fine"},
 ]
 whole("tool_answer", model=spec["model"], messages=history, tools=[spec["tool"]])
+whole("settings", model=spec["model"], messages=user("SETTINGS"), stop=["\n\n", "END"], seed=7,
+      top_p=0.5, frequency_penalty=0.25, presence_penalty=-0.5, logit_bias={"50256": -100},
+      response_format={"type": "json_object"}, user="end-user-1", max_completion_tokens=40,
+      store=False, metadata={"team": "a"}, extra_body={"not_openai_at_all": {"x": 1}})
 whole("limited", model=spec["model"], messages=user("LIMITED"))
 whole("filtered", model=spec["model"], messages=user("FILTERED"))
 whole("unknown_model", model="nobody/nothing", messages=user("Say hello"))
@@ -388,6 +392,23 @@ def test_a_tool_call_round_trip(sdk: dict[str, Any]) -> None:
     tool = next(m for m in sent if m["role"] == "tool")
     assert tool["tool_call_id"] == "call_w1"
     assert "18 °C, pluie fine" in json.dumps(tool["content"], ensure_ascii=False)
+
+
+def test_openais_own_settings_reach_a_provider_of_its_wire(sdk: dict[str, Any]) -> None:
+    assert sdk["settings"]["error"] is None
+    assert sdk["settings"]["completion"]["choices"][0]["message"]["content"] == "".join(FRAGMENTS)
+    sent = _sent(sdk, "SETTINGS")[0]["body"]
+    assert sent["stop"] == ["\n\n", "END"]
+    assert sent["seed"] == 7
+    assert sent["top_p"] == 0.5
+    assert sent["frequency_penalty"] == 0.25
+    assert sent["presence_penalty"] == -0.5
+    assert sent["logit_bias"] == {"50256": -100}
+    assert sent["response_format"] == {"type": "json_object"}
+    assert sent["user"] == "end-user-1"
+    assert sent["max_completion_tokens"] == 40
+    # what is not a generation setting, or not OpenAI's, is accepted and goes no further
+    assert not {"store", "metadata", "not_openai_at_all"} & set(sent)
 
 
 def test_an_upstream_rate_limit_is_the_sdks_rate_limit_error(sdk: dict[str, Any]) -> None:
