@@ -171,6 +171,7 @@ async def _collect(entry: Path) -> dict[str, Any]:
                 "entry": str(entry),
                 "url": f"{url}/v1/ui/chat",
                 "key": SERVER_KEY,
+                "tools": [WEATHER],
                 "jobs": [
                     {"name": "text", "text": "Say hello", "body": {"system": "Be brief."}},
                     {"name": "think", "text": "THINK"},
@@ -302,6 +303,18 @@ def test_the_tool_output_sent_back_reaches_the_provider(sdk: dict[str, Any]) -> 
     tool = next(m for m in messages if m["role"] == "tool")
     assert tool["tool_call_id"] == "call_w1"
     assert json.loads(tool["content"]) == {"temperature": "18 °C", "sky": "pluie fine"}
+
+
+def test_use_chats_tool_loop_continues_one_assistant_message(sdk: dict[str, Any]) -> None:
+    chat = sdk["chat"]
+    assert chat["status"] == "ready", chat["error"]
+    # the answer after the tool's output is the same assistant message, not a second one
+    assert [m["role"] for m in chat["messages"]] == ["user", "assistant"]
+    parts = chat["messages"][1]["parts"]
+    tools = [p for p in parts if p["type"] == "tool-get_weather"]
+    assert len(tools) == 1
+    assert tools[0]["state"] == "output-available"
+    assert [p["text"] for p in parts if p["type"] == "text"] == ["18 °C, light rain."]
 
 
 def test_a_failed_turn_is_an_error_part_the_reader_reports(sdk: dict[str, Any]) -> None:

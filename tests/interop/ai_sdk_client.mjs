@@ -6,9 +6,12 @@ import { readFileSync } from "node:fs";
 import { pathToFileURL } from "node:url";
 
 const spec = JSON.parse(readFileSync(0, "utf8"));
-const { DefaultChatTransport, readUIMessageStream } = await import(
-  pathToFileURL(spec.entry).href
-);
+const {
+  AbstractChat,
+  DefaultChatTransport,
+  lastAssistantMessageIsCompleteWithToolCalls,
+  readUIMessageStream,
+} = await import(pathToFileURL(spec.entry).href);
 
 async function send(messages, { key = spec.key, body = {} } = {}) {
   const transport = new DefaultChatTransport({
@@ -60,4 +63,40 @@ for (const part of answered.parts) {
   }
 }
 out.tool_answer = await send([user("u1", "WEATHER in Paris?"), answered]);
+
+// the same round trip as `useChat` drives it: `@ai-sdk/react`'s `Chat` is this `AbstractChat`
+// over React state; here the state is a plain array. The tool runs in `onToolCall`, and the
+// output is sent back on its own (`sendAutomaticallyWhen`), continuing the assistant message.
+class State {
+  status = "ready";
+  error = undefined;
+  messages = [];
+  pushMessage = (m) => void this.messages.push(m);
+  popMessage = () => void this.messages.pop();
+  replaceMessage = (i, m) => void (this.messages[i] = m);
+  snapshot = (v) => structuredClone(v);
+}
+const state = new State();
+const chat = new AbstractChat({
+  id: "chat-2",
+  state,
+  transport: new DefaultChatTransport({
+    api: spec.url,
+    headers: { authorization: `Bearer ${spec.key}` },
+    body: { tools: spec.tools },
+  }),
+  sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithToolCalls,
+  onToolCall: ({ toolCall }) => {
+    chat.addToolOutput({
+      tool: toolCall.toolName,
+      toolCallId: toolCall.toolCallId,
+      output: { temperature: "18 °C", sky: "pluie fine" },
+    });
+  },
+});
+await chat.sendMessage({ text: "WEATHER in Paris?" });
+for (let i = 0; i < 200 && (state.status !== "ready" || chat.activeResponse); i++) {
+  await new Promise((resolve) => setTimeout(resolve, 25));
+}
+out.chat = { messages: state.messages, status: state.status, error: String(state.error ?? "") };
 process.stdout.write(JSON.stringify(out));

@@ -47,7 +47,14 @@ if TYPE_CHECKING:
 
     from .._http11 import HttpConnection, Request
 
-__all__ = ["UI_STREAM_HEADERS", "UiBody", "UiParts", "UiStream", "ui_request"]
+__all__ = [
+    "UI_STREAM_HEADERS",
+    "UiBody",
+    "UiParts",
+    "UiStream",
+    "response_message_id",
+    "ui_request",
+]
 
 
 class _UiMessage(msgspec.Struct, frozen=True, kw_only=True):
@@ -174,6 +181,16 @@ def ui_request(body: UiBody) -> TurnRequest:
     )
 
 
+def response_message_id(body: UiBody) -> str:
+    """The id the `start` part gives the reply: a request that ends with an assistant message
+    (its tool outputs sent back) is continued, so the reply keeps that message's id, as the AI
+    SDK's own server does; with a new id the client would show a second assistant message."""
+    last = body.messages[-1] if body.messages else None
+    if last is not None and last.role == "assistant" and last.id:
+        return last.id
+    return f"msg-{secrets.token_hex(12)}"
+
+
 _FINISH = {"stop": "stop", "length": "length", "tool_call": "tool-calls", "unknown": "other"}
 
 
@@ -286,8 +303,10 @@ class UiStream:
             raise ErrorReply(404, "model_not_found", "no such model is served here") from None
         ticket = self.shared.reserve(request, mmsp=False)
 
+        message_id = response_message_id(body)
+
         async def pump(turn: Turn, receive: trio.MemoryReceiveChannel[list[UniItem]]) -> None:
-            await self._stream(http, turn, receive, provider)
+            await self._stream(http, turn, receive, provider, message_id)
 
         await run_wire_turn(self.shared, http, ticket, turn_request, provider, pump)
 
@@ -297,10 +316,10 @@ class UiStream:
         turn: Turn,
         receive: trio.MemoryReceiveChannel[list[UniItem]],
         provider: Provider,
+        message_id: str,
     ) -> None:
         heartbeat = self.shared.limits.heartbeat
         parts = UiParts()
-        message_id = f"msg-{secrets.token_hex(12)}"
         await http.start_stream(200, UI_STREAM_HEADERS)
         await http.send_data(
             sse_json({"type": "start", "messageId": message_id}) + sse_json({"type": "start-step"})
