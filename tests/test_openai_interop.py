@@ -159,6 +159,11 @@ def whole(name, c=client, **kw):
         out[name] = {"completion": None, "error": error_of(exc)}
 
 out["models"] = [m.model_dump() for m in client.models.list()]
+out["model"] = client.models.retrieve(spec["model"]).model_dump()
+try:
+    client.models.retrieve("nobody-serves-this")
+except openai.APIError as exc:
+    out["no_model"] = error_of(exc)
 user = lambda text: [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}]
 stream("text", model=spec["model"], messages=user("Say hello"),
        stream_options={"include_usage": True})
@@ -303,6 +308,13 @@ def _sent(sdk: dict[str, Any], keyword: str) -> list[dict[str, Any]]:
 def test_the_sdk_lists_the_served_model(sdk: dict[str, Any]) -> None:
     assert [m["id"] for m in sdk["models"]] == [MODEL]
     assert all(m["object"] == "model" for m in sdk["models"])
+
+
+def test_the_sdk_retrieves_the_served_model_and_not_another(sdk: dict[str, Any]) -> None:
+    assert (sdk["model"]["id"], sdk["model"]["object"]) == (MODEL, "model")
+    missing = sdk["no_model"]
+    assert (missing["class"], missing["status"]) == ("NotFoundError", 404)
+    assert missing["body"]["code"] == "model_not_found"
 
 
 def test_streamed_text_arrives_whole_with_its_finish_and_usage(sdk: dict[str, Any]) -> None:

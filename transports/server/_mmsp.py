@@ -115,6 +115,23 @@ class Mmsp:
         body = msgspec.json.encode({"object": "list", "data": data})
         await http.respond(200, body, head_only=request.method == "HEAD")
 
+    async def model(self, http: HttpConnection, request: Request, model: str) -> None:
+        """`GET /v1/models/{id}`: one offered model in OpenAI's shape, else OpenAI's 404
+        `model_not_found` (what the SDK's `models.retrieve` reads)."""
+        self.shared.require_key(request, mmsp=True)
+        if model not in self.shared.offered_models():
+            raise ErrorReply(
+                404,
+                "invalid_request_error",
+                "the model does not exist or is not served here",
+                param="model",
+                code="model_not_found",
+            )
+        body = msgspec.json.encode(
+            {"id": model, "object": "model", "created": 0, "owned_by": "rillet"}
+        )
+        await http.respond(200, body, head_only=request.method == "HEAD")
+
     async def stream(self, http: HttpConnection, request: Request, _: str) -> None:
         """`POST /v1/stream`: a turn streamed as MMSP's server does, once admitted."""
         self.shared.require_key(request, mmsp=True)

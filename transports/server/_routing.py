@@ -10,7 +10,7 @@ import os
 import resource
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import attrs
 import h11
@@ -284,9 +284,12 @@ class Server:
                 methods = self._per_run.get("/".join(parts[4:]))
                 if methods is None and len(parts) == 6 and parts[4] == "approvals" and parts[5]:
                     arg, methods = f"{parts[3]}/{parts[5]}", {"POST": self.runs.agents.answer}
+            elif len(parts) >= 4 and parts[:3] == ["", "v1", "models"] and parts[3]:
+                # one model (a routed one is named `kind/model`)
+                arg, methods = unquote("/".join(parts[3:])), {"GET": self.mmsp.model}
         if methods is None:
             raise ErrorReply(404, "not_found", "no such route")
-        head = "GET" in methods and not arg  # a run's streams have no HEAD
+        head = "GET" in methods and (not arg or path.startswith("/v1/models/"))  # not a run's
         handler = methods.get("GET" if method == "HEAD" and head else method)
         if handler is None:
             allow = ", ".join(sorted({*methods, *(["HEAD"] if head else [])}))
