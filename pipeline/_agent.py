@@ -247,6 +247,8 @@ class _Loop:
             if calls and result.message.finish_reason == "tool_call":
                 if step >= self.max_steps:
                     return self.end("error", "max_steps")
+                if self.buffered:  # no answer candidate: its MMSP stream, not its text
+                    await chained.sink.release(text=False)
                 conversation.record(result.message)
                 if not await self._tools(step, calls):
                     return
@@ -408,7 +410,7 @@ async def run_agent(
     max_steps: int = 8,
     approvals: Literal["ask", "defer"] = "ask",
     decisions: Mapping[str, bool] | None = None,
-    delivery: Literal["streaming", "buffered"] = "streaming",
+    delivery: Literal["streaming", "buffered"] | None = None,
     validator: Validator | None = None,
     max_candidates: int = 3,
     budget: ContextBudget | None = None,
@@ -433,7 +435,8 @@ async def run_agent(
 
     Approvals: `ask` waits for `agent.approve(id)` / `agent.deny(id, reason)`; `defer` ends
     the run `approval_required` with the calls in `result.pending` (answer them in a later
-    run with `decisions`). Delivery: `streaming` sends the answer as it comes; `buffered`
+    run with `decisions`). Delivery: `streaming` (the default without a validator) sends the
+    answer as it comes; `buffered` (the default with one, and the only mode a validator takes)
     holds it until `validator(text)` returns None (a safe code rejects it, and the model is
     asked again, at most `max_candidates` times). `budget` fits each request to the model's
     context window. `tool_arguments` / `tool_results` opt the public stream into a tool's
@@ -442,6 +445,10 @@ async def run_agent(
     """
     if max_steps < 1:
         raise ValueError("max_steps must be at least 1")
+    if delivery is None:
+        delivery = "buffered" if validator is not None else "streaming"
+    elif validator is not None and delivery != "buffered":
+        raise ValueError("a validator needs delivery='buffered': streaming would bypass it")
     providers = [provider] if isinstance(provider, Provider) else list(provider)
     if not providers:
         raise ValueError("run_agent needs at least one provider")

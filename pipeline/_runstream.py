@@ -17,6 +17,7 @@ import attrs
 import trio
 
 from ._graph import Given
+from ._markers import AttemptReset
 from ._runevents import (
     AnswerDelta,
     AnswerDone,
@@ -134,6 +135,7 @@ class StepSink:
         answer: the turn's own `answer.done`, if it had one.
         delivered_text: whether any answer text of this turn reached the public stream.
         held: answer fragments kept back (`hold_text`), since the turn's last reset.
+        held_uni: the turn's MMSP stream kept back with them (`hold_text`), since that reset.
     """
 
     stream: RunStream
@@ -142,6 +144,7 @@ class StepSink:
     answer: AnswerDone | None = None
     delivered_text: bool = False
     held: list[AnswerDelta] = attrs.field(factory=list)
+    held_uni: list[UniItem] = attrs.field(factory=list)
 
     _adopted: SinkBatch | None = attrs.field(default=None, repr=False)
 
@@ -189,15 +192,24 @@ class StepSink:
                 self.held.clear()
             runs.append(event)
         self.stream.run_log.extend(builder.adopt_many(runs))
-        self.stream.uni_log.extend(batch.uni)
+        if not self.hold_text:
+            self.stream.uni_log.extend(batch.uni)
+            return
+        for item in batch.uni:  # a candidate's stream waits with its text
+            if type(item) is AttemptReset:
+                self.held_uni.clear()  # nothing before it went out: nothing to void
+            else:
+                self.held_uni.append(item)
 
-    async def release(self) -> None:
-        """Send the held answer text on to the public stream."""
+    async def release(self, *, text: bool = True) -> None:
+        """Send what was held on: the answer text to the public stream (unless `text` is
+        False: then it is dropped) and the turn's MMSP stream."""
         builder = self.stream.builder
-        runs = [builder.adopt(event) for event in self.held]
+        runs = [builder.adopt(event) for event in self.held] if text else []
+        unis, self.held_uni = self.held_uni, []
         self.held.clear()
         self.delivered_text = self.delivered_text or bool(runs)
-        await self.stream.emit(runs)
+        await self.stream.emit(runs, unis)
 
     async def close(self) -> None:
         """The turn is over; the run goes on."""

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from rillet import AgentResult, AnswerDelta, AnswerDone, RunEvent, StatusEvent, open_agent
+from rillet import AgentResult, AnswerDelta, AnswerDone, RunEvent, StatusEvent, open_agent, run_agent
 from rillet.transports.testing import Reply, open_loopback_provider
 
 from .agent_support import LIMIT, QUESTION, check_stream, kinds, loop_clock, provider_at, text_reply
@@ -115,3 +115,65 @@ async def test_buffered_tool_steps_keep_their_text_private(
     )
     assert result.status == "completed"
     assert answer(events) == "Cold."
+
+
+async def test_a_validator_is_never_bypassed_by_the_default_delivery(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    seen: list[str] = []
+
+    def validator(text: str) -> str | None:
+        seen.append(text)
+        return "mentions_secret" if "secret" in text else None
+
+    result, events, requests = await play(
+        [text_reply("The secret ", "is 42."), text_reply("I cannot ", "say.")],
+        validator=validator,  # no delivery named: a validator means buffered
+    )
+    assert seen == ["The secret is 42.", "I cannot say."]
+    assert requests == 2
+    assert answer(events) == "I cannot say."
+    assert result.text == "I cannot say."
+    async with open_loopback_provider([text_reply("x")]) as server:
+        with pytest.raises(ValueError, match="buffered"):
+            await run_agent(QUESTION, provider_at(server), validator=validator, delivery="streaming")
+        assert server.requests == []
+
+
+async def test_a_rejected_candidate_reaches_neither_the_mmsp_stream_nor_a_sink(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    from rillet import SinkBatch
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.uni: list[Any] = []
+
+        async def deliver(self, batch: SinkBatch) -> None:
+            self.uni.extend(batch.uni)
+
+        async def close(self) -> None:
+            pass
+
+    recorder = Recorder()
+    preamble = Reply(chunks=(_calls(("get_weather", {"city": "Oslo"}), text="Looking. "),))
+    script = [preamble, text_reply("The secret ", "is 42."), text_reply("Cold in ", "Oslo.")]
+    async with open_loopback_provider(script) as server:
+        with trio.fail_after(LIMIT):
+            async with open_agent(
+                QUESTION,
+                provider_at(server),
+                tools=[get_weather],
+                delivery="buffered",
+                validator=lambda text: "mentions_secret" if "secret" in text else None,
+                sinks=[recorder],
+            ) as agent:
+                uni = [item async for item in agent.uni_events()]
+                result = await agent.result()
+    assert result.text == "Cold in Oslo."
+    for items in (uni, recorder.uni):
+        shown = repr(items)
+        assert "secret" not in shown
+        assert "Cold in " in shown
+        assert "get_weather" in shown  # the tool step's stream still goes out
+    assert len(recorder.uni) == len(uni)
