@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 import re
 import secrets
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Literal
@@ -55,6 +56,7 @@ __all__ = ["Agent", "AgentResult", "AgentStatus", "open_agent", "run_agent"]
 AgentStatus = Literal["completed", "error", "cancelled", "approval_required"]
 Validator = Callable[[str], "str | Awaitable[str | None] | None"]
 _GRACE = 2.0  # seconds a cancelled agent still gives its last events
+_CANCELLED_TEXT = "error: the call was cancelled before it finished"
 _SAFE_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 
@@ -298,10 +300,24 @@ class _Loop:
         conversation = self.agent.conversation
         results: list[ToolResultDone] = []
         deferred: list[PendingApproval] = []
-        async with trio.open_nursery() as nursery:
-            for number, call in enumerate(calls, 1):
-                approval_id = (approval_ids or {}).get(call.tool_call_id)
-                nursery.start_soon(self._one, step, number, call, approval_id, results, deferred)
+        try:
+            async with trio.open_nursery() as nursery:
+                for number, call in enumerate(calls, 1):
+                    approval_id = (approval_ids or {}).get(call.tool_call_id)
+                    nursery.start_soon(self._one, step, number, call, approval_id, results, deferred)
+        except BaseException:  # cancelled mid-step: a call without its result breaks the history
+            unanswered = Counter(call.tool_call_id for call in calls)
+            unanswered.subtract(result.tool_call_id for result in results)
+            for call in calls:
+                if unanswered[call.tool_call_id] > 0:
+                    unanswered[call.tool_call_id] -= 1
+                    output = ToolOutput(call, _CANCELLED_TEXT, "cancelled", "cancelled")
+                    self.outputs.append(output)
+                    results.append(output.item)
+            conversation.pending = []
+            conversation.add_tool_results([*conversation.results, *results])
+            conversation.results = []
+            raise
         if deferred:
             conversation.pending = deferred
             conversation.results.extend(results)

@@ -521,3 +521,51 @@ async def test_every_dialect_sends_a_steps_results_back_together_in_call_order(
     assert trio.current_time() - start < 1.5  # the calls of one step ran side by side
     spans = [e.span_id for e in events if isinstance(e, ToolCompleted)]
     assert len(set(spans)) == len(expected)
+
+
+async def test_a_run_cancelled_mid_tool_leaves_every_call_answered(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    from rillet import Conversation, TurnRequest, user
+
+    ran: list[str] = []
+    entered = trio.Event()
+
+    async def quick() -> str:
+        ran.append("quick")
+        return "done quickly"
+
+    async def stuck() -> str:
+        entered.set()
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    conversation = Conversation()
+    both = Reply(chunks=(_calls(("quick", {}), ("stuck", {})),))
+    async with open_loopback_provider([both, text_reply("Fine.")]) as server:
+        with trio.fail_after(LIMIT):
+            async with open_agent(
+                QUESTION, provider_at(server), tools=[quick, stuck], conversation=conversation
+            ) as agent:
+                await entered.wait()
+                await trio.sleep(1.0)
+                agent.cancel()
+                first = await agent.result()
+            assert first.status == "cancelled"
+            assert conversation.tool_calls() == []  # no call is left without its result
+            outputs = {o.call.name: (o.status, o.reason_code) for o in first.tool_outputs}
+            assert outputs == {"quick": ("ok", None), "stuck": ("cancelled", "cancelled")}
+            again = await run_agent(
+                TurnRequest(messages=[user("And now?")]),
+                provider_at(server),
+                tools=[quick, stuck],
+                conversation=conversation,
+            )
+    assert again.status == "completed"
+    assert ran == ["quick"]  # not run again
+    body = body_of(server, 1)
+    assert [m["role"] for m in body["messages"]] == ["user", "assistant", "tool", "tool", "user"]
+    assert tool_result_in(body, "openai-chat") == [
+        ("call_1", "done quickly"),
+        ("call_2", "error: the call was cancelled before it finished"),
+    ]
