@@ -188,6 +188,7 @@ class _Loop:
     tool_arguments: bool
     tool_results: bool
     thread_limiter: trio.CapacityLimiter | None
+    after_resume: list[UniMessage] = attrs.field(factory=list)
     status: AgentStatus = "cancelled"
     code: str = "cancelled"
     error: BaseException | None = None
@@ -211,8 +212,10 @@ class _Loop:
 
     async def run(self) -> None:
         conversation = self.agent.conversation
-        if conversation.pending and not await self._resume():
-            return
+        if conversation.pending:
+            if not await self._resume():
+                return
+            conversation.messages.extend(self.after_resume)  # the new turn follows the results
         candidates = 0
         while True:
             if self.steps >= self.max_steps:
@@ -451,10 +454,12 @@ async def run_agent(
 
     Approvals: `ask` waits for `agent.approve(id)` / `agent.deny(id, reason)`; `defer` ends
     the run `approval_required` with the calls in `result.pending` (answer them in a later
-    run with `decisions`). Delivery: `streaming` (the default without a validator) sends the
-    answer as it comes; `buffered` (the default with one, and the only mode a validator takes)
-    holds it until `validator(text)` returns None (a safe code rejects it, and the model is
-    asked again, at most `max_candidates` times). `budget` fits each request to the model's
+    run with `decisions`; its new messages follow those calls' results, and with approvals
+    deferred a new message before every pending call has a decision is a `ValueError`).
+    Delivery: `streaming` (the default without a validator) sends the answer as it comes;
+    `buffered` (the default with one, and the only mode a validator takes) holds it until
+    `validator(text)` returns None (a safe code rejects it, and the model is asked again, at
+    most `max_candidates` times). `budget` fits each request to the model's
     context window. `tool_arguments` / `tool_results` opt the public stream into a tool's
     arguments and result text. Other keywords (`policy`, `limiter`, `admission`) go to each
     step's `run_turn`.
@@ -470,9 +475,16 @@ async def run_agent(
         raise ValueError("run_agent needs at least one provider")
     found = {t.name: t for t in map(_as_tool, tools)}
     conv = conversation if conversation is not None else Conversation()
+    owed = [p for p in conv.pending if p.approval_id not in (decisions or {})]
+    if request.messages and owed and approvals == "defer":
+        raise ValueError(
+            "the conversation's pending approvals need decisions before a new message: "
+            + ", ".join(p.approval_id for p in owed)
+        )
     if conv.system_prompt is None:
         conv.system_prompt = request.system_prompt
-    conv.messages.extend(request.messages)
+    if not conv.pending:
+        conv.messages.extend(request.messages)
     given = {t.name for t in request.tools}
     specs = [t.spec for t in found.values() if t.name not in given]
     template = msgspec.structs.replace(request, messages=[], tools=[*request.tools, *specs])
@@ -508,6 +520,7 @@ async def run_agent(
         tool_arguments=tool_arguments,
         tool_results=tool_results,
         thread_limiter=thread_limiter,
+        after_resume=list(request.messages) if conv.pending else [],
     )
     try:
         with agent._cancel_scope:

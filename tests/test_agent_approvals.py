@@ -187,3 +187,42 @@ async def test_a_deferred_run_without_a_decision_still_waits(
     assert [p.approval_id for p in again.pending] == [p.approval_id for p in first.pending]
     assert ran == []
     assert len(server.requests) == 1
+
+
+async def test_a_resumed_run_sends_its_new_message_after_the_calls_results(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    from rillet import user
+
+    ran: list[str] = []
+    conversation = Conversation()
+    tools = [weather_tool(ran)]
+    call = Reply(chunks=(_calls(("get_weather", {"city": "Oslo"}),),))
+    async with open_loopback_provider([call, text_reply("Sunny.")]) as server:
+        first = await run_agent(
+            QUESTION, provider_at(server), tools=tools, approvals="defer", conversation=conversation
+        )
+        [pending] = first.pending
+        second = await run_agent(
+            TurnRequest(messages=[user("And tomorrow?")]),
+            provider_at(server),
+            tools=tools,
+            conversation=conversation,
+            decisions={pending.approval_id: True},
+        )
+        with pytest.raises(ValueError, match="pending"):  # a decision is still owed
+            again = Conversation.decode(first.conversation.encode())
+            again.pending = [pending]
+            await run_agent(
+                TurnRequest(messages=[user("Hello?")]),
+                provider_at(server),
+                tools=tools,
+                conversation=again,
+                approvals="defer",
+            )
+    assert second.status == "completed"
+    body = body_of(server, 1)
+    assert [m["role"] for m in body["messages"]] == ["user", "assistant", "tool", "user"]
+    assert body["messages"][-1]["content"] == "And tomorrow?"
+    assert tool_result_in(body, "openai-chat") == [("call_1", "sunny in Oslo")]
+    assert len(server.requests) == 2
