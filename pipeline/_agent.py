@@ -306,8 +306,8 @@ class _Loop:
         try:
             async with trio.open_nursery() as nursery:
                 for number, call in enumerate(calls, 1):
-                    approval_id = (approval_ids or {}).get(call.tool_call_id)
-                    nursery.start_soon(self._one, step, number, call, approval_id, results, deferred)
+                    approval = (approval_ids or {}).get(call.tool_call_id)
+                    nursery.start_soon(self._one, step, number, call, approval, results, deferred)
         except BaseException:  # cancelled mid-step: a call without its result breaks the history
             unanswered = Counter(call.tool_call_id for call in calls)
             unanswered.subtract(result.tool_call_id for result in results)

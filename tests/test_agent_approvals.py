@@ -197,7 +197,13 @@ async def test_a_resumed_run_sends_its_new_message_after_the_calls_results(
     ran: list[str] = []
     conversation = Conversation()
     tools = [weather_tool(ran)]
-    call = Reply(chunks=(_calls(("get_weather", {"city": "Oslo"}),),))
+    call = Reply(
+        chunks=(
+            _calls(
+                ("get_weather", {"city": "Oslo"}),
+            ),
+        )
+    )
     async with open_loopback_provider([call, text_reply("Sunny.")]) as server:
         first = await run_agent(
             QUESTION, provider_at(server), tools=tools, approvals="defer", conversation=conversation
@@ -210,9 +216,9 @@ async def test_a_resumed_run_sends_its_new_message_after_the_calls_results(
             conversation=conversation,
             decisions={pending.approval_id: True},
         )
+        again = Conversation.decode(first.conversation.encode())
+        again.pending = [pending]
         with pytest.raises(ValueError, match="pending"):  # a decision is still owed
-            again = Conversation.decode(first.conversation.encode())
-            again.pending = [pending]
             await run_agent(
                 TurnRequest(messages=[user("Hello?")]),
                 provider_at(server),

@@ -11,7 +11,15 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from rillet import AgentResult, AnswerDelta, AnswerDone, RunEvent, StatusEvent, open_agent, run_agent
+from rillet import (
+    AgentResult,
+    AnswerDelta,
+    AnswerDone,
+    RunEvent,
+    StatusEvent,
+    open_agent,
+    run_agent,
+)
 from rillet.transports.testing import Reply, open_loopback_provider
 
 from .agent_support import LIMIT, QUESTION, check_stream, kinds, loop_clock, provider_at, text_reply
@@ -136,7 +144,9 @@ async def test_a_validator_is_never_bypassed_by_the_default_delivery(
     assert result.text == "I cannot say."
     async with open_loopback_provider([text_reply("x")]) as server:
         with pytest.raises(ValueError, match="buffered"):
-            await run_agent(QUESTION, provider_at(server), validator=validator, delivery="streaming")
+            await run_agent(
+                QUESTION, provider_at(server), validator=validator, delivery="streaming"
+            )
         assert server.requests == []
 
 
