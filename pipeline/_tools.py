@@ -10,6 +10,7 @@ and the public run events see only a safe `reason_code`.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import re
 import typing
@@ -144,6 +145,15 @@ def _arguments_struct(fn: Callable[..., Any], name: str) -> type[msgspec.Struct]
         annotation = hints.get(param.name, Any)
         if param.default is inspect.Parameter.empty:
             fields.append((param.name, annotation))
+        elif isinstance(param.default, list | dict | set | bytearray):  # a fresh one each call
+            default = param.default
+            fields.append(
+                (
+                    param.name,
+                    annotation,
+                    msgspec.field(default_factory=lambda d=default: copy.deepcopy(d)),
+                )
+            )
         else:
             fields.append((param.name, annotation, param.default))
     title = "".join(part.capitalize() for part in re.split(r"\W+", name) if part) or "Arguments"
@@ -161,6 +171,9 @@ def _schema(struct: type[msgspec.Struct] | None, docs: dict[str, str]) -> dict[s
     top.pop("title", None)
     top.setdefault("properties", {})
     properties = {k: dict(v) for k, v in top["properties"].items()}
+    for info in msgspec.structs.fields(struct):  # a factory's default is still shown
+        if info.default_factory is not msgspec.NODEFAULT and info.encode_name in properties:
+            properties[info.encode_name].setdefault("default", info.default_factory())
     for field, text in docs.items():
         if field in properties and text:
             properties[field].setdefault("description", text)

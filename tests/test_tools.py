@@ -165,3 +165,15 @@ def test_the_new_run_events_round_trip_with_their_names(event: Any) -> None:
     tag = type(event).__struct_config__.tag
     assert data.startswith(b'{"type":"' + tag.encode() + b'"')
     assert decode_run_event(data) == event
+
+
+def test_a_mutable_default_is_fresh_for_every_call() -> None:
+    def tag(name: str, tags: list[str] = ["new"], meta: dict[str, int] = {"n": 1}) -> str:  # noqa: B006
+        tags.append(name)
+        return ",".join(tags)
+
+    made = tool(tag)
+    assert made.parameters["properties"]["tags"]["default"] == ["new"]
+    first = made.convert({"name": "a"})
+    first["tags"].append("changed")
+    assert made.convert({"name": "b"}) == {"name": "b", "tags": ["new"], "meta": {"n": 1}}
