@@ -60,8 +60,10 @@ class Tool:
 
     @property
     def is_async(self) -> bool:
-        """Whether the function is a coroutine function (else it runs in a worker thread)."""
-        return inspect.iscoroutinefunction(self.function)
+        """Whether the function is a coroutine function, or an object whose `__call__` is one
+        (else it runs in a worker thread)."""
+        call = getattr(self.function, "__call__", None)  # noqa: B004 - an async __call__
+        return inspect.iscoroutinefunction(self.function) or inspect.iscoroutinefunction(call)
 
     def convert(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
         """The call's arguments checked against the signature and converted to its types

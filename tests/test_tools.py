@@ -177,3 +177,18 @@ def test_a_mutable_default_is_fresh_for_every_call() -> None:
     first = made.convert({"name": "a"})
     first["tags"].append("changed")
     assert made.convert({"name": "b"}) == {"name": "b", "tags": ["new"], "meta": {"n": 1}}
+
+
+async def test_an_object_with_an_async_call_is_awaited_not_sent_to_a_thread(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    class Lookup:
+        async def __call__(self, query: str) -> str:
+            await trio.sleep(1)
+            return f"found {query}"
+
+    made = tool(Lookup(), name="lookup")
+    assert made.is_async
+    call = ToolCallDone(name="lookup", arguments={"query": "q"}, tool_call_id="1")
+    output = await run_tool(made, call)
+    assert (output.text, output.status) == ("found q", "ok")
