@@ -31,6 +31,7 @@ from rillet.transports._http_upstream import default_client
 
 from ._budget import ContextBudget, ContextWindowExceeded
 from ._conversation import Conversation, PendingApproval
+from ._errors import ToolCallArgumentParseError
 from ._events import ToolCallDone, ToolResultDone, UniMessage
 from ._fallback import CircuitBreakers, CircuitOpen, chain_turn
 from ._request import TurnRequest
@@ -189,6 +190,7 @@ class _Loop:
     tool_results: bool
     thread_limiter: trio.CapacityLimiter | None
     after_resume: list[UniMessage] = attrs.field(factory=list)
+    unparsed: dict[str, str] = attrs.field(factory=dict)  # call id: what the model is told
     status: AgentStatus = "cancelled"
     code: str = "cancelled"
     error: BaseException | None = None
@@ -243,18 +245,22 @@ class _Loop:
                 return self.end("error", "circuit_open", exc)
             result = chained.result
             self.turns.append(result)
-            self.message, self.text = result.message, result.text
+            message = result.message
+            self.message, self.text = message, result.text
             done = chained.sink.done
             if done is None or done.status != "completed":
-                status: Any = done.status if done is not None else "error"
-                return self.end(status, done.code if done else "provider_error", result.error)
-            calls = [i for i in result.message.content_items if type(i) is ToolCallDone]
-            if calls and result.message.finish_reason == "tool_call":
+                repaired = self._unparsed(result)
+                if repaired is None:
+                    status: Any = done.status if done is not None else "error"
+                    return self.end(status, done.code if done else "provider_error", result.error)
+                self.message = message = repaired
+            calls = [i for i in message.content_items if type(i) is ToolCallDone]
+            if calls and message.finish_reason == "tool_call":
                 if step >= self.max_steps:
                     return self.end("error", "max_steps")
                 if self.buffered:  # no answer candidate: its MMSP stream, not its text
                     await chained.sink.release(text=False)
-                conversation.record(result.message)
+                conversation.record(message)
                 if not await self._tools(step, calls):
                     return
                 continue
@@ -275,6 +281,23 @@ class _Loop:
                 await chained.sink.release()
             conversation.record(result.message)
             return self.end("completed", "completed")
+
+    def _unparsed(self, result: TurnResult) -> UniMessage | None:
+        """For a step the stream ended at a call whose arguments are not a JSON object: the
+        message with that call in it (no arguments), its result telling the model what was
+        wrong, as for arguments that do not fit; None for any other failure."""
+        error = result.error
+        if not isinstance(error, ToolCallArgumentParseError):
+            return None
+        call = ToolCallDone(name=error.tool_name, arguments={}, tool_call_id=error.tool_call_id)
+        preview = error.raw_arguments_preview
+        self.unparsed[call.tool_call_id] = (
+            f"error: invalid arguments: not a JSON object: {preview!r}"
+        )
+        items = [*result.message.content_items, call]
+        return msgspec.structs.replace(
+            result.message, content_items=items, finish_reason="tool_call"
+        )
 
     async def _validate(self, text: str) -> str | None:
         if self.validator is None:
@@ -340,7 +363,8 @@ class _Loop:
         deferred: list[PendingApproval],
     ) -> None:
         found = self.tools.get(call.name)
-        if found is not None and found.needs_approval:
+        unparsed = self.unparsed.pop(call.tool_call_id, None)
+        if unparsed is None and found is not None and found.needs_approval:
             approval_id = approval_id or f"apr_{secrets.token_hex(6)}"
             pending = PendingApproval(approval_id=approval_id, tool_call=call, step=step)
             decision = self.decisions.get(approval_id)
@@ -387,7 +411,10 @@ class _Loop:
         )
         start = trio.current_time()
         try:
-            output = await run_tool(found, call, thread_limiter=self.thread_limiter)
+            if unparsed is not None:  # nothing to run: the model reads what was wrong
+                output = ToolOutput(call, unparsed, "error", "tool_arguments_invalid")
+            else:
+                output = await run_tool(found, call, thread_limiter=self.thread_limiter)
         except trio.Cancelled:
             with trio.CancelScope(shield=True), trio.move_on_after(_GRACE):
                 await self.emit(
