@@ -22,6 +22,7 @@ from ._runevents import (
     AnswerDelta,
     AnswerDone,
     AttemptResetEvent,
+    ReasoningDelta,
     RunDone,
     RunEvent,
     RunEventBuilder,
@@ -134,7 +135,8 @@ class StepSink:
         done: the turn's own `run.done` (how the step ended), once it came.
         answer: the turn's own `answer.done`, if it had one.
         delivered_text: whether any answer text of this turn reached the public stream.
-        held: answer fragments kept back (`hold_text`), since the turn's last reset.
+        held: answer and reasoning fragments kept back (`hold_text`), since the turn's last
+            reset.
         held_uni: the turn's MMSP stream kept back with them (`hold_text`), since that reset.
     """
 
@@ -143,7 +145,7 @@ class StepSink:
     done: RunDone | None = None
     answer: AnswerDone | None = None
     delivered_text: bool = False
-    held: list[AnswerDelta] = attrs.field(factory=list)
+    held: list[RunEvent] = attrs.field(factory=list)
     held_uni: list[UniItem] = attrs.field(factory=list)
 
     _adopted: SinkBatch | None = attrs.field(default=None, repr=False)
@@ -173,11 +175,11 @@ class StepSink:
         runs: list[RunEvent] = []  # what joins the run's stream, adopted once per batch
         for event in batch.run:
             kind = type(event)
-            if kind is AnswerDelta:
-                if self.hold_text:
-                    self.held.append(event)  # type: ignore[arg-type]
+            if kind is AnswerDelta or kind is ReasoningDelta:
+                if self.hold_text:  # a candidate's reasoning waits with its text
+                    self.held.append(event)
                     continue
-                self.delivered_text = True
+                self.delivered_text = self.delivered_text or kind is AnswerDelta
             elif kind is RunStarted:
                 continue
             elif kind is RunDone:
@@ -202,13 +204,13 @@ class StepSink:
                 self.held_uni.append(item)
 
     async def release(self, *, text: bool = True) -> None:
-        """Send what was held on: the answer text to the public stream (unless `text` is
-        False: then it is dropped) and the turn's MMSP stream."""
+        """Send what was held on: the answer text and reasoning to the public stream (unless
+        `text` is False: then they are dropped) and the turn's MMSP stream."""
         builder = self.stream.builder
         runs = [builder.adopt(event) for event in self.held] if text else []
         unis, self.held_uni = self.held_uni, []
         self.held.clear()
-        self.delivered_text = self.delivered_text or bool(runs)
+        self.delivered_text = self.delivered_text or any(type(e) is AnswerDelta for e in runs)
         await self.stream.emit(runs, unis)
 
     async def close(self) -> None:

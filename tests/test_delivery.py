@@ -187,3 +187,25 @@ async def test_a_rejected_candidate_reaches_neither_the_mmsp_stream_nor_a_sink(
         assert "Cold in " in shown
         assert "get_weather" in shown  # the tool step's stream still goes out
     assert len(recorder.uni) == len(uni)
+
+
+async def test_a_rejected_candidates_reasoning_stays_private_too(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    from rillet import ReasoningDelta
+    from rillet.transports.testing import fixture_reply
+
+    from .agent_support import FIXTURES
+
+    verdicts = iter(["not_this_one", None])
+    thinking = fixture_reply(FIXTURES / "openai-chat/reasoning_deepseek.sse")
+    result, events, requests = await play(
+        [thinking, text_reply("Plainly.")],
+        delivery="buffered",
+        validator=lambda text: next(verdicts),
+        reasoning=True,  # opted in: only an accepted candidate's reasoning goes out
+    )
+    assert requests == 2
+    assert result.turns[0].message.content_items  # the first candidate did think
+    assert [e for e in events if isinstance(e, ReasoningDelta)] == []
+    assert answer(events) == "Plainly."
