@@ -391,7 +391,11 @@ async def run_agent(
     providers = [provider] if isinstance(provider, Provider) else list(provider)
     if not providers:
         raise ValueError("run_agent needs at least one provider")
-    found = {t.name: t for t in map(_as_tool, tools)}
+    made = [_as_tool(t) for t in tools]
+    found = {t.name: t for t in made}
+    if len(found) < len(made):
+        twice = sorted({t.name for t in made if sum(u.name == t.name for u in made) > 1})
+        raise ValueError(f"two tools share a name: {', '.join(map(repr, twice))}")
     conv = conversation if conversation is not None else Conversation()
     owed = [p for p in conv.pending if p.approval_id not in (decisions or {})]
     if request.messages and owed and approvals == "defer":

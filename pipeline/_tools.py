@@ -11,6 +11,7 @@ and the public run events see only a safe `reason_code`.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import re
 import typing
@@ -28,6 +29,7 @@ __all__ = ["Tool", "ToolOutput", "ToolStatus", "run_tool", "tool"]
 
 ToolStatus = Literal["ok", "error", "denied", "cancelled"]
 _THREAD_GRACE = 2.0  # seconds a cancelled sync tool gets before its thread is abandoned
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _SECTION = re.compile(r"^(Args|Arguments|Parameters):\s*$")
 _ARG_LINE = re.compile(r"^\s+(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
 
@@ -113,7 +115,12 @@ def tool(
     the arguments are still checked against the signature before each call."""
 
     def make(fn: Callable[..., Any]) -> Tool:
-        tool_name = name or fn.__name__
+        tool_name = name or _name_of(fn)
+        if not _NAME.fullmatch(tool_name):
+            raise ValueError(
+                f"a tool's name is 1-64 letters, digits, '_' or '-' (every provider's rule), "
+                f"not {tool_name!r}: give name="
+            )
         struct = _arguments_struct(fn, tool_name)
         doc = inspect.getdoc(fn) or ""
         schema = parameters if parameters is not None else _schema(struct, _arg_docs(doc))
@@ -128,6 +135,13 @@ def tool(
         )
 
     return make if function is None else make(function)
+
+
+def _name_of(fn: Callable[..., Any]) -> str:
+    """A function's own name, a partial's function's, or an object's class name."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return str(getattr(fn, "__name__", None) or type(fn).__name__)
 
 
 def _arguments_struct(fn: Callable[..., Any], name: str) -> type[msgspec.Struct] | None:

@@ -522,3 +522,17 @@ async def test_every_dialect_sends_a_steps_results_back_together_in_call_order(
     spans = [e.span_id for e in events if isinstance(e, ToolCompleted)]
     assert len(set(spans)) == len(expected)
 
+
+async def test_two_tools_of_one_name_are_refused_before_any_request(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    async def lookup(city: str) -> str:
+        return city
+
+    async with open_loopback_provider([text_reply("x")]) as server:
+        provider = provider_at(server)
+        with pytest.raises(ValueError, match="'get_weather'"):
+            await run_agent(
+                QUESTION, provider, tools=[get_weather, tool(lookup, name="get_weather")]
+            )
+    assert server.requests == []

@@ -192,3 +192,18 @@ async def test_an_object_with_an_async_call_is_awaited_not_sent_to_a_thread(
     call = ToolCallDone(name="lookup", arguments={"query": "q"}, tool_call_id="1")
     output = await run_tool(made, call)
     assert (output.text, output.status) == ("found q", "ok")
+
+
+def test_a_tool_is_named_from_a_partial_or_an_object_and_a_bad_name_is_refused() -> None:
+    import functools
+
+    class Lookup:
+        def __call__(self, query: str) -> str:
+            return query
+
+    assert tool(functools.partial(search, limit=2)).name == "search"
+    assert tool(Lookup()).name == "Lookup"
+    with pytest.raises(ValueError, match="name="):
+        tool(lambda query: query)  # "<lambda>": no provider takes it
+    with pytest.raises(ValueError, match="name="):
+        tool(search, name="web search")
