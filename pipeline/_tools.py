@@ -322,24 +322,29 @@ async def _in_thread(
     def call() -> Any:
         return function(**arguments)
 
-    async with trio.open_nursery() as nursery:
+    finished = trio.Event()
 
-        async def runner() -> None:
-            with thread_scope:
-                try:
-                    box.append(
-                        await trio.to_thread.run_sync(call, abandon_on_cancel=True, limiter=limiter)
-                    )
-                except Exception as exc:
-                    errors.append(exc)
-            finished.set()
+    async def runner() -> None:
+        with thread_scope:
+            try:
+                box.append(
+                    await trio.to_thread.run_sync(call, abandon_on_cancel=True, limiter=limiter)
+                )
+            except Exception as exc:
+                errors.append(exc)
+        finished.set()
 
-        finished = trio.Event()
-        nursery.start_soon(runner)
-        try:
-            await finished.wait()
-        finally:
-            thread_scope.deadline = min(thread_scope.deadline, trio.current_time() + grace)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(runner)
+            try:
+                await finished.wait()
+            finally:
+                thread_scope.deadline = min(thread_scope.deadline, trio.current_time() + grace)
+    except BaseExceptionGroup as group:  # only the wait can fail: a cancel, passed on bare
+        if len(group.exceptions) == 1:  # so that `except trio.Cancelled` still sees it
+            raise group.exceptions[0] from None
+        raise
     if errors:
         raise errors[0]
     assert box  # without a result, only a cancel leaves the nursery, and it propagates

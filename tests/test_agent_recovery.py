@@ -6,6 +6,8 @@ run."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import trio
 import trio.testing
@@ -17,11 +19,13 @@ from rillet import (
     encode_json,
     open_agent,
     run_agent,
+    tool,
     user,
 )
 from rillet.transports.testing import Reply, open_loopback_provider, sse
 
 from .agent_support import (
+    CASES,
     LIMIT,
     QUESTION,
     body_of,
@@ -122,3 +126,40 @@ async def test_arguments_that_are_not_an_object_go_back_to_the_model(
     assert (completed.status, completed.reason_code) == ("error", "tool_arguments_invalid")
     assert kinds(events).count("status") == 2  # both steps ran
     assert all(arguments.encode() not in encode_json(e) for e in events)
+
+
+async def test_a_sync_tool_cancelled_still_closes_its_span_and_holds_its_thread(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    release = threading.Event()
+    started = trio.Event()
+
+    def get_weather(city: str = "", unit: str = "") -> str:
+        trio.from_thread.run_sync(started.set)
+        release.wait(60)
+        return "late"
+
+    limiter = trio.CapacityLimiter(1)
+    case = CASES["openai-chat"]
+    try:
+        async with open_loopback_provider([case.tool_call, case.text]) as server:
+            with trio.fail_after(LIMIT):
+                async with open_agent(
+                    QUESTION,
+                    provider_at(server),
+                    tools=[tool(get_weather, timeout=None)],
+                    thread_limiter=limiter,
+                ) as agent:
+                    await started.wait()
+                    cancelled_at = trio.current_time()
+                    agent.cancel()
+                    events = [e async for e in agent.run_events()]
+                    result = await agent.result()
+        check_stream(events, agent.run_id)
+        assert result.status == "cancelled"
+        assert trio.current_time() - cancelled_at == pytest.approx(2.0, abs=0.1)  # the grace
+        assert kinds(events)[-2:] == ["tool.completed", "run.done"]
+        assert (events[-2].status, events[-2].reason_code) == ("cancelled", "cancelled")  # type: ignore[union-attr]
+        assert limiter.borrowed_tokens == 1  # the abandoned thread still holds its token
+    finally:
+        release.set()
