@@ -306,7 +306,9 @@ class _Loop:
                 output = ToolOutput(call, unparsed, "error", "tool_arguments_invalid")
             else:
                 output = await run_tool(found, call, thread_limiter=self.thread_limiter)
-        except trio.Cancelled:
+        except BaseException as exc:
+            if not _is_cancel(exc):
+                raise
             with trio.CancelScope(shield=True), trio.move_on_after(_GRACE):
                 await self.emit(
                     ToolCompleted,
@@ -332,6 +334,13 @@ class _Loop:
             reason_code=output.reason_code,
             result=output.text if self.tool_results else None,
         )
+
+
+def _is_cancel(exc: BaseException) -> bool:
+    """A trio cancel, bare or all a group holds (a tool's own nursery wraps it so)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(trio.Cancelled)[1] is None
+    return isinstance(exc, trio.Cancelled)
 
 
 def _as_tool(value: Tool | Callable[..., Any]) -> Tool:

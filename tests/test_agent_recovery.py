@@ -163,3 +163,28 @@ async def test_a_sync_tool_cancelled_still_closes_its_span_and_holds_its_thread(
         assert limiter.borrowed_tokens == 1  # the abandoned thread still holds its token
     finally:
         release.set()
+
+
+async def test_a_tool_cancelled_inside_its_own_nursery_still_closes_its_span(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    entered = trio.Event()
+
+    async def get_weather(city: str = "", unit: str = "") -> str:
+        async with trio.open_nursery() as nursery:  # a cancel leaves it in a group
+            nursery.start_soon(trio.sleep_forever)
+            entered.set()
+        return "never"
+
+    case = CASES["openai-chat"]
+    async with open_loopback_provider([case.tool_call, case.text]) as server:
+        with trio.fail_after(LIMIT):
+            async with open_agent(QUESTION, provider_at(server), tools=[get_weather]) as agent:
+                await entered.wait()
+                agent.cancel()
+                events = [e async for e in agent.run_events()]
+                result = await agent.result()
+    check_stream(events, agent.run_id)
+    assert result.status == "cancelled"
+    assert kinds(events)[-2:] == ["tool.completed", "run.done"]
+    assert events[-2].status == "cancelled"  # type: ignore[union-attr]
