@@ -162,14 +162,8 @@ def _arguments_struct(fn: Callable[..., Any], name: str) -> type[msgspec.Struct]
         if param.default is inspect.Parameter.empty:
             fields.append((param.name, annotation))
         elif isinstance(param.default, list | dict | set | bytearray):  # a fresh one each call
-            default = param.default
-            fields.append(
-                (
-                    param.name,
-                    annotation,
-                    msgspec.field(default_factory=lambda d=default: copy.deepcopy(d)),
-                )
-            )
+            fresh = functools.partial(copy.deepcopy, param.default)
+            fields.append((param.name, annotation, msgspec.field(default_factory=fresh)))
         else:
             fields.append((param.name, annotation, param.default))
     title = "".join(part.capitalize() for part in re.split(r"\W+", name) if part) or "Arguments"
