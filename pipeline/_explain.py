@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import re
+import ssl
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -142,6 +143,9 @@ def _explain_one(
     if isinstance(error, TransportError):
         kind = _TRANSPORT_KINDS.get(error.kind, f"the connection failed ({error.kind})")
         cause = _os_cause(error)
+        tls = _tls_cause(error)
+        if tls is not None:  # the TCP connection was made; the TLS handshake on it failed
+            return f"cannot connect to {where}: {tls[0]}{tries} — {tls[1]}"
         if error.kind == "ConnectError":
             line = f"cannot connect to {where}: {cause or 'connection failed'}{tries}"
             if cause in _LOOKUP_CAUSES:  # the name never became an address
@@ -226,13 +230,7 @@ def _host(url: str) -> str:
 
 def _os_cause(error: BaseException) -> str:
     """The operating system's reason under a transport error, in words (`connection refused`)."""
-    seen: set[int] = set()
-    stack: list[BaseException] = [error]
-    while stack:
-        exc = stack.pop()
-        if id(exc) in seen:
-            continue
-        seen.add(id(exc))
+    for exc in _causes(error):
         number = getattr(exc, "errno", None)
         if isinstance(exc, OSError) and isinstance(number, int) and number in _OS_CAUSES:
             return _OS_CAUSES[number]
@@ -240,12 +238,46 @@ def _os_cause(error: BaseException) -> str:
         if isinstance(exc, OSError) and lookup:  # (`socket.gaierror`, named: no socket here)
             temporary = "temporary failure" in str(exc).lower()
             return _LOOKUP_FAILED if temporary else _NO_SUCH_HOST
+    return ""
+
+
+def _tls_cause(error: BaseException) -> tuple[str, str] | None:
+    """A failed TLS handshake under a transport error: what happened and what to do; None if
+    the cause was not TLS. A plain-HTTP server on an `https://` URL answers the handshake with
+    bytes that are not TLS (`WRONG_VERSION_NUMBER`); a certificate that does not verify says
+    why (`self-signed certificate`, `Hostname mismatch`)."""
+    for exc in _causes(error):
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            why = exc.verify_message or exc.reason or "not trusted"
+            return (
+                f"the server's TLS certificate was not accepted ({why})",
+                "check the host in --base-url, or this machine's CA certificates",
+            )
+        if isinstance(exc, ssl.SSLError):
+            if exc.reason in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "RECORD_LAYER_FAILURE"):
+                return (
+                    "the TLS handshake failed: the server does not speak TLS",
+                    "if it serves plain HTTP, use an http:// URL in --base-url",
+                )
+            return f"the TLS handshake failed ({exc.reason or exc})", "check --base-url"
+    return None
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """`error` and everything under it: causes, contexts and the members of groups."""
+    found: list[BaseException] = []
+    seen: set[int] = set()
+    stack = [error]
+    while stack:
+        exc = stack.pop()
+        if id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        found.append(exc)
         if isinstance(exc, BaseExceptionGroup):
             stack.extend(exc.exceptions)
-        for linked in (exc.__cause__, exc.__context__):
-            if linked is not None:
-                stack.append(linked)
-    return ""
+        stack.extend(e for e in (exc.__cause__, exc.__context__) if e is not None)
+    return found
 
 
 def _same_cause(a: BaseException | None, b: BaseException | None) -> bool:

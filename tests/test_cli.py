@@ -126,6 +126,27 @@ async def test_a_refused_connection_names_host_cause_and_attempts() -> None:
     assert b"Traceback" not in done.stderr
 
 
+async def test_an_https_url_to_a_plain_http_server_says_the_handshake_failed() -> None:
+    script = [Reply(chunks=split(openai_text_stream(FRAGMENTS), 16))] * 3
+    async with open_loopback_provider(script) as provider:
+        url = provider.url.replace("http://", "https://")
+        host = url.split("//", 1)[1].rstrip("/")
+        cmd = [sys.executable, "-m", "rillet", "run", "hi", "--provider", f"{url}/v1"]
+        done = await trio.run_process(
+            [*cmd, "--model", "m", "--retries", "0", "--no-fallback"],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env=_env(),
+            cwd=ROOT,
+        )
+    assert done.returncode == 1
+    assert done.stderr.decode().strip().splitlines() == [
+        f"rillet: cannot connect to {host}: the TLS handshake failed: the server does not speak"
+        " TLS — if it serves plain HTTP, use an http:// URL in --base-url"
+    ]
+
+
 async def test_a_500_names_the_status_the_attempts_and_the_message() -> None:
     boom = b'{"error": {"message": "upstream failed", "type": "server_error"}}'
     script = [Reply(status=500, chunks=(boom,), content_type="application/json")] * 2

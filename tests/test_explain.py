@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import ssl
 
 import pytest
 from rillet import (
@@ -63,6 +64,19 @@ def test_a_name_that_does_not_resolve_points_at_the_host_and_the_network(
     assert cause in line
     assert line.endswith("— check the host in --base-url, and this machine's network")
     assert "is the server running" not in line  # a server that has no address is not down
+
+
+def test_a_certificate_that_does_not_verify_says_why() -> None:
+    error = TransportError("openai-chat", "ConnectError")
+    refused = ssl.SSLCertVerificationError(1, "certificate verify failed")
+    refused.verify_message = "self-signed certificate"
+    error.__cause__ = ExceptionGroup("attempts", [refused])
+    line = explain(error, PROVIDER, attempts=2)
+    assert line == (
+        "cannot connect to api.example.com:443: the server's TLS certificate was not accepted"
+        " (self-signed certificate) (2 attempts) — check the host in --base-url, or this"
+        " machine's CA certificates"
+    )
 
 
 def test_the_same_failure_in_stream_and_rescue_is_said_once() -> None:
