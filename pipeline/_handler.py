@@ -48,6 +48,7 @@ import trio
 
 from ._errors import (
     FrameError,
+    OverloadedError,
     ProviderError,
     RilletError,
     TransportError,
@@ -477,7 +478,9 @@ class Handler:
             ):
                 return Outcome.RATE_LIMITED
             self._rate_used += 1
-            await self._put(out, [Status("waiting_rate_limit", self.attempts + 1, wait)])
+            # an overloaded provider (529, 503) is waited on like a rate limit, and says so
+            said = "overloaded" if isinstance(failure.error, OverloadedError) else None
+            await self._put(out, [Status("waiting_rate_limit", self.attempts + 1, wait, said)])
             await trio.sleep(wait)
             return None
         if failure.no_retry:

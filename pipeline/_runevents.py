@@ -87,8 +87,9 @@ class StatusEvent(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag=
 
     `step` is the agent step it belongs to; `provider` / `model` name who answers (`fallback`);
     `reason_code` is a safe code: why the last attempt failed (`backing_off`, `rescuing`: one
-    of `RETRY_REASONS`, such as `connect_failed` or `stalled`), or why a candidate was
-    rejected (`candidate_rejected`)."""
+    of `RETRY_REASONS`, such as `connect_failed` or `stalled`; `waiting_rate_limit`:
+    `overloaded` when the provider said so, else none), or why a candidate was rejected
+    (`candidate_rejected`)."""
 
     phase: str
     attempt: int

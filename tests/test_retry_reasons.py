@@ -123,6 +123,24 @@ async def test_a_rate_limit_wait_carries_no_retry_reason(
     assert reasons(run) == [("waiting_rate_limit", None)]
 
 
+@pytest.mark.parametrize("code", [529, 503])
+async def test_an_overloaded_wait_says_overloaded(
+    autojump_clock: trio.testing.MockClock, code: int
+) -> None:
+    run = await play([status(code, retry_after="1"), ok()])
+    assert reasons(run) == [("waiting_rate_limit", "overloaded")]
+
+
+async def test_the_terminal_tells_an_overload_from_a_rate_limit() -> None:
+    b = RunEventBuilder("run-1", lambda: 0.0)
+    out, err = io.StringIO(), io.StringIO()
+    sink = TerminalSink(out, err)
+    await sink.deliver(SinkBatch([b.status("waiting_rate_limit", 2, 5.0, "overloaded")], []))
+    await sink.deliver(SinkBatch([b.status("waiting_rate_limit", 3, 1.0)], []))
+    await sink.close()
+    assert err.getvalue() == "the provider is overloaded: waiting 5 s\nrate limited: waiting 1 s\n"
+
+
 async def test_the_terminal_says_why_it_retries() -> None:
     b = RunEventBuilder("run-1", lambda: 0.0)
     out, err = io.StringIO(), io.StringIO()

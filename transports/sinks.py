@@ -394,6 +394,9 @@ class TerminalSink:
         self._waiting = True
         if phase == "backing_off":
             message = f"retrying (attempt {event.attempt})" + (f" in {delay}" if delay else "")
+        elif phase == "waiting_rate_limit" and event.reason_code == "overloaded":
+            self._line("the provider is overloaded" + (f": waiting {delay}" if delay else ""))
+            return
         elif phase == "waiting_rate_limit":
             message = "rate limited" + (f": waiting {delay}" if delay else "")
         elif phase == "rescuing":
