@@ -2,11 +2,12 @@
 
 `rillet run "question"` streams the answer to stdout as it arrives; progress and diagnostics go
 to stderr. With `--tools demo` it runs the agent loop (`_cliagent.py`). Exit codes: 0 completed,
-1 error, 2 usage error (unknown option, missing argument), 3 approval required (a tool waits for
-an approval and no one could be asked: stdin is not a terminal, or `--no-input`), 130 cancelled
-(Ctrl-C keeps the partial text and still writes the final `run.done` line in JSONL mode), 141
-when stdout's reader goes away. Every failure is one line on stderr, in every output mode, naming
-its cause and what to do (`_explain.py`); `--debug`, anywhere on the line, adds the traceback.
+1 error (or an answer cut off at the token limit), 2 usage error (unknown option, missing
+argument), 3 approval required (a tool waits for an approval and no one could be asked: stdin is
+not a terminal, or `--no-input`), 130 cancelled (Ctrl-C keeps the partial text and still writes
+the final `run.done` line in JSONL mode), 141 when stdout's reader goes away. Every failure is
+one line on stderr, in every output mode, naming its cause and what to do (`_explain.py`);
+`--debug`, anywhere on the line, adds the traceback.
 """
 
 from __future__ import annotations

@@ -212,6 +212,14 @@ def _provider_error(
         return f"rate limited{status}{after}{said}{wait} — wait a little, or set --rpm"
     if isinstance(error, OverloadedError):
         return f"the provider is overloaded{status}{after}{said} — try again shortly"
+    if isinstance(error, InvalidRequestError) and error.status == 404:
+        # an unknown model, or a base URL that misses the API's path (a server's root, no /v1)
+        root = urlsplit(provider.base_url).path in ("", "/")
+        path = "; it often ends in /v1" if root else ""
+        return (
+            f"not found{status}{said} — check --model, and that {_shown_url(provider.base_url)}"
+            f" is the API's base URL (--base-url{path})"
+        )
     if isinstance(error, InvalidRequestError):
         return f"the provider refused the request{status}{said} — check --model and the options"
     code = f" {error.status}" if error.status is not None else ""
@@ -226,6 +234,16 @@ def _host(url: str) -> str:
     if parts.port is not None:
         return f"{host}:{parts.port}"
     return f"{host}:{443 if parts.scheme == 'https' else 80}"
+
+
+def _shown_url(url: str) -> str:
+    """A base URL as it may be shown: scheme, host, port and path, without credentials or a
+    query."""
+    parts = urlsplit(url)
+    if not parts.hostname:
+        return url
+    port = f":{parts.port}" if parts.port is not None else ""
+    return f"{parts.scheme}://{parts.hostname}{port}{parts.path}"
 
 
 def _os_cause(error: BaseException) -> str:

@@ -145,6 +145,19 @@ def test_an_invalid_request_points_at_the_options() -> None:
     )
 
 
+def test_a_404_points_at_the_model_and_the_base_urls_path() -> None:
+    provider = Provider(OpenAIChatDialect(), "http://user:pw@localhost:8000?x=1", "m")
+    error = InvalidRequestError("openai-chat", "Not Found", status=404)
+    assert explain(error, provider) == (
+        "not found (404): Not Found — check --model, and that http://localhost:8000 is the"
+        " API's base URL (--base-url; it often ends in /v1)"
+    )
+    at_v1 = Provider(OpenAIChatDialect(), "https://api.example.com/v1", "m")
+    assert explain(error, at_v1).endswith(
+        "https://api.example.com/v1 is the API's base URL (--base-url)"
+    )
+
+
 def test_a_stream_that_ended_early_says_what_never_came() -> None:
     error = IncompleteStreamError("openai-chat", ("finish_reason", "usage_metadata"))
     line = explain(error, PROVIDER, attempts=4)
