@@ -42,6 +42,10 @@ __all__ = ["RETRY_SAID", "explain", "mask_keys"]
 # error messages echo the key with stars in the middle: `sk-abc1**********3456`)
 _KEYISH = re.compile(r"\b(sk-ant-|sk-proj-|sk-|sk_|rk-|AIza|gsk_|xai-|key-)([A-Za-z0-9_\-*]{3,})")
 
+# a refused key reported as a bad request: Gemini answers a wrong key with 400 INVALID_ARGUMENT
+# (`API key not valid. Please pass a valid API key.`, `API key expired. ...`)
+_KEY_REFUSED = re.compile(r"\bapi[ _-]?key\b[^.]*\b(not valid|invalid|expired|revoked)\b", re.I)
+
 _DEADLINE_OPTION = {
     "initial-event": "--initial-timeout",
     "per-event": "--event-timeout",
@@ -212,6 +216,10 @@ def _provider_error(
         return f"rate limited{status}{after}{said}{wait} — wait a little, or set --rpm"
     if isinstance(error, OverloadedError):
         return f"the provider is overloaded{status}{after}{said} — try again shortly"
+    if isinstance(error, InvalidRequestError) and _KEY_REFUSED.search(error.provider_message):
+        return (
+            f"the API key was refused{status}{said} — check {key_hint or 'the API key (--api-key)'}"
+        )
     if isinstance(error, InvalidRequestError) and error.status == 404:
         # an unknown model, or a base URL that misses the API's path (a server's root, no /v1)
         root = urlsplit(provider.base_url).path in ("", "/")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import socket
 import ssl
+from pathlib import Path
 
 import pytest
 from rillet import (
@@ -21,7 +22,7 @@ from rillet import (
     TurnTimeout,
 )
 from rillet._explain import explain, mask_keys
-from rillet.providers._base import Provider, Secret
+from rillet.providers._base import Provider, Secret, error_from_body
 from rillet.providers._openai_chat import OpenAIChatDialect
 
 KEY = "sk-proj-abcdefghijklmnop1234"
@@ -142,6 +143,16 @@ def test_an_invalid_request_points_at_the_options() -> None:
     assert line == (
         "the provider refused the request (400): model 'x' does not exist"
         " — check --model and the options"
+    )
+
+
+def test_geminis_400_for_a_wrong_key_points_at_the_key() -> None:
+    recorded = Path(__file__).parent / "fixtures/real/gemini/400-api-key-invalid.json"
+    error = error_from_body("gemini", 400, recorded.read_bytes())
+    assert isinstance(error, InvalidRequestError)  # what Gemini says: a bad argument
+    assert explain(error, PROVIDER, key_hint="GEMINI_API_KEY") == (
+        "the API key was refused (400): API key not valid. Please pass a valid API key."
+        " — check GEMINI_API_KEY"
     )
 
 
