@@ -222,7 +222,9 @@ def _provider_error(
         )
     if isinstance(error, InvalidRequestError) and error.status == 404:
         # an unknown model, or a base URL that misses the API's path (a server's root, no /v1)
-        root = urlsplit(provider.base_url).path in ("", "/")
+        # OpenAI-compatible servers serve the API under /v1; Ollama's own API is at its root
+        openai_like = provider.dialect.name.startswith("openai")
+        root = openai_like and urlsplit(provider.base_url).path in ("", "/")
         path = "; it often ends in /v1" if root else ""
         return (
             f"not found{status}{said} — check --model, and that {_shown_url(provider.base_url)}"

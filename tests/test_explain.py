@@ -23,6 +23,7 @@ from rillet import (
 )
 from rillet._explain import explain, mask_keys
 from rillet.providers._base import Provider, Secret, error_from_body
+from rillet.providers._ollama import OllamaDialect
 from rillet.providers._openai_chat import OpenAIChatDialect
 
 KEY = "sk-proj-abcdefghijklmnop1234"
@@ -163,6 +164,8 @@ def test_a_404_points_at_the_model_and_the_base_urls_path() -> None:
         "not found (404): Not Found — check --model, and that http://localhost:8000 is the"
         " API's base URL (--base-url; it often ends in /v1)"
     )
+    ollama = Provider(OllamaDialect(), "http://localhost:11434", "llama3.2")
+    assert explain(error, ollama).endswith("localhost:11434 is the API's base URL (--base-url)")
     at_v1 = Provider(OpenAIChatDialect(), "https://api.example.com/v1", "m")
     assert explain(error, at_v1).endswith(
         "https://api.example.com/v1 is the API's base URL (--base-url)"
