@@ -142,7 +142,7 @@ async def test_a_wide_table_on_a_phone_scrolls_by_itself_not_the_page(chromium: 
         _ask(page, "Wide")
         _ended(page)
         save(page, "page-narrow.png")
-        return page.evaluate(
+        measured: dict[str, Any] = page.evaluate(
             """() => {
               const table = document.querySelector("#answer table");
               const th = table.querySelector("th");
@@ -157,6 +157,7 @@ async def test_a_wide_table_on_a_phone_scrolls_by_itself_not_the_page(chromium: 
               };
             }"""
         )
+        return measured
 
     with trio.fail_after(40):
         async with serving([paced(WIDE)]) as served:
