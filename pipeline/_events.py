@@ -94,7 +94,7 @@ class InlineDataDelta(
 class InlineThinkingDelta(
     _Item, frozen=True, kw_only=True, omit_defaults=True, tag="inline_thinking.delta"
 ):
-    """Opaque reasoning bytes."""
+    """Reasoning sent as opaque bytes with a MIME type, not text: passed on as it came."""
 
     data: bytes
     mime_type: str
@@ -111,7 +111,7 @@ class EmbeddingDelta(_Item, frozen=True, kw_only=True, omit_defaults=True, tag="
 
 
 class TextDone(_Item, frozen=True, kw_only=True, omit_defaults=True, tag="text.done"):
-    """A complete text item."""
+    """A complete text item: the answer's text as one piece, built from its deltas."""
 
     text: str
     fidelity: Fidelity | None = None
