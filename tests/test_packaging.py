@@ -188,3 +188,19 @@ def test_the_demo_runs_from_the_wheel(installed: Path, tmp_path: Path) -> None:
     done = _run(installed, str(installed / "bin" / "rillet"), "demo", "--fast", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "all turns completed" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("module", "dependency", "extra"),
+    [("rillet.redis", "coredis", "redis"), ("rillet.mcp", "mcp", "mcp")],
+)
+def test_a_module_whose_extra_is_missing_names_the_extra(
+    module: str, dependency: str, extra: str, tmp_path: Path
+) -> None:
+    hide = f"import sys; sys.modules[{dependency!r}] = None; import {module}"
+    done = subprocess.run(
+        [sys.executable, "-c", hide], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == f"ImportError: {module} needs the {extra} extra: pip install 'rillet[{extra}]'"
