@@ -474,7 +474,7 @@ class Handler:
                 failure.no_retry
                 or self._rate_used >= policy.rate_limit_retries
                 or wait > policy.retry_after_max
-                or now + wait > self._total_deadline
+                or now + wait >= self._total_deadline  # it must end before it
             ):
                 return Outcome.RATE_LIMITED
             self._rate_used += 1

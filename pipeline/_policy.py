@@ -12,6 +12,7 @@ without a policy gets these defaults: an unguarded stream is never the default.
 from __future__ import annotations
 
 import contextvars
+import datetime
 import enum
 import math
 import random
@@ -171,6 +172,8 @@ def retry_after(headers: Mapping[str, str], wall_clock: float) -> float | None:
         when = parsedate_to_datetime(raw.strip())
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
+    if when.tzinfo is None:  # asctime and `-0000` name no zone: an HTTP-date is always GMT
+        when = when.replace(tzinfo=datetime.timezone.utc)
     wait = when.timestamp() - wall_clock
     return wait if wait > 0 else None
 

@@ -20,6 +20,7 @@ import email.utils
 import functools
 import hashlib
 import json
+import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -999,6 +1000,34 @@ async def test_f13_429_waits_as_the_server_says(
     )
 
 
+HTTP_DATES = {  # WALL + 20 s in each form HTTP accepts, all of them GMT
+    "imf-fixdate": "Fri, 29 Sep 2023 16:26:57 GMT",
+    "rfc850": "Friday, 29-Sep-23 16:26:57 GMT",
+    "asctime": "Fri Sep 29 16:26:57 2023",
+    "numeric-zone": "Fri, 29 Sep 2023 16:26:57 -0000",
+}
+
+
+@pytest.mark.parametrize("date", HTTP_DATES.values(), ids=HTTP_DATES.keys())
+async def test_f13_an_http_date_is_gmt_whatever_the_local_zone(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch, date: str
+) -> None:
+    monkeypatch.setenv("TZ", "JST-9")  # nine hours east of GMT: a date read as local is past
+    time.tzset()
+    try:
+        run = await play([status(429, retry_after=date), ok()])
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    check(
+        run,
+        at=[0.0, 20.0],
+        outcome=Outcome.COMPLETED,
+        saw=expect("start", *OK_SEEN, END_OK),
+        text=TEXT,
+    )
+
+
 @pytest.mark.parametrize(
     ("headers", "wait"),
     [
@@ -1805,6 +1834,27 @@ async def test_f40_a_rate_limit_wait_past_the_total_deadline_is_not_waited(
     assert all(s.stream for s in run.fake.sent)
 
 
+@pytest.mark.parametrize("code", [429, 503])
+async def test_f40_a_wait_ending_at_the_total_deadline_is_not_waited(
+    autojump_clock: trio.testing.MockClock, code: int
+) -> None:
+    # the wait must end before the total deadline: one ending on it leaves no time to stream,
+    # and a rate limit never goes to the rescue
+    run = await play(
+        [status(code, retry_after="10"), ok()], rescue=rescue_ok(), pol=policy(total_timeout=10.0)
+    )
+    check(
+        run,
+        at=[0.0],
+        outcome=Outcome.RATE_LIMITED,
+        saw=expect("start", END_RATE),
+        text="",
+        ended=0.0,
+    )
+    assert run.result.retry_after == 10.0
+    assert run_done(run).retry_after_ms == 10_000
+
+
 F41_TIMES = [0.0, 180.1, 300.3, 420.7, 541.5, 663.1, 786.3, 912.7, 1042.7, 1172.7]
 
 
@@ -2228,6 +2278,28 @@ async def test_d2_a_spent_budget_without_rescue_fails_with_the_last_partial_text
     )
     assert run.result.partial
     assert isinstance(run.result.error, IncompleteStreamError)
+
+
+@pytest.mark.parametrize(
+    ("first", "outcome", "saw", "text"),
+    [
+        (partial(2), Outcome.FAILED, ("start", "D*2", END_PROVIDER), "The quick "),
+        (status(500), Outcome.INIT_FAILED, ("start", END_PROVIDER), ""),
+    ],
+    ids=["after-events", "before-any-event"],
+)
+async def test_d2_a_permanent_error_after_a_retry_is_failed_or_init_failed(
+    autojump_clock: trio.testing.MockClock,
+    first: Answer,
+    outcome: Outcome,
+    saw: tuple[str, ...],
+    text: str,
+) -> None:
+    # Failed once any attempt produced an event, however many attempts ago; no rescue
+    run = await play([first, status(401), ok()], rescue=rescue_ok())
+    check(run, at=[0.0, 0.1], outcome=outcome, saw=expect(*saw), text=text)
+    assert run.result.partial is (outcome is Outcome.FAILED)
+    assert getattr(run.result.error, "status", None) == 401
 
 
 async def test_one_reset_is_owed_across_an_attempt_that_emitted_nothing(

@@ -552,8 +552,10 @@ def gemini_429(delay: str = "37s") -> bytes:
         ({"retry-after": "2"}, 2.0),  # a header wins over the body
         ({"retry-after-ms": "1500"}, 1.5),
         ({"retry-after": "soon"}, 37.0),  # an unusable header counts as none
+        ({"retry-after": "0"}, 37.0),  # so does a zero or negative one (D5)
+        ({"retry-after": "-5"}, 37.0),
     ],
-    ids=["body", "retry-after", "retry-after-ms", "bad-header"],
+    ids=["body", "retry-after", "retry-after-ms", "bad-header", "zero-header", "negative-header"],
 )
 async def test_f56_a_gemini_429_waits_for_its_retry_info(
     autojump_clock: trio.testing.MockClock, headers: Mapping[str, str], wait: float

@@ -38,6 +38,7 @@ is not in the conversation is named `strip_call_suffix(id)`.
 from __future__ import annotations
 
 import base64
+import math
 import mimetypes
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes
@@ -175,13 +176,17 @@ def _model_path(model: str, stream: bool) -> str:
 
 
 def _retry_after(headers: Mapping[str, str], body: bytes) -> float | None:
-    """Seconds to wait: the `retry-after` header, else the body's `RetryInfo.retryDelay`."""
+    """Seconds to wait: the `retry-after` header, else the body's `RetryInfo.retryDelay`. A
+    header that names no usable wait (zero, negative, not a number) counts as absent."""
     for key, value in headers.items():
         if key.lower() == "retry-after":
             try:
-                return float(value)
+                seconds = float(value)
             except ValueError:
                 break
+            if math.isfinite(seconds) and seconds > 0:
+                return seconds
+            break
     error = _error_object(body)
     return None if error is None else _retry_delay(error)
 
