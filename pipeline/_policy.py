@@ -173,7 +173,7 @@ def retry_after(headers: Mapping[str, str], wall_clock: float) -> float | None:
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when.tzinfo is None:  # asctime and `-0000` name no zone: an HTTP-date is always GMT
-        when = when.replace(tzinfo=datetime.timezone.utc)
+        when = when.replace(tzinfo=datetime.UTC)
     wait = when.timestamp() - wall_clock
     return wait if wait > 0 else None
 
