@@ -238,6 +238,11 @@ class SSEDecoder:
                 raise failed
         return out
 
+    @property
+    def held_size(self) -> int:
+        """How many bytes of an unfinished event are held (its comment lines aside)."""
+        return self._held_size
+
     def end_block(self) -> list[Any]:
         """The held event as if its last line had ended and its blank line had come: for a
         reader that, at end of input, takes such an event whose data is whole rather than

@@ -15,7 +15,7 @@ from ._errors import FrameEncodingError, FrameError, FrameTooLarge, MalformedFra
 from ._grammar import Grammar, wall_clock_ms
 from ._lanes import MessageStop, ProviderErrorEvent
 from ._ndjson import NDJSONDecoder
-from ._sse import DEFAULT_MAX_FRAME, SSEDecoder
+from ._sse import DEFAULT_MAX_FRAME, SSEDecoder, SSEEvent
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -33,6 +33,7 @@ frames or more) is decoded (`WireDecoder.head_piece`)."""
 HEAD_BYTES = 2048
 """How many of the body's first bytes are read in `HEAD_PIECE` pieces; past them, whole reads."""
 _FRAME_ENDS = {"sse": b"\n\n", "ndjson": b"\n"}
+_BLOCK_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")  # what ends an SSE block, CRLF or not
 
 
 class WireDecoder:
@@ -180,7 +181,7 @@ class WireDecoder:
             return out
         many = self._many
         if many is None or not self._checks:
-            self._frames(frames, out)
+            self._frames(frames, out, chunk)
             return out
         # the commonest read, `_frames` inline: the frames in one call, their lanes to the grammar
         pending: list[LaneEvent] = []
@@ -190,7 +191,7 @@ class WireDecoder:
             done = getattr(self._stream, "failed_at", 0)
             self.frames += done
             self._lanes(pending, out)  # what the frames before it released still goes out
-            located = self._located(exc, frames, done)
+            located = self._located(exc, frames, done, chunk=chunk)
             if located is exc:
                 raise
             raise located from None
@@ -225,7 +226,7 @@ class WireDecoder:
             out.extend(self.grammar.close())
         return out
 
-    def _frames(self, frames: list[Any], out: list[Any]) -> None:
+    def _frames(self, frames: list[Any], out: list[Any], chunk: bytes | None = None) -> None:
         # the lanes of every frame go to the grammar in one call, even when a frame fails: what
         # the frames before it released still reaches `out` before the error is raised
         pending: list[LaneEvent] = []
@@ -245,7 +246,7 @@ class WireDecoder:
                     pending += feed_frame(frame)
                     done += 1
         except (FrameError, msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
-            located = self._located(exc, frames, done, self.frames + done)
+            located = self._located(exc, frames, done, self.frames + done, chunk=chunk)
             if located is exc:
                 raise
             raise located from None
@@ -255,22 +256,93 @@ class WireDecoder:
                 self._lanes(pending, out)
 
     def _located(
-        self, exc: BaseException, frames: list[Any], done: int, index: int | None = None
+        self,
+        exc: BaseException,
+        frames: list[Any],
+        done: int,
+        index: int | None = None,
+        *,
+        chunk: bytes | None = None,
     ) -> BaseException:
         """The typed error of frame `done` of `frames` (stream index `index`, else the
-        decoder's count) failing with `exc`."""
+        decoder's count) failing with `exc`; `chunk` is the read that completed the frames."""
         if index is None:
             index = self.frames
+        offset = self._offset(chunk, frames, done)
         if isinstance(exc, FrameError):
-            exc.locate(provider=self.provider, frame_index=index, offset=None)
+            exc.locate(provider=self.provider, frame_index=index, offset=offset)
             return exc
         if isinstance(exc, msgspec.DecodeError | msgspec.ValidationError):
             return MalformedFrameError(
-                str(exc), _text(frames[done]), provider=self.provider, frame_index=index
+                str(exc),
+                _text(frames[done]),
+                provider=self.provider,
+                frame_index=index,
+                offset=offset,
             )
         if isinstance(exc, RecursionError):
             return _too_deep(frames[done], self.provider, index)
         return exc
+
+    def _offset(self, chunk: bytes | None, frames: list[Any], done: int) -> int | None:
+        """The stream offset where frame `done` of a read's `frames` starts, as far as the read
+        (`chunk`) tells: the start of its SSE block or NDJSON line when that lies in the read, or
+        where the read began when the frame was held from earlier reads and the read starts its
+        last lines. None when it cannot be told (a frame whose data the read does not hold as
+        sent). Only failures ask (it searches the read)."""
+        framer = self._framer
+        if (
+            chunk is None
+            or done >= len(frames)
+            or not isinstance(framer, SSEDecoder | NDJSONDecoder)
+        ):
+            return None
+        start = framer.offset - len(chunk)  # where the read began in the stream
+        frame = frames[done]
+        data = frame if type(frame) is bytes else frame[1] if type(frame) is tuple else None
+        if data is None and isinstance(frame, SSEEvent | str):
+            data = (frame.data if isinstance(frame, SSEEvent) else frame).encode("utf-8")
+        if not data or (type(framer) is SSEDecoder and not _utf8(data)):
+            return None  # (an SSE event's bytes that are not UTF-8 are read with U+FFFD)
+        at = _line_at(chunk, data)
+        if at < 0:
+            return self._offset_from_end(chunk, frames, done)
+        if type(framer) is NDJSONDecoder:
+            return start + at
+        head = max(
+            (i + len(sep) for sep in _BLOCK_ENDS if (i := chunk.rfind(sep, 0, at)) >= 0), default=0
+        )
+        if head > 0:
+            return start + head  # after the blank line that ended the block before it
+        if chunk.startswith((b"data:", b"event:", b"id:")) or done > 0:
+            return start  # the read begins the block (a later frame's block always does)
+        return None
+
+    def _offset_from_end(self, chunk: bytes, frames: list[Any], done: int) -> int | None:
+        """`_offset` for a frame the read holds only the end of (small reads): counted back from
+        where the decoder's held bytes begin, over the bytes of the frames from it to the read's
+        last, which frames of one `data:` line (a name or not) spell. LF line ends only: a CR in
+        the read leaves it unknown."""
+        framer = self._framer
+        if type(framer) is not SSEDecoder or 0x0D in chunk:
+            return None
+        at = framer.offset - framer.held_size  # just past the blank line that ended the last
+        for frame in reversed(frames[done:]):
+            if type(frame) is bytes:
+                name, data = "message", frame
+            elif type(frame) is tuple:
+                name, data = frame
+            elif not frame.id and "\n" not in frame.data and "\ufffd" not in frame.data:
+                name, data = frame.event, frame.data.encode("utf-8")  # one line, as it came
+            else:
+                return None  # lines its data does not spell (an id, several data lines)
+            if not _utf8(data):
+                return None  # as a decoded event would be: its length as sent is not known
+            block = len(b"data: ") + len(data)
+            if name != "message":
+                block += len(b"event: \n") + len(name.encode("utf-8"))
+            at -= len(b"\n\n") + block
+        return at
 
     def _lanes(self, lanes: list[LaneEvent], out: list[Any]) -> None:
         self.lane_events += len(lanes)
@@ -335,6 +407,26 @@ class _Messages:
 
     def close(self) -> list[bytes]:
         return []
+
+
+def _utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _line_at(chunk: bytes, data: bytes) -> int:
+    """Where `data` stands in `chunk` as a line's end (followed by a line end or by the end of
+    the read: a frame cut short is a prefix of others), or -1."""
+    at = chunk.find(data)
+    while at >= 0:
+        after = at + len(data)
+        if after == len(chunk) or chunk[after] in (0x0A, 0x0D):
+            return at
+        at = chunk.find(data, at + 1)
+    return -1
 
 
 def _whole(frame: Any) -> bool:

@@ -2317,7 +2317,6 @@ async def test_one_reset_is_owed_across_an_attempt_that_emitted_nothing(
     assert resets == [AttemptReset(3)]  # the attempt whose events follow
 
 
-@pytest.mark.xfail(reason="WireDecoder locates a malformed frame without its byte offset")
 async def test_f22_the_frame_error_names_the_byte_offset(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
