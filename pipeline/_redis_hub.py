@@ -25,7 +25,9 @@ client of its own, opened and closed with the tail: the shared pool never sees a
 Failures are loud, never a silent fallback: an unreachable Redis refuses the hub at start and
 refuses new runs (`HubUnavailable`); an outage mid-run stops that run's delivery (logged as an
 error; the turn itself runs on and returns its result), and its subscribers are dropped with
-reason `log_unavailable`.
+reason `log_unavailable`. Once Redis answers again, the producing hub ends the cut run with
+`run.done` (`error`, `log_unavailable`) after what the stream kept, so a subscriber on any
+server that follows it then reaches an end instead of waiting for the run's keys to expire.
 """
 
 from __future__ import annotations
@@ -194,6 +196,7 @@ class RedisHub:
         read_count: entries a tail reads at most per `XREAD`.
         timeout: seconds any other command may take before Redis counts as unavailable.
         max_connections: the size of the shared connection pool (each tail has its own).
+        retry_interval: seconds between tries to end a run an outage cut, once it is back.
     """
 
     url: str
@@ -209,6 +212,7 @@ class RedisHub:
     read_count: int = 1024
     timeout: float = 5.0
     max_connections: int = 64
+    retry_interval: float = 1.0
     subscribers: int = 0
     appended: int = 0
     delivered: int = 0
@@ -315,12 +319,51 @@ class RedisHub:
         (another producer's run) leaves the log as it is: subscribers here that were fed by
         this hub's appends are dropped (`delivery_failed`) to resume from Redis."""
         self._producing.pop(run_id, None)
+        if unavailable:  # once Redis answers again, every server's subscribers learn the end
+            self._nursery.start_soon(self._end_cut_run, run_id)
         tail = self._tails.get(run_id)
         if tail is None or not (unavailable or tail.fed):
             return
         del self._tails[run_id]
         tail.fail(_UNAVAILABLE if unavailable else "delivery_failed")  # resume reads Redis
         tail.scope.cancel()
+
+    async def _end_cut_run(self, run_id: str) -> None:
+        """End a run whose delivery an outage cut: once Redis answers again (retried every
+        `retry_interval` seconds while the open run is kept), append `run.done` (`error`,
+        `log_unavailable`) after what the stream holds, so that no subscriber on any server
+        waits for events that will never come. Nothing is written to a run that is done,
+        forgotten, or appended to by another producer meanwhile."""
+        deadline = trio.current_time() + self.open_ttl
+        while True:
+            try:
+                info = await self._run_info(run_id)
+                if info is None or info[0] != "open":
+                    return
+                last = info[3]
+                elapsed = 0
+                if last:
+                    kept = await self._range(run_id, last, 1)
+                    elapsed = kept[0].event.elapsed_ms if kept else 0
+                end = RunDone(
+                    run_id=run_id,
+                    seq=last + 1,
+                    elapsed_ms=elapsed,
+                    status="error",
+                    code=_UNAVAILABLE,
+                )
+                await self.append(run_id, [end])
+            except HubUnavailable:
+                if trio.current_time() >= deadline:
+                    return
+                await trio.sleep(self.retry_interval)
+                continue
+            except AppendConflict:  # an entry landed since the read: read again
+                continue
+            except HubError:  # done or forgotten meanwhile
+                return
+            logger.warning("run %s: ended as log_unavailable once its log was back", run_id)
+            return
 
     # --- reading --------------------------------------------------------------------------------
 
