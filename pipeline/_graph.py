@@ -390,11 +390,17 @@ class AccumulatorActor:
             accumulator.feed_many(events)
             builder.uni_many(events, runs)
             unis += events
-        if self.routes and (runs or unis):  # the sinks first: the logs' keeping can wait
-            out = SinkBatch(runs, unis)
-            for route in self.routes:
-                if not route.offer(out):
-                    self._owed.append((route, out))
+        try:
+            if self.routes and (runs or unis):  # the sinks first: the logs' keeping can wait
+                out = SinkBatch(runs, unis)
+                for route in self.routes:
+                    if not route.offer(out):
+                        self._owed.append((route, out))
+        finally:  # kept even when a sink raised: what the others are owed stays gapless
+            self._keep(runs, unis)
+        return not self._owed
+
+    def _keep(self, runs: list[RunEvent], unis: list[UniItem]) -> None:
         if not self.history:  # keep only what a sink has not been given yet
             given = self.given
             uni, run = self.uni_log, self.run_log
@@ -409,7 +415,6 @@ class AccumulatorActor:
         else:
             self.uni_log.extend(unis)
             self.run_log.extend(runs)
-        return not self._owed
 
     async def drain(self) -> None:
         """Wait until every sink has taken what `offer` could not pass on."""

@@ -383,19 +383,26 @@ async def _finish_sinks(
     """What each sink is still owed (the final events, and whatever a cancel cut off), then
     `close`. A turn that ended on its own waits for its sinks however slow (backpressure:
     nothing is dropped); a cancelled one gives them a shielded grace period. `close` always
-    runs, shielded, within its own grace period."""
+    runs, shielded, within its own grace period. A sink that raises does not keep the others
+    from their end: its error is raised once every sink has had its turn."""
     grace = trio.current_time() + _SINK_GRACE
+    failure: Exception | None = None
     for sink, sink_given in zip(sinks, given, strict=True):
         batch = SinkBatch(turn._run.since(sink_given.run), turn._uni.since(sink_given.uni))
         try:
-            if cancelled:
-                with trio.CancelScope(shield=True, deadline=grace):
+            try:
+                if cancelled:
+                    with trio.CancelScope(shield=True, deadline=grace):
+                        await sink.deliver(batch)
+                else:
                     await sink.deliver(batch)
-            else:
-                await sink.deliver(batch)
-        finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(_SINK_GRACE):
-                await sink.close()
+            finally:
+                with trio.CancelScope(shield=True), trio.move_on_after(_SINK_GRACE):
+                    await sink.close()
+        except Exception as exc:
+            failure = failure or exc
+    if failure is not None:
+        raise failure
 
 
 @asynccontextmanager

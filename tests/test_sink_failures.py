@@ -1,0 +1,77 @@
+"""A sink that raises, among others: the application's error comes out of the turn, and every
+other sink still gets the run gapless up to its one `run.done`, and is closed."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+import trio
+from rillet import CallbackSink, TurnRequest, run_turn, user
+from rillet._hub import Hub
+from rillet._runevents import RunDone, RunEvent, decode_run_event
+from rillet.transports.sinks import JSONLSink
+from rillet.transports.testing import open_loopback_provider
+
+from .test_server import POLICY, chat_provider, text_reply
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+class AppBug(Exception):
+    pass
+
+
+def raising_at(seq: int) -> CallbackSink:
+    """A callback sink whose function raises on the event with this seq."""
+
+    def on_run_event(event: RunEvent) -> None:
+        if event.seq == seq:
+            raise AppBug(f"seq {event.seq}")
+
+    return CallbackSink(on_run_event=on_run_event)
+
+
+async def turn_with(sinks: list[object]) -> None:
+    words = [f"{n} " for n in range(20)]
+    async with open_loopback_provider([text_reply(words, chunk_delay=0.001)]) as loopback:
+        await run_turn(
+            TurnRequest(messages=[user("Hi")]),
+            chat_provider(loopback.url),
+            sinks=sinks,  # type: ignore[arg-type]
+            policy=POLICY,
+            run_id="r1",
+        )
+
+
+def assert_whole(events: list[RunEvent]) -> None:
+    """Seqs gapless from 1, and exactly one `run.done`, last."""
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert isinstance(events[-1], RunDone)
+    assert [type(e) for e in events].count(RunDone) == 1
+
+
+@pytest.mark.parametrize("at", ["mid_run", "run_done"])
+async def test_a_sink_that_raises_leaves_the_others_a_whole_run_and_closes_them(
+    at: str, tmp_path: Path
+) -> None:
+    hub = Hub()
+    path = tmp_path / "run.jsonl"
+    jsonl = JSONLSink(path)
+    probe: list[RunEvent] = []
+    with trio.fail_after(10):
+        await turn_with([CallbackSink(on_run_event=probe.append)])
+    end = len(probe)
+    seq = 5 if at == "mid_run" else end  # the run's own `run.done` is its last seq
+    with (
+        trio.fail_after(10),
+        pytest.RaisesGroup(AppBug, allow_unwrapped=True, flatten_subgroups=True),
+    ):
+        await turn_with([raising_at(seq), hub.sink("r1"), jsonl])
+    kept = [entry.event for entry in hub.log.get("r1").entries]
+    written = [decode_run_event(line) for line in path.read_bytes().splitlines()]
+    assert_whole(kept)
+    assert written == kept
+    assert hub.log.get("r1").done  # followers reach the end; the run is swept in time
+    assert jsonl._closed
