@@ -9,7 +9,9 @@ subscriber and costs the same with one or a thousand. Each subscriber has a buff
 when the log's head runs further ahead of its cursor than that, it is dropped, with a reason,
 and the transport that carries it closes (WebSocket 1013, SSE end of stream). It resumes from
 its last seq with a new subscription, so nobody is silently skipped and nobody slows the run or
-the others.
+the others. The allowance counts events appended after it subscribed: a late joiner (or a resume
+from an old seq) replays what the log already held at its own pace, and is dropped only when the
+live events it has not read outgrow its allowance.
 
 The logs themselves, their bounds (per run and across all runs) and the hub's errors are in
 `rillet._runlog` (re-exported here): a cursor below what is kept is refused (`CursorExpired`,
@@ -95,7 +97,8 @@ class Subscription:
 
     Attributes:
         cursor: the last seq given out.
-        buffer: how far behind the log's head it may fall.
+        buffer: how many events appended since it subscribed it may fall behind the log's
+            head (what the log held when it subscribed it replays at its own pace).
         drop_reason: why it was dropped, if it was.
         cancel_scope: cancelled when it is dropped, so a transport blocked writing to a client
             that stopped reading wakes up: run the writing inside it.
@@ -118,6 +121,12 @@ class Subscription:
     _taken: int = 0
     push: Callable[[list[Entry]], bool] | None = None
     _leads: bool = False  # woken as the leader
+    joined: int = 0  # the log's head when it subscribed: replaying up to it is not lagging
+
+    def behind(self, head: int) -> int:
+        """How far it fell behind the live log: events past both its cursor and the head it
+        joined at (a late joiner replaying what was kept has not fallen behind)."""
+        return head - max(self.cursor, self.joined)
 
     def _drop(self, reason: str) -> None:
         if self.drop_reason is None:
@@ -272,7 +281,7 @@ class Hub:
         self.appended += len(events)
         run = self.log.get(run_id)
         head = run.last_seq
-        for sub in [s for s in run.subscribers if head - s.cursor > s.buffer]:
+        for sub in [s for s in run.subscribers if s.behind(head) > s.buffer]:
             sub._drop("fell_behind")
             run.subscribers.discard(sub)
         run.wake()
@@ -289,6 +298,7 @@ class Hub:
         if len(run.subscribers) >= self.max_subscribers_per_run:
             raise HubError("too many subscribers for this run")
         sub = Subscription(self, run, after, buffer if buffer is not None else self.buffer)
+        sub.joined = run.last_seq
         if not run.done:
             run.subscribers.add(sub)
         self.subscribers += 1

@@ -424,6 +424,7 @@ class RedisHub:
         if len(tail.subscribers) >= self.max_subscribers_per_run:
             raise HubError("too many subscribers for this run")
         sub = RedisSubscription(self, tail, after, buffer if buffer is not None else self.buffer)
+        sub.joined = max(last, tail.last_seq)
         if not tail.done:
             tail.subscribers.add(sub)
         self.subscribers += 1
@@ -532,7 +533,7 @@ class RedisHub:
             del tail.entries[:over]
             tail.base += over
         head = tail.last_seq
-        for sub in [s for s in tail.subscribers if head - s.cursor > s.buffer]:
+        for sub in [s for s in tail.subscribers if s.behind(head) > s.buffer]:
             sub._drop("fell_behind")
             tail.subscribers.discard(sub)
         if tail.done:
