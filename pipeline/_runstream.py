@@ -102,24 +102,31 @@ class RunStream:
 
     async def finish(self, runs: Sequence[RunEvent], *, cancelled: bool) -> None:
         """The closing events, what each sink is still owed, then every sink's `close`. A
-        cancelled run gives its sinks a shielded grace period; `close` always runs."""
+        cancelled run gives its sinks a shielded grace period; `close` always runs. A sink that
+        raises does not keep the others from their end: its error is raised after them."""
         self.run_log.extend(runs)
         self.run_log.close()
         self.uni_log.close()
         grace = trio.current_time() + _SINK_GRACE
+        failure: Exception | None = None
         for sink, given in zip(self.sinks, self._given, strict=True):
             batch = SinkBatch(self.run_log.since(given.run), self.uni_log.since(given.uni))
             try:
-                if cancelled:
-                    with trio.CancelScope(shield=True, deadline=grace):
+                try:
+                    if cancelled:
+                        with trio.CancelScope(shield=True, deadline=grace):
+                            await sink.deliver(batch)
+                    else:
                         await sink.deliver(batch)
-                else:
-                    await sink.deliver(batch)
-                given.took(batch)
-            finally:
-                with trio.CancelScope(shield=True), trio.move_on_after(_SINK_GRACE):
-                    await sink.close()
+                    given.took(batch)
+                finally:
+                    with trio.CancelScope(shield=True), trio.move_on_after(_SINK_GRACE):
+                        await sink.close()
+            except Exception as exc:
+                failure = failure or exc
         self._forget()
+        if failure is not None:
+            raise failure
 
     def step_sink(self, *, hold_text: bool = False) -> StepSink:
         """A sink for one turn of this run; with `hold_text` its answer text is kept back

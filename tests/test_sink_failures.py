@@ -33,12 +33,14 @@ def raising_at(seq: int) -> CallbackSink:
     return CallbackSink(on_run_event=on_run_event)
 
 
-async def turn_with(sinks: list[object]) -> None:
+async def turn_with(sinks: list[object], *, chain: bool) -> None:
+    """A turn of one provider, or of a fallback chain of one (its run stream feeds the sinks)."""
     words = [f"{n} " for n in range(20)]
     async with open_loopback_provider([text_reply(words, chunk_delay=0.001)]) as loopback:
+        provider = chat_provider(loopback.url)
         await run_turn(
             TurnRequest(messages=[user("Hi")]),
-            chat_provider(loopback.url),
+            [provider] if chain else provider,
             sinks=sinks,  # type: ignore[arg-type]
             policy=POLICY,
             run_id="r1",
@@ -52,23 +54,24 @@ def assert_whole(events: list[RunEvent]) -> None:
     assert [type(e) for e in events].count(RunDone) == 1
 
 
+@pytest.mark.parametrize("chain", [False, True], ids=["turn", "chain"])
 @pytest.mark.parametrize("at", ["mid_run", "run_done"])
 async def test_a_sink_that_raises_leaves_the_others_a_whole_run_and_closes_them(
-    at: str, tmp_path: Path
+    at: str, chain: bool, tmp_path: Path
 ) -> None:
     hub = Hub()
     path = tmp_path / "run.jsonl"
     jsonl = JSONLSink(path)
     probe: list[RunEvent] = []
     with trio.fail_after(10):
-        await turn_with([CallbackSink(on_run_event=probe.append)])
+        await turn_with([CallbackSink(on_run_event=probe.append)], chain=chain)
     end = len(probe)
     seq = 5 if at == "mid_run" else end  # the run's own `run.done` is its last seq
     with (
         trio.fail_after(10),
         pytest.RaisesGroup(AppBug, allow_unwrapped=True, flatten_subgroups=True),
     ):
-        await turn_with([raising_at(seq), hub.sink("r1"), jsonl])
+        await turn_with([raising_at(seq), hub.sink("r1"), jsonl], chain=chain)
     kept = [entry.event for entry in hub.log.get("r1").entries]
     written = [decode_run_event(line) for line in path.read_bytes().splitlines()]
     assert_whole(kept)
