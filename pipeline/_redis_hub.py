@@ -335,6 +335,7 @@ class RedisHub:
         waits for events that will never come. Nothing is written to a run that is done,
         forgotten, or appended to by another producer meanwhile."""
         deadline = trio.current_time() + self.open_ttl
+        conflicts = 0
         while True:
             try:
                 info = await self._run_info(run_id)
@@ -358,7 +359,10 @@ class RedisHub:
                     return
                 await trio.sleep(self.retry_interval)
                 continue
-            except AppendConflict:  # an entry landed since the read: read again
+            except AppendConflict:  # an entry landed since the read: read again, a few times
+                conflicts += 1
+                if conflicts == 3:  # someone else is appending: the run is not ours to end
+                    return
                 continue
             except HubError:  # done or forgotten meanwhile
                 return
