@@ -99,6 +99,7 @@ class Subscription:
         cursor: the last seq given out.
         buffer: how many events appended since it subscribed it may fall behind the log's
             head (what the log held when it subscribed it replays at its own pace).
+        joined: the log's head when it subscribed.
         drop_reason: why it was dropped, if it was.
         cancel_scope: cancelled when it is dropped, so a transport blocked writing to a client
             that stopped reading wakes up: run the writing inside it.
@@ -121,7 +122,7 @@ class Subscription:
     _taken: int = 0
     push: Callable[[list[Entry]], bool] | None = None
     _leads: bool = False  # woken as the leader
-    joined: int = 0  # the log's head when it subscribed: replaying up to it is not lagging
+    joined: int = 0
 
     def behind(self, head: int) -> int:
         """How far it fell behind the live log: events past both its cursor and the head it
