@@ -25,6 +25,7 @@ body outranks it, and `x-should-retry: true` sends a permanent answer down the t
 
 from __future__ import annotations
 
+import ssl
 from typing import TYPE_CHECKING
 
 from ._errors import (
@@ -109,6 +110,7 @@ the request must shrink (`request_too_large`)."""
 CAUSE_SHAPES: Mapping[tuple[type[RilletError], str], Shape] = {
     (MalformedFrameError, "not_json"): T,  # cut short or corrupted on the way (F22)
     (TurnTimeout, "total"): Shape.TOTAL,  # the turn's total deadline (F06)
+    (TransportError, "tls_refused"): P,  # a certificate refused, a server speaking no TLS
     **{(ProviderError, code): P for code in sorted(PERMANENT_CODES)},
 }
 """Causes that outrank their class's shape."""
@@ -143,7 +145,10 @@ def status_shape(status: int) -> Shape:
 
 def cause_of(error: BaseException) -> str | None:
     """What the error says about itself that can change its shape: a provider error's code, a
-    malformed frame's `not_json` / `wrong_shape`, a timeout's deadline."""
+    malformed frame's `not_json` / `wrong_shape`, a timeout's deadline, a connection's TLS
+    handshake that cannot pass (`tls_refused`)."""
+    if isinstance(error, TransportError):
+        return "tls_refused" if _tls_refused(error) else None
     if isinstance(error, MalformedFrameError):
         return "not_json" if error.not_json else "wrong_shape"
     if isinstance(error, TurnTimeout):
@@ -151,6 +156,30 @@ def cause_of(error: BaseException) -> str | None:
     if isinstance(error, ProviderError) and error.error_type:
         return error.error_type.lower()
     return None
+
+
+_NOT_TLS = frozenset({"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "RECORD_LAYER_FAILURE"})
+
+
+def _tls_refused(error: BaseException) -> bool:
+    """Whether a connection failed on a TLS handshake the same request would fail again: a
+    certificate that does not verify, or a server that does not speak TLS (a plain-HTTP one on
+    an `https://` URL). A handshake cut off by a reset may pass next time, so it is not one."""
+    seen: set[int] = set()
+    stack: list[BaseException] = [error]
+    while stack:
+        exc = stack.pop()
+        if id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            return True
+        if isinstance(exc, ssl.SSLError) and exc.reason in _NOT_TLS:
+            return True
+        if isinstance(exc, BaseExceptionGroup):
+            stack.extend(exc.exceptions)
+        stack.extend(e for e in (exc.__cause__, exc.__context__) if e is not None)
+    return False
 
 
 def error_shape(error: BaseException) -> Shape:

@@ -147,6 +147,28 @@ async def test_an_https_url_to_a_plain_http_server_says_the_handshake_failed() -
     ]
 
 
+async def test_a_tls_handshake_that_cannot_pass_is_tried_once() -> None:
+    """A plain-HTTP server on an https:// URL fails the same way every time: with the default
+    retries and rescue, still one attempt and one line."""
+    script = [Reply(chunks=split(openai_text_stream(FRAGMENTS), 16))] * 6
+    async with open_loopback_provider(script) as provider:
+        url = provider.url.replace("http://", "https://")
+        cmd = [sys.executable, "-m", "rillet", "run", "hi", "--provider", f"{url}/v1"]
+        done = await trio.run_process(
+            [*cmd, "--model", "m"],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env=_env(),
+            cwd=ROOT,
+        )
+    lines = done.stderr.decode().strip().splitlines()
+    assert done.returncode == 1
+    assert len(lines) == 1, lines  # no "retrying" line before it
+    assert "the server does not speak TLS" in lines[0]
+    assert "attempts" not in lines[0]
+
+
 async def test_a_500_names_the_status_the_attempts_and_the_message() -> None:
     boom = b'{"error": {"message": "upstream failed", "type": "server_error"}}'
     script = [Reply(status=500, chunks=(boom,), content_type="application/json")] * 2
