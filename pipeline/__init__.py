@@ -145,6 +145,7 @@ from ._turn import CallbackSink as CallbackSink
 from ._turn import Sink as Sink
 from ._turn import SinkBatch as SinkBatch
 from ._turn import Turn as Turn
+from ._turn import TurnOptions as TurnOptions
 from ._turn import TurnResult as TurnResult
 from ._turn import UniItem as UniItem
 from ._turn import open_turn as open_turn
@@ -273,6 +274,7 @@ __all__ = [
     "ToolStatus",
     "TransportError",
     "Turn",
+    "TurnOptions",
     "TurnRequest",
     "TurnResult",
     "TurnTimeout",

@@ -27,7 +27,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 import attrs
 import trio
@@ -51,7 +51,9 @@ from .providers._base import Provider
 
 if TYPE_CHECKING:
     import httpx
+    from typing_extensions import Unpack
 
+    from ._fallback import CircuitBreakers
     from ._upstream import Upstream
 
 __all__ = [
@@ -59,6 +61,7 @@ __all__ = [
     "Sink",
     "SinkBatch",
     "Turn",
+    "TurnOptions",
     "TurnResult",
     "UniItem",
     "open_turn",
@@ -205,8 +208,9 @@ async def run_turn(
     on_text: Callable[[str], object] | None = None,
     on_thinking: Callable[[str], object] | None = None,
     on_reset: Callable[[int], object] | None = None,
+    breakers: CircuitBreakers | None = None,
+    fallback_on_permanent: bool = False,
     task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
-    **chain: Any,
 ) -> TurnResult:
     """Run one turn to its end and return its result.
 
@@ -260,10 +264,19 @@ async def run_turn(
             stream=stream,
             task_status=task_status,
             upstream=upstream,
-            **chain,
+            breakers=breakers,
+            fallback_on_permanent=fallback_on_permanent,
         )
-    if chain:
-        raise TypeError(f"unexpected options for one provider: {sorted(chain)}")
+    if breakers is not None or fallback_on_permanent:
+        chain = [
+            name
+            for name, v in (
+                ("breakers", breakers),
+                ("fallback_on_permanent", fallback_on_permanent),
+            )
+            if v
+        ]
+        raise TypeError(f"unexpected options for one provider: {chain}")
     policy = policy or _DEFAULT_POLICY
     slots = admission or shared_admission()
     # without an upstream, the turn routes by scheme: HTTP over the caller's client (or its
@@ -405,12 +418,34 @@ async def _finish_sinks(
         raise failure
 
 
+class TurnOptions(TypedDict, total=False):
+    """`run_turn`'s keyword options, as `open_turn` takes them (a type checker then knows
+    every name and its type: a misspelt option is an error before anything runs)."""
+
+    sinks: Sequence[Sink]
+    policy: Policy | None
+    client: httpx.AsyncClient | None
+    upstream: Upstream | None
+    limiter: RateLimiter | None
+    run_id: str | None
+    reasoning: bool
+    tool_arguments: bool
+    history: bool
+    admission: Admission | None
+    stream: bool
+    on_text: Callable[[str], object] | None
+    on_thinking: Callable[[str], object] | None
+    on_reset: Callable[[int], object] | None
+    breakers: CircuitBreakers | None
+    fallback_on_permanent: bool
+
+
 @asynccontextmanager
 async def open_turn(
-    request: TurnRequest, provider: Provider | Sequence[Provider], **options: Any
+    request: TurnRequest, provider: Provider | Sequence[Provider], **options: Unpack[TurnOptions]
 ) -> AsyncIterator[Turn]:
     """Run a turn for the duration of the block; leaving the block cancels it if it is still
-    running. Takes `run_turn`'s keyword options."""
+    running. Takes `run_turn`'s keyword options (`TurnOptions`)."""
     require_trio("open_turn")
     async with trio.open_nursery() as nursery:
         turn: Turn = await nursery.start(_run_turn_with, request, provider, options)
@@ -424,7 +459,7 @@ async def open_turn(
 async def _run_turn_with(
     request: TurnRequest,
     provider: Provider | Sequence[Provider],
-    options: dict[str, Any],
+    options: TurnOptions,
     task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     await run_turn(request, provider, task_status=task_status, **options)

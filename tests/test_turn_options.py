@@ -1,0 +1,68 @@
+"""`open_turn` takes `run_turn`'s keyword options by name and type (`TurnOptions`): a type
+checker catches a misspelt option before anything runs, and the two lists cannot drift."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rillet import TurnOptions, run_turn
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _spelt(annotation: object) -> str:
+    """An annotation as written (both modules defer theirs)."""
+    return str(getattr(annotation, "__forward_arg__", annotation))
+
+
+def test_the_options_are_run_turns_keywords_with_their_types() -> None:
+    keywords = {
+        name: p.annotation
+        for name, p in inspect.signature(run_turn).parameters.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and name != "task_status"
+    }
+    options = TurnOptions.__annotations__
+    assert set(options) == set(keywords)
+    for name, annotation in keywords.items():
+        assert _spelt(options[name]) == _spelt(annotation), name
+
+
+@pytest.mark.slow
+def test_a_misspelt_option_is_a_type_error(tmp_path: Path) -> None:
+    script = tmp_path / "user.py"
+    script.write_text(
+        "from rillet import TurnRequest, open_turn, user\n"
+        "from rillet.providers import provider_from_env\n\n\n"
+        "async def main() -> None:\n"
+        "    request = TurnRequest(messages=[user('hi')])\n"
+        "    async with open_turn(request, provider_from_env('openai'), sinkz=[]) as turn:\n"
+        "        print((await turn.result()).text)\n"
+        "    async with open_turn(request, provider_from_env('openai'), history='no') as turn:\n"
+        "        print(turn.run_id)\n",
+        encoding="utf-8",
+    )
+    # mypy reads the package as installed (`rillet/...`), laid out as scripts/typecheck.py does
+    spec = importlib.util.spec_from_file_location("typecheck", ROOT / "scripts" / "typecheck.py")
+    assert spec is not None
+    assert spec.loader is not None
+    view = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(view)
+    for name, source in view.MAPPING.items():
+        view._link_tree(source, tmp_path / "view" / name)
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(script)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "MYPYPATH": str(tmp_path / "view")},
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout
+    assert '"sinkz"' in done.stdout
+    assert "history" in done.stdout  # a str where a bool goes
