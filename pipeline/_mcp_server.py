@@ -8,6 +8,8 @@ out as a standard `notifications/progress` (`progress` is the event's `seq`, whi
 notification's `_meta` under `"dev.rillet/run_event"`, beside `"dev.rillet/correlation_id"`
 (the caller's own id from the request's `_meta`, else the run's id), so one client can tell
 the runs it has in flight apart; the tool's result then names the last `seq` in its `_meta`.
+Every notification repeats the progress token: a token over 200 characters (or digits) gets none
+(the call still answers), so a request cannot make its answer hundreds of times its own size.
 
 Cancellation is the protocol's: `notifications/cancelled` for the request cancels the tool's
 task and so the turn, whose provider response is closed. A transport that merely goes away
@@ -66,6 +68,9 @@ LAST_SEQ_KEY = "dev.rillet/last_seq"
 """Result `_meta` key: the `seq` of the run's last event (its `run.done`)."""
 
 _MAX_CORRELATION_ID = 200  # characters; a longer id from a caller is replaced by the run's id
+# characters; every notification repeats the token, so a longer one would make the answer
+# hundreds of times the request: such a call runs without progress notifications
+_MAX_PROGRESS_TOKEN = 200
 _DESCRIPTION = (
     "Ask the model: runs one turn with the prompt (and an optional system prompt) and answers "
     "the reply's text. Streams progress while it runs."
@@ -113,6 +118,8 @@ async def _serve_turn(
     meta: dict[str, Any] = dict(ctx.request_context.meta or {})
     token = meta.get("progressToken", meta.get("progress_token"))
     if isinstance(token, bool) or not isinstance(token, str | int):
+        token = None
+    elif len(str(token)) > _MAX_PROGRESS_TOKEN:
         token = None
     run_id = str(options.get("run_id") or secrets.token_hex(8))
     correlation = meta.get(CORRELATION_ID_KEY)

@@ -1,0 +1,79 @@
+"""The protocol endpoints against a hostile client, one level above HTTP: what one request may
+make the server send back. The MCP server is the real `python -m rillet.mcp` subprocess spoken to
+in raw JSON-RPC lines over its stdio, the loopback provider on 127.0.0.1 behind it."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import pytest
+import trio
+from rillet.transports.testing import Reply, open_loopback_provider, openai_text_stream
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+WORDS = ["w "] * 50
+_PROGRESS = "notifications/progress"
+
+
+def _frames(data: bytes) -> tuple[bytes, ...]:
+    return tuple(part + b"\n\n" for part in data.split(b"\n\n") if part)
+
+
+async def _mcp_call(url: str, meta: dict[str, Any]) -> tuple[dict[str, Any], list[bytes]]:
+    """One `tools/call` to a fresh stdio server with `meta` as its `_meta`: the result, and
+    every line the server wrote before it."""
+    command = [sys.executable, "-m", "rillet.mcp", "--provider", f"{url}/v1", "--model", "m"]
+    env = {**os.environ, "OPENAI_API_KEY": "sk-test"}
+    process = await trio.lowlevel.open_process(command, stdin=-1, stdout=-1, env=env)
+    assert process.stdin is not None and process.stdout is not None
+    lines: list[bytes] = []
+    try:
+        hello = {"protocolVersion": "2025-06-18", "capabilities": {}}
+        hello["clientInfo"] = {"name": "test", "version": "1"}
+        call = {"name": "run_turn", "arguments": {"prompt": "hi"}, "_meta": meta}
+        for message in (
+            {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello},
+            {"jsonrpc": "2.0", "method": "notifications/initialized"},
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call},
+        ):
+            await process.stdin.send_all(json.dumps(message).encode() + b"\n")
+        pending = b""
+        while data := await process.stdout.receive_some(1 << 20):
+            pending += data
+            *complete, pending = pending.split(b"\n")
+            for line in complete:
+                message = json.loads(line)
+                if message.get("id") == 1:
+                    return message, lines
+                lines.append(line)
+        raise AssertionError("the server ended without answering")
+    finally:
+        process.kill()
+        await process.wait()
+
+
+@pytest.mark.slow
+async def test_mcp_a_huge_progress_token_gets_no_progress_and_the_call_still_answers() -> None:
+    # Every progress notification repeats the token: 100,000 characters repeated for each of
+    # the turn's ~55 run events would answer 5.5 MB to a 100 KB request.
+    reply = Reply(chunks=_frames(openai_text_stream(WORDS)))
+    huge = "t" * 100_000
+    within = "k" * 200
+    with trio.fail_after(60):
+        async with open_loopback_provider([reply, reply]) as provider:
+            answered, before = await _mcp_call(provider.url, {"progressToken": huge})
+            kept, progress = await _mcp_call(provider.url, {"progressToken": within})
+    assert answered["result"]["content"][0]["text"] == "".join(WORDS)
+    assert answered["result"]["isError"] is False
+    assert not [line for line in before if _PROGRESS.encode() in line]
+    assert sum(len(line) for line in before) < 10_000
+    # a token within the bound still gets every run event as progress
+    assert kept["result"]["content"][0]["text"] == "".join(WORDS)
+    notes = [json.loads(line) for line in progress]
+    tokens = [n["params"]["progressToken"] for n in notes if n.get("method") == _PROGRESS]
+    assert tokens and set(tokens) == {within}
+    assert len(tokens) > len(WORDS)
