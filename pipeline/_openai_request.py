@@ -6,6 +6,7 @@ provider speaking OpenAI's Chat Completions wire (`extra_body`); other dialects 
 
 from __future__ import annotations
 
+import reprlib
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -24,7 +25,7 @@ from .providers._openai_chat_wire import NAME as OPENAI_CHAT
 if TYPE_CHECKING:
     from ._events import ContentItem
 
-__all__ = ["PASSED_ON", "BadRequest", "ChatBody", "chat_request", "decode_chat_body"]
+__all__ = ["PASSED_ON", "BadRequest", "ChatBody", "chat_request", "decode_chat_body", "shown"]
 
 
 # --- the request ----------------------------------------------------------------------------------
@@ -116,6 +117,19 @@ _EFFORTS: dict[str, ThinkingLevel] = {
 }
 
 
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 60
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict = 2, 3, 3
+_MAX_SHOWN = 80
+
+
+def shown(value: Any) -> str:
+    """A client's value as a refusal quotes it: its repr, cut short (at most 80 characters,
+    two levels deep), so an answer never repeats a large or deeply nested value."""
+    text = _SHOWN.repr(value)
+    return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
+
+
 class BadRequest(ValueError):
     """What makes a request one rillet cannot run, and the parameter at fault."""
 
@@ -150,7 +164,7 @@ def _user_items(content: str | list[dict[str, Any]] | None, param: str) -> list[
                 raise BadRequest("an image_url part needs a url", param)
             items.append(ImageUrlDone(image_url=url))
         else:
-            raise BadRequest(f"content parts of type {kind!r} are not supported", param)
+            raise BadRequest(f"content parts of type {shown(kind)} are not supported", param)
     return items
 
 
@@ -228,7 +242,7 @@ def chat_request(body: ChatBody) -> TurnRequest:
             else:
                 messages.append(UniMessage(role="user", content_items=[result]))
         else:
-            raise BadRequest(f"unknown role {message.role!r}", f"{param}.role")
+            raise BadRequest(f"unknown role {shown(message.role)}", f"{param}.role")
     if not messages:
         raise BadRequest("`messages` holds no user or assistant message", "messages")
     effort = None

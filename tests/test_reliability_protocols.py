@@ -1,5 +1,6 @@
 """The protocol endpoints against a hostile client, one level above HTTP: what one request may
-make the server send back. The MCP server is the real `python -m rillet.mcp` subprocess spoken to
+make the server send back. The HTTP endpoints run on a real server on 127.0.0.1 (`serving`);
+the MCP server is the real `python -m rillet.mcp` subprocess spoken to
 in raw JSON-RPC lines over its stdio, the loopback provider on 127.0.0.1 behind it."""
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Any
 import pytest
 import trio
 from rillet.transports.testing import Reply, open_loopback_provider, openai_text_stream
+
+from .test_server import serving
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -29,7 +32,8 @@ async def _mcp_call(url: str, meta: dict[str, Any]) -> tuple[dict[str, Any], lis
     command = [sys.executable, "-m", "rillet.mcp", "--provider", f"{url}/v1", "--model", "m"]
     env = {**os.environ, "OPENAI_API_KEY": "sk-test"}
     process = await trio.lowlevel.open_process(command, stdin=-1, stdout=-1, env=env)
-    assert process.stdin is not None and process.stdout is not None
+    assert process.stdin is not None
+    assert process.stdout is not None
     lines: list[bytes] = []
     try:
         hello = {"protocolVersion": "2025-06-18", "capabilities": {}}
@@ -75,5 +79,34 @@ async def test_mcp_a_huge_progress_token_gets_no_progress_and_the_call_still_ans
     assert kept["result"]["content"][0]["text"] == "".join(WORDS)
     notes = [json.loads(line) for line in progress]
     tokens = [n["params"]["progressToken"] for n in notes if n.get("method") == _PROGRESS]
-    assert tokens and set(tokens) == {within}
+    assert set(tokens) == {within}
     assert len(tokens) > len(WORDS)
+
+
+# --- refusals that quote the client -------------------------------------------------------------
+
+_HUGE = "x" * 500_000
+_QUOTING = {
+    "chat-model": ("/v1/chat/completions", {"model": _HUGE, "messages": [{"role": "user"}]}, 404),
+    "chat-role": ("/v1/chat/completions", {"messages": [{"role": _HUGE, "content": "hi"}]}, 400),
+    "chat-part-type": (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": {"k": [_HUGE[:300_000]] * 3}}]}]},
+        400,
+    ),
+    "ui-role": ("/v1/ui/chat", {"messages": [{"role": _HUGE, "parts": []}]}, 400),
+}
+
+
+@pytest.mark.parametrize("case", list(_QUOTING))
+async def test_a_refusal_quotes_a_huge_value_cut_short(case: str) -> None:
+    path, body, status = _QUOTING[case]
+    with trio.fail_after(10):
+        async with serving() as served:
+            reply = await served.client.post(path, json=body)
+            requests = len(served.loopback.requests)
+    assert reply.status_code == status
+    assert reply.headers["content-type"] == "application/json"
+    assert len(reply.content) < 1000
+    assert "xxxx" in reply.json()["error"]["message"]  # the value is named, only shortened
+    assert requests == 0

@@ -29,7 +29,7 @@ from rillet._events import (
     UsageMetadata,
 )
 from rillet._markers import AttemptReset
-from rillet._openai_request import BadRequest, ChatBody, chat_request, decode_chat_body
+from rillet._openai_request import BadRequest, ChatBody, chat_request, decode_chat_body, shown
 
 from ._mmsp import mmsp_error
 from ._replies import ErrorReply
@@ -281,7 +281,7 @@ class OpenAIChat:
             raise ErrorReply(
                 404,
                 "invalid_request_error",
-                f"the model {body.model!r} does not exist or is not served here",
+                f"the model {shown(body.model)} does not exist or is not served here",
                 param="model",
                 code="model_not_found",
             ) from None

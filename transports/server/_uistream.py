@@ -32,6 +32,7 @@ from rillet._events import (
     UniMessage,
 )
 from rillet._markers import AttemptReset
+from rillet._openai_request import shown
 from rillet._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
 
 from ._mmsp import mmsp_error
@@ -167,7 +168,7 @@ def ui_request(body: UiBody) -> TurnRequest:
         elif message.role == "assistant":
             _assistant(message.parts, messages)
         else:
-            raise ValueError(f"unknown role {message.role!r}")
+            raise ValueError(f"unknown role {shown(message.role)}")
     if not messages:
         raise ValueError("`messages` holds nothing to answer")
     return TurnRequest(
