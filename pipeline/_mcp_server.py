@@ -117,9 +117,8 @@ async def _serve_turn(
 ) -> CallToolResult:
     meta: dict[str, Any] = dict(ctx.request_context.meta or {})
     token = meta.get("progressToken", meta.get("progress_token"))
-    if isinstance(token, bool) or not isinstance(token, str | int):
-        token = None
-    elif len(str(token)) > _MAX_PROGRESS_TOKEN:
+    usable = isinstance(token, str | int) and not isinstance(token, bool)
+    if not usable or len(str(token)) > _MAX_PROGRESS_TOKEN:
         token = None
     run_id = str(options.get("run_id") or secrets.token_hex(8))
     correlation = meta.get(CORRELATION_ID_KEY)
