@@ -110,3 +110,56 @@ async def test_a_refusal_quotes_a_huge_value_cut_short(case: str) -> None:
     assert len(reply.content) < 1000
     assert "xxxx" in reply.json()["error"]["message"]  # the value is named, only shortened
     assert requests == 0
+
+
+# --- a whole reply whose client left --------------------------------------------------------------
+
+
+def _whole_request(url: str) -> bytes:
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode()
+    host = url.removeprefix("http://")
+    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+    head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
+async def _connect(url: str) -> trio.SocketStream:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    return await trio.open_tcp_stream(host, int(port))
+
+
+async def test_a_client_that_leaves_a_whole_chat_completion_stops_its_provider_request() -> None:
+    """A `stream: false` reply has no head before the turn ends, so no SSE comment can probe
+    the connection: a `100 Continue` does, and the reset that answers it cancels the turn
+    instead of letting the provider generate 10 s of answer nobody reads."""
+    slow = Reply(chunks=_frames(openai_text_stream(["w "] * 40)), chunk_delay=0.25)
+    with trio.fail_after(5):
+        async with serving([slow]) as served:
+            stream = await _connect(served.url)
+            await stream.send_all(_whole_request(served.url))
+            while not served.loopback.open_connections:  # noqa: ASYNC110 (no event for it)
+                await trio.sleep(0.01)
+            await stream.aclose()
+            while served.loopback.open_connections:  # noqa: ASYNC110 (closed, not pooled)
+                await trio.sleep(0.01)
+            metrics = (await served.client.get("/metrics.json")).json()
+    assert len(served.loopback.requests) == 1
+    assert metrics["runs_active"] == 0
+
+
+async def test_a_client_that_half_closes_still_gets_its_whole_chat_completion() -> None:
+    reply = Reply(chunks=_frames(openai_text_stream(WORDS)), chunk_delay=0.01)
+    with trio.fail_after(10):
+        async with serving([reply]) as served:
+            stream = await _connect(served.url)
+            await stream.send_all(_whole_request(served.url))
+            await stream.send_eof()
+            received = b""
+            while data := await stream.receive_some(65536):
+                received += data
+            await stream.aclose()
+    final = received[received.index(b"HTTP/1.1 200 ") :]  # after any interim 100 Continue
+    head, _, body = final.partition(b"\r\n\r\n")
+    assert b"content-type: application/json" in head.lower()
+    completion = json.loads(body)
+    assert completion["choices"][0]["message"]["content"] == "".join(WORDS)

@@ -315,7 +315,9 @@ class OpenAIChat:
                 error, status, headers = openai_error(result, provider)
                 await http.respond(status, msgspec.json.encode({"error": error}), headers)
 
-        await run_wire_turn(self.shared, http, ticket, turn_request, provider, pump)
+        await run_wire_turn(
+            self.shared, http, ticket, turn_request, provider, pump, whole=not body.stream
+        )
 
     async def _stream(
         self,

@@ -67,9 +67,15 @@ async def run_wire_turn(
     turn_request: TurnRequest,
     provider: Provider,
     pump: Callable[[Turn, trio.MemoryReceiveChannel[list[UniItem]]], Awaitable[None]],
+    *,
+    whole: bool = False,
 ) -> None:
     """Wait for a slot (while the client stays), run the turn with the server's policy, and let
-    `pump` write it; a client that leaves cancels the turn. The ticket is released here."""
+    `pump` write it; a client that leaves cancels the turn. The ticket is released here.
+
+    `whole`: the reply is one response sent when the turn ends, so no head goes out before it
+    that an SSE comment could follow: a client that closes is probed with a `100 Continue`,
+    as in the queue, and does not keep the turn (and its provider request) going to its end."""
     try:
         admit = functools.partial(shared.admission.admit, ticket)
         queued = not shared.admission.try_admit(ticket)
@@ -93,7 +99,8 @@ async def run_wire_turn(
                 )
             )
             try:
-                completed = await until_gone(http, functools.partial(pump, turn, receive))
+                body = functools.partial(pump, turn, receive)
+                completed = await until_gone(http, body, waiting=whole)
             finally:
                 if not completed:
                     turn.cancel()
