@@ -1,7 +1,7 @@
 """The protocol endpoints against a hostile client, one level above HTTP: what one request may
-make the server send back. The HTTP endpoints run on a real server on 127.0.0.1 (`serving`);
-the MCP server is the real `python -m rillet.mcp` subprocess spoken to
-in raw JSON-RPC lines over its stdio, the loopback provider on 127.0.0.1 behind it."""
+make the server send back or spend upstream. The HTTP endpoints run on a real server on
+127.0.0.1 (`serving`); the MCP server is the real `python -m rillet.mcp` subprocess spoken to in
+raw JSON-RPC lines over its stdio. The loopback provider on 127.0.0.1 is behind both."""
 
 from __future__ import annotations
 
