@@ -498,3 +498,26 @@ class InvalidRequestError(ProviderError):
 
 class AuthenticationError(ProviderError):
     """The provider refused our credentials or permissions (401, 403)."""
+
+
+def causes(error: BaseException) -> list[BaseException]:
+    """`error` and everything under it: causes, contexts and the members of groups (once
+    each): where a transport error keeps the OS's or the TLS layer's reason."""
+    found: list[BaseException] = []
+    seen: set[int] = set()
+    stack = [error]
+    while stack:
+        exc = stack.pop()
+        if id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        found.append(exc)
+        if isinstance(exc, BaseExceptionGroup):
+            stack.extend(exc.exceptions)
+        stack.extend(e for e in (exc.__cause__, exc.__context__) if e is not None)
+    return found
+
+
+NOT_TLS_REASONS = frozenset({"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "RECORD_LAYER_FAILURE"})
+"""The TLS layer's reasons for an answer to the handshake that is not TLS at all (a plain-HTTP
+server on an `https://` URL)."""

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from ._errors import (
     MODEL_TOO_LARGE,
+    NOT_TLS_REASONS,
     QUOTA_CODES,
     REQUEST_TOO_LARGE,
     AuthenticationError,
@@ -31,6 +32,7 @@ from ._errors import (
     ToolCallArgumentParseError,
     TransportError,
     TurnTimeout,
+    causes,
 )
 
 if TYPE_CHECKING:
@@ -258,7 +260,7 @@ def _shown_url(url: str) -> str:
 
 def _os_cause(error: BaseException) -> str:
     """The operating system's reason under a transport error, in words (`connection refused`)."""
-    for exc in _causes(error):
+    for exc in causes(error):
         number = getattr(exc, "errno", None)
         if isinstance(exc, OSError) and isinstance(number, int) and number in _OS_CAUSES:
             return _OS_CAUSES[number]
@@ -274,7 +276,7 @@ def _tls_cause(error: BaseException) -> tuple[str, str] | None:
     the cause was not TLS. A plain-HTTP server on an `https://` URL answers the handshake with
     bytes that are not TLS (`WRONG_VERSION_NUMBER`); a certificate that does not verify says
     why (`self-signed certificate`, `Hostname mismatch`)."""
-    for exc in _causes(error):
+    for exc in causes(error):
         if isinstance(exc, ssl.SSLCertVerificationError):
             why = exc.verify_message or exc.reason or "not trusted"
             return (
@@ -282,30 +284,13 @@ def _tls_cause(error: BaseException) -> tuple[str, str] | None:
                 "check the host in --base-url, or this machine's CA certificates",
             )
         if isinstance(exc, ssl.SSLError):
-            if exc.reason in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "RECORD_LAYER_FAILURE"):
+            if exc.reason in NOT_TLS_REASONS:
                 return (
                     "the TLS handshake failed: the server does not speak TLS",
                     "if it serves plain HTTP, use an http:// URL in --base-url",
                 )
             return f"the TLS handshake failed ({exc.reason or exc})", "check --base-url"
     return None
-
-
-def _causes(error: BaseException) -> list[BaseException]:
-    """`error` and everything under it: causes, contexts and the members of groups."""
-    found: list[BaseException] = []
-    seen: set[int] = set()
-    stack = [error]
-    while stack:
-        exc = stack.pop()
-        if id(exc) in seen:
-            continue
-        seen.add(id(exc))
-        found.append(exc)
-        if isinstance(exc, BaseExceptionGroup):
-            stack.extend(exc.exceptions)
-        stack.extend(e for e in (exc.__cause__, exc.__context__) if e is not None)
-    return found
 
 
 def _same_cause(a: BaseException | None, b: BaseException | None) -> bool:

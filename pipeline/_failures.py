@@ -29,6 +29,7 @@ import ssl
 from typing import TYPE_CHECKING
 
 from ._errors import (
+    NOT_TLS_REASONS,
     UNCURABLE_CODES,
     AuthenticationError,
     ConfigurationError,
@@ -54,6 +55,7 @@ from ._errors import (
     TurnTimeout,
     UnsupportedContentError,
     UnsupportedOperationError,
+    causes,
 )
 from ._policy import Shape
 
@@ -158,28 +160,15 @@ def cause_of(error: BaseException) -> str | None:
     return None
 
 
-_NOT_TLS = frozenset({"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "RECORD_LAYER_FAILURE"})
-
-
 def _tls_refused(error: BaseException) -> bool:
     """Whether a connection failed on a TLS handshake the same request would fail again: a
     certificate that does not verify, or a server that does not speak TLS (a plain-HTTP one on
     an `https://` URL). A handshake cut off by a reset may pass next time, so it is not one."""
-    seen: set[int] = set()
-    stack: list[BaseException] = [error]
-    while stack:
-        exc = stack.pop()
-        if id(exc) in seen:
-            continue
-        seen.add(id(exc))
-        if isinstance(exc, ssl.SSLCertVerificationError):
-            return True
-        if isinstance(exc, ssl.SSLError) and exc.reason in _NOT_TLS:
-            return True
-        if isinstance(exc, BaseExceptionGroup):
-            stack.extend(exc.exceptions)
-        stack.extend(e for e in (exc.__cause__, exc.__context__) if e is not None)
-    return False
+    return any(
+        isinstance(exc, ssl.SSLCertVerificationError)
+        or (isinstance(exc, ssl.SSLError) and exc.reason in NOT_TLS_REASONS)
+        for exc in causes(error)
+    )
 
 
 def error_shape(error: BaseException) -> Shape:

@@ -24,7 +24,7 @@ __all__ = ["NDJSONDecoder"]
 _parse = msgspec.json.decode
 
 
-def _utf8(buf: bytes, end: int) -> bool:
+def utf8(buf: bytes, end: int) -> bool:
     """Whether `buf[:end]` is UTF-8."""
     try:
         buf[:end].decode("utf-8")
@@ -103,7 +103,7 @@ class NDJSONDecoder:
             and min(lines)[:1] > b" "
             and 0x0D not in buf
             and len(buf) <= self.max_frame
-            and (buf.isascii() or _utf8(buf, len(buf) - len(tail)))
+            and (buf.isascii() or utf8(buf, len(buf) - len(tail)))
         ):
             self.frames += len(lines)
             self._tail = tail

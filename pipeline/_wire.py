@@ -14,7 +14,7 @@ import msgspec
 from ._errors import FrameEncodingError, FrameError, FrameTooLarge, MalformedFrameError
 from ._grammar import Grammar, wall_clock_ms
 from ._lanes import MessageStop, ProviderErrorEvent
-from ._ndjson import NDJSONDecoder
+from ._ndjson import NDJSONDecoder, utf8
 from ._sse import DEFAULT_MAX_FRAME, SSEDecoder, SSEEvent
 
 if TYPE_CHECKING:
@@ -302,7 +302,7 @@ class WireDecoder:
         data = frame if type(frame) is bytes else frame[1] if type(frame) is tuple else None
         if data is None and isinstance(frame, SSEEvent | str):
             data = (frame.data if isinstance(frame, SSEEvent) else frame).encode("utf-8")
-        if not data or (type(framer) is SSEDecoder and not _utf8(data)):
+        if not data or (type(framer) is SSEDecoder and not utf8(data, len(data))):
             return None  # (an SSE event's bytes that are not UTF-8 are read with U+FFFD)
         at = _line_at(chunk, data)
         if at < 0:
@@ -336,7 +336,7 @@ class WireDecoder:
                 name, data = frame.event, frame.data.encode("utf-8")  # one line, as it came
             else:
                 return None  # lines its data does not spell (an id, several data lines)
-            if not _utf8(data):
+            if not utf8(data, len(data)):
                 return None  # as a decoded event would be: its length as sent is not known
             block = len(b"data: ") + len(data)
             if name != "message":
@@ -407,14 +407,6 @@ class _Messages:
 
     def close(self) -> list[bytes]:
         return []
-
-
-def _utf8(data: bytes) -> bool:
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 def _line_at(chunk: bytes, data: bytes) -> int:
