@@ -17,8 +17,10 @@ from ._admission import DEFAULT_STREAMS as DEFAULT_STREAMS
 from ._admission import Admission as Admission
 from ._admission import shared_admission as shared_admission
 from ._agent import Agent as Agent
+from ._agent import AgentOptions as AgentOptions
 from ._agent import AgentResult as AgentResult
 from ._agent import AgentStatus as AgentStatus
+from ._agent import StepOptions as StepOptions
 from ._agent import open_agent as open_agent
 from ._agent import run_agent as run_agent
 from ._budget import ContextBudget as ContextBudget
@@ -166,6 +168,7 @@ __all__ = [
     "Accumulator",
     "Admission",
     "Agent",
+    "AgentOptions",
     "AgentResult",
     "AgentStatus",
     "AnswerDelta",
@@ -250,6 +253,7 @@ __all__ = [
     "SinkBatch",
     "Status",
     "StatusEvent",
+    "StepOptions",
     "StreamError",
     "StreamProtocolError",
     "SubscriberDropped",

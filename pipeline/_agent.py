@@ -22,7 +22,7 @@ import secrets
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 import attrs
 import msgspec
@@ -51,8 +51,22 @@ from .providers._base import Provider
 
 if TYPE_CHECKING:
     import httpx
+    from typing_extensions import Unpack
 
-__all__ = ["Agent", "AgentResult", "AgentStatus", "open_agent", "run_agent"]
+    from ._admission import Admission
+    from ._policy import Policy
+    from ._ratelimit import RateLimiter
+    from ._upstream import Upstream
+
+__all__ = [
+    "Agent",
+    "AgentOptions",
+    "AgentResult",
+    "AgentStatus",
+    "StepOptions",
+    "open_agent",
+    "run_agent",
+]
 
 Validator = Callable[[str], "str | Awaitable[str | None] | None"]
 _GRACE = 2.0  # seconds a cancelled agent still gives its last events
@@ -80,6 +94,7 @@ class _Loop:
     tool_arguments: bool
     tool_results: bool
     thread_limiter: trio.CapacityLimiter | None
+    reset_tool_choice: bool = True
     after_resume: list[UniMessage] = attrs.field(factory=list)
     unparsed: dict[str, str] = attrs.field(factory=dict)  # call id: what the model is told
     status: AgentStatus = "cancelled"
@@ -108,6 +123,7 @@ class _Loop:
         if conversation.pending:
             if not await self._resume():
                 return
+            self._tool_called()  # the run that deferred them called tools
             conversation.messages.extend(self.after_resume)  # the new turn follows the results
         candidates = 0
         while True:
@@ -152,6 +168,7 @@ class _Loop:
                 if self.buffered:  # no answer candidate: its MMSP stream, not its text
                     await chained.sink.release(text=False)
                 conversation.record(message)
+                self._tool_called()
                 if not await self._tools(step, calls):
                     return
                 continue
@@ -172,6 +189,14 @@ class _Loop:
                 await chained.sink.release()
             conversation.record(result.message)
             return self.end("completed", "completed")
+
+    def _tool_called(self) -> None:
+        """A step called tools: a choice that forces a call (`required`, or names to pick
+        from) is not sent again, so a model that obeys it can answer instead of calling tools
+        until `max_steps`."""
+        choice = self.template.tool_choice
+        if self.reset_tool_choice and (choice == "required" or isinstance(choice, list)):
+            self.template = msgspec.structs.replace(self.template, tool_choice="auto")
 
     def _unparsed(self, result: TurnResult) -> UniMessage | None:
         """For a step the stream ended at a call whose arguments are not a JSON object: the
@@ -336,6 +361,45 @@ class _Loop:
         )
 
 
+class StepOptions(TypedDict, total=False):
+    """The `run_turn` options `run_agent` passes on to every step (the rest of `run_turn`'s
+    are the agent's own keywords, or set by the loop): named and typed, so a misspelt option
+    is a type error before anything runs."""
+
+    policy: Policy | None
+    upstream: Upstream | None
+    limiter: RateLimiter | None
+    admission: Admission | None
+    stream: bool
+    on_text: Callable[[str], object] | None
+    on_thinking: Callable[[str], object] | None
+    on_reset: Callable[[int], object] | None
+
+
+class AgentOptions(StepOptions, total=False):
+    """`run_agent`'s keyword options, as `open_agent` takes them."""
+
+    tools: Sequence[Tool | Callable[..., Any]]
+    conversation: Conversation | None
+    max_steps: int
+    approvals: Literal["ask", "defer"]
+    decisions: Mapping[str, bool] | None
+    delivery: Literal["streaming", "buffered"] | None
+    validator: Validator | None
+    max_candidates: int
+    budget: ContextBudget | None
+    sinks: Sequence[Any]
+    client: httpx.AsyncClient | None
+    run_id: str | None
+    reasoning: bool
+    tool_arguments: bool
+    tool_results: bool
+    breakers: CircuitBreakers | None
+    fallback_on_permanent: bool
+    thread_limiter: trio.CapacityLimiter | None
+    reset_tool_choice: bool
+
+
 def _is_cancel(exc: BaseException) -> bool:
     """A trio cancel, bare or all a group holds (a tool's own nursery wraps it so)."""
     if isinstance(exc, BaseExceptionGroup):
@@ -369,8 +433,9 @@ async def run_agent(
     breakers: CircuitBreakers | None = None,
     fallback_on_permanent: bool = False,
     thread_limiter: trio.CapacityLimiter | None = None,
+    reset_tool_choice: bool = True,
     task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED,
-    **turn_options: Any,
+    **turn_options: Unpack[StepOptions],
 ) -> AgentResult:
     """Run an agent to its end: model steps, tool runs, until the model answers.
 
@@ -386,10 +451,12 @@ async def run_agent(
     Delivery: `streaming` (the default without a validator) sends the answer as it comes;
     `buffered` (the default with one, and the only mode a validator takes) holds it until
     `validator(text)` returns None (a safe code rejects it, and the model is asked again, at
-    most `max_candidates` times). `budget` fits each request to the model's
-    context window. `tool_arguments` / `tool_results` opt the public stream into a tool's
-    arguments and result text. Other keywords (`policy`, `limiter`, `admission`) go to each
-    step's `run_turn`.
+    most `max_candidates` times). `budget` fits each request to the model's context window.
+    `tool_arguments` / `tool_results` opt the public stream into a tool's arguments and result
+    text. A `tool_choice` that forces a call (`required`, or names) holds until a step calls a
+    tool; later steps send `auto`, so a model that obeys it can still answer
+    (`reset_tool_choice=False` keeps it on every step). The other keywords (`StepOptions`:
+    `policy`, `limiter`, `admission`...) go to each step's `run_turn`.
     """
     if max_steps < 1:
         raise ValueError("max_steps must be at least 1")
@@ -451,6 +518,7 @@ async def run_agent(
         tool_arguments=tool_arguments,
         tool_results=tool_results,
         thread_limiter=thread_limiter,
+        reset_tool_choice=reset_tool_choice,
         after_resume=list(request.messages) if conv.pending else [],
     )
     try:
@@ -494,10 +562,12 @@ async def run_agent(
 
 @asynccontextmanager
 async def open_agent(
-    request: TurnRequest, provider: Provider | Sequence[Provider], **options: Any
+    request: TurnRequest,
+    provider: Provider | Sequence[Provider],
+    **options: Unpack[AgentOptions],
 ) -> AsyncIterator[Agent]:
     """Run an agent for the duration of the block; leaving the block cancels it if it is
-    still running. Takes `run_agent`'s keyword options."""
+    still running. Takes `run_agent`'s keyword options (`AgentOptions`)."""
     async with trio.open_nursery() as nursery:
         agent: Agent = await nursery.start(_run_agent_with, request, provider, options)
         try:
@@ -510,7 +580,7 @@ async def open_agent(
 async def _run_agent_with(
     request: TurnRequest,
     provider: Provider | Sequence[Provider],
-    options: dict[str, Any],
+    options: AgentOptions,
     task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     await run_agent(request, provider, task_status=task_status, **options)

@@ -35,8 +35,11 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
     from types import TracebackType
 
+    from typing_extensions import Unpack
+
     from ._request import TurnRequest
     from ._runevents import RunEvent
+    from ._turn import TurnOptions
     from .providers._base import Provider
 
 __all__ = ["TurnStream", "run_in_trio", "stream_turn"]
@@ -53,7 +56,7 @@ def stream_turn(
     *,
     events: Literal["uni"] = "uni",
     buffer: int = 64,
-    **options: Any,
+    **options: Unpack[TurnOptions],
 ) -> TurnStream[UniItem]: ...
 
 
@@ -64,7 +67,7 @@ def stream_turn(
     *,
     events: Literal["run"],
     buffer: int = 64,
-    **options: Any,
+    **options: Unpack[TurnOptions],
 ) -> TurnStream[RunEvent]: ...
 
 
@@ -74,7 +77,7 @@ def stream_turn(
     *,
     events: EventKind = "uni",
     buffer: int = 64,
-    **options: Any,
+    **options: Unpack[TurnOptions],
 ) -> TurnStream[UniItem] | TurnStream[RunEvent]:
     """A turn for asyncio code: an async iterator of its MMSP items (`events="uni"`: UniEvents
     and `AttemptReset`s) or of its public run events (`events="run"`), and `result()`.
@@ -117,7 +120,7 @@ class TurnStream(Generic[E]):
         provider: Provider,
         events: EventKind,
         buffer: int,
-        options: dict[str, Any],
+        options: TurnOptions,
     ) -> None:
         self._request = request
         self._provider = provider
@@ -225,7 +228,7 @@ class TurnStream(Generic[E]):
     # --- the trio side ---------------------------------------------------------------------
 
     async def _main(self, scope: trio.CancelScope) -> TurnResult:
-        options = dict(self._options)
+        options: dict[str, Any] = dict(self._options)
         sinks: Sequence[Any] = (*options.pop("sinks", ()), _StreamSink(self))
         options.setdefault("history", False)
         async with trio.open_nursery() as nursery:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 import trio.testing
@@ -536,3 +537,39 @@ async def test_two_tools_of_one_name_are_refused_before_any_request(
                 QUESTION, provider, tools=[get_weather, tool(lookup, name="get_weather")]
             )
     assert server.requests == []
+
+
+@pytest.mark.parametrize("choice", ["required", ["get_weather"]])
+async def test_a_forced_tool_choice_holds_until_a_tool_is_called_then_is_auto(
+    loop_clock: trio.testing.MockClock, choice: Any
+) -> None:
+    case = CASES["openai-chat"]
+    forced = msgspec.structs.replace(QUESTION, tool_choice=choice)
+    script = [case.tool_call, case.tool_call, text_reply("Warm.")]
+    async with open_loopback_provider(script) as server:
+        with trio.fail_after(LIMIT):
+            result = await run_agent(forced, provider_at(server), tools=[get_weather])
+        await wait_closed(server)
+    assert (result.status, result.steps) == ("completed", 3)
+    sent = [body_of(server, n).get("tool_choice") for n in range(3)]
+    assert sent[0] not in (None, "auto")
+    assert sent[1:] == ["auto", "auto"]
+
+
+async def test_reset_tool_choice_off_sends_the_forced_choice_on_every_step(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    case = CASES["openai-chat"]
+    forced = msgspec.structs.replace(QUESTION, tool_choice="required")
+    async with open_loopback_provider([case.tool_call] * 3) as server:
+        with trio.fail_after(LIMIT):
+            result = await run_agent(
+                forced,
+                provider_at(server),
+                tools=[get_weather],
+                max_steps=3,
+                reset_tool_choice=False,
+            )
+        await wait_closed(server)
+    assert (result.status, result.code) == ("error", "max_steps")
+    assert [body_of(server, n)["tool_choice"] for n in range(3)] == ["required"] * 3
