@@ -22,7 +22,7 @@ import attrs
 import trio
 from rillet.transports._http_upstream import default_client
 
-from ._errors import FallbackFailed, ProviderError
+from ._errors import FallbackFailed, ProviderError, RilletError
 from ._events import UniMessage
 from ._markers import AttemptReset
 from ._policy import Outcome
@@ -296,6 +296,9 @@ async def run_chain(
                 done = step.sink.done
                 status, code = (done.status, done.code) if done else ("error", "provider_error")
                 error = step.result.error
+    except Exception as exc:  # a sink's own failure (or an actor's): an error, not a cancel
+        status, code, error = "error", "internal_error", exc
+        raise
     finally:
         result = _result(step, status, error, trio.current_time() - start)
         turn._result = result
@@ -327,6 +330,8 @@ def _result(
 ) -> TurnResult:
     if step is None:
         outcome = Outcome.CANCELLED if status == "cancelled" else Outcome.INIT_FAILED
+        if error is not None and not isinstance(error, RilletError):
+            outcome = Outcome.FAILED  # the run's own failure (a sink's), not the providers'
         return TurnResult(
             message=UniMessage(role="assistant", content_items=[]),
             outcome=outcome,

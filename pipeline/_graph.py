@@ -484,14 +484,16 @@ async def sink_actor(
     sink: Sink, receive: trio.MemoryReceiveChannel[SinkBatch], given: Given
 ) -> None:
     """Feeds one sink everything waiting as one batch; its slowness is backpressure on the
-    turn."""
-    async with receive:
-        async for batch in receive:
-            while True:
-                try:
-                    more = receive.receive_nowait()
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
-                batch = SinkBatch([*batch.run, *more.run], [*batch.uni, *more.uni])
-            await sink.deliver(batch)
-            given.took(batch)
+    turn. A sink that raises leaves the channel open: its error cancels the turn's nursery,
+    which ends the sender's wait, and the error stays the only one the turn raises (a closed
+    channel would add the sender's `BrokenResourceError` to it)."""
+    async for batch in receive:
+        while True:
+            try:
+                more = receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+            batch = SinkBatch([*batch.run, *more.run], [*batch.uni, *more.uni])
+        await sink.deliver(batch)
+        given.took(batch)
+    await receive.aclose()

@@ -24,6 +24,7 @@ import msgspec
 from ._errors import (
     EmptyResponseError,
     FallbackFailed,
+    RilletError,
     StreamProtocolError,
     ToolCallArgumentParseError,
 )
@@ -244,6 +245,8 @@ def safe_code(outcome: Outcome, error: BaseException | None) -> str:
         return "rate_limited"
     if isinstance(error, FallbackFailed):
         error = error.stream_error
+    if error is not None and not isinstance(error, RilletError):
+        return "internal_error"  # a sink's or an actor's own failure, not the provider's
     if isinstance(error, EmptyResponseError):
         return "empty_response"
     if isinstance(error, ToolCallArgumentParseError):

@@ -312,6 +312,7 @@ async def run_turn(
     chained = policy.graph == "chained"
     opened = [builder.started(provider.label, provider.model)]
     turn._run.extend(opened)
+    failed: Exception | None = None
     try:
         with turn._cancel_scope:
             async with trio.open_nursery() as nursery:
@@ -347,12 +348,17 @@ async def run_turn(
             # while they still hold some leaves the turn Cancelled, never "completed" with an
             # `answer.done` for a text its consumers did not get.
             outcome = streamed
+    except Exception as exc:  # a sink's own failure (or an actor's): an error, not a cancel
+        failed = exc
+        raise
     finally:
         error = handler.error
         if handler.rescue_error is not None:
             error = FallbackFailed(outcome, handler.error, handler.rescue_error)
         if outcome.succeeded:
             error = None
+        if failed is not None:  # whatever the provider did, the run did not end well
+            outcome, error = Outcome.FAILED, failed
         final = builder.finish(
             outcome,
             error,

@@ -1,5 +1,7 @@
-"""A sink that raises, among others: the application's error comes out of the turn, and every
-other sink still gets the run gapless up to its one `run.done`, and is closed."""
+"""A sink that raises, among others: the application's error comes out of the turn (alone: no
+error of the turn's own beside it), and every other sink still gets the run gapless up to its
+one `run.done`, which says `error` / `internal_error` (the run did not end well, and no one
+cancelled it), and is closed."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 import trio
-from rillet import CallbackSink, TurnRequest, run_turn, user
+from rillet import CallbackSink, SinkBatch, TurnRequest, run_turn, user
 from rillet._hub import Hub
 from rillet._runevents import RunDone, RunEvent, decode_run_event
 from rillet.transports.sinks import JSONLSink
@@ -33,6 +35,21 @@ def raising_at(seq: int) -> CallbackSink:
     return CallbackSink(on_run_event=on_run_event)
 
 
+class RaisingActor:
+    """A sink of its own task (its `deliver` awaits) that raises on the batch holding `seq`."""
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+
+    async def deliver(self, batch: SinkBatch) -> None:
+        await trio.lowlevel.checkpoint()
+        if any(e.seq == self.seq for e in batch.run):
+            raise AppBug(f"seq {self.seq}")
+
+    async def close(self) -> None:
+        pass
+
+
 async def turn_with(sinks: list[object], *, chain: bool) -> None:
     """A turn of one provider, or of a fallback chain of one (its run stream feeds the sinks)."""
     words = [f"{n} " for n in range(20)]
@@ -54,10 +71,11 @@ def assert_whole(events: list[RunEvent]) -> None:
     assert [type(e) for e in events].count(RunDone) == 1
 
 
+@pytest.mark.parametrize("kind", ["callback", "actor"])
 @pytest.mark.parametrize("chain", [False, True], ids=["turn", "chain"])
 @pytest.mark.parametrize("at", ["mid_run", "run_done"])
 async def test_a_sink_that_raises_leaves_the_others_a_whole_run_and_closes_them(
-    at: str, chain: bool, tmp_path: Path
+    at: str, chain: bool, kind: str, tmp_path: Path
 ) -> None:
     hub = Hub()
     path = tmp_path / "run.jsonl"
@@ -71,10 +89,17 @@ async def test_a_sink_that_raises_leaves_the_others_a_whole_run_and_closes_them(
         trio.fail_after(10),
         pytest.RaisesGroup(AppBug, allow_unwrapped=True, flatten_subgroups=True),
     ):
-        await turn_with([raising_at(seq), hub.sink("r1"), jsonl], chain=chain)
+        raising = raising_at(seq) if kind == "callback" else RaisingActor(seq)
+        await turn_with([raising, hub.sink("r1"), jsonl], chain=chain)
     kept = [entry.event for entry in hub.log.get("r1").entries]
     written = [decode_run_event(line) for line in path.read_bytes().splitlines()]
     assert_whole(kept)
     assert written == kept
     assert hub.log.get("r1").done  # followers reach the end; the run is swept in time
     assert jsonl._closed
+    done = kept[-1]
+    assert isinstance(done, RunDone)
+    if at == "mid_run":
+        assert (done.status, done.code) == ("error", "internal_error")
+    else:  # raised at the run's own end: the run had completed
+        assert (done.status, done.code) == ("completed", "completed")
