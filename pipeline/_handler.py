@@ -40,21 +40,13 @@ finally fails therefore still shows its last partial text.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, cast
 
 import attrs
 import trio
 
-from ._errors import (
-    FrameError,
-    OverloadedError,
-    ProviderError,
-    RilletError,
-    TransportError,
-    TurnTimeout,
-)
-from ._failures import error_shape, http_shape, retry_reason
+from ._errors import OverloadedError, ProviderError, RilletError, TurnTimeout
+from ._failures import error_shape, retry_reason
 from ._hedge import open_hedged
 from ._markers import (
     AttemptOpen,
@@ -66,21 +58,27 @@ from ._markers import (
     Status,
     Verdict,
 )
-from ._policy import Outcome, Policy, Shape, backoff_delay, retry_after
+from ._policy import Outcome, Policy, Shape, backoff_delay
 from ._ratelimit import RateLimiter
-from ._reads import Replay, read_bounded, read_reply
+from ._reads import Replay, read_reply
 from ._request import TurnRequest
 from ._upstream import Exchange, Upstream, UpstreamError, upstream_error
+from ._verdicts import (
+    Failure,
+    check_content_type,
+    scrubbed,
+    status_failure,
+    transport_error,
+    usable_wait,
+)
 from ._wire import HEAD_BYTES, WireDecoder
-from .providers._base import Provider, provider_error
+from .providers._base import Provider
 
 if TYPE_CHECKING:
     from ._events import UniEvent
     from .providers._base import HttpRequest
 
 __all__ = ["Handler"]
-
-_E = TypeVar("_E", bound=RilletError)
 
 
 _YIELD_EVERY = 32
@@ -95,18 +93,6 @@ attempt ends however it ends: one hand-over where there were many, the order unc
 _DEADLINE_SLACK = 0.001
 """The per-event deadline moves only once it would move by this much (seconds): a burst of
 reads does not pay for moving it on each, and it fires at most this early."""
-_STREAM_TYPES = {"sse": ("text/event-stream",), "ndjson": ("ndjson", "json", "text/plain")}
-
-
-@attrs.define(eq=False)
-class _Failure:
-    """How one attempt ended, when it did not complete."""
-
-    shape: Shape
-    error: BaseException
-    status: int | None = None
-    headers: Mapping[str, str] = attrs.field(factory=dict)
-    no_retry: bool = False  # x-should-retry: false
 
 
 @attrs.define(eq=False)
@@ -130,7 +116,7 @@ class Handler:
     first_event_at: float | None = None
     error: BaseException | None = None  # the last error
     rescue_error: BaseException | None = None
-    _rescue_failure: _Failure | None = None  # an error status's verdict, read as a stream's is
+    _rescue_failure: Failure | None = None  # an error status's verdict, read as a stream's is
     retry_after: float | None = None  # the server-directed wait that ended a RateLimited turn
     emitted_attempt: bool = False  # some attempt emitted events (partial data was seen)
     _pending_reset: bool = False
@@ -175,11 +161,11 @@ class Handler:
             self.provider.base_url, self.policy.requests_per_minute, self.policy.limiter_max_wait
         )
 
-    async def _attempt(self, out: Outlet) -> _Failure | None:
+    async def _attempt(self, out: Outlet) -> Failure | None:
         try:
             http = self.provider.dialect.build_request(self.request, self.provider, stream=True)
         except RilletError as exc:  # the request cannot be sent as it is: no attempt helps
-            return _Failure(error_shape(exc), exc)
+            return Failure(error_shape(exc), exc)
         if not self._hops:
             return await self._stream(out, http)
         await self._put(out, [cast("Item", AttemptOpen(self.attempts))])
@@ -187,7 +173,7 @@ class Handler:
         verdict = await out.settle(close=self._ended)
         return self._judged(failure, verdict)
 
-    def _judged(self, failure: _Failure | None, verdict: Verdict) -> _Failure | None:
+    def _judged(self, failure: Failure | None, verdict: Verdict) -> Failure | None:
         """An attempt's failure once the grammar downstream has judged it: its error came
         first in stream order (it only saw what the source had decoded), so it wins. (The
         grammar counts the events it releases into `events` itself, live.)"""
@@ -197,7 +183,7 @@ class Handler:
             return self._note(failure, verdict.emitted)
         return None
 
-    async def _stream(self, out: Outlet, http: HttpRequest) -> _Failure | None:
+    async def _stream(self, out: Outlet, http: HttpRequest) -> Failure | None:
         """One streamed attempt: send, then read and decode until the reply ends."""
         policy = self.policy
         hops = self._hops
@@ -239,8 +225,8 @@ class Handler:
                 return self._timed_out(emitted)
             failures = getattr(response, "failures", ())
             if response.status >= 300:
-                return await self._status_failure(response, deadline)
-            self._check_content_type(response)
+                return await status_failure(self.provider, self.policy, response, deadline)
+            check_content_type(self.provider, response)
             receive = response.receive if not pending else Replay(pending, response).receive
             # One scope guards every read; its deadline moves with each lane event and is lifted
             # while a batch waits for room downstream (a slow consumer is backpressure, not a
@@ -341,13 +327,13 @@ class Handler:
                         return None  # the grammar refused the attempt: its verdict says why
             return self._timed_out(emitted)  # the deadline cut a read short
         except UpstreamError as exc:
-            error = _transport_error(exc, self.provider.label)
-            return self._note(_Failure(error_shape(error), error), emitted)
+            error = transport_error(exc, self.provider.label)
+            return self._note(Failure(error_shape(error), error), emitted)
         except failures as exc:  # the exchange's own exceptions, as it names them
             failed = upstream_error(response, exc)
             assert failed is not None
-            error = _transport_error(failed, self.provider.label)
-            return self._note(_Failure(error_shape(error), error), emitted)
+            error = transport_error(failed, self.provider.label)
+            return self._note(Failure(error_shape(error), error), emitted)
         except RilletError as exc:
             return self._failure_of(exc, emitted)
         finally:
@@ -385,46 +371,7 @@ class Handler:
             await out.drain()
             self._total_deadline += trio.current_time() - start
 
-    def _check_content_type(self, response: Exchange) -> None:
-        framing = self.provider.dialect.framing
-        accepted = _STREAM_TYPES.get(framing)
-        if accepted is None:
-            return
-        ctype = response.headers.get("content-type", "").lower()
-        if ctype and not any(a in ctype for a in accepted):
-            raise _frame_error(
-                f"a streaming request was answered with Content-Type {ctype[:80]!r}",
-                self.provider.label,
-            )
-
-    async def _status_failure(self, response: Exchange, deadline: float) -> _Failure:
-        body = b""
-        with trio.move_on_at(deadline):
-            body = await read_bounded(response, self.policy.max_body, self.provider.label)
-        status = response.status
-        headers = response.headers
-        error = self._scrubbed(self._error_from_response(status, headers, body))
-        # the wait: a header wins over the hint the dialect read from the body (Gemini's
-        # `RetryInfo`), which wins over the default; an unusable hint counts as none
-        told = retry_after(headers, self.policy.wall_clock())
-        if told is None:
-            told = _usable_wait(error.retry_after)
-        error.retry_after = told
-        should = headers.get("x-should-retry", "").strip().lower()
-        shape = http_shape(status, error, should)
-        return _Failure(shape, error, status, headers, no_retry=should == "false")
-
-    def _error_from_response(
-        self, status: int, headers: Mapping[str, str], body: bytes
-    ) -> ProviderError:
-        """The dialect's typed error for an error status; a body nested too deeply for its JSON
-        decoder still gives the error the status names (never a crash)."""
-        try:
-            return self.provider.dialect.error_from_response(status, headers, body)
-        except RecursionError:
-            return provider_error(self.provider.label, status=status)
-
-    def _timed_out(self, emitted: int) -> _Failure:
+    def _timed_out(self, emitted: int) -> Failure:
         now = trio.current_time()
         if now >= self._total_deadline:
             error = TurnTimeout(self.provider.label, "total", self.policy.total_timeout)
@@ -433,34 +380,22 @@ class Handler:
             limit = policy.per_event_timeout if self._ever_event else policy.initial_event_timeout
             kind = "per-event" if self._ever_event else "initial-event"
             error = TurnTimeout(self.provider.label, kind, limit)
-        return self._note(_Failure(error_shape(error), error), emitted)  # total, or a stall
+        return self._note(Failure(error_shape(error), error), emitted)  # total, or a stall
 
-    def _scrubbed(self, error: _E) -> _E:
-        """The error with our credential masked, should a provider have echoed it back."""
-        key = self.provider.api_key
-        if key is not None and key.reveal() and key.reveal() in str(error):
-            secret, masked = key.reveal(), key.masked()
-            error.args = tuple(
-                a.replace(secret, masked) if isinstance(a, str) else a for a in error.args
-            )
-            if isinstance(error, ProviderError):
-                error.provider_message = error.provider_message.replace(secret, masked)
-        return error
-
-    def _failure_of(self, error: RilletError, emitted: int) -> _Failure:
-        error = self._scrubbed(error)
+    def _failure_of(self, error: RilletError, emitted: int) -> Failure:
+        error = scrubbed(self.provider, error)
         if isinstance(error, ProviderError):
-            error.retry_after = _usable_wait(error.retry_after)
-        return self._note(_Failure(error_shape(error), error), emitted)
+            error.retry_after = usable_wait(error.retry_after)
+        return self._note(Failure(error_shape(error), error), emitted)
 
-    def _note(self, failure: _Failure, emitted: int) -> _Failure:
+    def _note(self, failure: Failure, emitted: int) -> Failure:
         if emitted:
             self._pending_reset = True  # owed before the next attempt's first event
         return failure
 
     # --- the ladders ------------------------------------------------------------------------------
 
-    async def _next(self, failure: _Failure, out: Outlet) -> Outcome | None:
+    async def _next(self, failure: Failure, out: Outlet) -> Outcome | None:
         """None to retry (after any wait), or the outcome that ends streaming."""
         policy = self.policy
         if failure.shape is Shape.PERMANENT or failure.shape is Shape.WRONG_SHAPE:
@@ -510,7 +445,7 @@ class Handler:
     def _failed(self) -> Outcome:
         return Outcome.FAILED if self._ever_event else Outcome.INIT_FAILED
 
-    def _may_rescue(self, failure: _Failure, outcome: Outcome) -> bool:
+    def _may_rescue(self, failure: Failure, outcome: Outcome) -> bool:
         if not self.policy.fallback or failure.no_retry:
             return False
         if failure.shape is Shape.PERMANENT:
@@ -533,7 +468,7 @@ class Handler:
             if judged is not None:
                 failure = judged  # an error status: its header, body hint and x-should-retry
             elif isinstance(error, TurnTimeout):
-                failure = _Failure(Shape.STALL, error)
+                failure = Failure(Shape.STALL, error)
             elif isinstance(error, RilletError):
                 failure = self._failure_of(error, 0)
             else:  # pragma: no cover - the rescue records only rillet's errors
@@ -567,7 +502,9 @@ class Handler:
                 response = await self.upstream.open(http)
                 try:
                     if response.status >= 300:  # judged as a stream's status is (D5, F58)
-                        failure = await self._status_failure(response, deadline)
+                        failure = await status_failure(
+                            self.provider, self.policy, response, deadline
+                        )
                         self._rescue_failure = failure
                         self.rescue_error = failure.error
                         return stream_outcome
@@ -585,7 +522,7 @@ class Handler:
             if scope.cancelled_caught:
                 raise TurnTimeout(label, "rescue", deadline - start)
         except UpstreamError as exc:
-            self.rescue_error = _transport_error(exc, self.provider.label)
+            self.rescue_error = transport_error(exc, self.provider.label)
             return stream_outcome
         except RilletError as exc:
             self.rescue_error = exc
@@ -608,22 +545,3 @@ async def _finish(exchange: Exchange) -> None:
     finish = getattr(exchange, "finish", None)
     if finish is not None:
         await finish()
-
-
-def _usable_wait(seconds: float | None) -> float | None:
-    """A server-directed wait that can be honoured: positive and finite, else None (D5)."""
-    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
-        return None
-    return seconds
-
-
-def _frame_error(message: str, provider: str) -> FrameError:
-    return FrameError(message, provider=provider)
-
-
-def _transport_error(exc: UpstreamError, provider: str) -> TransportError:
-    """The transport's failure as the provider's `TransportError` (the transport's own
-    exception stays its cause)."""
-    error = TransportError(provider, exc.kind)
-    error.__cause__ = exc.__cause__ if exc.__cause__ is not None else exc
-    return error
