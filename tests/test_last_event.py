@@ -6,12 +6,15 @@ keeps that rule. But a reply that sent its terminal event whole (`data: [DONE]`,
 blank line after it has said everything: retrying it would pay for the same answer again. So at
 end of input the wire decoder reads such an event when its data is whole (`[DONE]`, or JSON that
 parses), as NDJSON reads a last line without its LF. An event cut inside its data is still a
-truncation. Every SSE fixture that completes is replayed with its last blank line, its last line
-end, or both taken off, and with its last event cut short; CRLF too, in several chunkings.
+truncation, but for a Chat Completions reply whose finish reason and usage both came before it:
+that reply is whole without `[DONE]` (as servers that never send it end). Every SSE fixture that
+completes is replayed with its last blank line, its last line end, or both taken off, and with
+its last event cut short; CRLF too, in several chunkings.
 """
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 import httpx
@@ -75,17 +78,51 @@ def test_a_last_event_without_its_blank_line_completes_the_reply(folder: str, ca
             assert run(dialect, chunks) == want, f"{ending}, {name}"
 
 
+def _ended_before(folder: str, data: bytes) -> bool:
+    """Whether a Chat Completions reply's finish reason and usage both came before its last
+    event (`[DONE]`): then it is whole without that event (servers that never send `[DONE]`
+    end so)."""
+    if folder != "openai-chat":
+        return False
+    finished = used = False
+    for line in data.splitlines()[:-1]:
+        if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
+            frame = json.loads(line[5:])
+            choices = frame.get("choices") or [{}]
+            finished = finished or bool(choices[0].get("finish_reason"))
+            used = used or frame.get("usage") is not None
+            used = used or (frame.get("x_groq") or {}).get("usage") is not None
+    return finished and used
+
+
 @pytest.mark.parametrize(("folder", "case"), COMPLETING, ids=[f"{f}/{c}" for f, c in COMPLETING])
 def test_a_last_event_cut_inside_its_data_is_still_a_truncation(folder: str, case: str) -> None:
     dialect = dialect_for(folder)
     data = wire_path(folder, case).read_bytes().rstrip(b"\n")
     last_line = data[data.rfind(b"\n") + 1 :]
     assert last_line.startswith(b"data:")
+    whole = _ended_before(folder, data)  # else the cut leaves the reply without its end
     for keep in (len(last_line) - 1, len(last_line) // 2, 7):
         cut = data[: len(data) - len(last_line) + keep]
         for name, chunks in chunkings(cut):
             got = run(dialect, chunks)
-            assert '"IncompleteStreamError"' in got[-1], f"{keep} bytes kept, {name}"
+            if whole:
+                assert got == expected(folder, case), f"{keep} bytes kept, {name}"
+            else:
+                assert '"IncompleteStreamError"' in got[-1], f"{keep} bytes kept, {name}"
+
+
+def test_some_chat_replies_are_cut_where_their_end_had_not_come() -> None:
+    """The test above still sees truncations of Chat Completions: replies whose usage (or finish
+    reason) had not come when `[DONE]` was cut."""
+    chat = [case for folder, case in COMPLETING if folder == "openai-chat"]
+    cut = [c for c in chat if not _ended_before("openai-chat", _last_cut(c))]
+    assert cut
+    assert len(cut) < len(chat)
+
+
+def _last_cut(case: str) -> bytes:
+    return wire_path("openai-chat", case).read_bytes().rstrip(b"\n")
 
 
 def test_the_decoder_itself_still_discards_what_is_pending() -> None:

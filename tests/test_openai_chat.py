@@ -521,8 +521,25 @@ def test_done_without_a_finish_reason_finishes_unknown() -> None:
     ]
 
 
-def test_eof_before_done_is_still_incomplete() -> None:
+def test_a_clean_end_after_the_finish_reason_and_the_usage_is_whole_without_done() -> None:
+    # as a server that never sends `[DONE]` ends (Cerebras): the same bytes would come again
     data = sse(chunk({"content": "Hi"}), chunk(finish="stop", usage=USAGE))
+    events = decode(data)
+    assert events[-1]["type"] == "stop"
+    assert events[-1]["usage_metadata"] == USAGE_JSON
+    usage_after = sse(chunk({"content": "Hi"}), chunk(finish="length"), chunk(usage=USAGE))
+    assert decode(usage_after)[-1]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize(
+    "last",
+    [chunk(finish="stop"), chunk(usage=USAGE), chunk({"content": " there"})],
+    ids=["finish only", "usage only", "content"],
+)
+def test_eof_before_done_without_both_the_finish_and_the_usage_is_incomplete(
+    last: dict[str, Any],
+) -> None:
+    data = sse(chunk({"content": "Hi"}), last)
     assert decode(data)[-1] == {"type": "error", "error": "IncompleteStreamError"}
 
 

@@ -36,14 +36,7 @@ REAL = Path(__file__).parent / "fixtures" / "real"
 EXPECTED: dict[str, dict[str, Any]] = json.loads((REAL / "EXPECTED.json").read_text("utf-8"))
 DIALECTS = ("anthropic-messages", "gemini", "ollama-chat", "openai-chat", "openai-responses")
 
-KNOWN_DEFECTS: dict[str, str] = {
-    "openai-chat/cerebras-llama-33-length-time-info-no-done.sse": (
-        "the body ends after the finish chunk (finish_reason and usage) with no data: [DONE]; the"
-        " Chat Completions dialect takes an end before [DONE] for a cut-off (WIRE.md section 2,"
-        " test_eof_before_done_is_still_incomplete, test_last_event) and retries it: reading a"
-        " finish reason plus usage as the end is a change to that rule, not made here"
-    ),
-}
+KNOWN_DEFECTS: dict[str, str] = {}
 """Recordings rillet gets wrong today (relative path → why). Empty it as the dialects are fixed."""
 
 

@@ -34,9 +34,11 @@ A `finish_reason` closes every lane; `stop` after a tool call is passed as `tool
 compatible servers say `stop` there). Usage may come on any chunk (Groq's only in `x_groq.usage`),
 or never: many compatible servers ignore `include_usage`, and some never set a finish reason;
 `[DONE]` ends the reply all the same (the grammar gives null usage, finish `unknown`), and nothing
-after it is read. Errors inside the stream (a top-level `error` object, vLLM's `{"object": "error",
-...}`, OpenRouter's `error` with `finish_reason: "error"`) become the typed error; a bare
-`finish_reason: "error"` is a `ProviderError`.
+after it is read. A body that ends cleanly without `[DONE]` is whole once both its finish reason
+and its usage came (Cerebras never sends `[DONE]`); else it was cut off. Errors inside the stream
+(a top-level `error` object, vLLM's `{"object": "error", ...}`, OpenRouter's `error` with
+`finish_reason: "error"`) become the typed error; a bare `finish_reason: "error"` is a
+`ProviderError`.
 """
 
 from __future__ import annotations
@@ -99,6 +101,7 @@ class ChatStreamDecoder:
     __slots__ = (
         "_audio_lane",
         "_done",
+        "_ended",
         "_field",
         "_ids",
         "_keys",
@@ -130,6 +133,7 @@ class ChatStreamDecoder:
         self._tool_seen = False
         self._started = False
         self._done = False  # `[DONE]` came: nothing after it is read
+        self._ended = 0  # what of the end came: 1 a finish reason, 2 usage (`close`)
         self._ids = ToolIds()
         self.failed_at = 0  # the frame `feed_frames` failed on
 
@@ -265,7 +269,12 @@ class ChatStreamDecoder:
             self.finish(reason, usage, out)
 
     def close(self) -> list[LaneEvent]:
-        """Nothing is owed at the end: `[DONE]` is the stream's own end."""
+        """The body's clean end. `[DONE]` is the stream's own end; without it, a reply whose
+        finish reason and usage both came is whole too (some servers never send `[DONE]`, so
+        asking again would get the same bytes), and what else is cut off is a truncation."""
+        if not self._done and self._ended == 3:
+            self._done = True
+            return [MessageStop()]
         return []
 
     # --- groups -----------------------------------------------------------------------------------
@@ -474,6 +483,10 @@ class ChatStreamDecoder:
             self._switch(_NONE, out)
         else:
             reason = None
+        if reason is not None:
+            self._ended |= 1
+        if usage is not None:
+            self._ended |= 2
         if reason is not None or usage is not None:
             out.append(
                 MessageDelta(
