@@ -1,0 +1,283 @@
+"""Every real recording that completes, changed the ways providers change their streams without
+notice, still reads to the same result; and the changes the rules refuse are refused (WIRE.md
+§9 "Robustness rules", RELIABILITY.md rules 1, 4, 6, F52-F54, D7).
+
+Each streamed recording under `tests/fixtures/real/` whose `EXPECTED.json` entry completes is
+replayed as sent (the baseline), then rewritten (`liberal_support`) and replayed through a whole
+`run_turn` on the trio mock clock, as `test_real_corpus` does. A liberal reader must give every
+rewrite the baseline's result: the outcome, the answer text, the thinking, the tool calls and
+their arguments (every `.done` item, with the fidelity compared without the added field), the
+finish reason, the usage, and one request. The rewrites:
+
+- `unknown-fields`: a field no provider sends added to every JSON object of every frame, nested
+  ones too (a string, null, a list or a nested object), but not inside tool-call arguments: those
+  are the model's data, and a field there is a different call.
+- `unknown-events` (Anthropic, Responses): new event types with objects of their own;
+  `unknown-block` (Anthropic): a block of a new type at a fresh index between blocks, with an
+  unknown delta and an input delta; `unknown-item` (Responses): an output item of a new type,
+  added, given events of its own, and done.
+- `sse-fields` (SSE): comments, `id:` and `retry:` lines in events and alone, `data:` and
+  `event:` without the space, blank lines doubled; `blank-lines` (NDJSON): empty lines between.
+- `after-terminal`: the terminal marker again, then junk (frames of the wrong shape, frames that
+  would change the answer, a line that is not JSON, an unfinished frame). Not for Gemini: its
+  only terminal marker is the end of the body.
+- `crlf`: CRLF line ends throughout; `cr` (SSE): lone CR line ends; `bom` (SSE): a UTF-8 BOM first.
+- `cuts`: the recording as sent, in reads cut at seeded pseudo-random points, many inside
+  multi-byte UTF-8 characters (every other rewrite is also fed in seeded cuts, and the line-end
+  ones also in one read).
+
+And what must fail, with the fallback off so the requests count streamed attempts:
+`wrong-shape` (a known field of a known event given the wrong shape, `"choices": 5`): a
+`MalformedFrameError`, one request (with the rescue on, at most the rescue besides);
+`bad-utf8` (NDJSON): a `FrameEncodingError`, retried as corruption on the way (F24);
+`cut-before-terminal`: an `IncompleteStreamError`, retried (rule 1).
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import msgspec
+import pytest
+import trio
+from rillet import (
+    FrameEncodingError,
+    IncompleteStreamError,
+    MalformedFrameError,
+    Outcome,
+    Policy,
+    TurnRequest,
+    TurnResult,
+    run_turn,
+    user,
+)
+from rillet.providers import Provider, dialect_from_name
+from rillet.transports.replay import content_type_for
+
+from . import liberal_support as lib
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+
+    import trio.testing
+
+REAL = Path(__file__).parent / "fixtures" / "real"
+EXPECTED: dict[str, dict[str, Any]] = json.loads((REAL / "EXPECTED.json").read_text("utf-8"))
+DIALECTS = ("anthropic-messages", "gemini", "ollama-chat", "openai-chat", "openai-responses")
+_BOM = b"\xef\xbb\xbf"
+
+
+def _streamed() -> list[str]:
+    """The completing streamed recordings on disk (listed, so new ones join by themselves)."""
+    return sorted(
+        rel
+        for d in DIALECTS
+        if (REAL / d).is_dir()
+        for p in (REAL / d).iterdir()
+        if p.suffix in (".sse", ".ndjson")
+        and EXPECTED.get(rel := f"{d}/{p.name}", {}).get("expect") == "completed"
+    )
+
+
+def _frames_of(fn: Callable[[lib.Frames, str], bytes | None]) -> Any:
+    return lambda raw, frames, dialect: fn(frames, dialect)
+
+
+def _lf(raw: bytes) -> bytes:
+    return raw.replace(b"\r\n", b"\n")
+
+
+VARIANTS: dict[
+    str, tuple[Callable[[bytes, lib.Frames, str], bytes | None], Callable[[str, str], bool]]
+] = {
+    "unknown-fields": (_frames_of(lib.unknown_fields), lambda d, f: True),
+    "unknown-events": (
+        _frames_of(lib.unknown_events),
+        lambda d, f: d in ("anthropic-messages", "openai-responses"),
+    ),
+    "unknown-block": (_frames_of(lib.unknown_block), lambda d, f: d == "anthropic-messages"),
+    "unknown-item": (_frames_of(lib.unknown_item), lambda d, f: d == "openai-responses"),
+    "sse-fields": (_frames_of(lib.sse_fields), lambda d, f: f == "sse"),
+    "blank-lines": (_frames_of(lib.blank_lines), lambda d, f: f == "ndjson"),
+    "after-terminal": (_frames_of(lib.after_terminal), lambda d, f: d != "gemini"),
+    "crlf": (lambda raw, fr, d: _lf(raw).replace(b"\n", b"\r\n"), lambda d, f: True),
+    "cr": (lambda raw, fr, d: _lf(raw).replace(b"\n", b"\r"), lambda d, f: f == "sse"),
+    "bom": (lambda raw, fr, d: _BOM + raw, lambda d, f: f == "sse"),
+    "cuts": (lambda raw, fr, d: raw, lambda d, f: True),
+}
+"""Each rewrite, and where it applies (dialect, framing)."""
+_ONE_READ_TOO = frozenset({"crlf", "cr", "bom"})  # the decoders' whole-read paths differ
+
+NEGATIVES: dict[
+    str, tuple[Callable[[bytes, lib.Frames, str], bytes | None], type[Exception], int]
+] = {
+    "wrong-shape": (_frames_of(lib.wrong_shape), MalformedFrameError, 1),
+    "bad-utf8": (_frames_of(lib.bad_utf8_line), FrameEncodingError, 4),
+    "cut-before-terminal": (_frames_of(lib.cut_before_terminal), IncompleteStreamError, 4),
+}
+"""Each rewrite that must fail: the error, and how many requests the rules allow (fallback off:
+one, or one and the 3 transport retries)."""
+
+
+def _framing(rel: str) -> str:
+    return "ndjson" if rel.endswith(".ndjson") else "sse"
+
+
+def _cases() -> list[Any]:
+    return [
+        pytest.param(rel, name, id=f"{rel}-{name}")
+        for rel in _streamed()
+        for name, (_, applies) in VARIANTS.items()
+        if applies(rel.split("/")[0], _framing(rel))
+    ]
+
+
+def _negative_cases() -> list[Any]:
+    return [
+        pytest.param(rel, name, id=f"{rel}-{name}")
+        for rel in _streamed()
+        for name in NEGATIVES
+        if name != "bad-utf8" or _framing(rel) == "ndjson"
+    ]
+
+
+class _Pieces(httpx.AsyncByteStream):
+    def __init__(self, pieces: list[bytes]) -> None:
+        self._pieces = pieces
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for piece in self._pieces:
+            yield piece
+
+
+class _Body(httpx.AsyncBaseTransport):
+    """Answers every request with the same body, in the same reads."""
+
+    def __init__(self, pieces: list[bytes], content_type: str) -> None:
+        self.pieces = pieces
+        self.content_type = content_type
+        self.requests = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests += 1
+        return httpx.Response(
+            200,
+            headers={"content-type": self.content_type},
+            stream=_Pieces(self.pieces),
+            request=request,
+        )
+
+
+async def _run(rel: str, pieces: list[bytes], policy: Policy) -> tuple[TurnResult, int]:
+    transport = _Body(pieces, content_type_for(Path(rel)))
+    provider = Provider(dialect_from_name(rel.split("/")[0]), "http://replay.invalid", "replay")
+    async with httpx.AsyncClient(transport=transport) as client:
+        result = await run_turn(
+            TurnRequest(messages=[user("replay")]), provider, client=client, policy=policy
+        )
+    return result, transport.requests
+
+
+def _what(result: TurnResult, requests: int) -> dict[str, Any]:
+    """What two reads of one recording must agree on."""
+    message = result.message
+    return {
+        "outcome": result.outcome.name,
+        "error": type(result.error).__name__ if result.error is not None else None,
+        "requests": requests,
+        "text": result.text,
+        "finish_reason": message.finish_reason,
+        "usage": msgspec.to_builtins(message.usage_metadata),
+        "items": lib.strip_probe(msgspec.to_builtins(message.content_items)),
+    }
+
+
+_BASELINES: dict[str, dict[str, Any]] = {}
+
+
+async def _baseline(rel: str) -> dict[str, Any]:
+    """The recording as sent, in 256-byte reads: what every rewrite must read to."""
+    if rel not in _BASELINES:
+        raw = (REAL / rel).read_bytes()
+        result, requests = await _run(rel, lib.cut_points(raw, 0, len(raw) // 256), Policy())
+        what = _what(result, requests)
+        expected = EXPECTED[rel]
+        assert what["outcome"] == "COMPLETED", f"{rel}: {what['outcome']} {result.error!r}"
+        assert (what["text"], what["finish_reason"], requests) == (
+            expected["text"],
+            expected["finish_reason"],
+            expected["requests"],
+        ), rel
+        _BASELINES[rel] = what
+    return _BASELINES[rel]
+
+
+def _feeds(rel: str, variant: str, body: bytes) -> list[tuple[str, list[bytes]]]:
+    """How a rewrite is fed: seeded cuts (fine ones for `cuts`), and for the line-end rewrites
+    one read too."""
+    seed = zlib.crc32(f"{rel}|{variant}".encode())
+    if variant == "cuts":
+        return [("fine cuts", lib.cut_points(body, seed, min(len(body) // 4, 2000), 400))]
+    feeds = [("cuts", lib.cut_points(body, seed, min(len(body) // 32, 200), 50))]
+    if variant in _ONE_READ_TOO:
+        feeds.append(("one read", [body]))
+    if variant == "bom":
+        feeds.append(("BOM split", [body[:1], body[1:2], body[2:]]))
+    return feeds
+
+
+def _differences(want: dict[str, Any], got: dict[str, Any]) -> str:
+    return "; ".join(f"{k}: {got[k]!r} (want {want[k]!r})"[:600] for k in want if got[k] != want[k])
+
+
+@pytest.mark.parametrize(("rel", "variant"), _cases())
+async def test_a_rewrite_reads_as_the_recording(
+    rel: str, variant: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    want = await _baseline(rel)
+    raw = (REAL / rel).read_bytes()
+    dialect = rel.split("/")[0]
+    body = VARIANTS[variant][0](raw, lib.Frames(raw, _framing(rel)), dialect)
+    if body is None:
+        pytest.skip(f"{variant} does not apply to this recording")
+    for how, pieces in _feeds(rel, variant, body):
+        result, requests = await _run(rel, pieces, Policy())
+        got = _what(result, requests)
+        assert got == want, f"{rel} {variant} ({how}): {_differences(want, got)}"
+
+
+@pytest.mark.parametrize(("rel", "variant"), _negative_cases())
+async def test_a_rewrite_the_rules_refuse_fails_as_they_say(
+    rel: str, variant: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    raw = (REAL / rel).read_bytes()
+    rewrite, error, requests = NEGATIVES[variant]
+    body = rewrite(raw, lib.Frames(raw, _framing(rel)), rel.split("/")[0])
+    if body is None:
+        pytest.skip(f"{variant} does not apply to this recording")
+    seed = zlib.crc32(f"{rel}|{variant}".encode())
+    pieces = lib.cut_points(body, seed, min(len(body) // 512, 40), 8)
+    result, sent = await _run(rel, pieces, Policy(fallback=False))
+    where = f"{rel} {variant}"
+    assert isinstance(result.error, error), f"{where}: {result.outcome.name} {result.error!r}"
+    assert result.outcome in (Outcome.FAILED, Outcome.INIT_FAILED), where
+    assert sent == requests, f"{where}: {sent} requests"
+    if variant == "wrong-shape":
+        assert isinstance(result.error, MalformedFrameError)
+        assert not result.error.not_json, where  # valid JSON of the wrong shape: permanent
+        _, sent = await _run(rel, pieces, Policy())  # the rescue, if anything; never a retry
+        assert sent <= 2, f"{where}: {sent} requests with the rescue on"
+
+
+def test_the_rewrites_cover_every_completing_recording() -> None:
+    rels = _streamed()
+    assert len(rels) >= 100  # the corpus is listed, not missed
+    ran = {(p.values[0], p.values[1]) for p in _cases()}
+    for rel in rels:
+        for name in ("unknown-fields", "cuts"):
+            assert (rel, name) in ran, (rel, name)
+        assert (rel, "sse-fields") in ran or (rel, "after-terminal") in ran, rel
