@@ -211,9 +211,11 @@ class WireDecoder:
             body = b"".join(self._body)
             self._body = []
             self._lanes(self._decode_body(body), out)
-        else:
+        elif not self.stopped:  # else what followed the stop is not read: not even its framing's
+            # errors (a line after `done: true` that is not UTF-8, an oversized frame after
+            # `[DONE]`), which a read that held the stop too deferred to the framer's close
             framer = self._framer
-            if type(framer) is SSEDecoder and not self.stopped:
+            if type(framer) is SSEDecoder:
                 # the last event lacks only its blank line: read it if its data is whole (the
                 # terminal `[DONE]`, or JSON), as NDJSON reads a last line without its LF; a
                 # cut in its data leaves JSON that does not parse, a truncation still

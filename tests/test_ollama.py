@@ -267,8 +267,10 @@ HI_ENTRIES = [
         ndjson({**line(), **DONE, "done_reason": "length"}),
         b"not json\n",
         b'{"error": "late"}\n',
+        b'{"message": {"content": "\xff"}}\n',  # not UTF-8: a frame error, were it read
+        b'{"message": {"content": "\xff',  # the same, unfinished at the end of the body
     ],
-    ids=["a-line", "a-second-done", "not-json", "an-error"],
+    ids=["a-line", "a-second-done", "not-json", "an-error", "not-utf8", "not-utf8-unfinished"],
 )
 def test_lines_after_done_are_ignored(after: bytes) -> None:
     assert decode(ndjson(line("Hi"), {**line(), **DONE}) + after) == HI_ENTRIES

@@ -26,6 +26,7 @@ from rillet import (
     ToolResultDone,
     ToolSpec,
     TurnRequest,
+    UniEvent,
     UniMessage,
     WireDecoder,
     user,
@@ -604,6 +605,16 @@ def test_anything_after_done_is_ignored(after: list[Any]) -> None:
         {"type": "text.done", "text": "Hi"},
         {"type": "stop", "finish_reason": "stop", "usage_metadata": USAGE_JSON},
     ]
+
+
+def test_a_frame_over_the_cap_after_done_in_the_same_read_is_not_read() -> None:
+    # the framer defers its error past the read's events, to its close: the reply was over
+    data = sse(chunk({"content": "Hi"}), chunk(finish="stop", usage=USAGE), "[DONE]")
+    decoder = WireDecoder(OpenAIChatDialect(), max_frame=len(data), clock=lambda: 0)
+    events: list[UniEvent] = []
+    decoder.feed(data + b"data: " + b"x" * len(data), events)
+    decoder.close(events)
+    assert [e.event_type for e in events] == ["delta", "delta", "stop"]
 
 
 async def test_f52_a_second_done_and_chunks_after_done_complete_in_one_request(
