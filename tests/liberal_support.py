@@ -207,16 +207,23 @@ def wrong_shape(frames: Frames, dialect: str) -> bytes | None:
 
 
 def cut_points(body: bytes, seed: int, reads: int, inside: int = 0) -> list[bytes]:
-    """`body` cut into about `reads` pieces at pseudo-random points (`seed`), `inside` more of
-    them inside multi-byte UTF-8 characters and between a CR and its LF."""
+    """`body` cut into about `reads` pieces at pseudo-random points (`seed`), and at up to
+    `inside` more points inside multi-byte UTF-8 characters or between a CR and its LF."""
     rng = random.Random(seed)
     n = len(body)
     points = set(rng.sample(range(1, n), min(n - 1, reads)))
     if inside:
-        splits = [m.start() for m in re.finditer(rb"[\x80-\xbf]|(?<=\r)\n", body)]
-        points.update(rng.sample(splits, min(len(splits), inside)))
-    cuts = [0, *sorted(points), n]
-    return [body[a:b] for a, b in itertools.pairwise(cuts) if b > a]
+        starts = [m.start() for m in _SPLITS.finditer(body)]
+        for at in rng.sample(starts, min(len(starts), inside)):
+            lead = body[at]  # a character's first byte (or a CR): cut after it, or further in
+            size = 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+            points.add(at + (1 if lead == 0x0D else rng.randrange(1, size)))
+    cuts = [0, *sorted(p for p in points if 0 < p < n), n]
+    return [body[a:b] for a, b in itertools.pairwise(cuts)]
+
+
+_SPLITS = re.compile(rb"[\xc2-\xf4]|\r\n")
+"""Where a character of two to four bytes starts, and a CRLF."""
 
 
 # --- the rewrites a liberal reader must read as the recording ------------------------------------
@@ -421,14 +428,62 @@ _AFTER: dict[str, list[list[str]]] = {
 _AFTER_TAIL = {"sse": b'data: {"cut', "ndjson": b'{"message":{"content":"\xff'}
 
 
-def after_terminal(frames: Frames, dialect: str) -> bytes | None:
-    """The terminal frame again, then frames that are junk or would change the answer, then an
-    unfinished frame: nothing after the terminal marker is read (WIRE.md §9, F52)."""
+def _after(frames: Frames, dialect: str) -> list[list[str]] | None:
+    """The frames to put after the terminal one (None when there is none)."""
     end = _end(frames, dialect)
     if end == len(frames.frames):
         return None
-    extra = [frames.frames[end], *_AFTER[dialect]]
-    return frames.body(frames=frames.frames + extra) + _AFTER_TAIL[frames.framing]
+    return [frames.frames[end], *_AFTER[dialect]]
+
+
+def after_terminal(frames: Frames, dialect: str) -> bytes | None:
+    """The terminal frame again, then frames that are junk or would change the answer, then an
+    unfinished frame: nothing after the terminal marker is read (WIRE.md §9, F52)."""
+    after = _after(frames, dialect)
+    if after is None:
+        return None
+    return frames.body(frames=frames.frames + after) + _AFTER_TAIL[frames.framing]
+
+
+def mixed_line_ends(body: bytes, seed: int) -> bytes:
+    """`body` with each line end LF, CRLF or CR at random (`seed`), as the event-stream standard
+    allows, but never an empty line ended by LF right after a CR (the two would be one CRLF)."""
+    rng = random.Random(seed)
+    lines = body.replace(b"\r\n", b"\n").split(b"\n")
+    out: list[bytes] = []
+    end = b""
+    for line in lines[:-1]:
+        ends = (b"\r\n", b"\r") if end == b"\r" and not line else (b"\n", b"\r\n", b"\r")
+        end = rng.choice(ends)
+        out += (line, end)
+    out.append(lines[-1])
+    return b"".join(out)
+
+
+_UNKNOWN = {
+    "anthropic-messages": (unknown_events, unknown_block),
+    "openai-responses": (unknown_events, unknown_item),
+}
+
+
+def combined(frames: Frames, dialect: str, seed: int) -> bytes:
+    """Every rewrite that applies at once: unknown fields, events, blocks and items; junk after
+    the terminal marker; SSE comments, ids and retry lines (NDJSON: empty lines); mixed line
+    ends and a BOM (NDJSON: CRLF)."""
+    framing = frames.framing
+    body = unknown_fields(frames, dialect)
+    for rewrite in _UNKNOWN.get(dialect, ()):
+        body = rewrite(Frames(body, framing), dialect)
+    frames = Frames(body, framing)
+    after = _after(frames, dialect) if dialect != "gemini" else None
+    if after is not None:
+        frames.frames += after
+    body = frames.body("\n\n") if framing == "ndjson" else sse_fields(frames, dialect)
+    if after is not None:
+        body += _AFTER_TAIL[framing]
+    if framing == "ndjson":
+        return body.replace(b"\n", b"\r\n")
+    return b"\xef\xbb\xbf" + mixed_line_ends(body, seed)
 
 
 # --- the rewrites that must fail -----------------------------------------------------------------

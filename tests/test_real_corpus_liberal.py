@@ -7,7 +7,8 @@ replayed as sent (the baseline), then rewritten (`liberal_support`) and replayed
 `run_turn` on the trio mock clock, as `test_real_corpus` does. A liberal reader must give every
 rewrite the baseline's result: the outcome, the answer text, the thinking, the tool calls and
 their arguments (every `.done` item, with the fidelity compared without the added field), the
-finish reason, the usage, and one request. The rewrites:
+finish reason, the usage, and one request. The same bytes also go through a `WireDecoder` alone,
+fed and then closed as its callers do, which must give the baseline's events exactly. Rewrites:
 
 - `unknown-fields`: a field no provider sends added to every JSON object of every frame, nested
   ones too (a string, null, a list or a nested object), but not inside tool-call arguments: those
@@ -15,16 +16,19 @@ finish reason, the usage, and one request. The rewrites:
 - `unknown-events` (Anthropic, Responses): new event types with objects of their own;
   `unknown-block` (Anthropic): a block of a new type at a fresh index between blocks, with an
   unknown delta and an input delta; `unknown-item` (Responses): an output item of a new type,
-  added, given events of its own, and done.
+  added, given events of its own, and done. (Chat Completions and Gemini name no events.)
 - `sse-fields` (SSE): comments, `id:` and `retry:` lines in events and alone, `data:` and
   `event:` without the space, blank lines doubled; `blank-lines` (NDJSON): empty lines between.
 - `after-terminal`: the terminal marker again, then junk (frames of the wrong shape, frames that
-  would change the answer, a line that is not JSON, an unfinished frame). Not for Gemini: its
-  only terminal marker is the end of the body.
-- `crlf`: CRLF line ends throughout; `cr` (SSE): lone CR line ends; `bom` (SSE): a UTF-8 BOM first.
+  would change the answer, a line that is not JSON or not UTF-8, an unfinished frame). Not for
+  Gemini: its only terminal marker is the end of the body.
+- `crlf`: CRLF line ends throughout; `cr` (SSE): lone CR line ends; `mixed-ends` (SSE): LF, CRLF
+  and CR mixed; `bom` (SSE): a UTF-8 BOM first (also split across reads).
 - `cuts`: the recording as sent, in reads cut at seeded pseudo-random points, many inside
-  multi-byte UTF-8 characters (every other rewrite is also fed in seeded cuts, and the line-end
-  ones also in one read).
+  multi-byte UTF-8 characters and between CR and LF.
+- `combined`: all of those that apply at once.
+
+Every rewrite is fed in seeded cuts and in one read (`cuts` in fine cuts only).
 
 And what must fail, with the fallback off so the requests count streamed attempts:
 `wrong-shape` (a known field of a known event given the wrong shape, `"choices": 5`): a
@@ -50,8 +54,10 @@ from rillet import (
     MalformedFrameError,
     Outcome,
     Policy,
+    RilletError,
     TurnRequest,
     TurnResult,
+    WireDecoder,
     run_turn,
     user,
 )
@@ -107,10 +113,14 @@ VARIANTS: dict[
     "crlf": (lambda raw, fr, d: _lf(raw).replace(b"\n", b"\r\n"), lambda d, f: True),
     "cr": (lambda raw, fr, d: _lf(raw).replace(b"\n", b"\r"), lambda d, f: f == "sse"),
     "bom": (lambda raw, fr, d: _BOM + raw, lambda d, f: f == "sse"),
+    "mixed-ends": (
+        lambda raw, fr, d: lib.mixed_line_ends(raw, zlib.crc32(raw)),
+        lambda d, f: f == "sse",
+    ),
     "cuts": (lambda raw, fr, d: raw, lambda d, f: True),
+    "combined": (lambda raw, fr, d: lib.combined(fr, d, zlib.crc32(raw)), lambda d, f: True),
 }
 """Each rewrite, and where it applies (dialect, framing)."""
-_ONE_READ_TOO = frozenset({"crlf", "cr", "bom"})  # the decoders' whole-read paths differ
 
 NEGATIVES: dict[
     str, tuple[Callable[[bytes, lib.Frames, str], bytes | None], type[Exception], int]
@@ -192,11 +202,34 @@ def _what(result: TurnResult, requests: int) -> dict[str, Any]:
         "text": result.text,
         "finish_reason": message.finish_reason,
         "usage": msgspec.to_builtins(message.usage_metadata),
-        "items": lib.strip_probe(msgspec.to_builtins(message.content_items)),
+        "items": _plain(message.content_items),
     }
 
 
+def _decode(rel: str, pieces: list[bytes]) -> Any:
+    """The recording through a `WireDecoder` alone, every piece fed, then closed: its events
+    (or the error it raised), as a caller of the sans-I/O decoder sees them."""
+    decoder = WireDecoder(dialect_from_name(rel.split("/")[0]), clock=lambda: 0)
+    events: list[Any] = []
+    try:
+        for piece in pieces:
+            decoder.feed(piece, events)
+        decoder.close(events)
+    except RilletError as exc:
+        return type(exc).__name__
+    return _plain(events)
+
+
+def _plain(value: Any) -> bytes:
+    """`value` as JSON, without the field the rewrites add (which the fidelity may echo)."""
+    encoded = msgspec.json.encode(value)
+    if lib.PROBE.encode() not in encoded:
+        return encoded
+    return msgspec.json.encode(lib.strip_probe(msgspec.to_builtins(value)))
+
+
 _BASELINES: dict[str, dict[str, Any]] = {}
+_DECODED: dict[str, Any] = {}
 
 
 async def _baseline(rel: str) -> dict[str, Any]:
@@ -213,18 +246,25 @@ async def _baseline(rel: str) -> dict[str, Any]:
             expected["requests"],
         ), rel
         _BASELINES[rel] = what
+        _DECODED[rel] = _decode(rel, [raw])
     return _BASELINES[rel]
 
 
 def _feeds(rel: str, variant: str, body: bytes) -> list[tuple[str, list[bytes]]]:
-    """How a rewrite is fed: seeded cuts (fine ones for `cuts`), and for the line-end rewrites
-    one read too."""
+    """How a rewrite is fed: seeded cuts (fine ones for `cuts` and `combined`), and one read
+    (the decoders' paths for a whole read differ from those for pieces)."""
     seed = zlib.crc32(f"{rel}|{variant}".encode())
     if variant == "cuts":
-        return [("fine cuts", lib.cut_points(body, seed, min(len(body) // 4, 2000), 400))]
-    feeds = [("cuts", lib.cut_points(body, seed, min(len(body) // 32, 200), 50))]
-    if variant in _ONE_READ_TOO:
-        feeds.append(("one read", [body]))
+        return [("fine cuts", lib.cut_points(body, seed, min(len(body) // 4, 800), 200))]
+    if variant == "combined":
+        return [
+            ("fine cuts", lib.cut_points(body, seed, min(len(body) // 4, 800), 200)),
+            ("one read", [body]),
+        ]
+    feeds = [
+        ("cuts", lib.cut_points(body, seed, min(len(body) // 32, 150), 40)),
+        ("one read", [body]),
+    ]
     if variant == "bom":
         feeds.append(("BOM split", [body[:1], body[1:2], body[2:]]))
     return feeds
@@ -248,6 +288,8 @@ async def test_a_rewrite_reads_as_the_recording(
         result, requests = await _run(rel, pieces, Policy())
         got = _what(result, requests)
         assert got == want, f"{rel} {variant} ({how}): {_differences(want, got)}"
+        decoded = _decode(rel, pieces)
+        assert decoded == _DECODED[rel], f"{rel} {variant} ({how}), decoded: {decoded[:300]!r}"
 
 
 @pytest.mark.parametrize(("rel", "variant"), _negative_cases())
@@ -266,6 +308,7 @@ async def test_a_rewrite_the_rules_refuse_fails_as_they_say(
     assert isinstance(result.error, error), f"{where}: {result.outcome.name} {result.error!r}"
     assert result.outcome in (Outcome.FAILED, Outcome.INIT_FAILED), where
     assert sent == requests, f"{where}: {sent} requests"
+    assert _decode(rel, pieces) == error.__name__, where
     if variant == "wrong-shape":
         assert isinstance(result.error, MalformedFrameError)
         assert not result.error.not_json, where  # valid JSON of the wrong shape: permanent
