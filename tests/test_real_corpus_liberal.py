@@ -39,7 +39,6 @@ And what must fail, with the fallback off so the requests count streamed attempt
 
 from __future__ import annotations
 
-import json
 import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -71,9 +70,8 @@ if TYPE_CHECKING:
 
     import trio.testing
 
-REAL = Path(__file__).parent / "fixtures" / "real"
-EXPECTED: dict[str, dict[str, Any]] = json.loads((REAL / "EXPECTED.json").read_text("utf-8"))
-DIALECTS = ("anthropic-messages", "gemini", "ollama-chat", "openai-chat", "openai-responses")
+from .test_real_corpus import DIALECTS, EXPECTED, KNOWN_DEFECTS, REAL
+
 _BOM = b"\xef\xbb\xbf"
 
 
@@ -139,7 +137,15 @@ def _framing(rel: str) -> str:
 
 def _cases() -> list[Any]:
     return [
-        pytest.param(rel, name, id=f"{rel}-{name}")
+        pytest.param(
+            rel,
+            name,
+            id=f"{rel}-{name}",
+            # a recording read wrong as sent is read wrong rewritten: strict, as it is there
+            marks=[pytest.mark.xfail(strict=True, reason=KNOWN_DEFECTS[rel])]
+            if rel in KNOWN_DEFECTS
+            else [],
+        )
         for rel in _streamed()
         for name, (_, applies) in VARIANTS.items()
         if applies(rel.split("/")[0], _framing(rel))
