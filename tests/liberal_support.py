@@ -490,28 +490,30 @@ def combined(frames: Frames, dialect: str, seed: int) -> bytes:
 
 
 def cut_before_terminal(frames: Frames, dialect: str) -> bytes | None:
-    """The recording cut just before its terminal marker (Gemini: before the first chunk that
-    carries a finish reason)."""
-    if dialect == "gemini":
+    """The recording cut just before its terminal marker. Where the end of the body is an end
+    too once the finish reason came (Gemini; Chat Completions with usage as well, as Cerebras
+    sends it), before the first chunk that carries a finish reason."""
+    finishes = _FINISH.get(dialect)
+    end: int | None = _end(frames, dialect)
+    if finishes is not None:
+        lists, field = finishes
         end = next(
             (
                 i
                 for i, f in enumerate(frames.frames)
                 if isinstance(v := frames.json(f), dict)
-                and any(isinstance(c, dict) and c.get("finishReason") for c in _list(v))
+                and isinstance(items := v.get(lists), list)
+                and any(isinstance(c, dict) and c.get(field) for c in items)
             ),
-            None,
+            end if dialect != "gemini" else None,
         )
-    else:
-        end = _end(frames, dialect)
     if end is None or end == len(frames.frames):
         return None
     return frames.body(frames=frames.frames[:end])
 
 
-def _list(value: dict[str, Any]) -> list[Any]:
-    candidates = value.get("candidates")
-    return candidates if isinstance(candidates, list) else []
+_FINISH = {"gemini": ("candidates", "finishReason"), "openai-chat": ("choices", "finish_reason")}
+"""Where a dialect's chunks carry the finish reason: the list, and the field in its items."""
 
 
 def bad_utf8_line(frames: Frames, dialect: str) -> bytes | None:
