@@ -222,7 +222,7 @@ def _provider_error(
         return (
             f"the API key was refused{status}{said} — check {key_hint or 'the API key (--api-key)'}"
         )
-    if isinstance(error, InvalidRequestError) and error.status == 404:
+    if error.status == 404:  # whatever its type says (Anthropic's `not_found_error`, Gemini's)
         # an unknown model, or a base URL that misses the API's path (a server's root, no /v1)
         # OpenAI-compatible servers serve the API under /v1; Ollama's own API is at its root
         openai_like = provider.dialect.name.startswith("openai")

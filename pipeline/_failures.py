@@ -182,6 +182,10 @@ def error_shape(error: BaseException) -> Shape:
             shape = CAUSE_SHAPES.get((cls, cause))
             if shape is not None:
                 return shape
+    if type(error) is ProviderError and error.status is not None:
+        # an error of no known type that names a status (an in-stream `"code": 404`, or a type
+        # that implies one): shaped as that status is, so a missing model is asked for once
+        return status_shape(error.status)
     for cls in mro:
         shape = ERROR_SHAPES.get(cls)
         if shape is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import socket
 import ssl
 from pathlib import Path
@@ -170,6 +171,13 @@ def test_a_404_points_at_the_model_and_the_base_urls_path() -> None:
     assert explain(error, at_v1).endswith(
         "https://api.example.com/v1 is the API's base URL (--base-url)"
     )
+    # whatever the type: Anthropic's `not_found_error`, as a body or in the stream
+    body = {"type": "error", "error": {"type": "not_found_error", "message": "model: claude-x"}}
+    for error in (
+        error_from_body("anthropic", 404, json.dumps(body).encode()),
+        error_from_body("anthropic", None, body, in_stream=True),
+    ):
+        assert explain(error, at_v1).startswith("not found (404): model: claude-x — check --model")
 
 
 def test_a_stream_that_ended_early_says_what_never_came() -> None:

@@ -339,3 +339,25 @@ def test_the_page_shows_every_cause_with_its_shape() -> None:
     rows = documented()
     for (cls, cause), shape in CAUSE_SHAPES.items():
         assert rows.get((cls.__name__, cause)) is shape, (cls.__name__, cause)
+
+
+@pytest.mark.parametrize(
+    ("body", "shape"),
+    [
+        ({"error": {"code": 404, "message": "model 'x' not found", "type": "not_found_error"}}, P),
+        ({"error": {"code": 422, "message": "Input validation error"}}, P),
+        ({"error": {"code": 409, "message": "conflict"}}, P),
+        ({"error": {"code": 408, "message": "timed out"}}, T),
+        ({"type": "error", "error": {"type": "not_found_error", "message": "model: x"}}, P),
+        ({"error": {"status": "FAILED_PRECONDITION", "message": "User location"}}, P),
+        ({"error": {"status": "NOT_FOUND", "message": "models/x is not found"}}, P),
+        ({"error": "Model does not support images"}, T),  # of no known kind: retried
+        ({"error": {"type": "some_new_error", "message": "?"}}, T),
+    ],
+)
+def test_an_in_stream_error_that_names_a_status_is_shaped_as_that_status(
+    body: dict[str, object], shape: Shape
+) -> None:
+    error = error_from_body("p", None, body, in_stream=True)
+    assert error.in_stream
+    assert error_shape(error) is shape

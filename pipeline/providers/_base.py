@@ -327,6 +327,16 @@ _ERROR_TYPES: dict[str, type[ProviderError]] = {
     "permission_denied": AuthenticationError,
 }
 
+_TYPE_STATUSES: dict[str, int] = {
+    "not_found_error": 404,  # Anthropic's
+    "not_found": 404,  # Gemini's status word
+    "failed_precondition": 400,  # Gemini's: a region or a setting the request cannot pass
+    "unprocessable_entity": 422,
+    "conflict": 409,
+}
+"""Error types of no class of their own that name an HTTP status: an error sent with one of them
+and no status (in a stream) is shaped as that status would be."""
+
 _STATUSES: dict[int, type[ProviderError]] = {
     400: InvalidRequestError,
     401: AuthenticationError,
@@ -376,6 +386,11 @@ def provider_error(
             error_type=quota,
             retry_after=retry_after,
             in_stream=in_stream,
+        )
+    if status is None:  # a type that names a status (Anthropic's `not_found_error`, in stream)
+        status = next(
+            (_TYPE_STATUSES[t.lower()] for t in error_types if t and t.lower() in _TYPE_STATUSES),
+            None,
         )
     cls: type[ProviderError] = ProviderError
     known: str | None = next((t for t in error_types if t), None)
