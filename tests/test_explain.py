@@ -173,11 +173,11 @@ def test_a_404_points_at_the_model_and_the_base_urls_path() -> None:
     )
     # whatever the type: Anthropic's `not_found_error`, as a body or in the stream
     body = {"type": "error", "error": {"type": "not_found_error", "message": "model: claude-x"}}
-    for error in (
+    for typed in (
         error_from_body("anthropic", 404, json.dumps(body).encode()),
         error_from_body("anthropic", None, body, in_stream=True),
     ):
-        assert explain(error, at_v1).startswith("not found (404): model: claude-x — check --model")
+        assert explain(typed, at_v1).startswith("not found (404): model: claude-x — check --model")
 
 
 def test_a_stream_that_ended_early_says_what_never_came() -> None:
