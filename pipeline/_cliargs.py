@@ -85,7 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay = _command(
         sub, "replay", help="play a recorded wire file through the pipeline", parents=[common]
     )
-    replay.add_argument("file", type=Path)
+    replay.add_argument(
+        "file", type=Path, help="a recorded response body: SSE, NDJSON, or a whole JSON reply"
+    )
     replay.add_argument(
         "--dialect",
         default=None,
