@@ -8,8 +8,10 @@ and half-close. The limits are the defaults unless a test says otherwise (and wh
 
 from __future__ import annotations
 
+import logging
 import os
 import pydoc
+import re
 import resource
 import socket
 import statistics
@@ -476,6 +478,31 @@ async def test_s23_the_head_limit_holds_however_the_head_arrives(pieces: int) ->
                     answers.append(await read_head(stream))
     assert answers[0].startswith(b"HTTP/1.1 431 ")
     assert answers[1].startswith(b"HTTP/1.1 200 ")
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HEAD /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + b"a" * 20_000 + b"\r\n\r\n",
+        b"HEAD /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n",
+        b"HEAD /healthz HTTP/2.0\r\nHost: 127.0.0.1\r\n\r\n",
+    ],
+    ids=["too-large", "length-and-chunked", "version"],
+)
+async def test_a_head_refused_before_its_route_is_answered_without_a_body(
+    head: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the refusal comes before routing, which knows the method: h11 refuses a body after a
+    # HEAD's head, and the connection used to fail there (an error logged, no clean close)
+    with trio.fail_after(10):
+        async with serving() as served:
+            answer = await raw_exchange(served.url, head)
+    status, _, body = answer.partition(b"\r\n\r\n")
+    assert re.match(rb"HTTP/1\.1 (400|431|505) ", status), answer[:100]
+    assert b"connection: close" in status
+    assert body == b""
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
 
 
 # --- S24 -----------------------------------------------------------------------------------------

@@ -397,6 +397,7 @@ class HttpConnection:
     status: int | None = None  # the status of the response last started (the access log's)
     received: int = 0  # bytes read from the socket for h11
     _raw: bytearray | None = None  # the bytes of the head being read (`next_request`)
+    _head: bool = False  # the request being answered is a HEAD: its answers carry no body
 
     async def next_request(self, within: float) -> Request | None:
         """The next request's head, or None when the client closed the connection between
@@ -404,12 +405,14 @@ class HttpConnection:
         seconds and `h11.RemoteProtocolError` for a request that is not HTTP/1.1."""
         # what came after the last request (a head past the limit is refused anyway)
         self._raw = bytearray(self.conn.trailing_data[0][: _MAX_HEAD + 4])
+        self._head = False
         try:
             with trio.move_on_after(within):
                 event = await self._next_event()
                 if isinstance(event, h11.ConnectionClosed):
                     return None
                 assert isinstance(event, h11.Request)  # h11 yields nothing else here
+                self._head = event.method == b"HEAD"  # a refusal of it too has no body
                 _check_head(event)
                 _check_lines(self._raw)
                 return _request(event, self.stream.peer)
@@ -464,7 +467,9 @@ class HttpConnection:
     ) -> None:
         """A whole response with a `Content-Length`; `close` ends the connection after it. A
         body is sent with `X-Content-Type-Options: nosniff`: an error that echoes input stays
-        JSON to a browser."""
+        JSON to a browser. The answer to a HEAD is the head alone, whatever `head_only` says
+        (h11 refuses a body there, and a refusal made before routing does not know the
+        method)."""
         extra = list(headers)
         if content_type:
             extra.insert(0, ("content-type", content_type))
@@ -476,7 +481,7 @@ class HttpConnection:
             extra.append(("connection", "close"))
             self.refused = True
         await self._send(_response(status, extra))
-        if body and not head_only:
+        if body and not head_only and not self._head:
             await self._send(h11.Data(data=body))
         await self._send(h11.EndOfMessage())
 
