@@ -20,7 +20,7 @@ from rillet.transports._ws import TokenBucket
 from rillet.transports._ws_frames import MAX_FRAGMENTS, ClientFrames
 
 from .test_server import Served, serving, text_reply
-from .test_server_ws import follow, raw_handshake, server_frames, ws_url
+from .test_server_ws import STALLED, follow, raw_handshake, server_frames, ws_url
 
 if TYPE_CHECKING:
     from rillet.transports._http11 import ConnectionStream
@@ -126,6 +126,38 @@ async def test_s08_a_frame_declaring_more_than_the_limit_is_closed_1009_at_once(
         closed, calm, log = await attacked(frame(0x1, size=2**62)[:14])
     assert closed[0] == 1009
     unaffected(calm, log)
+
+
+@pytest.mark.parametrize(
+    ("frames", "closed"),
+    [
+        (frame(0x1, b"not json"), (1008, b"not_json")),
+        (frame(0x2, b"\x00"), (1003, b"binary messages are not accepted")),
+        (frame(0x1, b"{}") + frame(0x1, b"\xff\xfe"), (1007, None)),
+        (frame(0x9) * 50, (1008, b"rate_limited")),
+    ],
+    ids=["not-json", "binary", "invalid-utf8", "ping-flood"],
+)
+async def test_frames_sent_with_the_handshake_are_read_and_counted(
+    frames: bytes, closed: tuple[int, bytes | None]
+) -> None:
+    # a client need not wait for the 101 to send its first frames: they arrive with the
+    # handshake, and are read (and counted) as any others; they used to be dropped, so the
+    # server and the frame counter read the rest of the stream out of step
+    with trio.fail_after(5):
+        async with serving(STALLED) as served:
+            run = await served.start()
+            path = ws_url(served, run).removeprefix(served.ws_base)
+            stream, answer = await raw_handshake(served, path, frames)
+            async with stream:
+                assert answer.startswith(b"HTTP/1.1 101 "), answer
+                rest = bytearray(answer.split(b"\r\n\r\n", 1)[1])
+                opcode, payload = await server_frames(stream, rest)
+                while opcode != 0x8:
+                    opcode, payload = await server_frames(stream, rest)
+    code, reason = struct.unpack("!H", payload[:2])[0], payload[2:]
+    assert code == closed[0]
+    assert closed[1] is None or reason == closed[1]
 
 
 async def test_s03_json_nested_too_deeply_in_a_message_closes_1008(

@@ -11,6 +11,7 @@ will not (invalid UTF-8), a raw socket speaks the frames by hand.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import socket
 import struct
@@ -338,8 +339,11 @@ async def server_frames(stream: trio.SocketStream, buffer: bytearray) -> tuple[i
 
 
 async def raw_handshake(
-    served: Served, path: str, **headers: str
+    served: Served, path: str, then: bytes = b"", eof: bool = False, /, **headers: str
 ) -> tuple[trio.SocketStream, bytes]:
+    """Send a WebSocket handshake, in the same write the bytes `then` (frames sent before the
+    answer), and with `eof` the end of the client's side; the stream and what came back up to
+    the end of the answer's head."""
     host, port = served.url.removeprefix("http://").rsplit(":", 1)
     stream = await trio.open_tcp_stream(host, int(port))
     fields = {
@@ -351,7 +355,9 @@ async def raw_handshake(
         **headers,
     }
     head = f"GET {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items())
-    await stream.send_all(head.encode() + b"\r\n")
+    await stream.send_all(head.encode() + b"\r\n" + then)
+    if eof:
+        await stream.send_eof()
     answer = b""
     while b"\r\n\r\n" not in answer:
         data = await stream.receive_some(65536)
@@ -375,6 +381,34 @@ async def test_invalid_utf8_in_a_text_message_closes_1007() -> None:
                 while opcode != 0x8:
                     opcode, payload = await server_frames(stream, rest)
     assert struct.unpack("!H", payload[:2])[0] == 1007
+
+
+@pytest.mark.parametrize("eof", ["after-the-handshake", "with-the-request"])
+@pytest.mark.parametrize("stalled", [True, False], ids=["live-run", "finished-run"])
+async def test_a_client_that_ends_its_side_gets_no_close_code_reserved_for_no_close(
+    stalled: bool, eof: str
+) -> None:
+    # the client ends its side of the connection without a close frame: trio-websocket calls
+    # that 1006 (abnormal closure), a code RFC 6455 §7.4.1 forbids in a close frame
+    with trio.fail_after(5):
+        async with serving(STALLED if stalled else None) as served:
+            run = await served.start()
+            if not stalled:
+                await served.wait_for(run["run_id"])
+            path = ws_url(served, run).removeprefix(served.ws_base)
+            stream, answer = await raw_handshake(served, path, b"", eof == "with-the-request")
+            async with stream:
+                assert answer.startswith(b"HTTP/1.1 101 ")
+                rest = bytearray(answer.split(b"\r\n\r\n", 1)[1])
+                with contextlib.suppress(trio.ClosedResourceError):
+                    await stream.send_eof()
+                codes = []
+                with contextlib.suppress(EOFError, trio.BrokenResourceError):
+                    while True:
+                        opcode, payload = await server_frames(stream, rest)
+                        if opcode == 0x8:
+                            codes.append(struct.unpack("!H", payload[:2])[0] if payload else None)
+    assert not {1005, 1006, 1015} & set(codes), codes
 
 
 async def test_handshake_refusals_are_plain_http() -> None:

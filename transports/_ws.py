@@ -2,10 +2,11 @@
 the token bucket that limits what a client may send.
 
 The upgrade request has already been parsed by h11 when the route is known. Its head is rebuilt
-from what h11 parsed and replayed, with any bytes that followed it, in front of the socket's
-(`ConnectionStream.unread`); trio-websocket's server side (`wrap_server_stream`) then reads the
-handshake as if it came straight from the socket. The handshake is checked here first, because
-trio-websocket waits forever for a request wsproto refuses.
+from what h11 parsed and replayed in front of the socket's (`ConnectionStream.unread`);
+trio-websocket's server side (`wrap_server_stream`) then reads the handshake as if it came
+straight from the socket. Bytes that followed the head (frames the client sent without waiting
+for the 101) reach it once the 101 went out: wsproto would drop them before. The handshake is
+checked here first, because trio-websocket waits forever for a request wsproto refuses.
 
 Events go out as text frames built here (`text_frame`): a server's frames are not masked, so a
 run's frame is the same bytes for every subscriber, built once and written straight to each
@@ -70,6 +71,10 @@ def _nonce(key: str) -> bool:
         return False
 
 
+# codes that say no close frame came (none, an abnormal closure, a TLS failure): never sent
+_NEVER_SENT = frozenset({1005, 1006, 1015})
+
+
 @asynccontextmanager
 async def open_websocket(
     http: HttpConnection,
@@ -87,8 +92,8 @@ async def open_websocket(
     complete within `timeout` seconds, `trio_websocket.ConnectionClosed` if the client left.
     """
     head = request.raw_head()
-    http.stream.unread(head + http.trailing_data())
-    frames.handshake(len(head))
+    http.stream.unread(head)
+    frames.handshake(len(head), early=http.trailing_data())
     async with trio.open_nursery() as nursery:
         try:
             with trio.fail_after(within):
@@ -114,13 +119,15 @@ async def close_websocket(
     Bytes of a frame cut short by a cancelled write go out first (the stream keeps them), so
     the close frame arrives intact; a client that does not read in time just loses the
     connection. After a frame wsproto refused, the close frame with wsproto's code is sent on
-    trio-websocket's behalf.
+    trio-websocket's behalf; not after the client's end of stream, which trio-websocket calls
+    1006, a code no close frame may carry (RFC 6455 §7.4.1): that client just loses the
+    connection.
     """
     with trio.move_on_after(within):
         if ws.closed is None:
             if code is not None:
                 await ws.aclose(code, reason)
-        elif _unanswered(ws):
+        elif _unanswered(ws) and ws.closed.code not in _NEVER_SENT:
             await stream.send_raw(close_frame(ws.closed.code))
 
 

@@ -71,6 +71,8 @@ class ClientFrames(trio.abc.Stream):
         self._bucket = bucket
         self._max_frame = max_message * _MAX_UTF8
         self._unmetered = 0  # bytes still to pass before frames begin (the handshake)
+        self._early = b""  # frames that came with the handshake, passed on after its answer
+        self._answered = trio.Event()  # the handshake's answer went out
         self._head = bytearray()  # the header of the frame being read, so far
         self._skip = 0  # payload bytes of the current frame still to pass
         self._fragments = 0  # frames of the message under way
@@ -80,16 +82,25 @@ class ClientFrames(trio.abc.Stream):
         self.code = 1008
         self.reason = ""
 
-    def handshake(self, size: int) -> None:
-        """The next `size` bytes read are the handshake's, not frames."""
+    def handshake(self, size: int, early: bytes = b"") -> None:
+        """The next `size` bytes read are the handshake's, not frames; `early` (what the client
+        sent after its handshake without waiting for the answer: frames) is passed on once the
+        answer went out. wsproto's server drops bytes that come before its answer, and frames
+        dropped there would leave it and the counting here out of step for good."""
         self._unmetered = size
+        self._early = early
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         """The next bytes for trio-websocket: up to the end of a refused frame's header, then
         at most `_LINGER` bytes, then none (it waits until cancelled)."""
         if self.breached.is_set():
             return await self._after_breach(max_bytes)
-        data = await self._stream.receive_some(max_bytes)
+        if self._early and not self._unmetered:
+            await self._answered.wait()
+            size = max_bytes or len(self._early)
+            data, self._early = self._early[:size], self._early[size:]
+        else:
+            data = await self._stream.receive_some(max_bytes)
         passed = self._meter(data)
         if passed < len(data):
             self._held = data[passed : passed + self._linger]
@@ -155,8 +166,9 @@ class ClientFrames(trio.abc.Stream):
         return False
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        """Write to the connection."""
+        """Write to the connection (the first write is the handshake's answer)."""
         await self._stream.send_all(data)
+        self._answered.set()
 
     async def wait_send_all_might_not_block(self) -> None:
         """Wait until the connection takes more bytes."""
