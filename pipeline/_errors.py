@@ -72,12 +72,14 @@ _PREVIEW_MAX = 160
 _PREVIEW_EDGE = 72
 
 
-def preview(raw: str | bytes) -> str:
+def preview(raw: str | bytes | msgspec.Raw) -> str:
     """A bounded preview of untrusted text for an error message (at most about 160 characters).
 
-    Long text keeps its head and tail, so the place a frame went wrong is usually visible.
+    Long text keeps its head and tail, so the place a frame went wrong is usually visible. The
+    text may come as its bytes, or as a part of a frame that was kept undecoded (`msgspec.Raw`:
+    an Anthropic block, a Responses item, checked once its type is read).
     """
-    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    text = raw if isinstance(raw, str) else bytes(raw).decode("utf-8", "replace")
     if len(text) <= _PREVIEW_MAX:
         return text
     return f"{text[:_PREVIEW_EDGE]}...[truncated]...{text[-_PREVIEW_EDGE:]}"
@@ -172,7 +174,7 @@ class MalformedFrameError(FrameError):
     def __init__(
         self,
         message: str,
-        frame: str | bytes = "",
+        frame: str | bytes | msgspec.Raw = "",
         *,
         provider: str = "",
         offset: int | None = None,

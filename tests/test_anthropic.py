@@ -159,6 +159,9 @@ def test_unknown_delta_types_are_skipped() -> None:
         {"type": "content_block_delta", "index": "zero", "delta": {"type": "text_delta"}},
         block_start(1, {"type": "text", "text": ["x"]}),
         block_start(1, {"type": "tool_use", "id": "t", "name": 7}),
+        # a block long enough that its preview is cut (the block is read undecoded first)
+        block_start(1, {"type": "tool_use", "id": "t" * 200, "name": 7}),
+        block_start(1, {"type": 5, "id": "t" * 200}),
         {"type": "message_delta", "delta": {"stop_reason": 1}},
     ],
 )
@@ -168,6 +171,8 @@ def test_a_known_event_of_the_wrong_shape_is_still_malformed(bad: dict[str, Any]
         decoder.feed(sse(start(), block_start(0, {"type": "text", "text": ""}), bad))
     assert info.value.provider == "anthropic"
     assert info.value.frame_index == 2
+    assert isinstance(info.value.frame_preview, str)
+    assert len(info.value.frame_preview) < 200
 
 
 # --- anything after message_stop --------------------------------------------------------------

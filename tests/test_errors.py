@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import pytest
 from rillet import (
     AuthenticationError,
@@ -224,6 +225,15 @@ def test_turn_errors_carry_their_facts() -> None:
 )
 def test_preview_keeps_short_text_whole(raw: str | bytes, want: str) -> None:
     assert preview(raw) == want
+
+
+def test_preview_of_an_undecoded_part_of_a_frame_is_text() -> None:
+    # a dialect reads some parts of a frame only once their type is known (`msgspec.Raw`)
+    short = msgspec.json.decode(b'{"a": {"b": 1}}', type=dict[str, msgspec.Raw])["a"]
+    long = msgspec.json.decode(b'{"a": ["HEAD%sTAIL"]}' % (b"m" * 500), type=dict[str, msgspec.Raw])
+    assert preview(short) == '{"b": 1}'
+    assert preview(long["a"]).startswith('["HEAD')
+    assert preview(long["a"]).endswith('TAIL"]')
 
 
 def test_preview_of_long_text_keeps_head_and_tail() -> None:

@@ -538,13 +538,23 @@ def test_hosted_tool_items_are_skipped_whole_whatever_their_fields(item: dict[st
     assert decode_body(response(output=[item, message("Hi")])) == OK_ENTRIES
 
 
-def test_a_known_item_of_the_wrong_shape_is_still_malformed() -> None:
-    call = {"id": "fc_1", "type": "function_call", "call_id": "c", "name": "f", "arguments": {}}
+@pytest.mark.parametrize(
+    "call",
+    [
+        {"id": "fc_1", "type": "function_call", "call_id": "c", "name": "f", "arguments": {}},
+        # long enough that its preview is cut (the item is read undecoded first)
+        {"id": "f" * 200, "type": "function_call", "call_id": "c", "name": "f", "arguments": {}},
+        {"id": "f" * 200, "type": 5},
+    ],
+)
+def test_a_known_item_of_the_wrong_shape_is_still_malformed(call: dict[str, Any]) -> None:
     decoder = WireDecoder(OpenAIResponsesDialect(), clock=lambda: 0)
     with pytest.raises(MalformedFrameError) as info:
         decoder.feed(sse(added(0, message()), added(1, call)))
     assert info.value.provider == "openai-responses"
     assert info.value.frame_index == 1
+    assert isinstance(info.value.frame_preview, str)
+    assert len(info.value.frame_preview) < 200
 
 
 def test_a_known_event_of_the_wrong_shape_is_still_malformed() -> None:
