@@ -169,37 +169,64 @@ def is_terminal(frames: Frames, frame: list[str], dialect: str) -> bool:
     return False
 
 
-_WRONG_SHAPE: dict[str, tuple[tuple[str | None, str], ...]] = {
-    # (the event's `type`, or None for any frame; the known field given the wrong shape)
-    "openai-chat": ((None, "choices"),),
-    "gemini": ((None, "candidates"),),
-    "ollama-chat": ((None, "message"),),
-    "anthropic-messages": (("content_block_delta", "delta"), ("message_start", "message")),
+_WRONG_SHAPE: dict[str, tuple[tuple[str | None, tuple[str, ...]], ...]] = {
+    # (the event's `type`, or None for any frame; the path of the known field given the wrong
+    # shape); the first that some frame has is used
+    "openai-chat": ((None, ("choices",)),),
+    "gemini": ((None, ("candidates",)),),
+    "ollama-chat": ((None, ("message",)),),
+    "anthropic-messages": (("content_block_delta", ("delta",)), ("message_start", ("message",))),
     "openai-responses": (
-        ("response.output_text.delta", "delta"),
-        ("response.function_call_arguments.delta", "delta"),
-        ("response.output_item.added", "output_index"),
-        ("response.created", "response"),
+        ("response.output_text.delta", ("delta",)),
+        ("response.function_call_arguments.delta", ("delta",)),
+        ("response.output_item.added", ("output_index",)),
+        ("response.created", ("response",)),
     ),
+}
+_WRONG_INSIDE: dict[str, tuple[tuple[str | None, tuple[str, ...]], ...]] = {
+    # the same, deeper in: a part of the frame read only once its type is (an Anthropic block, a
+    # Responses item, kept undecoded till then), or a field of a nested object
+    "openai-chat": ((None, ("choices", "0", "delta")),),
+    "gemini": ((None, ("candidates", "0", "content")),),
+    "ollama-chat": ((None, ("message", "content")),),
+    "anthropic-messages": (("content_block_start", ("content_block", "type")),),
+    "openai-responses": (("response.output_item.added", ("item", "type")),),
 }
 
 
-def wrong_shape(frames: Frames, dialect: str) -> bytes | None:
+def _at(value: Any, path: tuple[str, ...]) -> tuple[Any, str | int] | None:
+    """The container that holds `path`'s last step, and that step, if `value` has it (not
+    null)."""
+    for step in path[:-1]:
+        if isinstance(value, list) and int(step) < len(value):
+            value = value[int(step)]
+        elif isinstance(value, dict) and step in value:
+            value = value[step]
+        else:
+            return None
+    last: str | int = int(path[-1]) if isinstance(value, list) else path[-1]
+    if isinstance(value, dict) and value.get(last) is not None:
+        return value, last
+    return None
+
+
+def wrong_shape(frames: Frames, dialect: str, inside: bool = False) -> bytes | None:
     """The recording with one known field of a known event, in the middle of the stream, given
-    the wrong shape (`"choices": 5`); None when no frame has such a field."""
-    for kind, field in _WRONG_SHAPE[dialect]:
+    the wrong shape (`"choices": 5`; deeper in with `inside`); None when no frame has it."""
+    for kind, path in (_WRONG_INSIDE if inside else _WRONG_SHAPE)[dialect]:
         hits = [
             i
             for i, frame in enumerate(frames.frames)
             if isinstance(value := frames.json(frame), dict)
-            and field in value
             and (kind is None or value.get("type") == kind)
-            and value.get(field) is not None
+            and _at(value, path) is not None
         ]
         if hits:
             at = hits[len(hits) // 2]
             value = frames.json(frames.frames[at])
-            value[field] = 5
+            found = _at(value, path)
+            assert found is not None
+            found[0][found[1]] = 5
             changed = list(frames.frames)
             changed[at] = frames.with_text(changed[at], json.dumps(value, ensure_ascii=False))
             return frames.body(frames=changed)

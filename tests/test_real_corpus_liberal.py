@@ -124,6 +124,11 @@ NEGATIVES: dict[
     str, tuple[Callable[[bytes, lib.Frames, str], bytes | None], type[Exception], int]
 ] = {
     "wrong-shape": (_frames_of(lib.wrong_shape), MalformedFrameError, 1),
+    "wrong-shape-inside": (
+        lambda raw, frames, dialect: lib.wrong_shape(frames, dialect, inside=True),
+        MalformedFrameError,
+        1,
+    ),
     "bad-utf8": (_frames_of(lib.bad_utf8_line), FrameEncodingError, 4),
     "cut-before-terminal": (_frames_of(lib.cut_before_terminal), IncompleteStreamError, 4),
 }
@@ -315,9 +320,11 @@ async def test_a_rewrite_the_rules_refuse_fails_as_they_say(
     assert result.outcome in (Outcome.FAILED, Outcome.INIT_FAILED), where
     assert sent == requests, f"{where}: {sent} requests"
     assert _decode(rel, pieces) == error.__name__, where
-    if variant == "wrong-shape":
+    if variant.startswith("wrong-shape"):
         assert isinstance(result.error, MalformedFrameError)
         assert not result.error.not_json, where  # valid JSON of the wrong shape: permanent
+        assert isinstance(result.error.frame_preview, str), where
+        assert len(result.error.frame_preview) < 200, where
         _, sent = await _run(rel, pieces, Policy())  # the rescue, if anything; never a retry
         assert sent <= 2, f"{where}: {sent} requests with the rescue on"
 
