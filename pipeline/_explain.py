@@ -77,6 +77,8 @@ _TRANSPORT_KINDS = {
     "RemoteProtocolError": "the connection broke off",
     "ReadTimeout": "timed out reading",
     "ProxyError": "the proxy failed",
+    "LocalProtocolError": "the request could not be sent as it is (a header value or the URL)",
+    "UnsupportedProtocol": "the base URL's scheme is not one HTTP speaks",
 }
 
 

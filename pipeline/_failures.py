@@ -113,6 +113,7 @@ CAUSE_SHAPES: Mapping[tuple[type[RilletError], str], Shape] = {
     (MalformedFrameError, "not_json"): T,  # cut short or corrupted on the way (F22)
     (TurnTimeout, "total"): Shape.TOTAL,  # the turn's total deadline (F06)
     (TransportError, "tls_refused"): P,  # a certificate refused, a server speaking no TLS
+    (TransportError, "unsendable"): P,  # a request the client itself will not send as it is
     **{(ProviderError, code): P for code in sorted(PERMANENT_CODES)},
 }
 """Causes that outrank their class's shape."""
@@ -148,8 +149,11 @@ def status_shape(status: int) -> Shape:
 def cause_of(error: BaseException) -> str | None:
     """What the error says about itself that can change its shape: a provider error's code, a
     malformed frame's `not_json` / `wrong_shape`, a timeout's deadline, a connection's TLS
-    handshake that cannot pass (`tls_refused`)."""
+    handshake that cannot pass (`tls_refused`), a request the client will not send
+    (`unsendable`)."""
     if isinstance(error, TransportError):
+        if error.kind in _REQUEST_UNSENDABLE:
+            return "unsendable"
         return "tls_refused" if _tls_refused(error) else None
     if isinstance(error, MalformedFrameError):
         return "not_json" if error.not_json else "wrong_shape"
@@ -158,6 +162,11 @@ def cause_of(error: BaseException) -> str | None:
     if isinstance(error, ProviderError) and error.error_type:
         return error.error_type.lower()
     return None
+
+
+_REQUEST_UNSENDABLE = frozenset({"LocalProtocolError", "UnsupportedProtocol"})
+"""httpx's failures of a request it refuses to send (a header it cannot write, a URL scheme it
+does not speak): the same request fails the same way, before a byte reaches the provider."""
 
 
 def _tls_refused(error: BaseException) -> bool:

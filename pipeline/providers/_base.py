@@ -20,6 +20,7 @@ from rillet._errors import (
     REQUEST_TOO_LARGE,
     UNCURABLE_CODES,
     AuthenticationError,
+    ConfigurationError,
     InvalidRequestError,
     MalformedFrameError,
     OverloadedError,
@@ -170,6 +171,47 @@ class Dialect(Protocol):
         ...
 
 
+_HEADER_SAFE = re.compile(r"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*")
+"""A header value an HTTP/1.1 request can carry: visible ASCII, spaces only between words."""
+
+
+def _clean_key(key: Secret | None) -> Secret | None:
+    """The key without the whitespace around it (a key pasted or read from a file with its line
+    end); one that still holds what no header can carry (a line break inside, a non-ASCII
+    character) is refused here, before any request: it would fail every one the same way."""
+    if key is None:
+        return None
+    value = key.reveal()
+    stripped = value.strip()
+    if not stripped:
+        return None
+    bad = next((i for i, c in enumerate(stripped) if not "\x21" <= c <= "\x7e"), None)
+    if bad is not None:
+        raise ConfigurationError(
+            "provider",
+            None,
+            f"the API key holds a character no request header can carry (at position {bad + 1}:"
+            f" {'a line break' if stripped[bad] in chr(10) + chr(13) else 'not visible ASCII'})"
+            " — copy the key again",
+        )
+    return key if stripped == value else Secret(stripped)
+
+
+def _clean_headers(headers: Mapping[str, str]) -> Mapping[str, str]:
+    """Extra headers as given; one whose name or value no request can carry is refused."""
+    for name, value in headers.items():
+        if not (isinstance(name, str) and re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name)):
+            raise ConfigurationError("provider", None, f"not a header name: {str(name)[:80]!r}")
+        if not (isinstance(value, str) and (value == "" or _HEADER_SAFE.fullmatch(value))):
+            raise ConfigurationError(
+                "provider",
+                None,
+                f"the {name} header's value holds what no request header can carry"
+                " (a line break, a control or non-ASCII character)",
+            )
+    return headers
+
+
 @attrs.frozen
 class Provider:
     """A configured provider: a dialect, where it lives, the model, and the credential.
@@ -187,9 +229,9 @@ class Provider:
     dialect: Dialect
     base_url: str
     model: str
-    api_key: Secret | None = None
+    api_key: Secret | None = attrs.field(default=None, converter=_clean_key)
     name: str = ""
-    headers: Mapping[str, str] = attrs.field(factory=dict)
+    headers: Mapping[str, str] = attrs.field(factory=dict, converter=_clean_headers)
     max_frame: int = DEFAULT_MAX_FRAME
 
     @property

@@ -1,0 +1,74 @@
+"""Requests that cannot be sent as they are fail at once, with a sentence that says why.
+
+A key pasted with its line end, or read from a file with one, is taken without it. A key or an
+extra header that still holds what no request header can carry (a line break inside, a control
+or non-ASCII character) is refused when the provider is made, before any request. A request
+httpx itself will not send (`LocalProtocolError`, `UnsupportedProtocol`) fails the same way on
+every try: it costs one attempt, never five.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import trio
+from rillet import ConfigurationError, Outcome, TurnRequest, run_turn, user
+from rillet._explain import explain
+from rillet.providers import OpenAIChatDialect, Provider, Secret
+from rillet.transports.testing import Reply, open_loopback_provider, openai_text_stream
+
+KEY = "sk-test-0123456789abcdef"
+REQUEST = TurnRequest(messages=[user("Hi")])
+
+
+@pytest.mark.parametrize("given", [KEY + "\n", KEY + "\r\n", f"  {KEY}\t", KEY])
+async def test_a_key_is_sent_without_the_whitespace_around_it(given: str) -> None:
+    reply = Reply(chunks=(openai_text_stream(["Hello"]),))
+    async with open_loopback_provider([reply]) as server:
+        provider = Provider(OpenAIChatDialect(), server.url, "m", api_key=Secret(given))
+        with trio.fail_after(10):
+            result = await run_turn(REQUEST, provider)
+    assert result.outcome is Outcome.COMPLETED
+    assert server.requests[0].headers["authorization"] == f"Bearer {KEY}"
+
+
+@pytest.mark.parametrize(
+    ("key", "said"),
+    [
+        ("sk-abc\ndefghijklmnop", "at position 7: a line break"),
+        ("sk-abcédefghijklmnop", "at position 7: not visible ASCII"),
+        ("sk-abc defghijklmnop", "at position 7: not visible ASCII"),
+    ],
+)
+def test_a_key_no_header_can_carry_is_refused_before_any_request(key: str, said: str) -> None:
+    with pytest.raises(ConfigurationError, match=said) as caught:
+        Provider(OpenAIChatDialect(), "http://127.0.0.1:9/v1", "m", api_key=Secret(key))
+    assert "abc" not in str(caught.value)  # the key itself is never shown
+
+
+def test_a_blank_key_is_no_key() -> None:
+    provider = Provider(OpenAIChatDialect(), "http://127.0.0.1:9/v1", "m", api_key=Secret(" \n"))
+    assert provider.api_key is None
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"x-team": "a\r\nx-evil: 1"}, {"x-team": "é"}, {"bad name": "v"}, {"x-team\n": "v"}],
+)
+def test_extra_headers_no_request_can_carry_are_refused(headers: dict[str, str]) -> None:
+    with pytest.raises(ConfigurationError):
+        Provider(OpenAIChatDialect(), "http://127.0.0.1:9/v1", "m", headers=headers)
+
+
+async def test_a_request_httpx_will_not_send_costs_one_attempt() -> None:
+    reply = Reply(chunks=(openai_text_stream(["Hello"]),))
+    async with open_loopback_provider([reply] * 6) as server:
+        provider = Provider(OpenAIChatDialect(), server.url, "m", api_key=Secret(KEY))
+        # a header of the caller's own client that h11 refuses to write
+        async with httpx.AsyncClient(headers={"x-trace": "a\nb"}) as client:
+            with trio.fail_after(10):
+                result = await run_turn(REQUEST, provider, client=client)
+    assert result.outcome is Outcome.INIT_FAILED
+    assert result.requests == 1
+    assert server.requests == []
+    assert explain(result.error, provider).startswith("the request could not be sent as it is")
