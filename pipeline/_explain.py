@@ -34,6 +34,7 @@ from ._errors import (
     TurnTimeout,
     causes,
 )
+from ._failures import cause_of
 
 if TYPE_CHECKING:
     from .providers._base import Provider
@@ -154,6 +155,12 @@ def _explain_one(
         tls = _tls_cause(error)
         if tls is not None:  # the TCP connection was made; the TLS handshake on it failed
             return f"cannot connect to {where}: {tls[0]}{tries} — {tls[1]}"
+        if cause_of(error) == "not_http":  # a TLS port asked in plain HTTP, an SSH banner
+            scheme = " (https:// for a TLS port?)" if provider.base_url.startswith("http:") else ""
+            return (
+                f"the server at {where} did not answer in HTTP{tries} — check the scheme"
+                f"{scheme} and the port in --base-url"
+            )
         if error.kind == "ConnectError":
             line = f"cannot connect to {where}: {cause or 'connection failed'}{tries}"
             if cause in _LOOKUP_CAUSES:  # the name never became an address

@@ -114,6 +114,7 @@ CAUSE_SHAPES: Mapping[tuple[type[RilletError], str], Shape] = {
     (TurnTimeout, "total"): Shape.TOTAL,  # the turn's total deadline (F06)
     (TransportError, "tls_refused"): P,  # a certificate refused, a server speaking no TLS
     (TransportError, "unsendable"): P,  # a request the client itself will not send as it is
+    (TransportError, "not_http"): P,  # a server that answers in something else (TLS, SSH)
     **{(ProviderError, code): P for code in sorted(PERMANENT_CODES)},
 }
 """Causes that outrank their class's shape."""
@@ -150,10 +151,12 @@ def cause_of(error: BaseException) -> str | None:
     """What the error says about itself that can change its shape: a provider error's code, a
     malformed frame's `not_json` / `wrong_shape`, a timeout's deadline, a connection's TLS
     handshake that cannot pass (`tls_refused`), a request the client will not send
-    (`unsendable`)."""
+    (`unsendable`), a peer that does not speak HTTP (`not_http`)."""
     if isinstance(error, TransportError):
         if error.kind in _REQUEST_UNSENDABLE:
             return "unsendable"
+        if error.kind == "RemoteProtocolError" and _not_http(error):
+            return "not_http"
         return "tls_refused" if _tls_refused(error) else None
     if isinstance(error, MalformedFrameError):
         return "not_json" if error.not_json else "wrong_shape"
@@ -167,6 +170,16 @@ def cause_of(error: BaseException) -> str | None:
 _REQUEST_UNSENDABLE = frozenset({"LocalProtocolError", "UnsupportedProtocol"})
 """httpx's failures of a request it refuses to send (a header it cannot write, a URL scheme it
 does not speak): the same request fails the same way, before a byte reaches the provider."""
+
+
+_NOT_HTTP = ("illegal status line", "illegal request line")
+"""What h11 says of a reply whose first line is no HTTP status line: a TLS server's alert (an
+`http://` URL for an `https://` port), an SSH or Redis banner. It answers every try the same."""
+
+
+def _not_http(error: BaseException) -> bool:
+    """Whether the connection's peer answered in something other than HTTP."""
+    return any(any(said in str(exc) for said in _NOT_HTTP) for exc in causes(error))
 
 
 def _tls_refused(error: BaseException) -> bool:

@@ -1,13 +1,17 @@
-"""Requests that cannot be sent as they are fail at once, with a sentence that says why.
+"""Requests that cannot be sent as they are, or that a server answers in something other than
+HTTP, fail at once, with a sentence that says why.
 
 A key pasted with its line end, or read from a file with one, is taken without it. A key or an
 extra header that still holds what no request header can carry (a line break inside, a control
 or non-ASCII character) is refused when the provider is made, before any request. A request
 httpx itself will not send (`LocalProtocolError`, `UnsupportedProtocol`) fails the same way on
-every try: it costs one attempt, never five.
+every try: it costs one attempt, never five. So does a server whose reply is no HTTP at all (a
+TLS port asked in plain HTTP answers with a TLS alert).
 """
 
 from __future__ import annotations
+
+import functools
 
 import httpx
 import pytest
@@ -72,3 +76,31 @@ async def test_a_request_httpx_will_not_send_costs_one_attempt() -> None:
     assert result.requests == 1
     assert server.requests == []
     assert explain(result.error, provider).startswith("the request could not be sent as it is")
+
+
+async def test_a_server_that_answers_in_tls_is_asked_once_and_the_scheme_is_named() -> None:
+    """An `http://` URL for a TLS port: the server answers the plain request with a TLS alert
+    record, the same every time."""
+    asked: list[int] = []
+
+    async def tls_port(stream: trio.SocketStream) -> None:
+        asked.append(1)
+        await stream.receive_some(65536)
+        await stream.send_all(b"\x15\x03\x01\x00\x02\x02\x46")  # alert: protocol version
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        serve = functools.partial(trio.serve_tcp, tls_port, 0, host="127.0.0.1")
+        listeners = await nursery.start(serve)
+        port = listeners[0].socket.getsockname()[1]
+        provider = Provider(
+            OpenAIChatDialect(), f"http://127.0.0.1:{port}/v1", "m", api_key=Secret(KEY)
+        )
+        with trio.fail_after(10):
+            result = await run_turn(REQUEST, provider)
+        nursery.cancel_scope.cancel()
+    assert (result.outcome, result.requests, len(asked)) == (Outcome.INIT_FAILED, 1, 1)
+    assert explain(result.error, provider) == (
+        f"the server at 127.0.0.1:{port} did not answer in HTTP — check the scheme"
+        " (https:// for a TLS port?) and the port in --base-url"
+    )
