@@ -206,6 +206,12 @@ def _provider_error(
         check = key_hint or "the API key (--api-key)"
         return f"{what}{status}{said} — check {check}"
     code = (error.error_type or "").lower()
+    if code == "redirect" and error.status is not None and 300 <= error.status < 400:
+        where = f" to {error.provider_message.removeprefix('redirected to ')}" if quote else ""
+        return (
+            f"the server answered with a redirect{status}{where} — put the address it names in"
+            " --base-url (a redirect is never followed: the request carries the key)"
+        )
     if code == REQUEST_TOO_LARGE:
         return (
             f"the request is larger than the provider takes{status}{said} — send less (a "

@@ -1,6 +1,7 @@
 """What one attempt's reply says when it is not a stream to read: the handler's verdicts.
 
-An error status is read into the dialect's typed error (its body bounded in time and bytes),
+An error status is read into the dialect's typed error (its body bounded in time and bytes; a
+redirect is named by where it points, never followed),
 with the wait the server directs (a header, else the body's hint; an unusable one counts as
 none, D5) and its class on the ladders (`http_shape`, `x-should-retry`); a streamed reply of
 the wrong Content-Type is a frame error; a transport's failure becomes the provider's
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from ._upstream import Exchange, UpstreamError
 
 __all__ = [
+    "REDIRECT",
     "Failure",
     "check_content_type",
     "error_from_response",
@@ -38,6 +40,9 @@ __all__ = [
 ]
 
 _E = TypeVar("_E", bound=RilletError)
+REDIRECT = "redirect"
+"""The error type of a redirect answer (3xx with a `Location`): a turn never follows one, since
+the request carries the key; the line a person reads names where it points."""
 _STREAM_TYPES = {"sse": ("text/event-stream",), "ndjson": ("ndjson", "json", "text/plain")}
 
 
@@ -74,7 +79,17 @@ async def status_failure(
         body = await read_bounded(response, policy.max_body, provider.label)
     status = response.status
     headers = response.headers
-    error = scrubbed(provider, error_from_response(provider, status, headers, body))
+    location = headers.get("location", "")
+    if 300 <= status < 400 and location:  # never followed: the key must not go elsewhere
+        error: ProviderError = ProviderError(
+            provider.label,
+            f"redirected to {location[:200]}",
+            status=status,
+            error_type=REDIRECT,
+        )
+    else:
+        error = error_from_response(provider, status, headers, body)
+    error = scrubbed(provider, error)
     # the wait: a header wins over the hint the dialect read from the body (Gemini's
     # `RetryInfo`), which wins over the default; an unusable hint counts as none
     told = retry_after(headers, policy.wall_clock())

@@ -104,3 +104,20 @@ async def test_a_server_that_answers_in_tls_is_asked_once_and_the_scheme_is_name
         f"the server at 127.0.0.1:{port} did not answer in HTTP — check the scheme"
         " (https:// for a TLS port?) and the port in --base-url"
     )
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+async def test_a_redirect_is_asked_once_never_followed_and_says_where_it_points(
+    status: int,
+) -> None:
+    elsewhere = "https://api.example.com/v1/chat/completions"
+    reply = Reply(status=status, headers=(("location", elsewhere),), chunks=(b"",))
+    async with open_loopback_provider([reply] * 6) as server:
+        provider = Provider(OpenAIChatDialect(), server.url, "m", api_key=Secret(KEY))
+        with trio.fail_after(10):
+            result = await run_turn(REQUEST, provider)
+    assert (result.outcome, result.requests, len(server.requests)) == (Outcome.INIT_FAILED, 1, 1)
+    assert explain(result.error, provider) == (
+        f"the server answered with a redirect ({status}) to {elsewhere} — put the address it"
+        " names in --base-url (a redirect is never followed: the request carries the key)"
+    )
