@@ -70,6 +70,15 @@ _LOOKUP_CAUSES = (_NO_SUCH_HOST, _LOOKUP_FAILED)
 """What a failed name lookup (`socket.gaierror`) says: the name has no address, or the lookup
 itself failed (`Temporary failure in name resolution`)."""
 
+_CONTEXT_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
+"""Error codes of a request larger than the model's context window."""
+_CONTEXT_FULL = re.compile(
+    r"maximum context length|context (?:length|window|size)|prompt is too long"
+    r"|input token count .* exceeds|too many (?:input )?tokens",
+    re.IGNORECASE,
+)
+"""How providers say the same in words (OpenAI and vLLM, llama.cpp, Anthropic, Gemini)."""
+
 _TRANSPORT_KINDS = {
     "ConnectError": "cannot connect",
     "ConnectTimeout": "timed out connecting",
@@ -246,6 +255,13 @@ def _provider_error(
         return (
             f"not found{status}{said} — check --model, and that {_shown_url(provider.base_url)}"
             f" is the API's base URL (--base-url{path})"
+        )
+    if isinstance(error, InvalidRequestError) and (
+        code in _CONTEXT_CODES or _CONTEXT_FULL.search(error.provider_message)
+    ):
+        return (
+            f"the conversation is longer than the model takes{status}{said} — shorten it (or"
+            " lower --max-tokens), or pick a model with a larger context window"
         )
     if isinstance(error, InvalidRequestError):
         return f"the provider refused the request{status}{said} — check --model and the options"

@@ -203,3 +203,66 @@ def test_mask_keys_leaves_ordinary_words_alone() -> None:
     text = "the sky is blue; skip the desk-top key"
     assert mask_keys(text) == text
     assert mask_keys("use sk-abc") == "use sk-…"
+
+
+@pytest.mark.parametrize(
+    ("provider_name", "status", "body"),
+    [
+        (
+            "openai-chat",
+            400,
+            {
+                "error": {
+                    "message": "This model's maximum context length is 128000 tokens. However,"
+                    " your messages resulted in 130000 tokens.",
+                    "type": "invalid_request_error",
+                    "code": "context_length_exceeded",
+                }
+            },
+        ),
+        (
+            "anthropic",
+            400,
+            {
+                "type": "error",
+                "error": {
+                    "type": "invalid_request_error",
+                    "message": "prompt is too long: 210000 tokens > 200000 maximum",
+                },
+            },
+        ),
+        (
+            "gemini",
+            400,
+            {
+                "error": {
+                    "code": 400,
+                    "message": "The input token count (1200000) exceeds the maximum number of"
+                    " tokens allowed (1048576).",
+                    "status": "INVALID_ARGUMENT",
+                }
+            },
+        ),
+        (
+            "llama.cpp",
+            400,
+            {
+                "error": {
+                    "code": 400,
+                    "message": "the request exceeds the available context size",
+                    "type": "exceed_context_size_error",
+                }
+            },
+        ),
+    ],
+    ids=["openai", "anthropic", "gemini", "llama.cpp"],
+)
+def test_a_conversation_too_long_for_the_model_says_so(
+    provider_name: str, status: int, body: dict[str, object]
+) -> None:
+    error = error_from_body(provider_name, status, json.dumps(body).encode())
+    line = explain(error, PROVIDER)
+    assert line.startswith("the conversation is longer than the model takes (400): ")
+    assert line.endswith(
+        "— shorten it (or lower --max-tokens), or pick a model with a larger context window"
+    )
