@@ -27,6 +27,47 @@ class _Formatter(argparse.HelpFormatter):
         return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
+def _number(text: str, kind: type[float] | type[int], least: float, what: str) -> float:
+    """A number from the command line, refused (a usage error, exit 2) below `least`."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (least <= value < float("inf")):  # (NaN too)
+        raise argparse.ArgumentTypeError(f"must be {what}, not {text}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A deadline: more than 0 seconds."""
+    value = _number(text, float, 0.0, "a positive number of seconds")
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be a positive number of seconds, not 0")
+    return value
+
+
+def _count(text: str) -> int:
+    """A count of retries: 0 or more."""
+    return int(_number(text, int, 0, "a whole number, 0 or more"))
+
+
+def _positive(text: str) -> int:
+    """A count of tokens, steps, bytes or processes: 1 or more."""
+    return int(_number(text, int, 1, "a whole number, 1 or more"))
+
+
+def _amount(text: str) -> float:
+    """A temperature, a rate or a pause: 0 or more."""
+    return _number(text, float, 0.0, "a number, 0 or more")
+
+
+def _port(text: str) -> int:
+    value = int(_number(text, int, 0, "a port, 0 to 65535"))
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port, 0 to 65535, not {text}")
+    return value
+
+
 def _version() -> str:
     from . import __version__
 
@@ -58,10 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     _provider_options(run)
     run.add_argument("--system", help="system prompt (default: none)")
     run.add_argument(
-        "--max-tokens", type=int, help="most tokens in the answer (default: the provider's)"
+        "--max-tokens", type=_positive, help="most tokens in the answer (default: the provider's)"
     )
     run.add_argument(
-        "--temperature", type=float, help="sampling temperature (default: the provider's)"
+        "--temperature", type=_amount, help="sampling temperature (default: the provider's)"
     )
     run.add_argument(
         "--thinking", choices=_THINKING, help="reasoning effort (default: the provider's)"
@@ -93,9 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the dialect that recorded it (default: from the file's folder or suffix)",
     )
-    replay.add_argument("--chunk-size", type=int, default=64, help="bytes per chunk (default: 64)")
     replay.add_argument(
-        "--delay", type=float, default=0.0, help="seconds between chunks (default: 0)"
+        "--chunk-size", type=_positive, default=64, help="bytes per chunk (default: 64)"
+    )
+    replay.add_argument(
+        "--delay", type=_amount, default=0.0, help="seconds between chunks (default: 0)"
     )
     replay.add_argument(
         "--output", choices=("text", "jsonl", "uni-jsonl"), default="text", help="default: text"
@@ -112,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="127.0.0.1",
         help="address to bind (default: 127.0.0.1; any other needs --server-key)",
     )
-    serve.add_argument("--port", type=int, default=8787, help="port (default: 8787; 0: any)")
+    serve.add_argument("--port", type=_port, default=8787, help="port (default: 8787; 0: any)")
     serve.add_argument(
         "--server-key", default=None, help="key clients must send to start runs (default: none)"
     )
@@ -131,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--workers",
-        type=int,
+        type=_positive,
         default=1,
         metavar="N",
         help="server processes sharing the port (SO_REUSEPORT), their runs shared through "
@@ -163,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep the live page up after the scripted turns, until Ctrl-C",
     )
-    demo.add_argument("--port", type=int, default=0, help="the page's port (default 0: any)")
+    demo.add_argument("--port", type=_port, default=0, help="the page's port (default 0: any)")
     demo.add_argument("--fast", action="store_true", help="no pacing (for tests)")
 
     bench = _command(sub, "bench", help="run the benchmarks (python -m bench)", parents=[common])
@@ -207,34 +250,34 @@ def _policy_options(p: argparse.ArgumentParser) -> None:
     d = Policy()
     p.add_argument(
         "--initial-timeout",
-        type=float,
+        type=_seconds,
         default=d.initial_event_timeout,
         metavar="SECONDS",
         help="wait for the first event (default: %(default)g s)",
     )
     p.add_argument(
         "--event-timeout",
-        type=float,
+        type=_seconds,
         default=d.per_event_timeout,
         metavar="SECONDS",
         help="wait between events (default: %(default)g s)",
     )
     p.add_argument(
         "--total-timeout",
-        type=float,
+        type=_seconds,
         default=d.total_timeout,
         metavar="SECONDS",
         help="the whole streamed answer (default: %(default)g s)",
     )
     p.add_argument(
         "--retries",
-        type=int,
+        type=_count,
         default=d.transport_retries,
         help="retries after connection errors, 5xx and broken streams (default: %(default)s)",
     )
     p.add_argument(
         "--rate-limit-retries",
-        type=int,
+        type=_count,
         default=d.rate_limit_retries,
         help="retries after 429/503/529, waiting as the provider says (default: %(default)s)",
     )
@@ -245,7 +288,7 @@ def _policy_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--rpm",
-        type=float,
+        type=_amount,
         default=0.0,
         help="requests per minute to this provider (default: 0, no limiter)",
     )
@@ -261,7 +304,7 @@ def _agent_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-steps",
-        type=int,
+        type=_positive,
         default=8,
         help="most model requests of an agent run (default: %(default)s)",
     )

@@ -88,6 +88,36 @@ def _check_channel(_: object, __: object, value: int) -> None:
         raise ValueError("channel_size must be between 1 and 1024")
 
 
+def _check_deadline(_: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not value > 0:  # (NaN too)
+        raise ValueError(f"{attribute.name} must be a positive number of seconds, not {value!r}")
+
+
+def _check_wait(_: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not value >= 0:
+        raise ValueError(f"{attribute.name} must be 0 or more seconds, not {value!r}")
+
+
+def _check_count(_: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{attribute.name} must be a whole number, 0 or more, not {value!r}")
+
+
+def _check_size(_: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{attribute.name} must be a whole number of bytes, 1 or more")
+
+
+def _check_jitter(_: object, __: object, value: float) -> None:
+    if not 0 <= value <= 1:
+        raise ValueError(f"jitter must be between 0 and 1, not {value!r}")
+
+
+def _check_rate(_: object, __: object, value: float) -> None:
+    if not (0 <= value < math.inf):
+        raise ValueError(f"requests_per_minute must be 0 (off) or a positive number, not {value!r}")
+
+
 @attrs.frozen
 class Policy:
     """Deadlines, retry ladders, rescue and throttle for a turn (seconds unless named).
@@ -120,28 +150,31 @@ class Policy:
         max_body: the cap on a non-streaming (rescue) or error body, in bytes.
         random: the jitter source, `u` in [0, 1) (inject a constant for deterministic tests).
         wall_clock: Unix time, for `Retry-After` HTTP-dates (the trio clock stays separate).
+
+    A value that cannot mean anything (a deadline of 0 or NaN, a negative count, a jitter over
+    1) is a `ValueError` naming the field, here rather than as a turn that cannot run.
     """
 
-    initial_event_timeout: float = 120.0
-    per_event_timeout: float = 180.0
-    total_timeout: float = 300.0
-    max_consecutive_timeouts: int = 10
-    max_empty_timeouts: int = 2
-    transport_retries: int = 3
-    backoff_base: float = 0.1
-    backoff_max: float = 10.0
-    jitter: float = 0.1
-    rate_limit_retries: int = 5
-    retry_after_default: float = 5.0
-    retry_after_max: float = 60.0
+    initial_event_timeout: float = attrs.field(default=120.0, validator=_check_deadline)
+    per_event_timeout: float = attrs.field(default=180.0, validator=_check_deadline)
+    total_timeout: float = attrs.field(default=300.0, validator=_check_deadline)
+    max_consecutive_timeouts: int = attrs.field(default=10, validator=_check_count)
+    max_empty_timeouts: int = attrs.field(default=2, validator=_check_count)
+    transport_retries: int = attrs.field(default=3, validator=_check_count)
+    backoff_base: float = attrs.field(default=0.1, validator=_check_wait)
+    backoff_max: float = attrs.field(default=10.0, validator=_check_wait)
+    jitter: float = attrs.field(default=0.1, validator=_check_jitter)
+    rate_limit_retries: int = attrs.field(default=5, validator=_check_count)
+    retry_after_default: float = attrs.field(default=5.0, validator=_check_wait)
+    retry_after_max: float = attrs.field(default=60.0, validator=_check_wait)
     fallback: bool = True
-    requests_per_minute: float = 0.0
-    limiter_max_wait: float = 30.0
+    requests_per_minute: float = attrs.field(default=0.0, validator=_check_rate)
+    limiter_max_wait: float = attrs.field(default=30.0, validator=_check_wait)
     channel_size: int = attrs.field(default=64, validator=_check_channel)
     hedge_after: float | None = attrs.field(default=None, validator=_check_hedge)
     graph: str = attrs.field(factory=lambda: default_graph.get(), validator=_check_graph)
-    max_frame: int = 32 * 1024 * 1024
-    max_body: int = 16 * 1024 * 1024
+    max_frame: int = attrs.field(default=32 * 1024 * 1024, validator=_check_size)
+    max_body: int = attrs.field(default=16 * 1024 * 1024, validator=_check_size)
     random: Callable[[], float] = attrs.field(default=random.random, eq=False, repr=False)
     wall_clock: Callable[[], float] = attrs.field(default=time.time, eq=False, repr=False)
 

@@ -476,6 +476,27 @@ async def test_usage_errors_exit_2_and_the_documented_codes_are_those_that_happe
     assert "3 approval required" in helped
 
 
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [
+        (("--total-timeout", "0"), "--total-timeout: must be a positive number of seconds"),
+        (("--initial-timeout", "nan"), "--initial-timeout: must be a positive number"),
+        (("--retries", "-1"), "--retries: must be a whole number, 0 or more"),
+        (("--max-tokens", "0"), "--max-tokens: must be a whole number, 1 or more"),
+        (("--temperature", "-3"), "--temperature: must be a number, 0 or more"),
+        (("--rpm", "fast"), "--rpm: 'fast' is not a number"),
+        (("--max-steps", "0"), "--max-steps: must be a whole number, 1 or more"),
+    ],
+)
+async def test_a_value_that_cannot_mean_anything_is_a_usage_error(
+    option: tuple[str, str], said: str
+) -> None:
+    done = await _rillet("run", "hi", "--provider", "http://127.0.0.1:9/v1", *option)
+    assert done.returncode == 2
+    assert said in done.stderr.decode()
+    assert "Traceback" not in done.stderr.decode()
+
+
 async def test_the_spinner_ticks_on_a_terminal_while_waiting() -> None:
     import pty
 

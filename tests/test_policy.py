@@ -258,3 +258,45 @@ async def test_a_new_rate_applies_from_now_on(autojump_clock: trio.testing.MockC
 def test_the_shared_limiter_is_one_object() -> None:
     assert shared_limiter() is shared_limiter()
     assert isinstance(shared_limiter(), RateLimiter)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("total_timeout", 0),
+        ("total_timeout", -1.0),
+        ("initial_event_timeout", float("nan")),
+        ("per_event_timeout", 0.0),
+        ("transport_retries", -1),
+        ("rate_limit_retries", 1.5),
+        ("max_empty_timeouts", True),
+        ("backoff_base", -0.1),
+        ("jitter", 1.5),
+        ("retry_after_max", float("nan")),
+        ("requests_per_minute", -1.0),
+        ("requests_per_minute", float("inf")),
+        ("max_frame", 0),
+        ("max_body", -5),
+    ],
+)
+def test_a_policy_value_that_cannot_mean_anything_is_refused_naming_its_field(
+    field: str, value: object
+) -> None:
+    with pytest.raises(ValueError, match=field):
+        Policy(**{field: value})  # type: ignore[arg-type]
+
+
+def test_the_edges_that_mean_something_are_taken() -> None:
+    policy = Policy(
+        total_timeout=float("inf"),  # no total deadline
+        transport_retries=0,
+        rate_limit_retries=0,
+        max_empty_timeouts=0,
+        backoff_base=0.0,
+        jitter=0.0,
+        retry_after_max=0.0,
+        requests_per_minute=0.0,
+        limiter_max_wait=0.0,
+        max_frame=1,
+    )
+    assert policy.transport_retries == 0
