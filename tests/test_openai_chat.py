@@ -839,6 +839,35 @@ def test_content_after_tool_calls_closes_them_first() -> None:
     assert kinds == ["tool_call.delta", "tool_call.done", "text.delta", "text.done", "stop"]
 
 
+@pytest.mark.parametrize(
+    "other",
+    [{"content": "and then"}, {"reasoning_content": "hm"}],
+    ids=["content", "reasoning"],
+)
+def test_a_delta_that_goes_on_with_an_open_call_and_starts_another_field(
+    other: dict[str, Any],
+) -> None:
+    # the fragment is the open call's (its index says so), whatever order the fields come in:
+    # the call takes it, then closes as the other field starts
+    head = {"index": 0, "id": "c1", "function": {"name": "f", "arguments": '{"a":'}}
+    data = sse(
+        chunk({"tool_calls": [head]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": " 1}"}}], **other}),
+        chunk(finish="stop", usage=USAGE),
+        "[DONE]",
+    )
+    entries = decode(data)
+    assert [e["type"] for e in entries] == [
+        "tool_call.delta",
+        "tool_call.delta",
+        "tool_call.done",
+        "text.delta" if "content" in other else "thinking.delta",
+        "text.done" if "content" in other else "thinking.done",
+        "stop",
+    ]
+    assert entries[2]["arguments"] == {"a": 1}
+
+
 def test_vllm_sending_both_reasoning_fields_gives_one_group_without_fidelity() -> None:
     data = sse(
         chunk({"reasoning_content": "Hm", "reasoning": "Hm"}),

@@ -312,7 +312,8 @@ class ChatStreamDecoder:
         out.append(PartStop(index, kind))
 
     def delta(self, delta: _Delta, out: list[LaneEvent]) -> None:
-        """The lane events of one delta (or one whole message), in wire-field order."""
+        """The lane events of one delta (or one whole message), in wire-field order, but for
+        fragments of the open calls beside the start of another field: those go first."""
         content = delta.content
         if (
             type(content) is str
@@ -326,6 +327,17 @@ class ChatStreamDecoder:
         ):  # the hot path: one more fragment of the text being streamed
             out.append(PartDelta(self._lane, "text", content))
             return
+        calls = delta.tool_calls
+        if (
+            calls
+            and self._field == _TOOLS
+            and (content or delta.reasoning_content or delta.reasoning or delta.reasoning_details)
+            and self._continue(calls)
+        ):
+            # fragments of the open calls, with another field starting in the same delta: the
+            # calls take theirs first (the other field would close them), whatever the order
+            self._tool_calls(calls, out)
+            calls = None
         if delta.reasoning_details:
             self._details(delta.reasoning_details, out)
         else:
@@ -342,8 +354,8 @@ class ChatStreamDecoder:
                 self._text(content, out)
         elif content:
             self._content_parts(content, out)
-        if delta.tool_calls:
-            self._tool_calls(delta.tool_calls, out)
+        if calls:
+            self._tool_calls(calls, out)
         if delta.audio is not None:
             self._audio(delta.audio, out)
 
@@ -418,6 +430,22 @@ class ChatStreamDecoder:
         self._stop("thinking", self._lane, out)
         self._lane = self._start("thinking", out)
         self._think_fid = None
+
+    def _continue(self, calls: list[_ToolCall]) -> bool:
+        """Whether every fragment goes on with an open call (as `_tool_calls` keys them), none
+        starting one."""
+        tools = self._tools
+        for call in calls:
+            if call.index is not None:
+                current = tools.get(call.index)
+                if current is None or (call.id and call.id != current[1]):
+                    return False
+            elif call.id:
+                if all(known != call.id for _, known in tools.values()):
+                    return False
+            elif self._last_key is None or (call.function is not None and call.function.name):
+                return False
+        return True
 
     def _tool_calls(self, calls: list[_ToolCall], out: list[LaneEvent]) -> None:
         if self._field != _TOOLS:
