@@ -31,10 +31,15 @@ fed and then closed as its callers do, which must give the baseline's events exa
 Every rewrite is fed in seeded cuts and in one read (`cuts` in fine cuts only).
 
 And what must fail, with the fallback off so the requests count streamed attempts:
-`wrong-shape` (a known field of a known event given the wrong shape, `"choices": 5`): a
-`MalformedFrameError`, one request (with the rescue on, at most the rescue besides);
-`bad-utf8` (NDJSON): a `FrameEncodingError`, retried as corruption on the way (F24);
-`cut-before-terminal`: an `IncompleteStreamError`, retried (rule 1).
+`wrong-shape` (a known field of a known event given the wrong shape, `"choices": 5`) and
+`wrong-shape-inside` (the same deeper in: a block's or item's `type`, a choice's `delta`): a
+`MalformedFrameError` with a bounded text preview, one request (with the rescue on, at most the
+rescue besides); `bad-utf8` (NDJSON): a `FrameEncodingError`, retried as corruption on the way
+(F24); `cut-before-terminal`: an `IncompleteStreamError`, retried (rule 1).
+
+One test per recording runs every rewrite of it and names each that fails (a test per rewrite
+cost more in pytest than the rewrites themselves); a recording `test_real_corpus` lists as a
+known defect is a strict xfail here too.
 """
 
 from __future__ import annotations
@@ -64,13 +69,12 @@ from rillet.providers import Provider, dialect_from_name
 from rillet.transports.replay import content_type_for
 
 from . import liberal_support as lib
+from .test_real_corpus import DIALECTS, EXPECTED, KNOWN_DEFECTS, REAL
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
     import trio.testing
-
-from .test_real_corpus import DIALECTS, EXPECTED, KNOWN_DEFECTS, REAL
 
 _BOM = b"\xef\xbb\xbf"
 
