@@ -361,3 +361,22 @@ def test_an_in_stream_error_that_names_a_status_is_shaped_as_that_status(
     error = error_from_body("p", None, body, in_stream=True)
     assert error.in_stream
     assert error_shape(error) is shape
+
+
+@pytest.mark.parametrize(
+    ("error_type", "cls", "shape"),
+    [
+        ("validation", InvalidRequestError, P),
+        ("Validation", InvalidRequestError, P),
+        ("overloaded", OverloadedError, T),
+        ("generation", ServerError, T),
+    ],
+)
+def test_tgis_error_type_beside_a_string_error_types_it(
+    error_type: str, cls: type[ProviderError], shape: Shape
+) -> None:
+    body = {"error": "Input validation error: grammar is not supported", "error_type": error_type}
+    error = error_from_body("tgi", None, body, in_stream=True)
+    assert type(error) is cls
+    assert error_shape(error) is shape
+    assert error.provider_message == body["error"]

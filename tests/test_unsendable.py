@@ -121,3 +121,18 @@ async def test_a_redirect_is_asked_once_never_followed_and_says_where_it_points(
         f"the server answered with a redirect ({status}) to {elsewhere} — put the address it"
         " names in --base-url (a redirect is never followed: the request carries the key)"
     )
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["api.openai.com/v1", "htps://api.openai.com/v1", "http://", "http://exa mple.com/v1", ""],
+)
+def test_a_base_url_no_request_can_go_by_is_refused_without_repeating_it(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="not a URL like https://host/v1") as caught:
+        Provider(OpenAIChatDialect(), url, "m")
+    assert not url or url not in str(caught.value)
+
+
+def test_a_base_url_is_taken_without_the_whitespace_around_it() -> None:
+    provider = Provider(OpenAIChatDialect(), " https://api.example.com/v1\n", "m")
+    assert provider.base_url == "https://api.example.com/v1"

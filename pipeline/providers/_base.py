@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, Protocol
+from urllib.parse import urlsplit
 
 import attrs
 import msgspec
@@ -197,6 +198,23 @@ def _clean_key(key: Secret | None) -> Secret | None:
     return key if stripped == value else Secret(stripped)
 
 
+def _clean_base_url(url: str) -> str:
+    """The base URL without the whitespace around it; one that names no scheme a request can go
+    by (`http`, `https`, `ws`, `wss`) or no host is refused here, before any request: it would
+    fail every one the same way. The refusal never repeats it (a key pasted in the wrong place)."""
+    text = url.strip() if isinstance(url, str) else ""
+    try:
+        parts = urlsplit(text)
+        ok = parts.scheme.lower() in ("http", "https", "ws", "wss") and bool(parts.hostname)
+    except ValueError:
+        ok = False
+    if not ok or any(c.isspace() or not c.isprintable() for c in text):
+        raise ConfigurationError(
+            "provider", None, "the base URL is not a URL like https://host/v1 (a scheme, a host)"
+        )
+    return text
+
+
 def _clean_headers(headers: Mapping[str, str]) -> Mapping[str, str]:
     """Extra headers as given; one whose name or value no request can carry is refused."""
     for name, value in headers.items():
@@ -227,7 +245,7 @@ class Provider:
     """
 
     dialect: Dialect
-    base_url: str
+    base_url: str = attrs.field(converter=_clean_base_url)
     model: str
     api_key: Secret | None = attrs.field(default=None, converter=_clean_key)
     name: str = ""
@@ -363,6 +381,11 @@ _ERROR_TYPES: dict[str, type[ProviderError]] = {
     # what the request holds, which the same request would hold again (Responses' `response.failed`
     # codes, and the codes OpenAI-style servers put on a 400, in a stream too)
     **dict.fromkeys(_REQUEST_CODES, InvalidRequestError),
+    # Hugging Face TGI's `error_type` beside a string `error`
+    "validation": InvalidRequestError,
+    "overloaded": OverloadedError,
+    "generation": ServerError,
+    "incomplete_generation": ServerError,
     "authentication_error": AuthenticationError,
     "permission_error": AuthenticationError,
     "unauthenticated": AuthenticationError,
@@ -499,8 +522,9 @@ def error_from_body(
     """The typed error for any of the error shapes providers send, as an HTTP body or in-stream:
     OpenAI `{"error": {"message", "type", "code"}}`, Anthropic `{"type": "error", "error":
     {"type", "message"}}`, Gemini `{"error": {"code", "message", "status"}}`, Ollama
-    `{"error": "..."}`, vLLM `{"object": "error", "message", "type"}`. `body` may be raw bytes or
-    already-parsed JSON; a body that is none of these still gives an error typed by status."""
+    `{"error": "..."}` (with TGI's `error_type` beside it), vLLM `{"object": "error", "message",
+    "type"}`. `body` may be raw bytes or already-parsed JSON; a body that is none of these still
+    gives an error typed by status."""
     data: Any = body
     if isinstance(body, bytes | str):
         try:  # strict, as every frame is: no lone surrogates, NaN, huge numbers or deep nesting
@@ -514,6 +538,9 @@ def error_from_body(
         err = data.get("error", data if data.get("object") == "error" else None)
         if isinstance(err, str):
             message = err
+            kind = data.get("error_type")  # Hugging Face TGI's and TEI's: `validation`...
+            if isinstance(kind, str):
+                error_types = (kind,)
         elif isinstance(err, dict):
             message = str(err.get("message") or "")
             code = err.get("code")
