@@ -95,6 +95,23 @@ _QUOTING = {
         400,
     ),
     "ui-role": ("/v1/ui/chat", {"messages": [{"role": _HUGE, "parts": []}]}, 400),
+    # values the body's decoder itself refuses, quoting them: an enum's, a tagged union's tag
+    "run-thinking-level": ("/v1/runs", {"prompt": "hi", "thinking_level": _HUGE}, 400),
+    "run-item-type": (
+        "/v1/runs",
+        {"messages": [{"role": "user", "content_items": [{"type": _HUGE}]}]},
+        400,
+    ),
+    "mmsp-role": (
+        "/v1/stream",
+        {"model": "gpt-4o-mini", "messages": [{"role": _HUGE, "content_items": []}]},
+        400,
+    ),
+    "ui-thinking-level": (
+        "/v1/ui/chat",
+        {"messages": [{"role": "user", "parts": []}], "thinkingLevel": _HUGE},
+        400,
+    ),
 }
 
 

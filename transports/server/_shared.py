@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import re
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -29,9 +30,25 @@ if TYPE_CHECKING:
     from ._config import Limits
     from ._control import Control  # noqa: TC004 - it needs coredis, an extra
 
-__all__ = ["Shared"]
+__all__ = ["Shared", "decode_problem"]
 
 logger = logging.getLogger("rillet.transports.server")
+
+# a value msgspec quotes (its repr): an enum's or a tag's that the body gave
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
+_MAX_QUOTED = 60
+
+
+def decode_problem(exc: Exception) -> str:
+    """What the decoder said of a body it refused, each value it quotes from the body (an enum
+    value, a tag) cut to at most 60 characters: a refusal never repeats a large part of the
+    request."""
+
+    def cut(quoted: re.Match[str]) -> str:
+        text = quoted[0]
+        return text if len(text) <= _MAX_QUOTED else f"{text[: _MAX_QUOTED - 4]}...{text[0]}"
+
+    return _QUOTED.sub(cut, str(exc))
 
 
 @attrs.define(eq=False)
@@ -91,7 +108,7 @@ class Shared:
         try:
             return decode(body)
         except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-            raise ErrorReply(400, kind, f"invalid request body: {exc}") from None
+            raise ErrorReply(400, kind, f"invalid request body: {decode_problem(exc)}") from None
         except RecursionError:  # nested deeper than the decoder follows: refused, not a crash
             raise ErrorReply(400, kind, "invalid request body: nested too deeply") from None
 
