@@ -5,6 +5,7 @@ the SDK tests do not reach (a withheld reply streamed, a kind not routed, refusa
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 import httpx
@@ -28,6 +29,8 @@ from rillet.transports.server import Limits, ServerConfig, serve
 from rillet.transports.server._openai import openai_finish_reason, openai_usage
 from rillet.transports.server._uistream import UiBody, UiParts, ui_request
 from rillet.transports.testing import Reply, open_loopback_provider, openai_text_stream
+
+from .test_server import serving
 
 # --- OpenAI: the request --------------------------------------------------------------------------
 
@@ -202,6 +205,32 @@ def test_a_multi_step_assistant_message_is_calls_results_and_the_next_step() -> 
     ]
     assert second.content_items == [TextDone(text="18 °C.")]
     assert second.finish_reason == "stop"
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [[{"type": "text"}], [{"type": "text", "text": 5}], [{"type": "text", "text": None}]],
+    ids=["no-text", "a-number", "null"],
+)
+async def test_a_text_part_without_text_is_a_refusal_not_a_failed_connection(
+    parts: list[dict[str, Any]], caplog: pytest.LogCaptureFixture
+) -> None:
+    # a part of type text without a string `text`, in a system and a user message: nothing to
+    # answer (400), where its missing key used to fail the connection without an answer
+    body = {
+        "messages": [
+            {"id": "s", "role": "system", "parts": parts},
+            {"id": "u", "role": "user", "parts": parts},
+        ]
+    }
+    with trio.fail_after(10):
+        async with serving() as served:
+            answer = await served.client.post("/v1/ui/chat", json=body)
+            requests = len(served.loopback.requests)
+    assert answer.status_code == 400
+    assert answer.json()["error"]["message"] == "`messages` holds nothing to answer"
+    assert requests == 0
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
 
 
 def _delta(item: Any) -> UniEvent:

@@ -154,7 +154,7 @@ def ui_request(body: UiBody) -> TurnRequest:
     system = [body.system] if body.system else []
     messages: list[UniMessage] = []
     for message in body.messages:
-        texts = [p["text"] for p in message.parts if p.get("type") == "text"]
+        texts = [p.get("text") for p in message.parts if p.get("type") == "text"]
         if message.role == "system":
             system.extend(t for t in texts if isinstance(t, str))
         elif message.role == "user":
