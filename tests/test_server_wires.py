@@ -207,6 +207,30 @@ def test_a_multi_step_assistant_message_is_calls_results_and_the_next_step() -> 
     assert second.finish_reason == "stop"
 
 
+@pytest.mark.parametrize("depth", [1000, 100_000])
+async def test_tool_call_arguments_nested_too_deeply_are_a_refusal(
+    depth: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # S03 for a client's own tool calls: the arguments are a JSON string the server decodes,
+    # and decoding past the decoder's depth used to fail the connection without an answer
+    function = {"name": "f", "arguments": "[" * depth + "]" * depth}
+    call = {"id": "c", "type": "function", "function": function}
+    body = {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+        ]
+    }
+    with trio.fail_after(10):
+        async with serving() as served:
+            answer = await served.client.post("/v1/chat/completions", json=body)
+            requests = len(served.loopback.requests)
+    assert answer.status_code == 400
+    assert answer.json()["error"]["type"] == "invalid_request_error"
+    assert requests == 0
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
+
+
 @pytest.mark.parametrize(
     "parts",
     [[{"type": "text"}], [{"type": "text", "text": 5}], [{"type": "text", "text": None}]],
