@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import logging
 import os
 import socket
 import struct
@@ -20,15 +21,27 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import attrs
+import h11
 import httpx
+import msgspec
 import pytest
 import trio
 import trio_websocket
 from rillet._hub import Hub, MemoryRunLog
 from rillet._runevents import AnswerDelta, AttemptResetEvent, RunDone, decode_run_event
+from rillet.transports._http11 import _request as http_request
+from rillet.transports._ws import handshake_problem
 from rillet.transports.server import Limits
 
-from .test_server import Served, dropped_then_ok, read_sse, serving, text_reply, texts
+from .test_server import (
+    Served,
+    dropped_then_ok,
+    raw_exchange,
+    read_sse,
+    serving,
+    text_reply,
+    texts,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -425,6 +438,77 @@ async def test_handshake_refusals_are_plain_http() -> None:
     assert old_answer.startswith(b"HTTP/1.1 426 ")
     assert b"sec-websocket-version: 13" in old_answer.lower()
     assert other_answer.startswith(b"HTTP/1.1 403 ")
+
+
+def _upgrade(served: Served, path: str, extra: bytes = b"") -> bytes:
+    """A WebSocket handshake's bytes, with `extra` header lines."""
+    host = served.url.removeprefix("http://").encode()
+    key = base64.b64encode(os.urandom(16))
+    return (
+        b"GET %s HTTP/1.1\r\nHost: %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n%s\r\n"
+    ) % (path.encode(), host, key, extra)
+
+
+@pytest.mark.parametrize("extra", [b"Connection: close\r\n", b"Connection: keep-alive\r\n"])
+async def test_a_handshake_with_a_header_repeated_is_refused_in_plain_http(
+    extra: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    # wsproto reads the last Connection header only: it refused the handshake this server
+    # accepted, with a bare 400 of its own, and the connection then waited out its head
+    # deadline and failed with an error logged
+    with trio.fail_after(5):
+        async with serving(STALLED, limits=Limits(head_timeout=3.0)) as served:
+            run = await served.start()
+            path = ws_url(served, run).removeprefix(served.ws_base)
+            started = trio.current_time()
+            answer = await raw_exchange(served.url, _upgrade(served, path, extra))
+            took = trio.current_time() - started
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), answer[:200]
+    assert b"x-content-type-options: nosniff" in head
+    assert msgspec.json.decode(body)["error"]["type"] == "bad_handshake"
+    assert took < 1.0
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
+
+
+async def test_a_handshake_wsproto_refuses_ends_at_its_deadline_without_an_error(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # whatever wsproto refuses that the checks let through: trio-websocket then waits for ever,
+    # and the deadline's TooSlowError, raised in a nursery, came wrapped in a group the route
+    # did not catch
+    monkeypatch.setattr("rillet.transports.server._fanout.handshake_problem", lambda _: None)
+    with trio.fail_after(5):
+        async with serving(STALLED, limits=Limits(head_timeout=0.3)) as served:
+            run = await served.start()
+            path = ws_url(served, run).removeprefix(served.ws_base)
+            answer = await raw_exchange(
+                served.url, _upgrade(served, path, b"Connection: close\r\n")
+            )
+    assert answer.startswith(b"HTTP/1.1 400 ")  # wsproto's own
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
+
+
+@pytest.mark.parametrize(
+    ("host", "problem"),
+    [(b"xn--a", "Host is not a host name"), (b"xn--zz:80", "Host is not a host name")],
+)
+def test_a_handshake_whose_host_wsproto_cannot_read_is_refused(host: bytes, problem: str) -> None:
+    # wsproto decodes Host as IDNA: a punycode label that does not decode failed its reader task
+    # (a server off loopback answers any Host)
+    head = h11.Request(
+        method="GET",
+        target="/v1/runs/r/ws",
+        headers=[
+            (b"Host", host),
+            (b"Upgrade", b"websocket"),
+            (b"Connection", b"Upgrade"),
+            (b"Sec-WebSocket-Key", base64.b64encode(os.urandom(16))),
+            (b"Sec-WebSocket-Version", b"13"),
+        ],
+    )
+    assert handshake_problem(http_request(head, "203.0.113.9")) == (400, problem)
 
 
 async def test_sse_and_websocket_subscribers_share_one_run() -> None:

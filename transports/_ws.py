@@ -58,6 +58,13 @@ def handshake_problem(request: Request) -> tuple[int, str] | None:
         return 400, "Sec-WebSocket-Key must be 16 bytes in base64"
     if "host" not in headers:
         return 400, "Host is missing"
+    names = [name for name, _ in request.head.headers]
+    if any(names.count(name) > 1 for name in _ONCE):  # wsproto reads the last one only
+        return 400, "a handshake header is repeated"
+    try:  # as wsproto reads it (a punycode label that does not decode would fail its reader)
+        headers["host"].encode("latin-1").decode("idna")
+    except UnicodeError:
+        return 400, "Host is not a host name"
     return None
 
 
@@ -70,6 +77,9 @@ def _nonce(key: str) -> bool:
     except binascii.Error:
         return False
 
+
+# handshake headers wsproto takes once: a repeat would make it read another request than ours
+_ONCE = (b"host", b"connection", b"upgrade", b"sec-websocket-key", b"sec-websocket-version")
 
 # codes that say no close frame came (none, an abnormal closure, a TLS failure): never sent
 _NEVER_SENT = frozenset({1005, 1006, 1015})
@@ -88,22 +98,27 @@ async def open_websocket(
     which reads the client through `frames` (its frames counted against its limits).
 
     trio-websocket's reader task runs in a nursery of this block, cancelled when it ends (close
-    the WebSocket inside the block). Raises `trio.TooSlowError` if the handshake does not
-    complete within `timeout` seconds, `trio_websocket.ConnectionClosed` if the client left.
+    the WebSocket inside the block). Raises `trio.TooSlowError` (itself, not in a group) if the
+    handshake does not complete within `within` seconds, `trio_websocket.ConnectionClosed` if
+    the client left.
     """
     head = request.raw_head()
     http.stream.unread(head)
     frames.handshake(len(head), early=http.trailing_data())
+    ws: trio_websocket.WebSocketConnection | None = None
     async with trio.open_nursery() as nursery:
         try:
-            with trio.fail_after(within):
+            with trio.move_on_after(within):
                 proposal = await trio_websocket.wrap_server_stream(
                     nursery, frames, max_message_size=max_message
                 )
                 ws = await proposal.accept()
-            yield ws
+            if ws is not None:
+                yield ws
         finally:
             nursery.cancel_scope.cancel()
+    if ws is None:  # raised out here: in the nursery it would come wrapped in a group
+        raise trio.TooSlowError
 
 
 async def close_websocket(
