@@ -201,6 +201,12 @@ def t_chat(ctx: Context, rng: random.Random) -> Draft:
         doc["tools"] = [
             {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
         ]
+    if rng.random() < 0.3:  # a turn after a tool call: the call, then its result
+        call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        doc["messages"] += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "42"},
+        ]
     return _post(ctx, b"/v1/chat/completions", doc)
 
 
@@ -211,11 +217,16 @@ def t_mmsp(ctx: Context, rng: random.Random) -> Draft:
 
 
 def t_ui(ctx: Context, rng: random.Random) -> Draft:
-    doc = {
+    doc: dict[str, Any] = {
         "id": "chat-1",
         "trigger": "submit-message",
         "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "Hi"}]}],
     }
+    if rng.random() < 0.4:  # a step with a tool the client ran, its output sent back
+        tool: dict[str, Any] = {"type": "tool-f", "toolCallId": "c1", "state": "output-available"}
+        tool |= {"input": {"q": 1}, "output": {"a": 2}}
+        parts = [{"type": "step-start"}, {"type": "text", "text": "Looking."}, tool]
+        doc["messages"].append({"id": "a1", "role": "assistant", "parts": parts})
     return _post(ctx, b"/v1/ui/chat", doc)
 
 
@@ -243,6 +254,7 @@ _SENTINELS = {  # JSON no Python value encodes to, written in after `json.dumps`
     "\x00bigint": "9" * 5000,
     "\x00nan": "NaN",
     "\x00surrogate": '"\\ud800"',
+    "\x00deep_string": '"' + "[" * 100_000 + "]" * 100_000 + '"',  # JSON that is a string
 }
 
 

@@ -391,12 +391,10 @@ def check_exchange(case: Case, exchange: Exchange) -> None:
     texts = sent_texts(case)
     for response in responses:
         check_response(response, case, texts)
-    if upgraded is not None:  # the answer to the request after those answered before it
-        answered = sum(r.status >= 200 for r in responses[:-1])
-        upgrade = case.requests[min(answered, len(case.requests) - 1)]
-        key = upgrade.ws_key or b""
-        accept = base64.b64encode(hashlib.sha1(key + _GUID).digest())
-        if responses[-1].get(b"sec-websocket-accept") != accept:
+    if upgraded is not None:  # the key as sent, mutated or not
+        keys = re.findall(rb"(?im)^sec-websocket-key:[ \t]*(.*?)[ \t]*\r$", case.wire)
+        accepts = {base64.b64encode(hashlib.sha1(key + _GUID).digest()) for key in keys}
+        if responses[-1].get(b"sec-websocket-accept") not in accepts:
             raise Malformed("a 101 with the wrong sec-websocket-accept")
         check_frames(upgraded)
     final = [r for r in responses if r.status >= 200]
