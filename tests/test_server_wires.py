@@ -465,3 +465,25 @@ async def test_a_routed_kind_without_its_key_is_model_unavailable() -> None:
     assert answer.json()["error"]["type"] == "invalid_request_error"
     assert answer.json()["error"]["code"] == "model_unavailable"
     assert loopback.requests == []
+
+
+async def test_a_bug_in_a_route_is_a_500_in_json_and_the_server_serves_on(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from rillet.transports.server._runs import Runs
+
+    async def broken(*_: object) -> None:
+        raise RuntimeError("a bug of ours")
+
+    monkeypatch.setattr(Runs, "start_run", broken)
+    with trio.fail_after(10), caplog.at_level(logging.ERROR, "rillet.transports.server"):
+        async with serving() as served:
+            failed = await served.client.post("/v1/runs", json={"prompt": "Hi"})
+            healthy = await served.client.get("/healthz")
+    assert failed.status_code == 500
+    assert failed.headers["content-type"].startswith("application/json")
+    assert failed.headers["x-content-type-options"] == "nosniff"
+    assert failed.json()["error"]["type"] == "internal_error"
+    assert "a bug of ours" not in failed.text  # the log has it, not the client
+    assert any("POST /v1/runs failed" in r.getMessage() for r in caplog.records)
+    assert healthy.status_code == 200

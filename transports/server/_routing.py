@@ -45,6 +45,16 @@ if TYPE_CHECKING:
 __all__ = ["Server", "connection_cap"]
 
 logger = logging.getLogger("rillet.transports.server")
+_QUIET = (*GONE, trio_websocket.ConnectionClosed, LocalProtocolError)
+"""A connection's ends that are no bug: its client left, or its WebSocket closed."""
+
+
+def _quiet(exc: BaseException) -> bool:
+    """Whether an exception (or all a group holds) is only a connection's end."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(_QUIET)[1] is None
+    return isinstance(exc, _QUIET)
+
 
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -270,6 +280,16 @@ class Server:
                 await http.respond(status, error_body(kind, message), close=True)
             return False
         except CloseConnection:
+            return False
+        except Exception as exc:
+            if not http.responding or _quiet(exc):
+                raise  # a head already went out, or the client is gone: the connection ends
+            # a bug of ours: the operator reads it in the log, the client gets an answer
+            logger.error("%s %s failed", request.method, request.path[:80], exc_info=exc)
+            body = error_body(
+                "internal_error", "the server failed on this request: its log says why"
+            )
+            await http.respond(500, body, close=True)
             return False
         return True
 
