@@ -178,6 +178,8 @@ def _arguments(call: _ToolCall, param: str) -> dict[str, Any]:
         value = msgspec.json.decode(raw)
     except msgspec.DecodeError:
         raise BadRequest("tool call arguments must be a JSON object", param) from None
+    except RecursionError:  # nested past the decoder's depth
+        raise BadRequest("tool call arguments are nested too deeply", param) from None
     if not isinstance(value, dict):
         raise BadRequest("tool call arguments must be a JSON object", param)
     return value

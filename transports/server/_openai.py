@@ -273,14 +273,6 @@ class OpenAIChat:
             raise ErrorReply(
                 400, "invalid_request_error", str(exc), param=exc.param, code=None
             ) from None
-        except RecursionError:  # tool call arguments (a JSON string) nested past the decoder
-            raise ErrorReply(
-                400,
-                "invalid_request_error",
-                "tool call arguments are nested too deeply",
-                param="messages",
-                code=None,
-            ) from None
         try:
             provider = route_model(self.shared, body.model)
         except ErrorReply as reply:  # a model that cannot be served as configured
