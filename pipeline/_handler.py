@@ -147,12 +147,27 @@ class Handler:
             if failure is None:
                 return Outcome.COMPLETED
             self.error = failure.error
+            if self._adapted(failure):
+                continue  # asked again at once, without what the server refused
             hopeless = await self._next(failure, out)
             if hopeless is None:
                 continue
             if hopeless is Outcome.RATE_LIMITED or not self._may_rescue(failure, hopeless):
                 return hopeless
             return await self._rescue(out, hopeless)
+
+    def _adapted(self, failure: Failure) -> bool:
+        """Whether a refusal names an optional field of ours the request can do without (the
+        dialect's `adapt`, once a field a base URL): the next request leaves it out. Not the
+        same request again, so not the same answer paid twice: the refusal had none."""
+        adapt = getattr(self.provider.dialect, "adapt", None)
+        error = failure.error
+        return (
+            adapt is not None
+            and failure.shape is Shape.PERMANENT
+            and isinstance(error, ProviderError)
+            and bool(adapt(self.provider, error))
+        )
 
     # --- one attempt ------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ TLS port asked in plain HTTP answers with a TLS alert).
 from __future__ import annotations
 
 import functools
+import json
 
 import httpx
 import pytest
@@ -23,6 +24,7 @@ from rillet.transports.testing import Reply, open_loopback_provider, openai_text
 
 KEY = "sk-test-0123456789abcdef"
 REQUEST = TurnRequest(messages=[user("Hi")])
+JSON = "application/json"
 
 
 @pytest.mark.parametrize("given", [KEY + "\n", KEY + "\r\n", f"  {KEY}\t", KEY])
@@ -136,3 +138,65 @@ def test_a_base_url_no_request_can_go_by_is_refused_without_repeating_it(url: st
 def test_a_base_url_is_taken_without_the_whitespace_around_it() -> None:
     provider = Provider(OpenAIChatDialect(), " https://api.example.com/v1\n", "m")
     assert provider.base_url == "https://api.example.com/v1"
+
+
+def _refusal(field: str, status: int = 400) -> Reply:
+    """A compatible gateway refusing an optional field it does not know."""
+    body = {
+        "error": {
+            "message": f"Unknown parameter: '{field}'.",
+            "type": "invalid_request_error",
+            "param": field,
+            "code": "unknown_parameter",
+        }
+    }
+    return Reply(
+        status=status, chunks=(json.dumps(body).encode(),), content_type="application/json"
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "sent"), [("stream_options", None), ("max_completion_tokens", "max_tokens")]
+)
+async def test_an_optional_field_a_server_refuses_is_left_out_from_then_on(
+    field: str, sent: str | None
+) -> None:
+    ok = Reply(chunks=(openai_text_stream(["Hello"]),))
+    request = TurnRequest(messages=[user("Hi")], max_tokens=50)
+    async with open_loopback_provider([_refusal(field), ok, ok]) as server:
+        provider = Provider(OpenAIChatDialect(), server.url, "m", api_key=Secret(KEY))
+        with trio.fail_after(10):
+            first = await run_turn(request, provider)
+            second = await run_turn(request, provider)  # the base URL's refusal is remembered
+    bodies = [json.loads(r.body) for r in server.requests]
+    assert (first.outcome, first.requests, first.text) == (Outcome.COMPLETED, 2, "Hello")
+    assert (second.outcome, second.requests) == (Outcome.COMPLETED, 1)
+    assert field in bodies[0]
+    for body in bodies[1:]:
+        assert field not in body
+        if sent is not None:
+            assert body[sent] == 50
+
+
+async def test_a_refusal_of_something_else_is_still_asked_once() -> None:
+    async with open_loopback_provider([_refusal("temperature")] * 3) as server:
+        provider = Provider(OpenAIChatDialect(), server.url, "m", api_key=Secret(KEY))
+        with trio.fail_after(10):
+            result = await run_turn(REQUEST, provider)
+    assert (result.outcome, result.requests, len(server.requests)) == (Outcome.INIT_FAILED, 1, 1)
+
+
+async def test_a_fastapi_refusal_is_read_for_the_field_it_names() -> None:
+    detail = [{"type": "extra_forbidden", "loc": ["body", "stream_options"], "msg": "Extra inputs"}]
+    refusal = Reply(
+        status=422,
+        chunks=(json.dumps({"detail": detail}).encode(),),
+        content_type="application/json",
+    )
+    ok = Reply(chunks=(openai_text_stream(["Hello"]),))
+    async with open_loopback_provider([refusal, ok]) as server:
+        provider = Provider(OpenAIChatDialect(), server.url, "m", api_key=Secret(KEY))
+        with trio.fail_after(10):
+            result = await run_turn(REQUEST, provider)
+    assert (result.outcome, result.requests) == (Outcome.COMPLETED, 2)
+    assert "stream_options" not in json.loads(server.requests[1].body)

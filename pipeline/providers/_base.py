@@ -138,7 +138,12 @@ class FramesDecoder(StreamDecoder, Protocol):
 
 
 class Dialect(Protocol):
-    """The sans-I/O knowledge of one provider's wire."""
+    """The sans-I/O knowledge of one provider's wire.
+
+    A dialect may also have `adapt(provider, error) -> bool`: whether a refusal names an
+    optional field of its request that it will leave out from then on (Chat Completions'
+    `stream_options`); the handler then asks again at once.
+    """
 
     @property
     def name(self) -> str:
@@ -344,6 +349,7 @@ def sse_text(data: str | bytes) -> str:
 
 
 _decode_any = msgspec.json.Decoder().decode
+_encode_any = msgspec.json.encode
 
 _REQUEST_CODES = (
     "invalid_prompt",
@@ -551,6 +557,9 @@ def error_from_body(
             )
             if _zero_quota(err.get("details")):
                 error_types = ("insufficient_quota", *error_types)  # no wait brings a quota of 0
+        elif "detail" in data:  # FastAPI's: a string, or pydantic's list of what failed where
+            detail = data["detail"]
+            message = detail if isinstance(detail, str) else _encode_any(detail).decode()[:500]
     elif isinstance(body, bytes | str) and status is not None:
         message = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
     return provider_error(

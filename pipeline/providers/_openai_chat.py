@@ -6,6 +6,7 @@ stream maps to lane events is `_openai_chat_stream`.
 from __future__ import annotations
 
 import base64
+import re
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
@@ -266,6 +267,19 @@ def _tool_choice(choice: ToolChoice, tools: list[ToolSpec]) -> tuple[Any, list[T
     return "required", [t for t in tools if t.name in names]
 
 
+_OPTIONAL_FIELDS = ("stream_options", "max_completion_tokens")
+"""Fields of ours a compatible server may refuse, which the request can do without."""
+_REFUSED = re.compile(
+    r"(?:unknown|unrecognized|unsupported|unexpected|extra) (?:request )?"
+    r"(?:parameter|argument|field|key|input)s?(?: supplied)?:? ['\"`]?(\w+)",
+    re.IGNORECASE,
+)
+"""How a server names a field it does not take: "Unknown parameter: 'stream_options'" (a
+gateway), "Unrecognized request argument supplied: stream_options" (older Azure)."""
+_LOCATED = re.compile(r'"loc":\s*\[[^\]]*?"(\w+)"\]')
+"""The field a pydantic error is about: the last of its location."""
+
+
 class OpenAIChatDialect:
     """OpenAI's Chat Completions API and the servers that speak it.
 
@@ -285,6 +299,25 @@ class OpenAIChatDialect:
     ) -> None:
         self.stream_options = stream_options
         self.max_tokens_field = max_tokens_field
+        self._refused: dict[str, set[str]] = {}  # base URL -> optional fields its server refused
+
+    def adapt(self, provider: Provider, error: ProviderError) -> bool:
+        """Whether the request can be sent again without what `error` says the server refused:
+        `stream_options` (a gateway that knows no such field: then no usage comes), or
+        `max_completion_tokens` (a server that knows only `max_tokens`). Remembered for the base
+        URL, so the next turns to it send the request it takes from the first."""
+        if error.status not in (400, 422):
+            return False
+        said = error.provider_message
+        named = {m.group(1) for m in _REFUSED.finditer(said)}
+        if "extra_forbidden" in said:  # pydantic's list of what failed where (FastAPI's 422)
+            named.update(m.group(1) for m in _LOCATED.finditer(said))
+        refused = self._refused.setdefault(provider.base_url, set())
+        for name in _OPTIONAL_FIELDS:
+            if name in named and name not in refused:
+                refused.add(name)
+                return True
+        return False
 
     def build_request(
         self, request: TurnRequest, provider: Provider, *, stream: bool = True
@@ -304,15 +337,19 @@ class OpenAIChatDialect:
             if request.tool_choice is not None:
                 body["tool_choice"], tools = _tool_choice(request.tool_choice, tools)
             body["tools"] = _tools(tools)
+        refused = self._refused.get(provider.base_url, ())
         if request.max_tokens is not None:
-            body[self.max_tokens_field] = request.max_tokens
+            field = self.max_tokens_field
+            if field in refused:
+                field = "max_tokens"
+            body[field] = request.max_tokens
         if request.temperature is not None:
             body["temperature"] = request.temperature
         effort = reasoning_effort(request.thinking_level)
         if effort is not None:
             body["reasoning_effort"] = effort
         body["stream"] = stream  # explicit either way: a non-streaming request says so
-        if stream and self.stream_options:
+        if stream and self.stream_options and "stream_options" not in refused:
             body["stream_options"] = {"include_usage": True}
         body.update(request.extra_body.get(NAME, {}))
         headers = {"content-type": "application/json", **provider.headers}
