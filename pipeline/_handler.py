@@ -488,6 +488,8 @@ class Handler:
                 failure = self._failure_of(error, 0)
             else:  # pragma: no cover - the rescue records only rillet's errors
                 raise error
+            if self._adapted(failure):
+                continue  # asked again at once, without what the server refused
             hopeless = await self._next(failure, out)
             if hopeless is not None:
                 return hopeless

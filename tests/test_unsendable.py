@@ -200,3 +200,32 @@ async def test_a_fastapi_refusal_is_read_for_the_field_it_names() -> None:
             result = await run_turn(REQUEST, provider)
     assert (result.outcome, result.requests) == (Outcome.COMPLETED, 2)
     assert "stream_options" not in json.loads(server.requests[1].body)
+
+
+async def test_a_turn_asked_not_to_stream_leaves_a_refused_field_out_too() -> None:
+    ok = Reply(
+        chunks=(
+            json.dumps(
+                {
+                    "id": "c1",
+                    "object": "chat.completion",
+                    "model": "m",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "Hello"},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                }
+            ).encode(),
+        ),
+        content_type=JSON,
+    )
+    request = TurnRequest(messages=[user("Hi")], max_tokens=50)
+    async with open_loopback_provider([_refusal("max_completion_tokens"), ok]) as server:
+        provider = Provider(OpenAIChatDialect(), server.url, "m", api_key=Secret(KEY))
+        with trio.fail_after(10):
+            result = await run_turn(request, provider, stream=False)
+    assert (result.outcome, result.requests, result.text) == (Outcome.COMPLETED, 2, "Hello")
+    assert json.loads(server.requests[1].body)["max_tokens"] == 50
