@@ -69,7 +69,7 @@ from rillet.providers import Provider, dialect_from_name
 from rillet.transports.replay import content_type_for
 
 from . import liberal_support as lib
-from .test_real_corpus import DIALECTS, EXPECTED, KNOWN_DEFECTS, REAL
+from .test_real_corpus import DIALECTS, EXPECTED, REAL, cases
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -148,20 +148,6 @@ def _applicable(rel: str) -> list[str]:
     """The rewrites that apply to a recording, by its dialect and framing."""
     dialect = rel.split("/")[0]
     return [name for name, (_, applies) in VARIANTS.items() if applies(dialect, _framing(rel))]
-
-
-def _cases() -> list[Any]:
-    return [
-        pytest.param(
-            rel,
-            id=rel,
-            # a recording read wrong as sent is read wrong rewritten: strict, as it is there
-            marks=[pytest.mark.xfail(strict=True, reason=KNOWN_DEFECTS[rel])]
-            if rel in KNOWN_DEFECTS
-            else [],
-        )
-        for rel in _streamed()
-    ]
 
 
 class _Pieces(httpx.AsyncByteStream):
@@ -303,7 +289,7 @@ async def _rewrite_failures(rel: str, variant: str, want: dict[str, Any]) -> lis
     return failures
 
 
-@pytest.mark.parametrize("rel", _cases())
+@pytest.mark.parametrize("rel", cases(_streamed()))  # a known defect: a strict xfail here too
 async def test_every_rewrite_reads_as_the_recording(
     rel: str, autojump_clock: trio.testing.MockClock
 ) -> None:
