@@ -246,6 +246,9 @@ def _provider_error(
         return (
             f"the API key was refused{status}{said} — check {key_hint or 'the API key (--api-key)'}"
         )
+    if error.status == 404 and "try pulling it" in error.provider_message:
+        # Ollama's own words for a model it has not downloaded (`model 'x' not found, ...`)
+        return f"the model is not on the Ollama server{status}{said} — ollama pull {provider.model}"
     if error.status == 404:  # whatever its type says (Anthropic's `not_found_error`, Gemini's)
         # an unknown model, or a base URL that misses the API's path (a server's root, no /v1)
         # OpenAI-compatible servers serve the API under /v1; Ollama's own API is at its root

@@ -266,3 +266,13 @@ def test_a_conversation_too_long_for_the_model_says_so(
     assert line.endswith(
         "— shorten it (or lower --max-tokens), or pick a model with a larger context window"
     )
+
+
+def test_a_model_ollama_has_not_pulled_says_how_to_pull_it() -> None:
+    ollama = Provider(OllamaDialect(), "http://localhost:11434", "llama3.2")
+    body = b'{"error":"model \\"llama3.2\\" not found, try pulling it first"}'
+    error = error_from_body("ollama", 404, body)
+    assert explain(error, ollama) == (
+        'the model is not on the Ollama server (404): model "llama3.2" not found, try pulling it'
+        " first — ollama pull llama3.2"
+    )
