@@ -551,7 +551,7 @@ async def run_agent(
             requests = sum(t.requests for t in loop.turns)
             await stream.finish(
                 builder.close(loop.status, loop.code, attempts=attempts, requests=requests),
-                cancelled=loop.status == "cancelled",
+                cancelled=loop.status == "cancelled" or loop.code == "internal_error",
             )
         finally:
             if own_client:

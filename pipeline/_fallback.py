@@ -313,7 +313,8 @@ async def run_chain(
                     requests=result.requests,
                     retry_after=retry,
                 ),
-                cancelled=status == "cancelled",
+                # its own failure (a sink's) gives the sinks a cancel's grace, as a turn does
+                cancelled=status == "cancelled" or code == "internal_error",
             )
         finally:
             if own_client:

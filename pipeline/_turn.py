@@ -385,7 +385,10 @@ async def run_turn(
         )
         turn._done.set()
         try:
-            await _finish_sinks(sinks, turn, given, cancelled=outcome is Outcome.CANCELLED)
+            # a turn its own failure ended gives its sinks the cancelled turn's grace, not a
+            # wait however long: the sink that raised may never take another batch
+            cut = outcome is Outcome.CANCELLED or failed is not None
+            await _finish_sinks(sinks, turn, given, cancelled=cut)
         finally:
             if not history:  # every sink has had its all (or its grace): nothing more is owed
                 for log in (turn._uni, turn._run):

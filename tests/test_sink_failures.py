@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 import trio
+import trio.testing
 from rillet import CallbackSink, SinkBatch, TurnRequest, run_turn, user
 from rillet._hub import Hub
 from rillet._runevents import RunDone, RunEvent, decode_run_event
@@ -103,3 +104,40 @@ async def test_a_sink_that_raises_leaves_the_others_a_whole_run_and_closes_them(
         assert (done.status, done.code) == ("error", "internal_error")
     else:  # raised at the run's own end: the run had completed
         assert (done.status, done.code) == ("completed", "completed")
+
+
+@pytest.fixture
+def loop_clock() -> trio.testing.MockClock:
+    """Virtual time that jumps only after 20 ms of real idleness (bytes in flight on loopback
+    are not silence): the grace passes at once, the turn's reads in real time."""
+    return trio.testing.MockClock(autojump_threshold=0.02)
+
+
+class StuckAtTheEnd:
+    """A sink that takes every batch on the turn's task, but whose `deliver` (the end's) never
+    returns."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def deliver_nowait(self, batch: SinkBatch) -> bool:
+        return True
+
+    async def deliver(self, batch: SinkBatch) -> None:
+        await trio.sleep_forever()
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("chain", [False, True], ids=["turn", "chain"])
+async def test_a_turn_a_sink_failed_gives_the_others_a_grace_not_a_wait_forever(
+    chain: bool, loop_clock: trio.testing.MockClock
+) -> None:
+    stuck = StuckAtTheEnd()
+    with (
+        trio.fail_after(60),  # virtual seconds: the grace is a few
+        pytest.RaisesGroup(AppBug, allow_unwrapped=True, flatten_subgroups=True),
+    ):
+        await turn_with([raising_at(5), stuck], chain=chain)
+    assert stuck.closed
