@@ -184,6 +184,8 @@ whole("settings", model=spec["model"], messages=user("SETTINGS"), stop=["\n\n", 
       response_format={"type": "json_object"}, user="end-user-1", max_completion_tokens=40,
       store=False, metadata={"team": "a"}, extra_body={"not_openai_at_all": {"x": 1}})
 whole("limited", model=spec["model"], messages=user("LIMITED"))
+retrying = OpenAI(base_url=spec["base_url"], api_key=spec["key"], timeout=30)  # 2 retries
+whole("limited_retrying", c=retrying, model=spec["model"], messages=user("LIMITED, AGAIN"))
 whole("filtered", model=spec["model"], messages=user("FILTERED"))
 whole("unknown_model", model="nobody/nothing", messages=user("Say hello"))
 whole("routed", model="anthropic/claude-sonnet-4-5", messages=user("Say hello"))
@@ -429,6 +431,13 @@ def test_an_upstream_rate_limit_is_the_sdks_rate_limit_error(sdk: dict[str, Any]
     assert error["status"] == 429
     assert error["body"]["type"] == "rate_limit_error"
     assert error["body"]["code"] == "RateLimitError"
+
+
+def test_the_sdk_does_not_retry_what_the_server_already_retried(sdk: dict[str, Any]) -> None:
+    # `x-should-retry: false`: an SDK with its default retries pays the provider no more
+    # requests than one with none
+    assert sdk["limited_retrying"]["error"]["class"] == "RateLimitError"
+    assert len(_sent(sdk, "LIMITED, AGAIN")) == len(_sent(sdk, "LIMITED")) - 1 == 1
 
 
 def test_a_filtered_reply_finishes_content_filter(sdk: dict[str, Any]) -> None:

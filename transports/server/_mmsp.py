@@ -254,14 +254,18 @@ def mmsp_error(
     """The MMSP error object for a failed turn, the HTTP status for it, and extra headers.
 
     Messages are our own words; a provider's own message is passed on only for an invalid
-    request (it says what was invalid), with the provider's key scrubbed from it.
+    request (it says what was invalid), with the provider's key scrubbed from it. Every failure
+    but a cancel says `x-should-retry: false` (the OpenAI and Anthropic SDKs read it): the turn
+    already ran the ladder its failure deserved, and a client retrying on top would pay again,
+    times its own retries, for what the server found hopeless (`Retry-After` still says when
+    asking again may help).
     """
     error = result.error
     if isinstance(error, FallbackFailed):
         error = error.stream_error or error.rescue_error
-    headers: list[tuple[str, str]] = []
     if result.outcome is Outcome.CANCELLED:
-        return {"type": "Cancelled", "message": "the turn was cancelled"}, 503, headers
+        return {"type": "Cancelled", "message": "the turn was cancelled"}, 503, []
+    headers: list[tuple[str, str]] = [("x-should-retry", "false")]
     if isinstance(error, ProviderError):
         message = f"the upstream provider {error.provider} reported an error"
         if error.status is not None:
