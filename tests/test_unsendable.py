@@ -43,7 +43,7 @@ async def test_a_key_is_sent_without_the_whitespace_around_it(given: str) -> Non
     [
         ("sk-abc\ndefghijklmnop", "at position 7: a line break"),
         ("sk-abcédefghijklmnop", "at position 7: not visible ASCII"),
-        ("sk-abc defghijklmnop", "at position 7: not visible ASCII"),
+        ("sk-abc defghijklmnop", "at position 7: a space"),
     ],
 )
 def test_a_key_no_header_can_carry_is_refused_before_any_request(key: str, said: str) -> None:

@@ -181,6 +181,9 @@ _HEADER_SAFE = re.compile(r"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*")
 """A header value an HTTP/1.1 request can carry: visible ASCII, spaces only between words."""
 
 
+_WHAT = {"\n": "a line break", "\r": "a line break", " ": "a space", "\t": "a tab"}
+
+
 def _clean_key(key: Secret | None) -> Secret | None:
     """The key without the whitespace around it (a key pasted or read from a file with its line
     end); one that still holds what no header can carry (a line break inside, a non-ASCII
@@ -197,8 +200,8 @@ def _clean_key(key: Secret | None) -> Secret | None:
             "provider",
             None,
             f"the API key holds a character no request header can carry (at position {bad + 1}:"
-            f" {'a line break' if stripped[bad] in chr(10) + chr(13) else 'not visible ASCII'})"
-            " — copy the key again",
+            f" {_WHAT.get(stripped[bad], 'not visible ASCII')}) — copy the key again (the key"
+            " alone, without `Bearer`)",
         )
     return key if stripped == value else Secret(stripped)
 
