@@ -13,7 +13,6 @@ import json
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, Protocol
-from urllib.parse import urlsplit
 
 import attrs
 import msgspec
@@ -207,20 +206,9 @@ def _clean_key(key: Secret | None) -> Secret | None:
 
 
 def _clean_base_url(url: str) -> str:
-    """The base URL without the whitespace around it; one that names no scheme a request can go
-    by (`http`, `https`, `ws`, `wss`) or no host is refused here, before any request: it would
-    fail every one the same way. The refusal never repeats it (a key pasted in the wrong place)."""
-    text = url.strip() if isinstance(url, str) else ""
-    try:
-        parts = urlsplit(text)
-        ok = parts.scheme.lower() in ("http", "https", "ws", "wss") and bool(parts.hostname)
-    except ValueError:
-        ok = False
-    if not ok or any(c.isspace() or not c.isprintable() for c in text):
-        raise ConfigurationError(
-            "provider", None, "the base URL is not a URL like https://host/v1 (a scheme, a host)"
-        )
-    return text
+    """The base URL without the whitespace around it (pasted, or read from a file with its line
+    end). One no request can go by fails its first request, once, saying why (`unsendable`)."""
+    return url.strip() if isinstance(url, str) else url
 
 
 def _clean_headers(headers: Mapping[str, str]) -> Mapping[str, str]:
