@@ -321,13 +321,22 @@ class EmptyResponseError(StreamError):
     Attributes:
         finish_reason: the reply's finish reason.
         usage_metadata: what the reply still cost.
+        provider_reason: the provider's own spelling of why it stopped (`SAFETY`,
+            `PROHIBITED_CONTENT`, `MALFORMED_FUNCTION_CALL`, `content_filter`), when it gave one:
+            what tells a filtered or blocked reply from one of reasoning only.
     """
 
     def __init__(
-        self, provider: str, finish_reason: str | None, usage_metadata: Any = None
+        self,
+        provider: str,
+        finish_reason: str | None,
+        usage_metadata: Any = None,
+        *,
+        provider_reason: str | None = None,
     ) -> None:
         self.finish_reason = finish_reason
         self.usage_metadata = usage_metadata
+        self.provider_reason = provider_reason
         super().__init__(
             provider,
             f"{provider} returned no content other than thinking "

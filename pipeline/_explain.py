@@ -70,6 +70,20 @@ _LOOKUP_CAUSES = (_NO_SUCH_HOST, _LOOKUP_FAILED)
 """What a failed name lookup (`socket.gaierror`) says: the name has no address, or the lookup
 itself failed (`Temporary failure in name resolution`)."""
 
+_FILTERED = frozenset(
+    {
+        "safety",
+        "prohibited_content",
+        "blocklist",
+        "spii",
+        "recitation",
+        "image_safety",
+        "content_filter",
+        "refusal",
+    }
+)
+"""Provider finish reasons of a reply its content rules stopped (Gemini's, a prompt's block
+reason, OpenAI's `content_filter`, Anthropic's `refusal`)."""
 _CONTEXT_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
 """Error codes of a request larger than the model's context window."""
 _CONTEXT_FULL = re.compile(
@@ -189,6 +203,14 @@ def _explain_one(
         missing = " and ".join(words.get(m, m) for m in error.missing) or "its end"
         return f"the provider's stream ended early, without {missing}{tries}"
     if isinstance(error, EmptyResponseError):
+        reason = (error.provider_reason or "").lower()
+        if reason in _FILTERED:
+            return (
+                f"the provider stopped the answer before it began ({error.provider_reason}: its"
+                " content rules) — rephrase the request"
+            )
+        if reason == "malformed_function_call":
+            return "the model's tool call came out malformed, with no answer — ask again"
         return "the model finished without an answer (nothing but reasoning) — ask again"
     if isinstance(error, ToolCallArgumentParseError):
         return (

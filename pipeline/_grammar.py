@@ -520,7 +520,7 @@ class Grammar:
         usage = self._usage_metadata() or _NO_USAGE
         finish = self._mapped_finish() or "unknown"
         if not self._content_seen:
-            raise EmptyResponseError(self.provider, finish, usage)
+            raise EmptyResponseError(self.provider, finish, usage, provider_reason=self._finish)
         self._stopped = True
         out.append(stop_event(usage, finish, self._clock()))
 

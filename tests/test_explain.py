@@ -7,8 +7,10 @@ import json
 import socket
 import ssl
 from pathlib import Path
+from typing import Any
 
 import pytest
+import trio
 from rillet import (
     AuthenticationError,
     FallbackFailed,
@@ -20,12 +22,17 @@ from rillet import (
     StreamProtocolError,
     ToolCallArgumentParseError,
     TransportError,
+    TurnRequest,
     TurnTimeout,
+    run_turn,
+    user,
 )
 from rillet._explain import explain, mask_keys
 from rillet.providers._base import Provider, Secret, error_from_body
+from rillet.providers._gemini import GeminiDialect
 from rillet.providers._ollama import OllamaDialect
 from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet.transports.testing import Reply, open_loopback_provider, sse
 
 KEY = "sk-proj-abcdefghijklmnop1234"
 PROVIDER = Provider(OpenAIChatDialect(), "https://api.example.com/v1", "m", api_key=Secret(KEY))
@@ -276,3 +283,40 @@ def test_a_model_ollama_has_not_pulled_says_how_to_pull_it() -> None:
         'the model is not on the Ollama server (404): model "llama3.2" not found, try pulling it'
         " first — ollama pull llama3.2"
     )
+
+
+@pytest.mark.parametrize(
+    ("chunk", "said"),
+    [
+        (
+            {"candidates": [{"finishReason": "SAFETY"}], "usageMetadata": {"promptTokenCount": 5}},
+            "the provider stopped the answer before it began (SAFETY: its content rules)"
+            " — rephrase the request",
+        ),
+        (
+            {
+                "promptFeedback": {"blockReason": "PROHIBITED_CONTENT"},
+                "usageMetadata": {"promptTokenCount": 5},
+            },
+            "the provider stopped the answer before it began (PROHIBITED_CONTENT: its content"
+            " rules) — rephrase the request",
+        ),
+        (
+            {
+                "candidates": [
+                    {"content": {"parts": []}, "finishReason": "MALFORMED_FUNCTION_CALL"}
+                ],
+                "usageMetadata": {"promptTokenCount": 5},
+            },
+            "the model's tool call came out malformed, with no answer — ask again",
+        ),
+    ],
+    ids=["safety", "prompt blocked", "malformed call"],
+)
+async def test_a_reply_stopped_before_any_answer_says_why(chunk: dict[str, Any], said: str) -> None:
+    async with open_loopback_provider([Reply(chunks=(sse(json.dumps(chunk)),))]) as server:
+        provider = Provider(GeminiDialect(), server.url, "gemini-2.5-flash")
+        with trio.fail_after(10):
+            result = await run_turn(TurnRequest(messages=[user("hi")]), provider)
+    assert result.requests == 1
+    assert explain(result.error, provider) == said
