@@ -487,6 +487,10 @@ MODEL_TOO_LARGE = "model_too_large"
 """The code of a model too large for the server's memory (Ollama's 500 `model requires more
 system memory (5.5 GiB) than is available`): it fails the same way until the model changes."""
 
+REDIRECT = "redirect"
+"""The error type of a redirect answer (3xx with a `Location`): a turn never follows one, since
+the request carries the key; the line a person reads names where it points."""
+
 UNCURABLE_CODES = QUOTA_CODES | {REQUEST_TOO_LARGE, MODEL_TOO_LARGE}
 """Provider error codes that no retry or wait cures."""
 

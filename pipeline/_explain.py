@@ -17,6 +17,7 @@ from ._errors import (
     MODEL_TOO_LARGE,
     NOT_TLS_REASONS,
     QUOTA_CODES,
+    REDIRECT,
     REQUEST_TOO_LARGE,
     AuthenticationError,
     ConfigurationError,
@@ -237,7 +238,7 @@ def _provider_error(
         check = key_hint or "the API key (--api-key)"
         return f"{what}{status}{said} — check {check}"
     code = (error.error_type or "").lower()
-    if code == "redirect" and error.status is not None and 300 <= error.status < 400:
+    if code == REDIRECT and error.status is not None and 300 <= error.status < 400:
         where = f" to {error.provider_message.removeprefix('redirected to ')}" if quote else ""
         return (
             f"the server answered with a redirect{status}{where} — put the address it names in"

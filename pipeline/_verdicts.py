@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 import attrs
 import trio
 
-from ._errors import FrameError, ProviderError, RilletError, TransportError
+from ._errors import REDIRECT, FrameError, ProviderError, RilletError, TransportError
 from ._failures import http_shape
 from ._policy import Policy, Shape, retry_after
 from ._reads import read_bounded
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from ._upstream import Exchange, UpstreamError
 
 __all__ = [
-    "REDIRECT",
     "Failure",
     "check_content_type",
     "error_from_response",
@@ -40,9 +39,6 @@ __all__ = [
 ]
 
 _E = TypeVar("_E", bound=RilletError)
-REDIRECT = "redirect"
-"""The error type of a redirect answer (3xx with a `Location`): a turn never follows one, since
-the request carries the key; the line a person reads names where it points."""
 _STREAM_TYPES = {"sse": ("text/event-stream",), "ndjson": ("ndjson", "json", "text/plain")}
 
 

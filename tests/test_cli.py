@@ -37,10 +37,8 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 async def _run_cli(args: list[str], url: str, **env: str) -> subprocess.CompletedProcess[bytes]:
-    cmd = [sys.executable, "-m", "rillet", *args, "--provider", f"{url}/v1", "--model", "m"]
-    return await trio.run_process(
-        cmd, capture_stdout=True, capture_stderr=True, check=False, env=_env(**env), cwd=ROOT
-    )
+    """`rillet ARGS` against the OpenAI-compatible server at `url`, model `m`."""
+    return await _rillet(*args, "--provider", f"{url}/v1", "--model", "m", **env)
 
 
 async def test_run_streams_the_answer_to_stdout() -> None:
@@ -111,15 +109,7 @@ async def test_a_refused_connection_names_host_cause_and_attempts() -> None:
 
     url = refused_url()
     host = url.split("//", 1)[1].rstrip("/")
-    cmd = [sys.executable, "-m", "rillet", "run", "hi", "--provider", f"{url}/v1", "--model", "m"]
-    done = await trio.run_process(
-        [*cmd, "--retries", "1", "--no-fallback"],
-        capture_stdout=True,
-        capture_stderr=True,
-        check=False,
-        env=_env(),
-        cwd=ROOT,
-    )
+    done = await _run_cli(["run", "hi", "--retries", "1", "--no-fallback"], url)
     assert done.returncode == 1
     last = done.stderr.decode().strip().splitlines()[-1]
     assert last.startswith(f"rillet: cannot connect to {host}: connection refused (2 attempts)")
@@ -131,15 +121,7 @@ async def test_an_https_url_to_a_plain_http_server_says_the_handshake_failed() -
     async with open_loopback_provider(script) as provider:
         url = provider.url.replace("http://", "https://")
         host = url.split("//", 1)[1].rstrip("/")
-        cmd = [sys.executable, "-m", "rillet", "run", "hi", "--provider", f"{url}/v1"]
-        done = await trio.run_process(
-            [*cmd, "--model", "m", "--retries", "0", "--no-fallback"],
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-            env=_env(),
-            cwd=ROOT,
-        )
+        done = await _run_cli(["run", "hi", "--retries", "0", "--no-fallback"], url)
     assert done.returncode == 1
     assert done.stderr.decode().strip().splitlines() == [
         f"rillet: cannot connect to {host}: the TLS handshake failed: the server does not speak"
@@ -153,15 +135,7 @@ async def test_a_tls_handshake_that_cannot_pass_is_tried_once() -> None:
     script = [Reply(chunks=split(openai_text_stream(FRAGMENTS), 16))] * 6
     async with open_loopback_provider(script) as provider:
         url = provider.url.replace("http://", "https://")
-        cmd = [sys.executable, "-m", "rillet", "run", "hi", "--provider", f"{url}/v1"]
-        done = await trio.run_process(
-            [*cmd, "--model", "m"],
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-            env=_env(),
-            cwd=ROOT,
-        )
+        done = await _run_cli(["run", "hi"], url)
     lines = done.stderr.decode().strip().splitlines()
     assert done.returncode == 1
     assert len(lines) == 1, lines  # no "retrying" line before it
@@ -185,11 +159,7 @@ async def test_debug_anywhere_on_the_line_adds_the_traceback(where: str) -> None
 
     args = ["run", "hi", "--retries", "0", "--no-fallback"]
     args = ["--debug", *args] if where == "before" else [*args, "--debug"]
-    url = refused_url()
-    cmd = [sys.executable, "-m", "rillet", *args, "--provider", f"{url}/v1", "--model", "m"]
-    done = await trio.run_process(
-        cmd, capture_stdout=True, capture_stderr=True, check=False, env=_env(), cwd=ROOT
-    )
+    done = await _run_cli(args, refused_url())
     assert done.returncode == 1
     err = done.stderr.decode()
     assert "Traceback (most recent call last)" in err
@@ -234,15 +204,10 @@ async def test_no_stream_reads_a_server_that_streams_anyway() -> None:
 async def test_a_key_from_the_environment_not_sent_is_noted() -> None:
     script = [Reply(chunks=split(openai_text_stream(FRAGMENTS), 16))]
     async with open_loopback_provider(script) as provider:
-        cmd = [sys.executable, "-m", "rillet", "run", "hi", "--provider", "openai"]
-        cmd += ["--base-url", f"{provider.url}/v1", "--model", "m"]
-        done = await trio.run_process(
-            cmd,
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-            env=_env(OPENAI_API_KEY="sk-test-0123456789abcdef"),
-            cwd=ROOT,
+        done = await _rillet(
+            *("run", "hi", "--provider", "openai", "--base-url", f"{provider.url}/v1"),
+            *("--model", "m"),
+            OPENAI_API_KEY="sk-test-0123456789abcdef",
         )
         headers = provider.requests[0].headers
     assert done.returncode == 0, done.stderr
@@ -290,10 +255,7 @@ async def test_run_logs_nothing_at_the_default_level() -> None:
 
 
 async def test_missing_key_is_one_line_with_a_hint() -> None:
-    cmd = [sys.executable, "-m", "rillet", "run", "hi", "--provider", "openai"]
-    done = await trio.run_process(
-        cmd, capture_stdout=True, capture_stderr=True, check=False, env=_env(), cwd=ROOT
-    )
+    done = await _rillet("run", "hi", "--provider", "openai")
     assert done.returncode == 1
     lines = done.stderr.decode().strip().splitlines()
     assert lines == ["rillet: no API key: set OPENAI_API_KEY or pass --api-key"]
@@ -354,10 +316,7 @@ async def test_closed_stdout_exits_141_without_noise() -> None:
 
 @pytest.mark.slow
 async def test_demo_runs_to_completion() -> None:
-    cmd = [sys.executable, "-m", "rillet", "demo", "--fast"]
-    done = await trio.run_process(
-        cmd, capture_stdout=True, capture_stderr=True, check=False, env=_env(), cwd=ROOT
-    )
+    done = await _rillet("demo", "--fast")
     assert done.returncode == 0, done.stderr
     out = done.stdout.decode()
     assert "It is 18 °C in Paris with light rain" in out

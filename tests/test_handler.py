@@ -23,7 +23,7 @@ import json
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import attrs
 import httpx
@@ -578,11 +578,32 @@ END_CANCELLED = "end(cancelled, cancelled)"
 OK_SEEN = ("D*5", "usage", "done")
 
 
-def run_done(run: Run) -> RunDone:
-    """The run's `run.done`."""
+class Ran(Protocol):
+    """A finished turn's record, here or over loopback: its run events, read after the end."""
+
+    @property
+    def events(self) -> list[RunEvent]: ...
+
+
+def run_done(run: Ran) -> RunDone:
+    """The run's `run.done`, which must be its last event."""
     end = run.events[-1]
     assert isinstance(end, RunDone)
     return end
+
+
+def check_rate_limited_at_once(run: Run, wait: float) -> None:
+    """The turn ended RateLimited at once, with no wait and no rescue, surfacing `wait`."""
+    check(
+        run,
+        at=[0.0],
+        outcome=Outcome.RATE_LIMITED,
+        saw=expect("start", END_RATE),
+        text="",
+        ended=0.0,
+    )
+    assert run.result.retry_after == pytest.approx(wait)
+    assert run_done(run).retry_after_ms == int(wait * 1000)
 
 
 # --- F01-F09: streams that complete, stall, or end early ------------------------------------------
@@ -1043,16 +1064,7 @@ async def test_f14_a_wait_over_60_s_is_rate_limited_at_once(
     autojump_clock: trio.testing.MockClock, headers: dict[str, str], wait: float
 ) -> None:
     run = await play([status(429, **headers), ok()], rescue=rescue_ok())
-    check(
-        run,
-        at=[0.0],
-        outcome=Outcome.RATE_LIMITED,
-        saw=expect("start", END_RATE),
-        text="",
-        ended=0.0,
-    )
-    assert run.result.retry_after == pytest.approx(wait)
-    assert run_done(run).retry_after_ms == int(wait * 1000)
+    check_rate_limited_at_once(run, wait)
     msgspec.json.encode(run.events)  # every run event still serialises
 
 
@@ -1843,16 +1855,7 @@ async def test_f40_a_wait_ending_at_the_total_deadline_is_not_waited(
     run = await play(
         [status(code, retry_after="10"), ok()], rescue=rescue_ok(), pol=policy(total_timeout=10.0)
     )
-    check(
-        run,
-        at=[0.0],
-        outcome=Outcome.RATE_LIMITED,
-        saw=expect("start", END_RATE),
-        text="",
-        ended=0.0,
-    )
-    assert run.result.retry_after == 10.0
-    assert run_done(run).retry_after_ms == 10_000
+    check_rate_limited_at_once(run, 10.0)
 
 
 F41_TIMES = [0.0, 180.1, 300.3, 420.7, 541.5, 663.1, 786.3, 912.7, 1042.7, 1172.7]

@@ -26,7 +26,6 @@ from rillet import (
 )
 from rillet._explain import explain
 from rillet._policy import Outcome
-from rillet._runevents import RunDone
 from rillet.frames import DEFAULT_MAX_FRAME, SSEDecoder
 from rillet.providers._anthropic import AnthropicDialect
 from rillet.providers._gemini import GeminiDialect
@@ -37,7 +36,6 @@ from rillet.transports.testing import Reply, open_loopback_provider, openai_text
 from .test_handler import (
     END_OK,
     END_PROVIDER,
-    END_RATE,
     FRAGMENTS,
     NDJSON_TYPE,
     OK,
@@ -48,6 +46,7 @@ from .test_handler import (
     Answer,
     anthropic_events,
     check,
+    check_rate_limited_at_once,
     events_of,
     expect,
     gemini_events,
@@ -57,6 +56,7 @@ from .test_handler import (
     policy,
     provider_for,
     rescue_ok,
+    run_done,
     status,
 )
 from .test_reliability_faults import check_loop, loop_turn, rescue_after
@@ -79,13 +79,6 @@ def loop_clock() -> trio.testing.MockClock:
 def chunks_of(data: bytes, size: int = 4096) -> list[bytes]:
     """`data` in reads of `size` bytes."""
     return [data[i : i + size] for i in range(0, len(data), size)]
-
-
-def run_done(events: list[Any]) -> RunDone:
-    """The run's last event, which must be its `run.done`."""
-    done = events[-1]
-    assert isinstance(done, RunDone)
-    return done
 
 
 # --- F26: a frame over the incoming cap -----------------------------------------------------------
@@ -111,7 +104,7 @@ async def test_f26_a_frame_over_the_default_32_mib_cap_is_permanent_and_the_rest
     pulled = run.fake.bodies[0].pulled
     assert pulled == 2 + DEFAULT_MAX_FRAME // 4096 + 1  # the first read past the cap, no more
     assert pulled < 2 + len(body)
-    assert run_done(run.events).requests == 1
+    assert run_done(run).requests == 1
 
 
 async def test_f26_events_decoded_before_it_in_the_same_read_are_still_delivered(
@@ -204,7 +197,7 @@ async def test_f26_an_oversized_frame_over_loopback_costs_one_request(
     )
     assert isinstance(run.result.error, FrameTooLarge)
     assert run.result.requests == 1
-    assert run_done(run.events).requests == 1
+    assert run_done(run).requests == 1
 
 
 # --- F54: valid JSON of the wrong shape -----------------------------------------------------------
@@ -271,7 +264,7 @@ async def test_f54_the_wrong_shape_gets_one_streamed_request_then_the_rescue(
         text=RESCUE_TEXT,
     )
     assert [s.stream for s in run.fake.sent] == [True, False]
-    assert run_done(run.events).requests == 2
+    assert run_done(run).requests == 2
 
 
 @pytest.mark.parametrize("dialect", ["openai", "anthropic", "gemini"])
@@ -420,7 +413,7 @@ async def test_f55_an_http_429_insufficient_quota_is_permanent(
     assert not isinstance(error, RateLimitError)
     assert (error.status, error.error_type) == (429, "insufficient_quota")
     assert run.result.retry_after is None
-    assert run_done(run.events).requests == 1
+    assert run_done(run).requests == 1
 
 
 async def test_a_request_too_large_for_the_rate_limit_is_asked_once(
@@ -448,7 +441,7 @@ async def test_a_request_too_large_for_the_rate_limit_is_asked_once(
     error = run.result.error
     assert type(error) is ProviderError
     assert (error.status, error.error_type) == (429, "request_too_large")
-    assert run_done(run.events).requests == 1
+    assert run_done(run).requests == 1
     said = explain(error, provider_for())
     assert said.startswith("the request is larger than the provider takes (429): Request too")
     assert "— send less" in said
@@ -623,16 +616,7 @@ async def test_f56_a_hint_over_60_s_ends_the_turn_rate_limited_at_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     run = await play([hinted_429(61.0), ok()], dialect=_HintedDialect())
-    check(
-        run,
-        at=[0.0],
-        outcome=Outcome.RATE_LIMITED,
-        saw=expect("start", END_RATE),
-        text="",
-        ended=0.0,
-    )
-    assert run.result.retry_after == 61.0
-    assert run_done(run.events).retry_after_ms == 61_000
+    check_rate_limited_at_once(run, 61.0)
 
 
 # --- F58: `retry:` in a block that never completes ------------------------------------------------
