@@ -241,7 +241,8 @@ class Handler:
             failures = getattr(response, "failures", ())
             if response.status >= 300:
                 return await status_failure(self.provider, self.policy, response, deadline)
-            check_content_type(self.provider, response)
+            if check_content_type(self.provider, response):
+                decoder.sniff()  # it may be the whole reply: read as one, in this request
             receive = response.receive if not pending else Replay(pending, response).receive
             # One scope guards every read; its deadline moves with each lane event and is lifted
             # while a batch waits for room downstream (a slow consumer is backpressure, not a

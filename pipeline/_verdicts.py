@@ -4,10 +4,10 @@ An error status is read into the dialect's typed error (its body bounded in time
 redirect is named by where it points, never followed),
 with the wait the server directs (a header, else the body's hint; an unusable one counts as
 none, D5) and its class on the ladders (`http_shape`, `x-should-retry`); a streamed reply of
-the wrong Content-Type is a frame error; a transport's failure becomes the provider's
-`TransportError`. Every error is scrubbed of the turn's own credential, should a provider
-echo it back. The handler (`_handler`) decides what each verdict costs: a retry, a wait, the
-rescue, or the end.
+the wrong Content-Type is a frame error (one labelled JSON may be the whole reply); a
+transport's failure becomes the provider's `TransportError`. Every error is scrubbed of the
+turn's own credential, should a provider echo it back. The handler (`_handler`) decides what
+each verdict costs: a retry, a wait, the rescue, or the end.
 """
 
 from __future__ import annotations
@@ -53,17 +53,24 @@ class Failure:
     no_retry: bool = False  # x-should-retry: false
 
 
-def check_content_type(provider: Provider, response: Exchange) -> None:
-    """Raise a `FrameError` for a streamed reply whose Content-Type is not its framing's."""
+def check_content_type(provider: Provider, response: Exchange) -> bool:
+    """Whether a streamed reply may be one whole JSON document instead of a stream (an SSE
+    dialect's reply labelled JSON: a server that ignored `"stream": true`, or one that
+    mislabels its stream; `WireDecoder.sniff` tells which from its first byte). Raises a
+    `FrameError` for a Content-Type that is neither its framing's nor JSON (an HTML page,
+    F21)."""
     accepted = _STREAM_TYPES.get(provider.dialect.framing)
     if accepted is None:
-        return
+        return False
     ctype = response.headers.get("content-type", "").lower()
-    if ctype and not any(a in ctype for a in accepted):
-        raise FrameError(
-            f"a streaming request was answered with Content-Type {ctype[:80]!r}",
-            provider=provider.label,
-        )
+    if not ctype or any(a in ctype for a in accepted):
+        return False
+    if provider.dialect.framing == "sse" and "json" in ctype:
+        return True
+    raise FrameError(
+        f"a streaming request was answered with Content-Type {ctype[:80]!r}",
+        provider=provider.label,
+    )
 
 
 async def status_failure(

@@ -66,6 +66,7 @@ class WireDecoder:
         "_max_frame",
         "_split",
         "_stream",
+        "_streamed_split",
         "frames",
         "grammar",
         "lane_events",
@@ -108,6 +109,7 @@ class WireDecoder:
             self._split = self._framer.feed
             if self._many is not None and type(self._framer) is NDJSONDecoder:
                 self._split = self._framer.feed_bytes  # it takes a line's bytes as its text
+        self._streamed_split = self._split
         self._body: list[bytes] = []
         self._body_size = 0
         self._max_frame = max_frame
@@ -137,6 +139,28 @@ class WireDecoder:
     def provider(self) -> str:
         """The provider name errors carry."""
         return self.grammar.provider
+
+    def sniff(self) -> None:
+        """Read the body as one whole JSON reply (`decode_response`) if it starts as JSON does,
+        and as the stream its framing says otherwise: for a reply to a streaming request whose
+        Content-Type says JSON (a server that ignored `"stream": true`, or one that mislabels
+        its stream). Call before the first byte is fed."""
+        if type(self._framer) is SSEDecoder:
+            self._split = self._sniffed
+
+    def _sniffed(self, chunk: bytes) -> list[Any]:
+        """`_split` until the body's first byte other than white space tells what it is."""
+        head = chunk.lstrip()[:1]
+        if head and head in b"{[":
+            self._framer = self._split = None  # one JSON document, decoded at `close`
+            self._body.append(chunk)
+            self._body_size = len(chunk)
+            return []
+        split = self._streamed_split
+        assert split is not None
+        if head:
+            self._split = split  # a stream after all
+        return split(chunk)  # (white space alone: blank lines, nothing yet told)
 
     def head_piece(self, chunk: bytes) -> int:
         """Where the first piece of a read at the body's start ends (`HEAD_PIECE`): just past

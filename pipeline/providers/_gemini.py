@@ -76,13 +76,14 @@ if TYPE_CHECKING:
 
     from ._base import StreamDecoder
 
-from ._gemini_stream import NAME, _decode_chunk, _retry_delay, _StreamDecoder
+from ._gemini_stream import NAME, _Chunk, _decode_chunk, _retry_delay, _StreamDecoder
 
 __all__ = ["GeminiDialect"]
 
 API_VERSION = "v1beta"
 _BUDGETS = {"low": 1024, "medium": 8192, "high": 16384, "xhigh": 24576, "max": 24576}
 _CHOICE_MODES = {"auto": "AUTO", "required": "ANY", "none": "NONE"}
+_decode_chunks = msgspec.json.Decoder(tuple[_Chunk, ...])
 
 
 # --- requests -------------------------------------------------------------------------------------
@@ -262,9 +263,16 @@ class GeminiDialect:
         return _StreamDecoder()
 
     def decode_response(self, body: bytes) -> list[LaneEvent]:
-        """A non-streaming `GenerateContentResponse` as the stream the API would have sent."""
+        """A non-streaming `GenerateContentResponse` as the stream the API would have sent;
+        a JSON array of them (what `streamGenerateContent` sends without `alt=sse`) as that
+        stream."""
+        many = body.lstrip()[:1] == b"["
         try:
-            chunk = strict_decode(_decode_chunk, body, NAME)
+            chunks = (
+                strict_decode(_decode_chunks, body, NAME)
+                if many
+                else (strict_decode(_decode_chunk, body, NAME),)
+            )
         except MalformedFrameError:
             try:
                 body.decode("utf-8")
@@ -273,7 +281,10 @@ class GeminiDialect:
                     f"response body is not valid UTF-8 (byte {exc.start})", provider=NAME
                 ) from None
             raise
-        out = _StreamDecoder().chunk(chunk)
+        decoder = _StreamDecoder()
+        out: list[LaneEvent] = []
+        for chunk in chunks:
+            out += decoder.chunk(chunk)
         out.append(MessageStop())
         return out
 
