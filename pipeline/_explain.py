@@ -40,7 +40,7 @@ from ._failures import cause_of
 if TYPE_CHECKING:
     from .providers._base import Provider
 
-__all__ = ["RETRY_SAID", "explain", "mask_keys"]
+__all__ = ["RETRY_SAID", "explain", "filtered_partway", "mask_keys"]
 
 # a token that looks like a credential: a known key prefix, then key characters (OpenAI's own
 # error messages echo the key with stars in the middle: `sk-abc1**********3456`)
@@ -118,6 +118,18 @@ RETRY_SAID = {
 }
 """What a retry's `status` event says its cause is, for a person: one phrase per safe code
 (`RETRY_REASONS`)."""
+
+
+def filtered_partway(finish_reason: str | None, provider_reason: str | None) -> str | None:
+    """The line for an answer that came home cut short by the provider's content rules (its
+    finish reason `unknown`, the provider's own one of theirs: Azure's `content_filter` after
+    some text, Gemini's `SAFETY`); None for any other."""
+    if finish_reason != "unknown" or (provider_reason or "").lower() not in _FILTERED:
+        return None
+    return (
+        f"the provider's content rules stopped the answer partway ({provider_reason}): what is"
+        " shown is incomplete — rephrase the request"
+    )
 
 
 def mask_keys(text: str, provider: Provider | None = None) -> str:

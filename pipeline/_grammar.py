@@ -211,6 +211,12 @@ class Grammar:
         """Whether the stop event has gone out."""
         return self._stopped
 
+    @property
+    def provider_finish(self) -> str | None:
+        """The provider's own finish reason as it spelt it (`content_filter`, `SAFETY`), if it
+        gave one: what a stop's `unknown` stands for."""
+        return self._finish
+
     def feed(self, event: LaneEvent, out: list[UniEvent] | None = None) -> list[UniEvent]:
         """Take one lane event; append the UniEvents it releases to `out` (a new list if None),
         in order, and return it. If it raises, `out` still holds every event released before

@@ -107,6 +107,7 @@ class Verdict:
 
     error: RilletError | None = None
     emitted: int = 0
+    finish: str | None = None  # the provider's own finish reason (`Grammar.provider_finish`)
     done: trio.Event = attrs.field(factory=trio.Event)
 
 
@@ -265,6 +266,8 @@ class GrammarActor:
         verdict = settle.verdict
         verdict.error = self._error
         verdict.emitted = self._emitted
+        if self._grammar is not None:
+            verdict.finish = self._grammar.provider_finish
         if self._emitted:
             self._owed_reset = True  # a next attempt means this one failed: its events are void
         self._grammar = None

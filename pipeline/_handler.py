@@ -118,6 +118,7 @@ class Handler:
     rescue_error: BaseException | None = None
     _rescue_failure: Failure | None = None  # an error status's verdict, read as a stream's is
     retry_after: float | None = None  # the server-directed wait that ended a RateLimited turn
+    provider_finish: str | None = None  # the last attempt's own finish reason, as spelt
     emitted_attempt: bool = False  # some attempt emitted events (partial data was seen)
     _pending_reset: bool = False
     _ever_event: bool = False  # a lane event ever arrived in this turn
@@ -192,6 +193,8 @@ class Handler:
         """An attempt's failure once the grammar downstream has judged it: its error came
         first in stream order (it only saw what the source had decoded), so it wins. (The
         grammar counts the events it releases into `events` itself, live.)"""
+        if verdict.finish is not None:  # (the rescue's was read here: its grammar is ours)
+            self.provider_finish = verdict.finish
         if verdict.error is not None:
             return self._failure_of(verdict.error, verdict.emitted)
         if failure is not None:
@@ -335,6 +338,7 @@ class Handler:
                         return self._failure_of(error, emitted)
                     if not chunk or (batch and decoder.stopped):  # a stop releases an event
                         self._ended = not chunk
+                        self.provider_finish = grammar.provider_finish
                         if chunk:  # the reply is complete before its body: keep the connection
                             reading.deadline = math.inf  # complete: no deadline can undo it now
                             await _finish(response)
@@ -535,6 +539,7 @@ class Handler:
                         dialect, max_frame=policy.max_frame, provider=label, stream=streamed
                     )
                     await read_reply(response, decoder, events, policy.max_body)
+                    self.provider_finish = decoder.grammar.provider_finish
                 finally:
                     await response.aclose()
             if scope.cancelled_caught:

@@ -76,6 +76,11 @@ class Verdict(Protocol):
         """The UniEvents it released."""
         ...
 
+    @property
+    def finish(self) -> str | None:
+        """The provider's own finish reason, as it spelt it, if the reply gave one."""
+        ...
+
 
 class Outlet(Protocol):
     """Where the handler's batches go. `offer` takes a batch at once and says whether it went

@@ -124,6 +124,9 @@ class TurnResult:
             not bring a reply home (what `text` holds is a fragment).
         retry_after: the server-directed wait that ended a RateLimited turn.
         provider: the provider that answered (in a fallback chain, the one that ended it).
+        provider_finish_reason: the provider's own finish reason as it spelt it
+            (`content_filter`, `SAFETY`, `end_turn`), if it gave one: what the message's
+            `unknown` stands for, such as an answer its content rules cut short.
     """
 
     message: UniMessage
@@ -138,6 +141,7 @@ class TurnResult:
     partial: bool = False
     retry_after: float | None = None
     provider: Provider | None = None
+    provider_finish_reason: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -382,6 +386,7 @@ async def run_turn(
             partial=handler.emitted_attempt and not outcome.succeeded,
             retry_after=handler.retry_after if outcome is Outcome.RATE_LIMITED else None,
             provider=provider,
+            provider_finish_reason=handler.provider_finish,
         )
         turn._done.set()
         try:

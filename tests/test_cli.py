@@ -73,6 +73,35 @@ async def test_uni_jsonl_output_is_the_mmsp_stream() -> None:
     assert [i["type"] for i in items] == ["text.delta"] * 5 + ["text.done"]
 
 
+@pytest.mark.parametrize("output", ["text", "jsonl"])
+async def test_an_answer_the_content_filter_cut_partway_says_so_and_fails(output: str) -> None:
+    # Azure OpenAI stops a stream its content filter flags after some text has gone out
+    body = openai_text_stream(FRAGMENTS[:2], finish_reason="content_filter")
+    async with open_loopback_provider([Reply(chunks=split(body, 16))]) as provider:
+        done = await _run_cli(["run", "hi", "--output", output], provider.url)
+    assert done.returncode == 1
+    shown = done.stdout.decode()
+    if output == "jsonl":
+        events = [json.loads(line) for line in shown.splitlines()]
+        shown = "".join(e["delta"] for e in events if e["type"] == "answer.delta")
+    assert shown.strip() == "".join(FRAGMENTS[:2])  # what came stays shown
+    assert done.stderr.decode().strip().splitlines() == [
+        "rillet: the provider's content rules stopped the answer partway (content_filter): "
+        "what is shown is incomplete — rephrase the request"
+    ]
+    assert len(provider.requests) == 1  # the same request would be filtered again
+
+
+async def test_an_answer_of_unknown_finish_is_whole_and_silent() -> None:
+    # many compatible servers never say why they stopped: that is no cut
+    body = openai_text_stream(FRAGMENTS, finish_reason="eos")
+    async with open_loopback_provider([Reply(chunks=split(body, 16))]) as provider:
+        done = await _run_cli(["run", "hi"], provider.url)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == b""
+    assert done.stdout.decode().strip() == "".join(FRAGMENTS).strip()
+
+
 BAD_KEY = (
     b'{"error": {"message": "Incorrect API key provided: sk-abcd************************3456.",'
     b' "type": "invalid_request_error", "code": "invalid_api_key"}}'

@@ -327,3 +327,16 @@ async def test_max_steps_stops_a_model_that_only_calls_tools() -> None:
     assert done.returncode == 1
     assert len(requests) == 2
     assert "the agent made 2 model requests without an answer" in done.stderr.decode()
+
+
+async def test_an_agents_answer_the_content_filter_cut_partway_says_so_and_fails() -> None:
+    cut = openai_text_stream(["The weather ", "is"], finish_reason="content_filter")
+    async with open_loopback_provider([Reply(chunks=(cut,))]) as provider:
+        done = await cli(["weather?", "--tools", "demo"], provider.url)
+    assert done.returncode == 1
+    assert done.stdout.decode().strip() == "The weather is"
+    lines = [line for line in done.stderr.decode().splitlines() if line.startswith("rillet: ")]
+    assert lines == [
+        "rillet: the provider's content rules stopped the answer partway (content_filter): "
+        "what is shown is incomplete — rephrase the request"
+    ]

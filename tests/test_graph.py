@@ -38,7 +38,7 @@ from rillet._markers import AttemptOpen, Status
 from rillet._runevents import RunEventBuilder
 from rillet._turn import _Log
 from rillet.providers import OpenAIChatDialect, Provider
-from rillet.transports.testing import openai_text_stream, split
+from rillet.transports.testing import openai_text_body, openai_text_stream, split
 from rillet.transports.upstream import MemoryReply, MemoryUpstream
 
 Batch = list[Any]  # lanes and the source's markers, as the grammar actor takes them
@@ -229,13 +229,23 @@ async def events_of(graph: str, replies: list[MemoryReply], **fields: Any) -> tu
             uni.append(wire)
         else:
             uni.append(repr(item))
-    return run, uni, result.outcome, result.text, result.events, result.partial, result.attempts
+    return (
+        run,
+        uni,
+        result.outcome,
+        result.text,
+        result.events,
+        result.partial,
+        result.attempts,
+        result.provider_finish_reason,
+    )
 
 
 SSE = {"content-type": "text/event-stream"}
 OK = openai_text_stream(["The ", "quick ", "fox."])
 CUT = OK[: len(OK) // 2]  # the body ends half way: a truncation, retried
 BREACH = b'data: {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0}]}}]}\n\n'
+FILTERED = openai_text_stream(["The ", "qu"], finish_reason="content_filter")
 
 
 @pytest.mark.parametrize(
@@ -246,8 +256,9 @@ BREACH = b'data: {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0}
         [MemoryReply(split(CUT, 5), headers=SSE)],  # every attempt cut: the rescue fails too
         [MemoryReply([OK[:40], BREACH], headers=SSE)],
         [MemoryReply([b'{"error": {"message": "no"}}'], status=400)],
+        [MemoryReply(split(FILTERED, 9), headers=SSE)],
     ],
-    ids=["ok", "cut-then-ok", "always-cut", "breach", "refused"],
+    ids=["ok", "cut-then-ok", "always-cut", "breach", "refused", "filtered"],
 )
 async def test_both_graphs_give_the_same_events(
     autojump_clock: trio.testing.MockClock, replies: list[MemoryReply]
@@ -256,6 +267,22 @@ async def test_both_graphs_give_the_same_events(
     hops = await events_of("hops", replies)
     assert chained == hops
     assert chained[0][-1]["type"] == "run.done"
+
+
+@pytest.mark.parametrize("graph", ["chained", "hops"])
+async def test_the_providers_own_finish_reason_reaches_the_result(
+    autojump_clock: trio.testing.MockClock, graph: str
+) -> None:
+    # the stop says `unknown`; the result keeps what it stood for, streamed or rescued
+    streamed = await events_of(graph, [MemoryReply(split(FILTERED, 9), headers=SSE)])
+    assert streamed[0][-2]["finish_reason"] == "unknown"
+    assert (streamed[3], streamed[-1]) == ("The qu", "content_filter")
+    whole = MemoryReply([openai_text_body("Half", finish_reason="content_filter")])
+    rescued = await events_of(graph, [MemoryReply(split(CUT, 5), headers=SSE)] * 4 + [whole])
+    assert rescued[2] is Outcome.FALLBACK_TO_NON_STREAMING
+    assert (rescued[3], rescued[-1]) == ("Half", "content_filter")
+    plain = await events_of(graph, [MemoryReply(split(OK, 7), headers=SSE)])
+    assert plain[-1] == "stop"
 
 
 def test_the_graph_is_checked() -> None:

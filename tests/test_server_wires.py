@@ -334,6 +334,23 @@ async def test_a_withheld_reply_streams_as_content_filter_with_its_usage() -> No
     assert usage["usage"]["prompt_tokens"] == 9
 
 
+async def test_an_answer_filtered_partway_is_answered_whole_as_content_filter() -> None:
+    cut = openai_text_stream(["Half of ", "it"], finish_reason="content_filter")
+    async with (
+        open_loopback_provider([Reply(chunks=(cut,))]) as loopback,
+        trio.open_nursery() as nursery,
+    ):
+        url = await _server(nursery, loopback.url)
+        async with httpx.AsyncClient(timeout=10) as http:
+            body = {"model": "loop-gpt", "messages": [{"role": "user", "content": "hi"}]}
+            answer = await http.post(f"{url}/v1/chat/completions", json=body)
+        nursery.cancel_scope.cancel()
+    assert answer.status_code == 200
+    choice = answer.json()["choices"][0]
+    assert choice["message"]["content"] == "Half of it"
+    assert choice["finish_reason"] == "content_filter"  # not `stop`: the text is cut short
+
+
 async def test_a_kind_the_server_does_not_route_is_model_not_found() -> None:
     async with (
         open_loopback_provider([Reply(chunks=(FILTERED,))]) as loopback,

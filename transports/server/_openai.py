@@ -28,6 +28,7 @@ from rillet._events import (
     UniMessage,
     UsageMetadata,
 )
+from rillet._explain import filtered_partway
 from rillet._markers import AttemptReset
 from rillet._openai_request import BadRequest, ChatBody, chat_request, decode_chat_body, shown
 
@@ -306,6 +307,10 @@ class OpenAIChat:
                 result = await turn.result()
                 if result.ok or withheld(result):
                     finish = None if result.ok else "content_filter"
+                    if result.ok and filtered_partway(
+                        result.message.finish_reason, result.provider_finish_reason
+                    ):
+                        finish = "content_filter"  # the text stands, cut short as OpenAI says
                     whole = completion(result.message, completion_id, model, finish)
                     if not result.ok:
                         assert isinstance(result.error, EmptyResponseError)
