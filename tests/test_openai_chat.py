@@ -812,6 +812,51 @@ def test_fragments_without_an_index_that_repeat_their_call_id_continue_that_call
     ]
 
 
+ARGS = {"city": "Paris", "days": [1, 2], "units": {"temp": "°C"}}
+
+
+@pytest.mark.parametrize("split_head", [False, True], ids=["whole", "name-first"])
+def test_arguments_sent_as_the_json_object_itself_are_those_arguments(split_head: bool) -> None:
+    # llama.cpp's server (some releases), TGI and others send the object, not its JSON text
+    head = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "weather"}}
+    if split_head:
+        rest = {"index": 0, "function": {"arguments": ARGS}}
+        calls = [
+            chunk({"tool_calls": [{**head, "function": {**head["function"], "arguments": ""}}]})
+        ]
+        calls.append(chunk({"tool_calls": [rest]}))
+    else:
+        calls = [
+            chunk({"tool_calls": [{**head, "function": {**head["function"], "arguments": ARGS}}]})
+        ]
+    data = sse(*calls, chunk(finish="tool_calls", usage=USAGE), "[DONE]")
+    done = [e for e in decode(data) if e["type"] == "tool_call.done"]
+    assert done == [
+        {"type": "tool_call.done", "name": "weather", "arguments": ARGS, "tool_call_id": "call_1"}
+    ]
+
+
+def test_a_whole_completion_with_object_arguments_is_read() -> None:
+    call = {"id": "0", "type": "function", "function": {"name": "weather", "arguments": ARGS}}
+    message = {"role": "assistant", "content": None, "tool_calls": [call]}
+    completion = {
+        "id": "chatcmpl-1",
+        "model": "tgi",
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
+    }
+    done = [e for e in decode_body(completion) if e["type"] == "tool_call.done"]
+    assert done == [
+        {"type": "tool_call.done", "name": "weather", "arguments": ARGS, "tool_call_id": "0"}
+    ]
+
+
+def test_arguments_of_another_json_type_are_still_the_wrong_shape() -> None:
+    call = {"index": 0, "id": "c", "function": {"name": "f", "arguments": [1, 2]}}
+    assert decode(sse(chunk({"tool_calls": [call]}))) == [
+        {"type": "error", "error": "MalformedFrameError"}
+    ]
+
+
 def test_calls_without_ids_get_their_function_name() -> None:
     calls = [
         {"function": {"name": "f", "arguments": "{}"}},

@@ -81,6 +81,7 @@ from ._openai_chat_wire import (
     _ToolCall,
     _Usage,
     _usage,
+    arguments_text,
     sniff_audio,
 )
 
@@ -237,11 +238,13 @@ class ChatStreamDecoder:
                                 # one more fragment of an open call's arguments
                                 self._last_key = key
                                 function = call.function
-                                if function is not None and function.arguments:
+                                if function is not None and (given := function.arguments):
                                     if run is None or run_lane != current[0]:
                                         run, run_lane = [], current[0]
                                         out.append(PartRun(run_lane, "tool_call", run))
-                                    run.append(function.arguments)
+                                    if type(given) is not str:  # the object itself
+                                        given = arguments_text(given)
+                                    run.append(given)
                                 continue
                 run = None
                 self.chunk(chunk, out)
@@ -453,7 +456,8 @@ class ChatStreamDecoder:
         tools = self._tools
         for call in calls:
             function = call.function
-            arguments = function.arguments if function is not None else None
+            given = function.arguments if function is not None else None
+            arguments = None if given is None else arguments_text(given)
             name = (function.name if function is not None else None) or ""
             key = call.index
             if key is None and call.id:  # no index, but the id of an open call: that call

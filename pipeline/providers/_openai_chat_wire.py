@@ -26,8 +26,18 @@ STREAM_AUDIO_MIME = "audio/pcm"
 
 
 class _Function(msgspec.Struct, frozen=True, gc=False):
+    """A call's name and arguments: JSON text, as OpenAI sends them, or the JSON object itself,
+    as llama.cpp's server (in some releases), TGI and others send them (`arguments_text`)."""
+
     name: str | None = None
-    arguments: str | None = None
+    arguments: str | dict[str, Any] | None = None
+
+
+def arguments_text(arguments: str | dict[str, Any]) -> str:
+    """A call's arguments as the JSON text they stand for."""
+    if type(arguments) is str:
+        return arguments
+    return msgspec.json.encode(arguments).decode("utf-8")
 
 
 class _ToolCall(msgspec.Struct, frozen=True, gc=False):
