@@ -398,3 +398,43 @@ def test_client_tool_calls_still_go_back_as_tool_use() -> None:
     assert sent["messages"][1]["content"] == [
         {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": 1}}
     ]
+
+
+# --- a tool call that starts with its input whole -------------------------------------------------
+
+WHOLE_INPUT = {"city": "Paris", "days": [1, 2]}
+
+
+def _tool_done(data: bytes) -> list[Any]:
+    return [e["arguments"] for e in decode(data) if e["type"] == "tool_call.done"]
+
+
+@pytest.mark.parametrize("deltas", [[], [""]], ids=["no-delta", "empty-delta"])
+def test_a_tool_call_started_with_its_input_whole_keeps_that_input(deltas: list[str]) -> None:
+    # a server of the same API may send the input in `content_block_start` (Anthropic's own is
+    # `{}`, then `input_json_delta`s): the SDK then reads the input it started with
+    block = {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": WHOLE_INPUT}
+    data = sse(
+        start(),
+        block_start(0, block),
+        *(block_delta(0, {"type": "input_json_delta", "partial_json": d}) for d in deltas),
+        block_stop(0),
+        *end("tool_use"),
+    )
+    assert _tool_done(data) == [WHOLE_INPUT]
+
+
+def test_input_deltas_are_the_input_whatever_the_start_held() -> None:
+    block = {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"stale": True}}
+    parts = ['{"city": ', '"Paris", "days": [1, 2]}']
+    data = sse(
+        start(),
+        block_start(0, block),
+        *(block_delta(0, {"type": "input_json_delta", "partial_json": p}) for p in parts),
+        block_stop(0),
+        *end("tool_use"),
+    )
+    assert _tool_done(data) == [WHOLE_INPUT]
+    # the same without event names, which the deltas' fast path does not take, gives the same
+    unnamed = b"".join(line + b"\n" for line in data.split(b"\n") if not line.startswith(b"event:"))
+    assert _tool_done(unnamed) == [WHOLE_INPUT]

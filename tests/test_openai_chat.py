@@ -818,17 +818,15 @@ ARGS = {"city": "Paris", "days": [1, 2], "units": {"temp": "°C"}}
 @pytest.mark.parametrize("split_head", [False, True], ids=["whole", "name-first"])
 def test_arguments_sent_as_the_json_object_itself_are_those_arguments(split_head: bool) -> None:
     # llama.cpp's server (some releases), TGI and others send the object, not its JSON text
-    head = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "weather"}}
+    def call(arguments: Any) -> dict[str, Any]:
+        function = {"name": "weather", "arguments": arguments}
+        return {"index": 0, "id": "call_1", "type": "function", "function": function}
+
     if split_head:
         rest = {"index": 0, "function": {"arguments": ARGS}}
-        calls = [
-            chunk({"tool_calls": [{**head, "function": {**head["function"], "arguments": ""}}]})
-        ]
-        calls.append(chunk({"tool_calls": [rest]}))
+        calls = [chunk({"tool_calls": [call("")]}), chunk({"tool_calls": [rest]})]
     else:
-        calls = [
-            chunk({"tool_calls": [{**head, "function": {**head["function"], "arguments": ARGS}}]})
-        ]
+        calls = [chunk({"tool_calls": [call(ARGS)]})]
     data = sse(*calls, chunk(finish="tool_calls", usage=USAGE), "[DONE]")
     done = [e for e in decode(data) if e["type"] == "tool_call.done"]
     assert done == [

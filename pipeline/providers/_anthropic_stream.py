@@ -275,13 +275,17 @@ class _Kept:
 class _StreamDecoder:
     """One attempt's Messages stream."""
 
-    __slots__ = ("_citations", "_done", "_kept", "_kinds", "_quiet", "failed_at")
+    __slots__ = ("_citations", "_done", "_inputs", "_kept", "_kinds", "_quiet", "failed_at")
 
     def __init__(self) -> None:
         self._kinds: dict[int, LaneKind] = {}  # open block index -> its lane's kind
         self._quiet: set[int] = set()  # open blocks of types we skip
         self._kept: dict[int, _Kept] = {}  # open server-tool blocks, kept whole
         self._citations: dict[int, list[Any]] = {}  # citations of open text blocks
+        # tool calls that started with their input whole (as a server of the same API may
+        # send it; Anthropic's is `{}`), as JSON: theirs unless input deltas come, as the SDK
+        # reads them
+        self._inputs: dict[int, str] = {}
         self._done = False  # `message_stop` (or an error) came: nothing after it is read
         self.failed_at = 0  # the frame `feed_frames` failed on
 
@@ -371,6 +375,8 @@ class _StreamDecoder:
                                 kind, value = "thinking", delta.thinking
                             elif type(delta) is _JsonDelta:
                                 kind, value = "tool_call", delta.partial_json
+                                if value and self._inputs:
+                                    self._inputs.pop(index, None)  # the deltas are its input
                             else:
                                 kind = None
                             if kind is not None:
@@ -407,6 +413,8 @@ class _StreamDecoder:
         if type(delta) is _SignatureDelta:
             return [PartDelta(index, "thinking", "", {"signature": delta.signature})]
         if type(delta) is _JsonDelta:
+            if delta.partial_json:
+                self._inputs.pop(index, None)  # the deltas are its input
             return [PartDelta(index, "tool_call", delta.partial_json)]
         assert type(delta) is _CitationsDelta
         if kind == "text":
@@ -418,7 +426,10 @@ class _StreamDecoder:
         kind = _BLOCK_KINDS.get(head.type)
         if kind is not None:
             self._kinds[index] = kind
-            return _block_lanes(index, strict_decode(_decode_block, raw, NAME), whole=False)
+            block = strict_decode(_decode_block, raw, NAME)
+            if kind == "tool_call" and block.input:
+                self._inputs[index] = msgspec.json.encode(block.input).decode("utf-8")
+            return _block_lanes(index, block, whole=False)
         if _kept(head.type):
             self._kept[index] = _Kept(strict_decode(_decode_any, raw, NAME))
         else:
@@ -428,6 +439,9 @@ class _StreamDecoder:
     def _stop(self, index: int) -> list[LaneEvent]:
         kind = self._kinds.pop(index, None)
         if kind is not None:
+            given = self._inputs.pop(index, None)
+            if given is not None:  # no delta said otherwise: the input it started with
+                return [PartDelta(index, "tool_call", given), PartStop(index, kind)]
             citations = self._citations.pop(index, None)
             if citations:
                 return [
