@@ -8,7 +8,7 @@ with every task blocked, so loopback I/O is not mistaken for idleness; their `fa
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -502,3 +502,19 @@ def test_reply_rejects_negative_timings() -> None:
 def test_url_is_refused_before_serving() -> None:
     with pytest.raises(RuntimeError, match="not serving"):
         _ = LoopbackProvider([Reply()]).url
+
+
+def test_a_reply_takes_headers_as_a_mapping_and_a_body_as_one_bytes_value() -> None:
+    reply = Reply(headers={"retry-after": "2"}, chunks=b"data: x\n\n")
+    assert reply.headers == (("retry-after", "2"),)
+    assert reply.chunks == (b"data: x\n\n",)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"headers": [("retry-after",)]}, {"headers": {"retry-after": 2}}, {"chunks": ["text"]}],
+    ids=["not-a-pair", "not-a-string", "not-bytes"],
+)
+def test_a_reply_of_the_wrong_shape_is_a_type_error_naming_it(fields: dict[str, Any]) -> None:
+    with pytest.raises(TypeError, match="must be"):
+        Reply(**fields)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -46,7 +46,7 @@ from ._loopback_io import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Mapping
+    from collections.abc import AsyncIterator
     from pathlib import Path
 
 __all__ = [
@@ -83,16 +83,43 @@ _non_negative = attrs.validators.ge(0)
 _non_negative_float = attrs.validators.ge(0.0)
 
 
+def _header_pairs(
+    value: Mapping[str, str] | Iterable[tuple[str, str]],
+) -> tuple[tuple[str, str], ...]:
+    """Headers as (name, value) pairs, from a mapping or from pairs; a `TypeError` naming what
+    is neither."""
+    pairs = tuple(value.items() if isinstance(value, Mapping) else value)
+    for pair in pairs:
+        if not (
+            isinstance(pair, tuple)
+            and len(pair) == 2
+            and all(isinstance(part, str) for part in pair)
+        ):
+            raise TypeError(f"a header must be a (name, value) pair of strings, not {pair!r:.60}")
+    return pairs
+
+
+def _body_chunks(value: bytes | Iterable[bytes]) -> tuple[bytes, ...]:
+    """The body as chunks: one bytes value is one chunk; a `TypeError` for a chunk that is not
+    bytes."""
+    chunks = (value,) if isinstance(value, bytes | bytearray) else tuple(value)
+    for chunk in chunks:
+        if not isinstance(chunk, bytes | bytearray):
+            raise TypeError(f"a body chunk must be bytes, not {type(chunk).__name__}")
+    return tuple(bytes(chunk) for chunk in chunks)
+
+
 @attrs.frozen
 class Reply:
     """One scripted response: status, headers and body chunks, with pacing and faults.
 
     Attributes:
         status: the HTTP status code.
-        headers: extra response headers (`Retry-After`, `retry-after-ms`, `x-should-retry`...);
-            a `content-type` here replaces `content_type`, `connection: close` closes the
-            connection after the reply.
-        chunks: the body, each written as its own chunk of a chunked transfer encoding.
+        headers: extra response headers (`Retry-After`, `retry-after-ms`, `x-should-retry`...),
+            as (name, value) pairs or a mapping; a `content-type` here replaces
+            `content_type`, `connection: close` closes the connection after the reply.
+        chunks: the body, each written as its own chunk of a chunked transfer encoding (one
+            bytes value is one chunk).
         content_type: the `Content-Type` header; empty for none.
         headers_delay: seconds before the status line is sent.
         chunk_delay: seconds before each chunk (pacing).
@@ -107,8 +134,8 @@ class Reply:
     """
 
     status: int = 200
-    headers: tuple[tuple[str, str], ...] = ()
-    chunks: tuple[bytes, ...] = ()
+    headers: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_header_pairs)
+    chunks: tuple[bytes, ...] = attrs.field(default=(), converter=_body_chunks)
     content_type: str = "text/event-stream"
     headers_delay: float = attrs.field(default=0.0, validator=_non_negative_float)
     chunk_delay: float = attrs.field(default=0.0, validator=_non_negative_float)
