@@ -16,12 +16,18 @@ from typing import Any
 import msgspec
 import pytest
 import trio.testing
-from rillet import InvalidRequestError
+from rillet import (
+    AuthenticationError,
+    FallbackFailed,
+    InvalidRequestError,
+    ProviderError,
+    ServerError,
+)
 from rillet._policy import Outcome
 from rillet.providers._anthropic import AnthropicDialect
 from rillet.providers._gemini import GeminiDialect
 from rillet.providers._openai_responses import OpenAIResponsesDialect
-from rillet.transports.testing import Reply, openai_text_body, openai_text_stream, split
+from rillet.transports.testing import Reply, openai_text_body, openai_text_stream, split, sse
 
 from .test_handler import END_OK, END_PROVIDER, RESCUE_TEXT, expect
 from .test_reliability_faults import check_loop, loop_turn, rescue_after
@@ -188,3 +194,84 @@ async def test_an_html_page_to_a_streaming_request_is_still_a_frame_error(
     run = await loop_turn(rescue_after(page))
     assert run.result.outcome is Outcome.FALLBACK_TO_NON_STREAMING
     assert len(run.server.requests) == 5  # F21: as a stream cut short (F07), then the rescue
+
+
+# --- MiniMax answers errors with status 200 and a `base_resp` -------------------------------------
+
+
+def minimax_error(code: int, message: str) -> dict[str, Any]:
+    """MiniMax's error answer: HTTP 200, no choices, `base_resp` naming the failure."""
+    return {
+        "id": "",
+        "choices": None,
+        "created": 0,
+        "model": "",
+        "object": "",
+        "usage": None,
+        "base_resp": {"status_code": code, "status_msg": message},
+    }
+
+
+@pytest.mark.parametrize(
+    ("code", "message", "error", "requests"),
+    [
+        (1004, "login fail: Please carry the API secret key", AuthenticationError, 1),
+        (1008, "insufficient balance", ProviderError, 1),
+        (2013, "invalid params, tools.0.function.name", InvalidRequestError, 1),
+        (1026, "input new_sensitive", InvalidRequestError, 1),
+    ],
+    ids=["auth", "balance", "params", "sensitive"],
+)
+async def test_a_minimax_error_with_status_200_is_that_error_asked_once(
+    loop_clock: trio.testing.MockClock,
+    code: int,
+    message: str,
+    error: type[Exception],
+    requests: int,
+) -> None:
+    for reply in (
+        _json(minimax_error(code, message)),
+        Reply(chunks=(sse(minimax_error(code, message)),)),
+    ):
+        run = await loop_turn(always(reply))
+        failed = run.result.error
+        assert type(failed) is error
+        assert isinstance(failed, ProviderError)
+        assert f"{message} ({code})" in str(failed)
+        assert len(run.server.requests) == requests
+        if code == 1008:  # a spent balance: no wait or retry cures it
+            assert failed.error_type == "insufficient_quota"
+
+
+def with_status_ok(stream: bytes) -> bytes:
+    """A stream whose every chunk carries MiniMax's `base_resp` of success (code 0)."""
+    frames = []
+    for block in stream.split(b"\n\n"):
+        data = block.removeprefix(b"data: ")
+        if not block or data == b"[DONE]":
+            continue
+        frame = msgspec.json.decode(data)
+        frames.append({**frame, "base_resp": {"status_code": 0, "status_msg": ""}})
+    return sse(*frames, "[DONE]")
+
+
+async def test_a_minimax_rate_limit_is_waited_for_and_a_success_code_is_no_error(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    limited = Reply(chunks=(sse(minimax_error(1002, "rate limit exceeded(RPM)")),))
+    fine = Reply(chunks=(with_status_ok(openai_text_stream(["Fine", " then."])),))
+    run = await loop_turn([limited, fine])
+    assert run.result.outcome is Outcome.COMPLETED
+    assert run.result.text == "Fine then."
+    assert len(run.server.requests) == 2  # a rate limit: waited for, then asked again
+
+
+async def test_a_minimax_failure_of_its_own_is_asked_again_as_it_says(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    # 1000 "unknown error": "Please retry your requests later"
+    run = await loop_turn(always(Reply(chunks=(sse(minimax_error(1000, "unknown error")),))))
+    failed = run.result.error
+    assert isinstance(failed, FallbackFailed)
+    assert isinstance(failed.stream_error, ServerError)
+    assert len(run.server.requests) == 5  # the transport ladder, then the rescue

@@ -513,6 +513,32 @@ def _zero_quota(details: Any) -> bool:
     return False
 
 
+_BASE_RESP_TYPES: dict[int, str] = {
+    **dict.fromkeys((1002, 1039, 1041, 2045), "rate_limit_error"),  # requests, tokens, links
+    **dict.fromkeys((1004, 2049), "authentication_error"),
+    **dict.fromkeys((1008, 2056), "insufficient_quota"),  # no balance left, the plan's limit
+    **dict.fromkeys((1026, 1027, 1042, 2013, 20132), "invalid_request_error"),
+    **dict.fromkeys((1000, 1001, 1013, 1024, 1033), "server_error"),
+}
+"""MiniMax's `base_resp.status_code`s (it answers errors with HTTP 200 and `{"base_resp":
+{"status_code", "status_msg"}}`) by the error type they stand for: rate limits, a refused key,
+a spent balance, a request it will never take (bad parameters, sensitive input or output), and
+its own failures. A code not named here is a plain provider error."""
+
+
+def base_resp_error(base_resp: Any) -> tuple[str, tuple[str, ...]] | None:
+    """The message and error types of a MiniMax `base_resp` that reports an error; None for
+    one that reports success (`status_code` 0) or is not one at all."""
+    if not isinstance(base_resp, dict):
+        return None
+    code = base_resp.get("status_code")
+    if not isinstance(code, int) or isinstance(code, bool) or code == 0:
+        return None
+    message = f"{base_resp.get('status_msg') or 'error'} ({code})"
+    kind = _BASE_RESP_TYPES.get(code)
+    return message, (kind,) if kind is not None else ()
+
+
 def error_from_body(
     provider: str, status: int | None, body: bytes | str | Any, *, in_stream: bool = False
 ) -> ProviderError:
@@ -520,8 +546,8 @@ def error_from_body(
     OpenAI `{"error": {"message", "type", "code"}}`, Anthropic `{"type": "error", "error":
     {"type", "message"}}`, Gemini `{"error": {"code", "message", "status"}}`, Ollama
     `{"error": "..."}` (with TGI's `error_type` beside it), vLLM `{"object": "error", "message",
-    "type"}`. `body` may be raw bytes or already-parsed JSON; a body that is none of these still
-    gives an error typed by status."""
+    "type"}`, MiniMax `{"base_resp": {"status_code", "status_msg"}}`. `body` may be raw bytes
+    or already-parsed JSON; a body that is none of these still gives an error typed by status."""
     data: Any = body
     if isinstance(body, bytes | str):
         try:  # strict, as every frame is: no lone surrogates, NaN, huge numbers or deep nesting
@@ -551,6 +577,8 @@ def error_from_body(
         elif "detail" in data:  # FastAPI's: a string, or pydantic's list of what failed where
             detail = data["detail"]
             message = detail if isinstance(detail, str) else _encode_any(detail).decode()[:500]
+        elif (said := base_resp_error(data.get("base_resp"))) is not None:  # MiniMax's
+            message, error_types = said
     elif isinstance(body, bytes | str) and status is not None:
         message = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
     return provider_error(

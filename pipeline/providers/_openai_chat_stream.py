@@ -259,11 +259,11 @@ class ChatStreamDecoder:
         choice = _first_choice(chunk.choices)
         if choice is not None and choice.delta is not None:
             self.delta(choice.delta, out)
-        if chunk.error or chunk.object == "error":
+        if chunk.error or chunk.object == "error" or chunk.base_resp is not None:
             error = _chunk_error(chunk)
-            assert error is not None
-            out.append(error)
-            return
+            if error is not None:
+                out.append(error)
+                return
         reason = choice.finish_reason if choice is not None else None
         usage = chunk.usage
         if usage is None and chunk.x_groq is not None:

@@ -14,7 +14,7 @@ from rillet._lanes import (
     RawUsage,
 )
 
-from ._base import answer_tokens, error_from_body
+from ._base import answer_tokens, base_resp_error, error_from_body
 
 __all__ = ["NAME", "STREAM_AUDIO_MIME", "sniff_audio"]
 
@@ -148,6 +148,7 @@ class _Frame(msgspec.Struct, frozen=True, gc=False):
     message: str | None = None
     type: str | None = None
     code: Any = None
+    base_resp: Any = None  # MiniMax's status, in every chunk: an error when its code is not 0
 
 
 class _Chunk(_Frame, frozen=True, gc=False):
@@ -188,6 +189,9 @@ def _chunk_error(chunk: _Frame) -> ProviderErrorEvent | None:
         )
     if chunk.object == "error":
         body = {"object": "error", "message": chunk.message, "type": chunk.type, "code": chunk.code}
+        return ProviderErrorEvent(error_from_body(NAME, None, body, in_stream=True))
+    if base_resp_error(chunk.base_resp) is not None:
+        body = {"base_resp": chunk.base_resp}
         return ProviderErrorEvent(error_from_body(NAME, None, body, in_stream=True))
     return None
 
