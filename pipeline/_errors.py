@@ -472,7 +472,14 @@ class ProviderError(RilletError):
         super().__init__(text)
 
 
-QUOTA_CODES = frozenset({"insufficient_quota", "billing_hard_limit_reached", "billing_error"})
+ZAI_ACCOUNT_CODES = frozenset({"1110", "1111", "1112", "1113", "1121", "1304"})
+"""Z.ai's (Zhipu's) codes, sent with a 429, of an account that cannot be served until it
+changes: inactive, unknown, locked, in arrears (a key of one plan on another plan's endpoint
+too), locked for irregular use, or past its calls for the day."""
+
+QUOTA_CODES = frozenset(
+    {"insufficient_quota", "billing_hard_limit_reached", "billing_error", *ZAI_ACCOUNT_CODES}
+)
 """Provider error codes no wait or retry cures, the account must change first: an error with one
 is a plain `ProviderError` carrying the code, never a `RateLimitError`, even sent with a 429."""
 

@@ -637,3 +637,37 @@ async def test_f58_a_retry_line_in_an_unfinished_block_sets_the_reconnection_tim
     assert [e.data for e in events] == ["a"]
     assert decoder.retry == 3000
     assert decoder.last_event_id == ""  # an id is committed only by a dispatch
+
+
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [
+        ("1113", "余额不足或无可用资源包,请充值。"),  # in arrears: the plan or the balance
+        ("1112", "Your account has been locked, please contact customer service to unlock"),
+    ],
+    ids=["arrears", "locked"],
+)
+async def test_f55_a_zai_429_for_the_account_is_permanent(
+    autojump_clock: trio.testing.MockClock, code: str, message: str
+) -> None:
+    # Z.ai answers an account it will not serve with a 429 and a code of its own
+    body = msgspec.json.encode({"error": {"code": code, "message": message}})
+    answer = Answer(status=429, body=[body], content_type="application/json")
+    run = await play([answer, ok()], rescue=rescue_ok())
+    assert run.result.outcome is Outcome.INIT_FAILED
+    error = run.result.error
+    assert isinstance(error, ProviderError)
+    assert not isinstance(error, RateLimitError)
+    assert error.error_type == code
+    assert run_done(run).requests == 1
+    assert "check its plan and billing" in explain(error, provider_for(OpenAIChatDialect()))
+
+
+async def test_a_zai_429_for_concurrency_is_still_waited_for(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    body = msgspec.json.encode({"error": {"code": "1302", "message": "High concurrency"}})
+    answer = Answer(status=429, body=[body], content_type="application/json")
+    run = await play([answer, ok()])
+    assert run.result.outcome is Outcome.COMPLETED
+    assert run_done(run).requests == 2
