@@ -478,7 +478,13 @@ changes: inactive, unknown, locked, in arrears (a key of one plan on another pla
 too), locked for irregular use, or past its calls for the day."""
 
 QUOTA_CODES = frozenset(
-    {"insufficient_quota", "billing_hard_limit_reached", "billing_error", *ZAI_ACCOUNT_CODES}
+    {
+        "insufficient_quota",
+        "billing_hard_limit_reached",
+        "billing_error",
+        "exceeded_current_quota_error",  # Moonshot's (Kimi) 429 of a suspended account
+        *ZAI_ACCOUNT_CODES,
+    }
 )
 """Provider error codes no wait or retry cures, the account must change first: an error with one
 is a plain `ProviderError` carrying the code, never a `RateLimitError`, even sent with a 429."""

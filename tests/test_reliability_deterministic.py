@@ -671,3 +671,18 @@ async def test_a_zai_429_for_concurrency_is_still_waited_for(
     run = await play([answer, ok()])
     assert run.result.outcome is Outcome.COMPLETED
     assert run_done(run).requests == 2
+
+
+async def test_f55_a_moonshot_429_for_a_suspended_account_is_permanent(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    message = "Your account is suspended due to insufficient balance, please recharge"
+    body = msgspec.json.encode(
+        {"error": {"message": message, "type": "exceeded_current_quota_error"}}
+    )
+    answer = Answer(status=429, body=[body], content_type="application/json")
+    run = await play([answer, ok()], rescue=rescue_ok())
+    error = run.result.error
+    assert isinstance(error, ProviderError)
+    assert not isinstance(error, RateLimitError)
+    assert run_done(run).requests == 1
