@@ -686,3 +686,38 @@ async def test_f55_a_moonshot_429_for_a_suspended_account_is_permanent(
     assert isinstance(error, ProviderError)
     assert not isinstance(error, RateLimitError)
     assert run_done(run).requests == 1
+
+
+XAI_NO_CREDIT = (
+    "Your team team-1 has either used all available credits or reached its monthly spending "
+    "limit. To continue making API requests, please purchase more credits or raise your "
+    "spending limit."
+)
+
+
+async def test_f55_a_429_whose_message_says_no_credit_is_left_is_permanent(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # xAI's 429 for a team out of credit: a flat body, its code a sentence
+    body = msgspec.json.encode({"code": "Some resource has been exhausted", "error": XAI_NO_CREDIT})
+    answer = Answer(status=429, body=[body], content_type="application/json")
+    run = await play([answer, ok()], rescue=rescue_ok())
+    error = run.result.error
+    assert isinstance(error, ProviderError)
+    assert not isinstance(error, RateLimitError)
+    assert error.error_type == "insufficient_quota"
+    assert run_done(run).requests == 1
+
+
+async def test_a_per_minute_limit_in_billing_words_is_still_waited_for(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Gemini's free tier: a limit that a wait does end, worded as a quota
+    said = "You exceeded your current quota, please check your plan and billing details."
+    body = msgspec.json.encode(
+        {"error": {"code": 429, "message": said, "status": "RESOURCE_EXHAUSTED"}}
+    )
+    answer = Answer(status=429, body=[body], content_type="application/json")
+    run = await play([answer, ok()])
+    assert run.result.outcome is Outcome.COMPLETED
+    assert run_done(run).requests == 2

@@ -438,7 +438,7 @@ def provider_error(
     if quota is None and limited and message:
         if _too_large(message):
             quota = REQUEST_TOO_LARGE  # a rate limit the request alone exceeds: waiting won't do
-        elif _NO_QUOTA.search(message):
+        elif _NO_QUOTA.search(message) or _NO_CREDIT.search(message):
             quota = "insufficient_quota"  # a limit of 0 (a model the plan does not include)
     if quota is not None:
         return ProviderError(
@@ -480,6 +480,15 @@ def provider_error(
 _NO_QUOTA = re.compile(r"\blimit:? 0(?!\d|[.,]\d)", re.IGNORECASE)
 """A rate limit whose limit is 0 (Gemini's `Quota exceeded for metric: ..., limit: 0, model:
 gemini-2.5-pro`: the plan has no quota for it at all), a spent quota however long one waits."""
+_NO_CREDIT = re.compile(
+    r"used all available credits|monthly spending limit"
+    r"|insufficient (?:account )?(?:balance|credits?)|credit balance is too low",
+    re.IGNORECASE,
+)
+"""A rate limit whose message says the account has no credit left (xAI's 429 `Your team ... has
+either used all available credits or reached its monthly spending limit`): no wait brings it
+back. (Gemini's free tier says `check your plan and billing details` of a per-minute limit, a
+wait that does end: such words are not enough.)"""
 _LIMIT = re.compile(r"\bLimit:? ([\d,]+)")
 _REQUESTED = re.compile(r"\bRequested:? ([\d,]+)")
 
