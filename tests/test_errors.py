@@ -651,3 +651,44 @@ def test_provider_and_request_reprs_hide_the_key() -> None:
     request = HttpRequest(url="https://api.example.com/v1", headers={"x-api-key": KEY}, body=b"{}")
     assert KEY not in repr(request)
     assert "x-api-key" in repr(request)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "cls", "said", "error_type"),
+    [
+        (  # SiliconFlow: a numeric code of its own
+            {"code": 20015, "message": "The parameter is invalid.", "data": None},
+            400,
+            errors.InvalidRequestError,
+            "The parameter is invalid.",
+            None,
+        ),
+        (  # DashScope: a code word
+            {"code": "InvalidApiKey", "message": "Invalid API-key provided.", "request_id": "r"},
+            401,
+            errors.AuthenticationError,
+            "Invalid API-key provided.",
+            "InvalidApiKey",
+        ),
+        ({"message": "Forbidden"}, 403, errors.AuthenticationError, "Forbidden", None),  # a gateway
+        (  # a code that is an HTTP status names it when the answer has none
+            {"code": 429, "message": "Too many requests"},
+            None,
+            errors.RateLimitError,
+            "Too many requests",
+            None,
+        ),
+    ],
+    ids=["siliconflow", "dashscope", "gateway", "status-code"],
+)
+def test_a_flat_code_and_message_body_gives_its_message(
+    body: dict[str, Any],
+    status: int | None,
+    cls: type[Exception],
+    said: str,
+    error_type: str | None,
+) -> None:
+    error = error_from_body("p", status, msgspec.json.encode(body))
+    assert type(error) is cls
+    assert error.provider_message == said
+    assert error.error_type == error_type

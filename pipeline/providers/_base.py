@@ -555,7 +555,8 @@ def error_from_body(
     OpenAI `{"error": {"message", "type", "code"}}`, Anthropic `{"type": "error", "error":
     {"type", "message"}}`, Gemini `{"error": {"code", "message", "status"}}`, Ollama
     `{"error": "..."}` (with TGI's `error_type` beside it), vLLM `{"object": "error", "message",
-    "type"}`, MiniMax `{"base_resp": {"status_code", "status_msg"}}`. `body` may be raw bytes
+    "type"}`, MiniMax `{"base_resp": {"status_code", "status_msg"}}`, a flat `{"code",
+    "message"}` (SiliconFlow, DashScope, API gateways). `body` may be raw bytes
     or already-parsed JSON; a body that is none of these still gives an error typed by status."""
     data: Any = body
     if isinstance(body, bytes | str):
@@ -588,6 +589,14 @@ def error_from_body(
             message = detail if isinstance(detail, str) else _encode_any(detail).decode()[:500]
         elif (said := base_resp_error(data.get("base_resp"))) is not None:  # MiniMax's
             message, error_types = said
+        elif isinstance(data.get("message"), str):
+            # a flat `{"code", "message"}`: SiliconFlow's, DashScope's, a gateway's
+            # (`{"message": "Forbidden"}`); a string code is a type, a number one a status
+            message = data["message"]
+            code = data.get("code")
+            error_types = tuple(v for v in (code, data.get("type")) if isinstance(v, str))
+            if isinstance(code, int) and not isinstance(code, bool) and 100 <= code < 600:
+                code_status = code
     elif isinstance(body, bytes | str) and status is not None:
         message = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
     return provider_error(
