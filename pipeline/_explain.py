@@ -170,7 +170,7 @@ def explain(
         second = explain(error.rescue_error, provider, attempts=1, key_hint=key_hint, quote=quote)
         return f"{first}; the non-streaming retry failed too: {second}"
     line = _explain_one(error, provider, attempts, key_hint, quote)
-    return mask_keys(line, provider)
+    return mask_keys(" ".join(line.split()), provider)  # one line, whatever a message held
 
 
 def _explain_one(

@@ -23,10 +23,11 @@ from ._errors import REDIRECT, FrameError, ProviderError, RilletError, Transport
 from ._failures import http_shape
 from ._policy import Policy, Shape, retry_after
 from ._reads import read_bounded
-from .providers._base import Provider, provider_error
+from .providers._error_body import provider_error
 
 if TYPE_CHECKING:
     from ._upstream import Exchange, UpstreamError
+    from .providers._base import Provider
 
 __all__ = [
     "Failure",

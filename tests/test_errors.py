@@ -30,7 +30,7 @@ from rillet import (
 from rillet import _errors as errors
 from rillet._errors import preview
 from rillet.providers import AnthropicDialect, HttpRequest, Provider, Secret
-from rillet.providers._base import error_from_body, provider_error
+from rillet.providers._error_body import error_from_body, provider_error
 
 KEY = "sk-ant-api03-TOPSECRET-0123456789abcdefWXYZ"
 
@@ -551,7 +551,7 @@ def test_a_body_that_is_not_json_is_typed_by_status(status: int, cls: type[Provi
     error = error_from_body("x", status, b"<html>Bad Gateway</html>")
     assert type(error) is cls
     assert error.status == status
-    assert error.provider_message == "<html>Bad Gateway</html>"
+    assert error.provider_message == "an HTML page: Bad Gateway"  # its words, on one line
 
 
 def test_a_body_of_another_shape_is_typed_by_status() -> None:

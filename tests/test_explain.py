@@ -28,7 +28,8 @@ from rillet import (
     user,
 )
 from rillet._explain import explain, mask_keys
-from rillet.providers._base import Provider, Secret, error_from_body
+from rillet.providers._base import Provider, Secret
+from rillet.providers._error_body import error_from_body
 from rillet.providers._gemini import GeminiDialect
 from rillet.providers._ollama import OllamaDialect
 from rillet.providers._openai_chat import OpenAIChatDialect
@@ -320,3 +321,16 @@ async def test_a_reply_stopped_before_any_answer_says_why(chunk: dict[str, Any],
             result = await run_turn(TurnRequest(messages=[user("hi")]), provider)
     assert result.requests == 1
     assert explain(result.error, provider) == said
+
+
+def test_the_line_is_one_line_whatever_the_provider_said() -> None:
+    # Gemini's messages hold line breaks; a proxy's page does too
+    said = b'{"error": {"code": 400, "message": "Invalid JSON payload.\\n* contents: required\\n"}}'
+    page = b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n</body></html>"
+    provider = Provider(GeminiDialect(), "https://generativelanguage.googleapis.com", "m")
+    for body, status in ((said, 400), (page, 502)):
+        line = explain(error_from_body("gemini", status, body), provider, attempts=2)
+        assert "\n" not in line
+        assert "\r" not in line
+        assert "  " not in line
+    assert line.endswith("an HTML page: 502 Bad Gateway")

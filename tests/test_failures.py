@@ -41,7 +41,8 @@ from rillet._failures import (
     status_shape,
 )
 from rillet._policy import Shape
-from rillet.providers._base import error_from_body, strict_decode
+from rillet.providers._base import strict_decode
+from rillet.providers._error_body import error_from_body
 
 T, R, P, W = Shape.TRANSPORT, Shape.RATE_LIMIT, Shape.PERMANENT, Shape.WRONG_SHAPE
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "reliability.md"

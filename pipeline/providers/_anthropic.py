@@ -43,7 +43,8 @@ from rillet._lanes import (
     MessageStop,
 )
 
-from ._base import HttpRequest, Provider, error_from_body, strict_decode
+from ._base import HttpRequest, Provider, strict_decode
+from ._error_body import error_from_body
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -21,7 +21,8 @@ from rillet._lanes import (
     RawUsage,
 )
 
-from ._base import error_from_body, sse_event, sse_text, strict_decode
+from ._base import sse_event, sse_text, strict_decode
+from ._error_body import error_from_body
 
 if TYPE_CHECKING:
     from rillet._sse import SSEEvent

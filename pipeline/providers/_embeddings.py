@@ -32,7 +32,8 @@ from rillet._lanes import (
     RawUsage,
 )
 
-from ._base import Framing, HttpRequest, Provider, error_from_body, strict_decode
+from ._base import Framing, HttpRequest, Provider, strict_decode
+from ._error_body import error_from_body
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -24,11 +24,11 @@ from rillet._lanes import (
 from ._base import (
     ToolIds,
     dumps_arguments,
-    error_from_body,
     sse_event,
     sse_text,
     strict_decode,
 )
+from ._error_body import error_from_body
 from ._partial_args import PartialArg, StreamedCall
 
 if TYPE_CHECKING:

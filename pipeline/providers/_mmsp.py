@@ -65,7 +65,8 @@ from rillet._lanes import (
     RawUsage,
 )
 
-from ._base import Framing, HttpRequest, Provider, provider_error, strict_decode
+from ._base import Framing, HttpRequest, Provider, strict_decode
+from ._error_body import provider_error
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

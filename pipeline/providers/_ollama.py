@@ -62,10 +62,10 @@ from ._base import (
     Provider,
     ToolIds,
     dumps_arguments,
-    error_from_body,
     strict_decode,
     strip_call_suffix,
 )
+from ._error_body import error_from_body
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -27,7 +27,8 @@ from rillet._events import (
     UniMessage,
 )
 
-from ._base import HttpRequest, Provider, dumps_arguments, error_from_body
+from ._base import HttpRequest, Provider, dumps_arguments
+from ._error_body import error_from_body
 from ._openai_chat_stream import NAME, ChatStreamDecoder, decode_completion, sniff_audio
 
 if TYPE_CHECKING:

@@ -14,7 +14,8 @@ from rillet._lanes import (
     RawUsage,
 )
 
-from ._base import answer_tokens, base_resp_error, error_from_body
+from ._base import answer_tokens
+from ._error_body import base_resp_error, error_from_body
 
 __all__ = ["NAME", "STREAM_AUDIO_MIME", "sniff_audio"]
 

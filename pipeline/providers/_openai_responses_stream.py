@@ -24,11 +24,11 @@ from rillet._lanes import (
 
 from ._base import (
     answer_tokens,
-    error_from_body,
     sse_event,
     sse_text,
     strict_decode,
 )
+from ._error_body import error_from_body
 
 if TYPE_CHECKING:
     from rillet._sse import SSEEvent

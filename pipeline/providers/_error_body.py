@@ -1,0 +1,316 @@
+"""The error shapes providers send, read into our typed errors.
+
+An HTTP error body or an in-stream error frame: OpenAI's, Anthropic's, Gemini's, Ollama's and
+TGI's, vLLM's, MiniMax's `base_resp`, a flat `{"code", "message"}`, a FastAPI `detail`, or a
+page that is not JSON at all (read by its title, on one line). The provider's type, code or
+status word decides the class, else the status; a code no retry or wait cures (a spent quota,
+a request larger than any limit) outranks both.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from typing import Any
+
+import msgspec
+from rillet._errors import (
+    REQUEST_TOO_LARGE,
+    UNCURABLE_CODES,
+    AuthenticationError,
+    InvalidRequestError,
+    OverloadedError,
+    ProviderError,
+    RateLimitError,
+    ServerError,
+)
+
+__all__ = ["base_resp_error", "body_text", "error_from_body", "provider_error"]
+
+_decode_any = msgspec.json.Decoder().decode
+_encode_any = msgspec.json.encode
+
+_REQUEST_CODES = (
+    "invalid_prompt",
+    "context_length_exceeded",
+    "string_above_max_length",
+    "content_policy_violation",
+    "invalid_image",
+    "invalid_image_format",
+    "invalid_base64_image",
+    "invalid_image_url",
+    "invalid_image_mode",
+    "image_too_large",
+    "image_too_small",
+    "image_parse_error",
+    "image_content_policy_violation",
+    "image_file_too_large",
+    "image_file_not_found",
+    "unsupported_image_media_type",
+    "empty_image_file",
+)
+"""Error codes that name something wrong with the request itself: never cured by a retry."""
+
+_ERROR_TYPES: dict[str, type[ProviderError]] = {
+    "rate_limit_error": RateLimitError,
+    "rate_limit_exceeded": RateLimitError,
+    "resource_exhausted": RateLimitError,
+    "overloaded_error": OverloadedError,
+    "unavailable": OverloadedError,
+    "api_error": ServerError,
+    "server_error": ServerError,
+    "internal": ServerError,
+    "internal_error": ServerError,
+    "invalid_request_error": InvalidRequestError,
+    "invalid_argument": InvalidRequestError,
+    # what the request holds, which the same request would hold again (Responses' `response.failed`
+    # codes, and the codes OpenAI-style servers put on a 400, in a stream too)
+    **dict.fromkeys(_REQUEST_CODES, InvalidRequestError),
+    # Hugging Face TGI's `error_type` beside a string `error`
+    "validation": InvalidRequestError,
+    "overloaded": OverloadedError,
+    "generation": ServerError,
+    "incomplete_generation": ServerError,
+    "authentication_error": AuthenticationError,
+    "permission_error": AuthenticationError,
+    "unauthenticated": AuthenticationError,
+    "permission_denied": AuthenticationError,
+}
+
+_TYPE_STATUSES: dict[str, int] = {
+    "not_found_error": 404,  # Anthropic's
+    "not_found": 404,  # Gemini's status word
+    "failed_precondition": 400,  # Gemini's: a region or a setting the request cannot pass
+    "unprocessable_entity": 422,
+    "conflict": 409,
+}
+"""Error types of no class of their own that name an HTTP status: an error sent with one of them
+and no status (in a stream) is shaped as that status would be."""
+
+_STATUSES: dict[int, type[ProviderError]] = {
+    400: InvalidRequestError,
+    401: AuthenticationError,
+    403: AuthenticationError,
+    429: RateLimitError,
+    500: ServerError,
+    502: ServerError,
+    503: OverloadedError,
+    504: ServerError,
+    529: OverloadedError,
+}
+
+
+_DECISIVE_STATUSES = frozenset({401, 403, 429, 503, 529})
+
+
+def provider_error(
+    provider: str,
+    *,
+    status: int | None = None,
+    error_types: tuple[str | None, ...] = (),
+    message: str = "",
+    in_stream: bool = False,
+    retry_after: float | None = None,
+) -> ProviderError:
+    """The typed error for what a provider reported: the first of `error_types` we know (the
+    provider's error type, code or status word) decides, else the status, else `ProviderError`.
+
+    A quota code (`insufficient_quota`, sent with a 429 or in the stream) is a plain
+    `ProviderError` carrying the code, whatever the status: no wait or retry cures it, so it must
+    not pass for a rate limit. So is a rate limit whose message says the request alone asks for
+    more than the limit (`REQUEST_TOO_LARGE`), or that the limit is 0 (`insufficient_quota`)."""
+    quota = next((t for t in error_types if t and t.lower() in UNCURABLE_CODES), None)
+    limited = status == 429 or any(
+        t and _ERROR_TYPES.get(t.lower()) is RateLimitError for t in error_types
+    )
+    if quota is None and limited and message:
+        if _too_large(message):
+            quota = REQUEST_TOO_LARGE  # a rate limit the request alone exceeds: waiting won't do
+        elif _NO_QUOTA.search(message) or _NO_CREDIT.search(message):
+            quota = "insufficient_quota"  # a limit of 0 (a model the plan does not include)
+    if quota is not None:
+        return ProviderError(
+            provider,
+            message,
+            status=status,
+            error_type=quota,
+            retry_after=retry_after,
+            in_stream=in_stream,
+        )
+    if status is None:  # a type that names a status (Anthropic's `not_found_error`, in stream)
+        status = next(
+            (_TYPE_STATUSES[t.lower()] for t in error_types if t and t.lower() in _TYPE_STATUSES),
+            None,
+        )
+    cls: type[ProviderError] = ProviderError
+    known: str | None = next((t for t in error_types if t), None)
+    for error_type in error_types:
+        if error_type and (found := _ERROR_TYPES.get(error_type.lower())) is not None:
+            cls, known = found, error_type
+            break
+    else:
+        if status is not None:
+            cls = _STATUSES.get(status, ProviderError)
+    if status in _DECISIVE_STATUSES:
+        # the status outranks the body: OpenAI answers a bad key with 401 and
+        # `invalid_request_error`, and what a caller does next follows the status
+        cls = _STATUSES[status]
+    return cls(
+        provider,
+        message,
+        status=status,
+        error_type=known,
+        retry_after=retry_after,
+        in_stream=in_stream,
+    )
+
+
+_NO_QUOTA = re.compile(r"\blimit:? 0(?!\d|[.,]\d)", re.IGNORECASE)
+"""A rate limit whose limit is 0 (Gemini's `Quota exceeded for metric: ..., limit: 0, model:
+gemini-2.5-pro`: the plan has no quota for it at all), a spent quota however long one waits."""
+_NO_CREDIT = re.compile(
+    r"used all available credits|monthly spending limit"
+    r"|insufficient (?:account )?(?:balance|credits?)|credit balance is too low",
+    re.IGNORECASE,
+)
+"""A rate limit whose message says the account has no credit left (xAI's 429 `Your team ... has
+either used all available credits or reached its monthly spending limit`): no wait brings it
+back. (Gemini's free tier says `check your plan and billing details` of a per-minute limit, a
+wait that does end: such words are not enough.)"""
+_LIMIT = re.compile(r"\bLimit:? ([\d,]+)")
+_REQUESTED = re.compile(r"\bRequested:? ([\d,]+)")
+
+
+def _too_large(message: str) -> bool:
+    """Whether a rate limit's message says the request by itself exceeds the limit (OpenAI's
+    `Request too large for gpt-4o in organization ... (TPM): Limit 30000, Requested 35364.`)."""
+    if not message:
+        return False
+    if "request too large" in message.lower():
+        return True
+    limit, requested = _LIMIT.search(message), _REQUESTED.search(message)
+    if limit is None or requested is None:
+        return False
+    try:
+        return int(requested.group(1).replace(",", "")) > int(limit.group(1).replace(",", ""))
+    except ValueError:
+        return False
+
+
+def _zero_quota(details: Any) -> bool:
+    """Whether a Google error's details name a quota whose value is 0 (`QuotaFailure`
+    violations' `quotaValue`): the plan does not include what was asked for."""
+    if not isinstance(details, list):
+        return False
+    for detail in details:
+        if isinstance(detail, dict) and isinstance(detail.get("violations"), list):
+            for violation in detail["violations"]:
+                if isinstance(violation, dict) and str(violation.get("quotaValue")) == "0":
+                    return True
+    return False
+
+
+_BASE_RESP_TYPES: dict[int, str] = {
+    **dict.fromkeys((1002, 1039, 1041, 2045), "rate_limit_error"),  # requests, tokens, links
+    **dict.fromkeys((1004, 2049), "authentication_error"),
+    **dict.fromkeys((1008, 2056), "insufficient_quota"),  # no balance left, the plan's limit
+    **dict.fromkeys((1026, 1027, 1042, 2013, 20132), "invalid_request_error"),
+    **dict.fromkeys((1000, 1001, 1013, 1024, 1033), "server_error"),
+}
+"""MiniMax's `base_resp.status_code`s (it answers errors with HTTP 200 and `{"base_resp":
+{"status_code", "status_msg"}}`) by the error type they stand for: rate limits, a refused key,
+a spent balance, a request it will never take (bad parameters, sensitive input or output), and
+its own failures. A code not named here is a plain provider error."""
+
+
+def base_resp_error(base_resp: Any) -> tuple[str, tuple[str, ...]] | None:
+    """The message and error types of a MiniMax `base_resp` that reports an error; None for
+    one that reports success (`status_code` 0) or is not one at all."""
+    if not isinstance(base_resp, dict):
+        return None
+    code = base_resp.get("status_code")
+    if not isinstance(code, int) or isinstance(code, bool) or code == 0:
+        return None
+    message = f"{base_resp.get('status_msg') or 'error'} ({code})"
+    kind = _BASE_RESP_TYPES.get(code)
+    return message, (kind,) if kind is not None else ()
+
+
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>|<h1[^>]*>(.*?)</h1>", re.IGNORECASE | re.DOTALL)
+_TAG = re.compile(r"<[^>]*>")
+
+
+def body_text(text: str) -> str:
+    """What a body that is not JSON says, on one line: an HTML page (a proxy's `502 Bad
+    Gateway`, a bot challenge) by its title or first heading, other text with its white space
+    collapsed."""
+    if not text.lstrip().startswith("<"):
+        return " ".join(text.split())
+    found = _TITLE.search(text)
+    if found is not None:
+        title = " ".join(html.unescape(_TAG.sub("", found.group(1) or found.group(2))).split())
+        if title:
+            return f"an HTML page: {title[:120]}"
+    kind = "an XML document" if text.lstrip().startswith("<?xml") else "an HTML page"
+    said = " ".join(html.unescape(_TAG.sub(" ", text)).split())  # markup of no title: its words
+    return f"{kind}: {said[:200]}" if said else kind
+
+
+def error_from_body(
+    provider: str, status: int | None, body: bytes | str | Any, *, in_stream: bool = False
+) -> ProviderError:
+    """The typed error for any of the error shapes providers send, as an HTTP body or in-stream:
+    OpenAI `{"error": {"message", "type", "code"}}`, Anthropic `{"type": "error", "error":
+    {"type", "message"}}`, Gemini `{"error": {"code", "message", "status"}}`, Ollama
+    `{"error": "..."}` (with TGI's `error_type` beside it), vLLM `{"object": "error", "message",
+    "type"}`, MiniMax `{"base_resp": {"status_code", "status_msg"}}`, a flat `{"code",
+    "message"}` (SiliconFlow, DashScope, API gateways). `body` may be raw bytes
+    or already-parsed JSON; a body that is none of these still gives an error typed by status."""
+    data: Any = body
+    if isinstance(body, bytes | str):
+        try:  # strict, as every frame is: no lone surrogates, NaN, huge numbers or deep nesting
+            data = _decode_any(body)
+        except (msgspec.DecodeError, RecursionError):
+            data = None
+    error_types: tuple[str | None, ...] = ()
+    message = ""
+    code_status: int | None = None
+    if isinstance(data, dict):
+        err = data.get("error", data if data.get("object") == "error" else None)
+        if isinstance(err, str):
+            message = err
+            kind = data.get("error_type")  # Hugging Face TGI's and TEI's: `validation`...
+            if isinstance(kind, str):
+                error_types = (kind,)
+        elif isinstance(err, dict):
+            message = str(err.get("message") or "")
+            code = err.get("code")
+            if isinstance(code, int) and not isinstance(code, bool):
+                code_status = code
+            error_types = tuple(
+                str(v) for v in (err.get("type"), err.get("status"), code) if isinstance(v, str)
+            )
+            if _zero_quota(err.get("details")):
+                error_types = ("insufficient_quota", *error_types)  # no wait brings a quota of 0
+        elif "detail" in data:  # FastAPI's: a string, or pydantic's list of what failed where
+            detail = data["detail"]
+            message = detail if isinstance(detail, str) else _encode_any(detail).decode()[:500]
+        elif (said := base_resp_error(data.get("base_resp"))) is not None:  # MiniMax's
+            message, error_types = said
+        elif isinstance(data.get("message"), str):
+            # a flat `{"code", "message"}`: SiliconFlow's, DashScope's, a gateway's
+            # (`{"message": "Forbidden"}`); a string code is a type, a number one a status
+            message = data["message"]
+            code = data.get("code")
+            error_types = tuple(v for v in (code, data.get("type")) if isinstance(v, str))
+            if isinstance(code, int) and not isinstance(code, bool) and 100 <= code < 600:
+                code_status = code
+    elif isinstance(body, bytes | str) and status is not None:
+        message = body_text(body.decode("utf-8", "replace") if isinstance(body, bytes) else body)
+    return provider_error(
+        provider,
+        status=status if status is not None else code_status,
+        error_types=error_types,
+        message=message,
+        in_stream=in_stream,
+    )
