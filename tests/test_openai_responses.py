@@ -770,3 +770,40 @@ def test_error_from_response_reads_retry_after() -> None:
     error = OpenAIResponsesDialect().error_from_response(429, {"retry-after": "0.5"}, payload)
     assert error.retry_after == 0.5
     assert error.provider_message == "Rate limit"
+
+
+# --- a stream of nothing but its ends -------------------------------------------------------------
+
+CALL = {
+    "type": "function_call",
+    "id": "fc_1",
+    "call_id": "call_1",
+    "name": "weather",
+    "arguments": '{"city": "Paris"}',
+    "status": "completed",
+}
+
+
+def test_a_stream_of_nothing_but_its_ends_reads_the_final_output_whole() -> None:
+    # a server or proxy that does not stream the output sends it whole in its last event
+    created = {"type": "response.created", "response": response("in_progress")}
+    entries = decode(sse(created, completed([message("Hello there."), CALL])))
+    # as the same Response answered whole would read
+    whole = decode_body(response("completed", [message("Hello there."), CALL]))
+    assert entries == whole
+    assert entries[1] == {"type": "text.done", "text": "Hello there."}
+    assert entries[-2]["arguments"] == {"city": "Paris"}
+    assert entries[-1]["finish_reason"] == "tool_call"
+
+
+def test_a_streamed_output_is_not_read_again_from_the_final_event() -> None:
+    created = {"type": "response.created", "response": response("in_progress")}
+    data = sse(
+        created,
+        added(0, message()),
+        text_delta(0, "Hello"),
+        done(0, message("Hello")),
+        completed([message("Hello")]),
+    )
+    texts = [e["text"] for e in decode(data) if e["type"] == "text.done"]
+    assert texts == ["Hello"]  # once

@@ -307,12 +307,13 @@ def _finish(response: _Response, status: str | None, tool_seen: bool) -> list[La
 class _StreamDecoder:
     """One attempt's Responses events."""
 
-    __slots__ = ("_done", "_kinds", "_streamed", "_tool_seen", "failed_at")
+    __slots__ = ("_done", "_items_seen", "_kinds", "_streamed", "_tool_seen", "failed_at")
 
     def __init__(self) -> None:
         self._kinds: dict[int, LaneKind] = {}  # open output_index -> its lane's kind
         self._streamed: set[int] = set()  # output indexes a delta came for
         self._tool_seen = False
+        self._items_seen = False  # an item or a delta came: the output was streamed
         self._done = False  # a terminal event came: nothing after it is read
         self.failed_at = 0  # the frame `feed_frames` failed on
 
@@ -346,6 +347,7 @@ class _StreamDecoder:
             self._streamed.add(event.output_index)
             return [PartDelta(event.output_index, "thinking", event.delta)]
         if kind is _ItemAdded:
+            self._items_seen = True
             out: list[LaneEvent] = []
             item = _item(event.item)
             lane = None if item is None else _open_item(event.output_index, item, out)
@@ -354,14 +356,17 @@ class _StreamDecoder:
                 self._tool_seen = self._tool_seen or lane == "tool_call"
             return out
         if kind is _ItemDone:
+            self._items_seen = True
             return self._item_done(event)
         if kind is _Created:
             return [MessageStart(event.response.id, event.response.model)]
         self._done = kind in _TERMINAL
-        if kind is _Completed:
-            return _finish(event.response, "completed", self._tool_seen)
-        if kind is _Incomplete:
-            return _finish(event.response, "incomplete", self._tool_seen)
+        if kind is _Completed or kind is _Incomplete:
+            # a stream of nothing but its ends (a server or proxy that does not stream the
+            # output) still holds the reply: the final Response's items, each whole
+            whole = [] if self._items_seen or self._streamed else self._whole(event.response)
+            status = "completed" if kind is _Completed else "incomplete"
+            return whole + _finish(event.response, status, self._tool_seen)
         if kind is _Failed:
             return _finish(event.response, "failed", self._tool_seen)
         assert kind is _Error
@@ -452,6 +457,17 @@ class _StreamDecoder:
         streamed = index in self._streamed
         self._streamed.discard(index)
         _close_item(index, lane, item, streamed=streamed, out=out)
+        return out
+
+    def _whole(self, response: _Response) -> list[LaneEvent]:
+        """A final Response's output items, each opened and closed whole."""
+        out: list[LaneEvent] = []
+        for index, raw in enumerate(response.output):
+            item = _item(raw)
+            lane = None if item is None else _open_item(index, item, out)
+            if item is not None and lane is not None:
+                self._tool_seen = self._tool_seen or lane == "tool_call"
+                _close_item(index, lane, item, streamed=False, out=out)
         return out
 
     def close(self) -> list[LaneEvent]:
