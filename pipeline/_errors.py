@@ -36,6 +36,7 @@ sent about the failure and from our own words.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import msgspec
@@ -503,6 +504,14 @@ system memory (5.5 GiB) than is available`): it fails the same way until the mod
 REDIRECT = "redirect"
 """The error type of a redirect answer (3xx with a `Location`): a turn never follows one, since
 the request carries the key; the line a person reads names where it points."""
+
+CONTEXT_FULL = re.compile(
+    r"maximum context length|context (?:length|window|size)|prompt is too long"
+    r"|input token count .* exceeds",
+    re.IGNORECASE,
+)
+"""How providers say a request is longer than the model's context window, in words (OpenAI and
+vLLM, llama.cpp, Anthropic, Gemini): the same request never fits, however often it is sent."""
 
 UNCURABLE_CODES = QUOTA_CODES | {REQUEST_TOO_LARGE, MODEL_TOO_LARGE}
 """Provider error codes that no retry or wait cures."""

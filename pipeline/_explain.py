@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ._errors import (
+    CONTEXT_FULL,
     MODEL_TOO_LARGE,
     NOT_TLS_REASONS,
     QUOTA_CODES,
@@ -87,12 +88,8 @@ _FILTERED = frozenset(
 reason, OpenAI's `content_filter`, Anthropic's `refusal`)."""
 _CONTEXT_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
 """Error codes of a request larger than the model's context window."""
-_CONTEXT_FULL = re.compile(
-    r"maximum context length|context (?:length|window|size)|prompt is too long"
-    r"|input token count .* exceeds|too many (?:input )?tokens",
-    re.IGNORECASE,
-)
-"""How providers say the same in words (OpenAI and vLLM, llama.cpp, Anthropic, Gemini)."""
+_TOO_MANY_TOKENS = re.compile(r"too many (?:input )?tokens", re.IGNORECASE)
+"""A refused request's words for the same (`CONTEXT_FULL` says the rest)."""
 
 _TRANSPORT_KINDS = {
     "ConnectError": "cannot connect",
@@ -295,7 +292,9 @@ def _provider_error(
             f" is the API's base URL (--base-url{path})"
         )
     if isinstance(error, InvalidRequestError) and (
-        code in _CONTEXT_CODES or _CONTEXT_FULL.search(error.provider_message)
+        code in _CONTEXT_CODES
+        or CONTEXT_FULL.search(error.provider_message)
+        or _TOO_MANY_TOKENS.search(error.provider_message)
     ):
         return (
             f"the conversation is longer than the model takes{status}{said} — shorten it (or"

@@ -20,6 +20,7 @@ import trio.testing
 from rillet import (
     FallbackFailed,
     FrameTooLarge,
+    InvalidRequestError,
     MalformedFrameError,
     ProviderError,
     RateLimitError,
@@ -721,3 +722,27 @@ async def test_a_per_minute_limit_in_billing_words_is_still_waited_for(
     run = await play([answer, ok()])
     assert run.result.outcome is Outcome.COMPLETED
     assert run_done(run).requests == 2
+
+
+@pytest.mark.parametrize(
+    ("said", "requests"),
+    [
+        ("the input length exceeds the context length", 1),  # never fits: asked once
+        ("an error was encountered while running the model: unexpected EOF", 4),  # may pass
+    ],
+    ids=["context", "crash"],
+)
+async def test_an_ollama_error_of_no_type_is_judged_by_what_it_says(
+    autojump_clock: trio.testing.MockClock, said: str, requests: int
+) -> None:
+    lines = ollama_lines()
+    broken = Answer(
+        body=[lines[0], msgspec.json.encode({"error": said}) + b"\n"], content_type=NDJSON_TYPE
+    )
+    run = await play([broken], dialect=OllamaDialect(), pol=policy(fallback=False))
+    assert run.result.outcome is Outcome.FAILED
+    assert run_done(run).requests == requests
+    if requests == 1:
+        assert isinstance(run.result.error, InvalidRequestError)
+        line = explain(run.result.error, provider_for(OllamaDialect()))
+        assert "the conversation is longer than the model takes" in line

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 from rillet._errors import (
+    CONTEXT_FULL,
     REQUEST_TOO_LARGE,
     UNCURABLE_CODES,
     AuthenticationError,
@@ -151,6 +152,15 @@ def provider_error(
     else:
         if status is not None:
             cls = _STATUSES.get(status, ProviderError)
+    if (
+        cls is ProviderError
+        and (status is None or 400 <= status < 500)
+        and message
+        and CONTEXT_FULL.search(message)
+    ):
+        # an error of no known type that says the request is longer than the context window
+        # (Ollama's and LM Studio's plain `{"error": "..."}`): it never fits, however often sent
+        cls, known = InvalidRequestError, known or "context_length_exceeded"
     if status in _DECISIVE_STATUSES:
         # the status outranks the body: OpenAI answers a bad key with 401 and
         # `invalid_request_error`, and what a caller does next follows the status
