@@ -640,53 +640,8 @@ async def test_f58_a_retry_line_in_an_unfinished_block_sets_the_reconnection_tim
     assert decoder.last_event_id == ""  # an id is committed only by a dispatch
 
 
-@pytest.mark.parametrize(
-    ("code", "message"),
-    [
-        ("1113", "余额不足或无可用资源包,请充值。"),  # in arrears: the plan or the balance
-        ("1112", "Your account has been locked, please contact customer service to unlock"),
-    ],
-    ids=["arrears", "locked"],
-)
-async def test_f55_a_zai_429_for_the_account_is_permanent(
-    autojump_clock: trio.testing.MockClock, code: str, message: str
-) -> None:
-    # Z.ai answers an account it will not serve with a 429 and a code of its own
-    body = msgspec.json.encode({"error": {"code": code, "message": message}})
-    answer = Answer(status=429, body=[body], content_type="application/json")
-    run = await play([answer, ok()], rescue=rescue_ok())
-    assert run.result.outcome is Outcome.INIT_FAILED
-    error = run.result.error
-    assert isinstance(error, ProviderError)
-    assert not isinstance(error, RateLimitError)
-    assert error.error_type == code
-    assert run_done(run).requests == 1
-    assert "check its plan and billing" in explain(error, provider_for(OpenAIChatDialect()))
-
-
-async def test_a_zai_429_for_concurrency_is_still_waited_for(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    body = msgspec.json.encode({"error": {"code": "1302", "message": "High concurrency"}})
-    answer = Answer(status=429, body=[body], content_type="application/json")
-    run = await play([answer, ok()])
-    assert run.result.outcome is Outcome.COMPLETED
-    assert run_done(run).requests == 2
-
-
-async def test_f55_a_moonshot_429_for_a_suspended_account_is_permanent(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    message = "Your account is suspended due to insufficient balance, please recharge"
-    body = msgspec.json.encode(
-        {"error": {"message": message, "type": "exceeded_current_quota_error"}}
-    )
-    answer = Answer(status=429, body=[body], content_type="application/json")
-    run = await play([answer, ok()], rescue=rescue_ok())
-    error = run.result.error
-    assert isinstance(error, ProviderError)
-    assert not isinstance(error, RateLimitError)
-    assert run_done(run).requests == 1
+def _error_body(**error: str) -> bytes:
+    return msgspec.json.encode({"error": error})
 
 
 XAI_NO_CREDIT = (
@@ -696,28 +651,59 @@ XAI_NO_CREDIT = (
 )
 
 
-async def test_f55_a_429_whose_message_says_no_credit_is_left_is_permanent(
-    autojump_clock: trio.testing.MockClock,
+@pytest.mark.parametrize(
+    ("body", "error_type"),
+    [
+        (_error_body(code="1113", message="余额不足或无可用资源包,请充值。"), "1113"),  # Z.ai
+        (_error_body(code="1112", message="Your account has been locked"), "1112"),  # Z.ai
+        (
+            _error_body(message="Your account is suspended", type="exceeded_current_quota_error"),
+            "exceeded_current_quota_error",  # Moonshot (Kimi)
+        ),
+        (  # xAI: a flat body, its code a sentence, the account's state in its words
+            msgspec.json.encode(
+                {"code": "Some resource has been exhausted", "error": XAI_NO_CREDIT}
+            ),
+            "insufficient_quota",
+        ),
+    ],
+    ids=["zai-arrears", "zai-locked", "moonshot", "xai-no-credit"],
+)
+async def test_f55_a_429_for_an_account_that_cannot_pay_is_permanent(
+    autojump_clock: trio.testing.MockClock, body: bytes, error_type: str
 ) -> None:
-    # xAI's 429 for a team out of credit: a flat body, its code a sentence
-    body = msgspec.json.encode({"code": "Some resource has been exhausted", "error": XAI_NO_CREDIT})
     answer = Answer(status=429, body=[body], content_type="application/json")
     run = await play([answer, ok()], rescue=rescue_ok())
+    assert run.result.outcome is Outcome.INIT_FAILED
     error = run.result.error
     assert isinstance(error, ProviderError)
     assert not isinstance(error, RateLimitError)
-    assert error.error_type == "insufficient_quota"
+    assert error.error_type == error_type
     assert run_done(run).requests == 1
+    assert "check its plan and billing" in explain(error, provider_for(OpenAIChatDialect()))
 
 
-async def test_a_per_minute_limit_in_billing_words_is_still_waited_for(
-    autojump_clock: trio.testing.MockClock,
+@pytest.mark.parametrize(
+    "body",
+    [
+        _error_body(code="1302", message="High concurrency"),  # Z.ai's concurrency limit
+        # Gemini's free tier: a per-minute limit that a wait does end, worded as a quota
+        msgspec.json.encode(
+            {
+                "error": {
+                    "code": 429,
+                    "message": "You exceeded your current quota, please check your plan and "
+                    "billing details.",
+                    "status": "RESOURCE_EXHAUSTED",
+                }
+            }
+        ),
+    ],
+    ids=["zai-concurrency", "gemini-billing-words"],
+)
+async def test_a_429_that_a_wait_cures_is_still_waited_for(
+    autojump_clock: trio.testing.MockClock, body: bytes
 ) -> None:
-    # Gemini's free tier: a limit that a wait does end, worded as a quota
-    said = "You exceeded your current quota, please check your plan and billing details."
-    body = msgspec.json.encode(
-        {"error": {"code": 429, "message": said, "status": "RESOURCE_EXHAUSTED"}}
-    )
     answer = Answer(status=429, body=[body], content_type="application/json")
     run = await play([answer, ok()])
     assert run.result.outcome is Outcome.COMPLETED
