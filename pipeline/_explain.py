@@ -37,6 +37,7 @@ from ._errors import (
     causes,
 )
 from ._failures import cause_of
+from ._grammar import filtered_reason
 
 if TYPE_CHECKING:
     from .providers._base import Provider
@@ -72,20 +73,6 @@ _LOOKUP_CAUSES = (_NO_SUCH_HOST, _LOOKUP_FAILED)
 """What a failed name lookup (`socket.gaierror`) says: the name has no address, or the lookup
 itself failed (`Temporary failure in name resolution`)."""
 
-_FILTERED = frozenset(
-    {
-        "safety",
-        "prohibited_content",
-        "blocklist",
-        "spii",
-        "recitation",
-        "image_safety",
-        "content_filter",
-        "refusal",
-    }
-)
-"""Provider finish reasons of a reply its content rules stopped (Gemini's, a prompt's block
-reason, OpenAI's `content_filter`, Anthropic's `refusal`)."""
 _CONTEXT_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
 """Error codes of a request larger than the model's context window."""
 _TOO_MANY_TOKENS = re.compile(r"too many (?:input )?tokens", re.IGNORECASE)
@@ -121,7 +108,7 @@ def filtered_partway(finish_reason: str | None, provider_reason: str | None) -> 
     """The line for an answer that came home cut short by the provider's content rules (its
     finish reason `unknown`, the provider's own one of theirs: Azure's `content_filter` after
     some text, Gemini's `SAFETY`); None for any other."""
-    if finish_reason != "unknown" or (provider_reason or "").lower() not in _FILTERED:
+    if finish_reason != "unknown" or not filtered_reason(provider_reason):
         return None
     return (
         f"the provider's content rules stopped the answer partway ({provider_reason}): what is"
@@ -214,7 +201,7 @@ def _explain_one(
         return f"the provider's stream ended early, without {missing}{tries}"
     if isinstance(error, EmptyResponseError):
         reason = (error.provider_reason or "").lower()
-        if reason in _FILTERED:
+        if filtered_reason(reason):
             return (
                 f"the provider stopped the answer before it began ({error.provider_reason}: its"
                 " content rules) — rephrase the request"

@@ -78,7 +78,7 @@ from ._markers import DeltaRun
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["Grammar", "map_finish_reason", "wall_clock_ms"]
+__all__ = ["FILTERED_REASONS", "Grammar", "filtered_reason", "map_finish_reason", "wall_clock_ms"]
 
 _FINISH: dict[str, FinishReason] = {
     "stop": "stop",
@@ -98,6 +98,27 @@ _NO_USAGE = UsageMetadata(
     cached_tokens=None, prompt_tokens=None, thoughts_tokens=None, response_tokens=None
 )
 _THINKING_KINDS = frozenset({"thinking", "inline_thinking"})
+
+
+FILTERED_REASONS = frozenset(
+    {
+        "safety",
+        "prohibited_content",
+        "blocklist",
+        "spii",
+        "recitation",
+        "image_safety",
+        "content_filter",
+        "refusal",
+    }
+)
+"""Provider finish reasons of a reply its content rules stopped (Gemini's, a prompt's block
+reason, OpenAI's `content_filter`, Anthropic's `refusal`): all `unknown` in MMSP's words."""
+
+
+def filtered_reason(raw: str | None) -> bool:
+    """Whether a provider's own finish reason says its content rules stopped the reply."""
+    return raw is not None and raw.lower() in FILTERED_REASONS
 
 
 def map_finish_reason(raw: str) -> FinishReason:

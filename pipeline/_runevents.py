@@ -35,6 +35,7 @@ from ._events import (
     ToolCallDone,
     UniEvent,
 )
+from ._grammar import filtered_reason
 from ._policy import Outcome
 from ._text import AnswerText
 
@@ -199,6 +200,9 @@ class AnswerDone(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="
     sha256: str
     chars: int
     finish_reason: str | None = None
+    filtered: bool = False
+    """The provider's content rules stopped the answer partway (its finish reason `unknown`,
+    the provider's own one of theirs, such as `content_filter`): the text is incomplete."""
 
 
 class RunDone(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="run.done"):
@@ -472,6 +476,7 @@ class RunEventBuilder:
         attempts: int,
         requests: int | None = None,
         retry_after: float | None = None,
+        provider_finish: str | None = None,
     ) -> list[RunEvent]:
         """The closing events: `answer.done` when a complete answer arrived, then `run.done`.
 
@@ -486,12 +491,14 @@ class RunEventBuilder:
                 status, code = "error", "provider_length"
             else:
                 status, code = "completed", "completed"
+                filtered = self.finish_reason == "unknown" and filtered_reason(provider_finish)
                 out.append(
                     AnswerDone(
                         **self._env(),
                         sha256=answer.sha256,
                         chars=answer.chars,
                         finish_reason=self.finish_reason,
+                        filtered=filtered,
                     )
                 )
         elif outcome is Outcome.CANCELLED:

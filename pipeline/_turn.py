@@ -369,6 +369,7 @@ async def run_turn(
             attempts=handler.attempts,
             requests=handler.requests,
             retry_after=handler.retry_after,
+            provider_finish=handler.provider_finish,
         )
         turn._run.extend(final)
         turn._run.close()

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 from rillet.transports.server import Limits
-from rillet.transports.testing import Reply, status_reply
+from rillet.transports.testing import Reply, openai_text_stream, status_reply
 
 from .test_browser import paced, save
 from .test_browser_chat import _ended, _in_browser, chromium
@@ -203,3 +203,35 @@ async def test_the_buttons_are_named_for_what_they_act_on(chromium: Browser) -> 
         "Stop": 1,
         "Retry this prompt": 1,
     }
+
+
+async def test_an_answer_cut_short_by_content_rules_says_so_and_keeps_its_text(
+    chromium: Browser,
+) -> None:
+    stream = openai_text_stream(["The scene ", "opens in"], finish_reason="content_filter")
+    cut = Reply(chunks=tuple(frame + b"\n\n" for frame in stream.split(b"\n\n") if frame))
+
+    def steps(page: Page) -> dict[str, Any]:
+        _ask(page, "A story?")
+        _ended(page)
+        seen = {
+            "outcome": page.locator("#outcome").text_content(),
+            "failure": page.locator("#failure-text").text_content(),
+            "failure_shown": page.locator("#failure").is_visible(),
+            "answer": page.locator("#answer").text_content(),
+        }
+        page.reload()  # the history keeps the answer and what cut it
+        page.wait_for_selector("#history .exchange")
+        seen["kept"] = page.locator("#history .exchange .done-bad").text_content()
+        save(page, "page-cut-short.png")
+        return seen
+
+    with trio.fail_after(40):
+        async with serving([cut]) as served:
+            seen = await chromium.run(_in_browser(served.url, steps))
+    assert seen["errors"] == []
+    assert seen["outcome"] == "cut short after 1 attempt"
+    assert seen["failure_shown"] is True
+    assert "content rules stopped the answer part-way" in seen["failure"]
+    assert seen["answer"] == "The scene opens in"
+    assert seen["kept"] == seen["failure"]

@@ -84,6 +84,9 @@ async def test_an_answer_the_content_filter_cut_partway_says_so_and_fails(output
     if output == "jsonl":
         events = [json.loads(line) for line in shown.splitlines()]
         shown = "".join(e["delta"] for e in events if e["type"] == "answer.delta")
+        answered = next(e for e in events if e["type"] == "answer.done")
+        assert answered["filtered"] is True  # a reader of the run events is told too
+        assert answered["finish_reason"] == "unknown"
     assert shown.strip() == "".join(FRAGMENTS[:2])  # what came stays shown
     assert done.stderr.decode().strip().splitlines() == [
         "rillet: the provider's content rules stopped the answer partway (content_filter): "
@@ -100,6 +103,11 @@ async def test_an_answer_of_unknown_finish_is_whole_and_silent() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stderr == b""
     assert done.stdout.decode().strip() == "".join(FRAGMENTS).strip()
+    async with open_loopback_provider([Reply(chunks=split(body, 16))]) as provider:
+        done = await _run_cli(["run", "hi", "--output", "jsonl"], provider.url)
+    answered = [json.loads(line) for line in done.stdout.decode().splitlines()][-2]
+    assert answered["type"] == "answer.done"
+    assert "filtered" not in answered  # said only when true
 
 
 BAD_KEY = (
