@@ -334,6 +334,30 @@ async def test_a_withheld_reply_streams_as_content_filter_with_its_usage() -> No
     assert usage["usage"]["prompt_tokens"] == 9
 
 
+@pytest.mark.parametrize(
+    ("upstream", "served"), [("content_filter", "content_filter"), ("eos", "stop")]
+)
+async def test_a_streamed_answer_ends_with_what_its_unknown_finish_stood_for(
+    upstream: str, served: str
+) -> None:
+    cut = openai_text_stream(["Half of ", "it"], finish_reason=upstream)
+    async with (
+        open_loopback_provider([Reply(chunks=(cut,))]) as loopback,
+        trio.open_nursery() as nursery,
+    ):
+        url = await _server(nursery, loopback.url)
+        body = {"model": "loop-gpt", "messages": [{"role": "user", "content": "hi"}]}
+        async with httpx.AsyncClient(timeout=10) as http:
+            answer = await http.post(f"{url}/v1/chat/completions", json={**body, "stream": True})
+        nursery.cancel_scope.cancel()
+    events = [line.removeprefix("data: ") for line in answer.text.split("\n\n") if line]
+    assert events[-1] == "[DONE]"
+    chunks = [msgspec.json.decode(e) for e in events[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    assert text == "Half of it"
+    assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == served
+
+
 async def test_an_answer_filtered_partway_is_answered_whole_as_content_filter() -> None:
     cut = openai_text_stream(["Half of ", "it"], finish_reason="content_filter")
     async with (

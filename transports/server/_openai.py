@@ -181,10 +181,11 @@ class _Chunks:
         self.current = index
         return self.chunk({"tool_calls": [call]})
 
-    def event(self, event: UniEvent) -> bytes:
-        """The chunks of one UniEvent (b"" for what OpenAI's wire has no place for)."""
+    def event(self, event: UniEvent, finish: str | None = None) -> bytes:
+        """The chunks of one UniEvent (b"" for what OpenAI's wire has no place for); `finish`
+        overrides a stop's finish reason."""
         if event.event_type == "stop":
-            reason = openai_finish_reason(event.finish_reason)
+            reason = finish or openai_finish_reason(event.finish_reason)
             out = self.chunk({}, reason)
             if self.include_usage:
                 out += self.usage_chunk(event.usage_metadata)
@@ -341,6 +342,7 @@ class OpenAIChat:
         while (items := await head.receive(receive)) is not None:
             out: list[bytes] = []
             stopped = reset = False
+            unknown: UniEvent | None = None  # a stop of no known reason: the turn says which
             for item in items:
                 if type(item) is AttemptReset:
                     if written:
@@ -352,8 +354,11 @@ class OpenAIChat:
                     chunks.role_sent = False
                     continue
                 assert isinstance(item, UniEvent)
-                out.append(chunks.event(item))
                 stopped = item.event_type == "stop"
+                if stopped and item.finish_reason == "unknown":
+                    unknown = item
+                    continue
+                out.append(chunks.event(item))
             frames = b"".join(out)
             if frames:
                 self.shared.metrics.count(len(out))
@@ -364,6 +369,12 @@ class OpenAIChat:
                 turn.cancel()
                 return
             if stopped:
+                if unknown is not None:
+                    # the stop is the turn's last event: its result is due, and says whether
+                    # the provider's content rules cut the answer (OpenAI's `content_filter`)
+                    result = await turn.result()
+                    filtered = filtered_partway("unknown", result.provider_finish_reason)
+                    await head.send(chunks.event(unknown, "content_filter" if filtered else None))
                 await http.send_data(SSE_DONE)
                 return
         result = await turn.result()
