@@ -28,8 +28,8 @@ from rillet.transports.testing import Reply, Script, open_loopback_provider
 from bench.contestants import dialect_of
 from bench.wire import STREAM_KINDS, build_stream
 
+from .handler_support import OK, REQUEST, TEXT, anthropic_events, openai_events, policy
 from .test_fixtures import DIALECTS, dialect_for
-from .test_handler import OK, REQUEST, TEXT, anthropic_events, openai_events, policy
 from .test_turn_loopback import provider_at
 from .wire_cases import FIXTURES
 

@@ -24,7 +24,7 @@ from rillet.transports.testing import Reply, open_loopback_provider, openai_text
 
 from bench.firstbyte import request_end
 
-from .test_handler import REQUEST
+from .handler_support import REQUEST
 
 TEXT_STREAM = split(openai_text_stream(["Hel", "lo"]), 48)
 

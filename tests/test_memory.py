@@ -28,7 +28,7 @@ from rillet._markers import AttemptReset
 from rillet._runevents import RunEvent, RunEventBuilder
 from rillet._turn import CallbackSink, Turn, UniItem, open_turn, run_turn
 
-from .test_handler import (
+from .handler_support import (
     FRAGMENTS,
     REQUEST,
     TEXT,

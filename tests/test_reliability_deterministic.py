@@ -34,7 +34,7 @@ from rillet.providers._ollama import OllamaDialect
 from rillet.providers._openai_chat import OpenAIChatDialect
 from rillet.transports.testing import Reply, open_loopback_provider, openai_text_stream, sse
 
-from .test_handler import (
+from .handler_support import (
     END_OK,
     END_PROVIDER,
     FRAGMENTS,

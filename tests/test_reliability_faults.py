@@ -67,7 +67,7 @@ from rillet.transports.testing import (
     status_reply,
 )
 
-from .test_handler import (
+from .handler_support import (
     END_CANCELLED,
     END_OK,
     END_PROVIDER,

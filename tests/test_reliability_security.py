@@ -70,7 +70,7 @@ from rillet.providers._openai_responses import OpenAIResponsesDialect
 from rillet.transports.server import Limits, ServerConfig, ServerConfigError, serve
 from rillet.transports.testing import Reply, openai_text_stream, status_reply
 
-from .test_handler import (
+from .handler_support import (
     END_OK,
     OK,
     RESCUE_TEXT,

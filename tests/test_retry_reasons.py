@@ -29,7 +29,7 @@ from rillet._failures import RETRY_REASONS, retry_reason
 from rillet._runevents import RunEventBuilder
 from rillet.transports.sinks import TerminalSink
 
-from .test_handler import (
+from .handler_support import (
     HANG,
     Answer,
     Raise,

@@ -33,7 +33,7 @@ from rillet._runevents import (
 )
 from rillet._turn import CallbackSink, SinkBatch, Turn, TurnResult, UniItem, open_turn, run_turn
 
-from .test_handler import (
+from .handler_support import (
     END_CANCELLED,
     END_OK,
     HANG,

@@ -51,7 +51,7 @@ from rillet.transports.server import Limits
 
 from bench.workers import run_phase
 
-from ..test_handler import FakeProvider, openai_events, policy, provider_for, rescue_ok, status
+from ..handler_support import FakeProvider, openai_events, policy, provider_for, rescue_ok, status
 from ..test_redis_hub import redis_server  # noqa: F401 - the session fixture
 from ..test_reliability_faults import (
     GatedProvider,
