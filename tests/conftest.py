@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 from typing import TYPE_CHECKING
 
 import pytest
+import trio.testing
 from rillet._policy import default_graph
 
 if TYPE_CHECKING:
@@ -24,6 +26,25 @@ def graph(request: pytest.FixtureRequest) -> Iterator[str]:
         yield request.param
     finally:
         default_graph.reset(token)
+
+
+@pytest.fixture
+def no_gc() -> Iterator[None]:
+    """The cyclic garbage collector off for the test: with thousands of connections alive, its
+    passes over the whole test session's heap double a test's time. Collected afterwards."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.collect()
+
+
+@pytest.fixture
+def loop_clock() -> trio.testing.MockClock:
+    """Virtual time that jumps only after 20 ms of real idleness (bytes in flight on loopback
+    are not silence)."""
+    return trio.testing.MockClock(autojump_threshold=0.02)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -57,8 +57,8 @@ from rillet.providers._openai_chat import OpenAIChatDialect
 from rillet.transports.server import Limits, ServerConfig, serve
 from rillet.transports.testing import open_loopback_provider
 
+from .fault_support import text_reply
 from .test_fixtures import DIALECTS, dialect_for
-from .test_reliability_faults import text_reply
 from .wire_cases import FIXTURES
 
 if TYPE_CHECKING:

@@ -34,6 +34,7 @@ from rillet.providers._ollama import OllamaDialect
 from rillet.providers._openai_chat import OpenAIChatDialect
 from rillet.transports.testing import Reply, open_loopback_provider, openai_text_stream, sse
 
+from .fault_support import check_loop, loop_turn, rescue_after
 from .handler_support import (
     END_OK,
     END_PROVIDER,
@@ -60,7 +61,6 @@ from .handler_support import (
     run_done,
     status,
 )
-from .test_reliability_faults import check_loop, loop_turn, rescue_after
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -7,10 +7,10 @@ grammar): a recorded fixture of each dialect with one frame mutated to carry a l
 must end the attempt with a typed frame error (never another exception, never a hang) while
 everything before it still comes out; a duplicate key is not an error: the last one wins. The
 non-streaming bodies (the rescue's) get the same treatment. Where the answer is a whole turn
-(retried, Failed), the turn runs on the virtual-time harness of `test_handler`.
+(retried, Failed), the turn runs on the virtual-time harness of `handler_support`.
 
 S06-S16 run against the real server on 127.0.0.1 with the loopback provider behind it (the
-harness of `test_reliability_faults`): the misbehaving client gets its refusal, and a
+harness of `fault_support`): the misbehaving client gets its refusal, and a
 well-behaved subscriber of the same run still sees every event once, the run completing with
 one request.
 """
@@ -70,19 +70,7 @@ from rillet.providers._openai_responses import OpenAIResponsesDialect
 from rillet.transports.server import Limits, ServerConfig, ServerConfigError, serve
 from rillet.transports.testing import Reply, openai_text_stream, status_reply
 
-from .handler_support import (
-    END_OK,
-    OK,
-    RESCUE_TEXT,
-    ROLE,
-    Answer,
-    check,
-    expect,
-    play,
-    rescue_ok,
-    tool_stream,
-)
-from .test_reliability_faults import (
+from .fault_support import (
     LIMIT,
     Read,
     RunRef,
@@ -95,6 +83,18 @@ from .test_reliability_faults import (
     site,
     text_reply,
     ws_connect,
+)
+from .handler_support import (
+    END_OK,
+    OK,
+    RESCUE_TEXT,
+    ROLE,
+    Answer,
+    check,
+    expect,
+    play,
+    rescue_ok,
+    tool_stream,
 )
 from .wire_cases import FIXTURES
 

@@ -1,7 +1,7 @@
 """A retry says why: the `status` event of a backoff or of the rescue carries the safe code of
 the failure it follows (`reason_code`), and the terminal and the page put it in words.
 
-The turns run against the scripted provider of `test_handler` on the mock clock; each failure
+The turns run against the scripted provider of `handler_support` on the mock clock; each failure
 is one the transport ladder retries, and the code must name that failure, not another.
 """
 

@@ -1,6 +1,6 @@
 """The Turn API: `run_turn` via `nursery.start`, `open_turn`, several consumers of
 `uni_events()` / `run_events()`, `result()`, sinks, and cancellation, in virtual time against
-the scripted provider of `test_handler`."""
+the scripted provider of `handler_support`."""
 
 from __future__ import annotations
 

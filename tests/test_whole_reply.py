@@ -29,8 +29,8 @@ from rillet.providers._gemini import GeminiDialect
 from rillet.providers._openai_responses import OpenAIResponsesDialect
 from rillet.transports.testing import Reply, openai_text_body, openai_text_stream, split, sse
 
+from .fault_support import check_loop, loop_turn, rescue_after
 from .handler_support import END_OK, END_PROVIDER, RESCUE_TEXT, expect
-from .test_reliability_faults import check_loop, loop_turn, rescue_after
 
 JSON = "application/json"
 ANSWER = "A whole answer, read at once."

@@ -29,10 +29,10 @@ from rillet.transports import SSEDecoder
 from rillet.transports.server import ServerConfig, WorkerFailed, serve
 from rillet.transports.testing import open_loopback_provider
 
+from .fault_support import next_frame
 from .load._provider import fragments
 from .test_cli_agents import tool_then_answer
 from .test_redis_hub import redis_server  # noqa: F401 - the session fixture
-from .test_reliability_faults import next_frame
 from .test_server import chat_provider, read_sse
 
 if TYPE_CHECKING:

@@ -51,9 +51,7 @@ from rillet.transports.server import Limits
 
 from bench.workers import run_phase
 
-from ..handler_support import FakeProvider, openai_events, policy, provider_for, rescue_ok, status
-from ..test_redis_hub import redis_server  # noqa: F401 - the session fixture
-from ..test_reliability_faults import (
+from ..fault_support import (
     GatedProvider,
     RunRef,
     next_frame,
@@ -62,14 +60,16 @@ from ..test_reliability_faults import (
     tls,
     words,
 )
+from ..handler_support import FakeProvider, openai_events, policy, provider_for, rescue_ok, status
+from ..test_redis_hub import redis_server  # noqa: F401 - the session fixture
 from ._provider import fragments
 from ._support import open_fds, percentile, provider_process, rss, tasks, ticking
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from ..fault_support import Site
     from ..test_redis_hub import RedisServer
-    from ..test_reliability_faults import Site
 
 pytestmark = pytest.mark.load
 
