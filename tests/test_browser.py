@@ -25,7 +25,7 @@ import pytest
 import trio
 from rillet.transports.testing import Reply, openai_text_stream
 
-from .test_server import serving
+from .server_support import serving
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 
+from .server_support import serving
 from .test_browser import save
 from .test_browser_chat import _ended, _in_browser, chromium
 from .test_cli_agents import ANSWER, tool_messages, tool_then_answer
-from .test_server import serving
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page

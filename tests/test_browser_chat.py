@@ -15,8 +15,8 @@ import pytest
 import trio
 from rillet.transports.testing import Reply, openai_text_stream, sse
 
+from .server_support import serving
 from .test_browser import Browser, _chromium, broken_after, paced, save
-from .test_server import serving
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

@@ -15,9 +15,9 @@ import trio
 from rillet.transports.server import Limits
 from rillet.transports.testing import Reply, openai_text_stream, status_reply
 
+from .server_support import serving
 from .test_browser import paced, save
 from .test_browser_chat import _ended, _in_browser, chromium
-from .test_server import serving
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page

@@ -41,7 +41,7 @@ from .handler_support import (
     rescue_ok,
     tool_stream,
 )
-from .test_turn import client_for, options
+from .turn_support import client_for, options
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

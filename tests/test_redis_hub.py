@@ -46,7 +46,7 @@ from rillet._turn import SinkBatch, TurnResult, run_turn
 from rillet.transports.server import ServerConfig, serve
 from rillet.transports.testing import open_loopback_provider
 
-from .test_server import POLICY, chat_provider, read_sse, text_reply, texts
+from .server_support import POLICY, chat_provider, read_sse, text_reply, texts
 from .test_server_ws import connect, receive_all
 
 if TYPE_CHECKING:

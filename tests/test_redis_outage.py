@@ -16,6 +16,7 @@ from rillet._runevents import AnswerDelta, RunDone
 from rillet._turn import TurnResult, run_turn
 from rillet.transports.testing import open_loopback_provider
 
+from .server_support import POLICY, chat_provider, text_reply
 from .test_redis_hub import (
     RedisServer,
     doomed_redis,  # noqa: F401  (a fixture)
@@ -25,7 +26,6 @@ from .test_redis_hub import (
     take,
     two_hubs,
 )
-from .test_server import POLICY, chat_provider, text_reply
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

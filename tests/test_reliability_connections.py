@@ -15,8 +15,8 @@ import trio
 import trio.testing
 from rillet.transports.server import Limits
 
+from .server_support import raw_exchange, serving
 from .test_reliability_hostile import connect, read_all, read_head
-from .test_server import raw_exchange, serving
 
 # --- S17: the connection cap ---------------------------------------------------------------------
 

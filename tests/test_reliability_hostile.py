@@ -29,7 +29,7 @@ from rillet.providers._base import Secret
 from rillet.transports.server import Limits, ServerConfig
 from rillet.transports.server._routing import connection_cap
 
-from .test_server import (
+from .server_support import (
     Served,
     chat_provider,
     kind,

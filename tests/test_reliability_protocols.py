@@ -14,7 +14,7 @@ import pytest
 import trio
 from rillet.transports.testing import Reply, open_loopback_provider, openai_text_stream
 
-from .test_server import serving
+from .server_support import serving
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

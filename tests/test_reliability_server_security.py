@@ -18,9 +18,7 @@ import pytest
 import trio
 import trio.testing
 import trio_websocket
-from rillet import (
-    SSEEncodeError,
-)
+from rillet import SSEEncodeError
 from rillet._runevents import AnswerDelta, RunDone
 from rillet.frames import SSEDecoder, encode_sse
 from rillet.providers._base import Provider, Secret

@@ -19,7 +19,7 @@ import trio.lowlevel
 from rillet.transports._ws import TokenBucket
 from rillet.transports._ws_frames import MAX_FRAGMENTS, ClientFrames
 
-from .test_server import Served, serving, text_reply
+from .server_support import Served, serving, text_reply
 from .test_server_ws import STALLED, follow, raw_handshake, server_frames, ws_url
 
 if TYPE_CHECKING:

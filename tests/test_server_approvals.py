@@ -12,8 +12,8 @@ import trio.testing
 from rillet._runevents import ApprovalRequired
 from rillet.transports.server import Limits
 
+from .server_support import Served, kind, read_sse, serving
 from .test_cli_agents import ANSWER, tool_messages, tool_then_answer
-from .test_server import Served, kind, read_sse, serving
 
 WAIT = 20.0
 

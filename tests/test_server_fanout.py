@@ -19,11 +19,12 @@ from rillet.transports._ws import text_frame
 from rillet.transports.server import Limits
 from wsproto.frame_protocol import FrameProtocol
 
-from .test_server import Served, serving, text_reply
+from .server_support import Served, serving, text_reply
 from .test_server_ws import connect, ws_url
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+
 
 # --- the frame ------------------------------------------------------------------------------
 

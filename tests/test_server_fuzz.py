@@ -45,15 +45,15 @@ from rillet.providers._base import Secret
 from rillet.transports.server import Limits
 
 from .fuzz_cases import KEY, MAX_BODY, TEMPLATES, Case, Context, close_frame, make_case
+from .server_support import serving, text_reply
 from .test_reliability_hostile import open_fds
-from .test_server import serving, text_reply
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from rillet.transports.testing import RecordedRequest, Reply
 
-    from .test_server import Served
+    from .server_support import Served
 
 SEED = int(os.environ.get("RILLET_FUZZ_SEED", "20261201"))
 CASES = int(os.environ.get("RILLET_FUZZ_CASES", "400"))

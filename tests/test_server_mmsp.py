@@ -28,7 +28,7 @@ from rillet.transports.testing import (
     status_reply,
 )
 
-from .test_server import (
+from .server_support import (
     POLICY,
     PROVIDER_KEY,
     Served,

@@ -26,8 +26,7 @@ from rillet.providers._base import Secret
 from rillet.transports.server import Limits
 from rillet.transports.testing import Reply, open_loopback_provider, refused_url, status_reply
 
-from .test_cli import _read_until, _spawn
-from .test_server import (
+from .server_support import (
     PROVIDER_KEY,
     Served,
     chat_provider,
@@ -36,6 +35,7 @@ from .test_server import (
     serving,
     text_reply,
 )
+from .test_cli import _read_until, _spawn
 
 if TYPE_CHECKING:
     from collections.abc import Callable

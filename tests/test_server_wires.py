@@ -30,7 +30,7 @@ from rillet.transports.server._openai import openai_finish_reason, openai_usage
 from rillet.transports.server._uistream import UiBody, UiParts, ui_request
 from rillet.transports.testing import Reply, open_loopback_provider, openai_text_stream
 
-from .test_server import serving
+from .server_support import serving
 
 # --- OpenAI: the request --------------------------------------------------------------------------
 

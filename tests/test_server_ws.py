@@ -33,7 +33,7 @@ from rillet.transports._http11 import _request as http_request
 from rillet.transports._ws import handshake_problem
 from rillet.transports.server import Limits
 
-from .test_server import (
+from .server_support import (
     Served,
     dropped_then_ok,
     raw_exchange,

@@ -16,7 +16,7 @@ from rillet._runevents import RunDone, RunEvent, decode_run_event
 from rillet.transports.sinks import JSONLSink
 from rillet.transports.testing import open_loopback_provider
 
-from .test_server import POLICY, chat_provider, text_reply
+from .server_support import POLICY, chat_provider, text_reply
 
 if TYPE_CHECKING:
     from pathlib import Path

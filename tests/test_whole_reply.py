@@ -11,11 +11,10 @@ requests it received.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import pytest
-import trio.testing
 from rillet import (
     AuthenticationError,
     FallbackFailed,
@@ -32,15 +31,12 @@ from rillet.transports.testing import Reply, openai_text_body, openai_text_strea
 from .fault_support import check_loop, loop_turn, rescue_after
 from .handler_support import END_OK, END_PROVIDER, RESCUE_TEXT, expect
 
+if TYPE_CHECKING:
+    import trio.testing
+
 JSON = "application/json"
 ANSWER = "A whole answer, read at once."
 WHOLE = ("D", "usage", "done")  # what a reply read whole releases after `start`
-
-
-@pytest.fixture
-def loop_clock() -> trio.testing.MockClock:
-    """Virtual time that jumps only after 20 ms of real idleness."""
-    return trio.testing.MockClock(autojump_threshold=0.02)
 
 
 def always(reply: Reply) -> Any:

@@ -31,9 +31,9 @@ from rillet.transports.testing import open_loopback_provider
 
 from .fault_support import next_frame
 from .load._provider import fragments
+from .server_support import chat_provider, read_sse
 from .test_cli_agents import tool_then_answer
 from .test_redis_hub import redis_server  # noqa: F401 - the session fixture
-from .test_server import chat_provider, read_sse
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
