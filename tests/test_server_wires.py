@@ -358,6 +358,31 @@ async def test_a_streamed_answer_ends_with_what_its_unknown_finish_stood_for(
     assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == served
 
 
+@pytest.mark.parametrize(
+    ("upstream", "served"), [("content_filter", "content-filter"), ("eos", "other")]
+)
+async def test_a_ui_stream_ends_with_what_its_unknown_finish_stood_for(
+    upstream: str, served: str
+) -> None:
+    cut = openai_text_stream(["Half of ", "it"], finish_reason=upstream)
+    body = {"messages": [{"id": "u", "role": "user", "parts": [{"type": "text", "text": "hi"}]}]}
+    async with (
+        open_loopback_provider([Reply(chunks=(cut,))]) as loopback,
+        trio.open_nursery() as nursery,
+    ):
+        url = await _server(nursery, loopback.url)
+        async with httpx.AsyncClient(timeout=10) as http:
+            answer = await http.post(f"{url}/v1/ui/chat", json=body)
+        nursery.cancel_scope.cancel()
+    events = [line.removeprefix("data: ") for line in answer.text.split("\n\n") if line]
+    assert events[-1] == "[DONE]"
+    parts = [msgspec.json.decode(e) for e in events[:-1] if not e.startswith(":")]
+    text = "".join(p["delta"] for p in parts if p["type"] == "text-delta")
+    assert text == "Half of it"
+    assert [p["type"] for p in parts][-3:] == ["text-end", "finish-step", "finish"]
+    assert parts[-1]["finishReason"] == served
+
+
 async def test_an_answer_filtered_partway_is_answered_whole_as_content_filter() -> None:
     cut = openai_text_stream(["Half of ", "it"], finish_reason="content_filter")
     async with (

@@ -31,6 +31,7 @@ from rillet._events import (
     UniEvent,
     UniMessage,
 )
+from rillet._explain import filtered_partway
 from rillet._markers import AttemptReset
 from rillet._openai_request import shown
 from rillet._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
@@ -224,10 +225,10 @@ class UiParts:
         """A new attempt: the reader dropped the step's parts; nothing is open."""
         self.text = self.reasoning = self.call = None
 
-    def event(self, event: UniEvent) -> list[dict[str, Any]]:
-        """The parts of one UniEvent."""
+    def event(self, event: UniEvent, finish: str | None = None) -> list[dict[str, Any]]:
+        """The parts of one UniEvent; `finish` overrides a stop's finish reason."""
         if event.event_type == "stop":
-            reason = _FINISH.get(event.finish_reason or "unknown", "other")
+            reason = finish or _FINISH.get(event.finish_reason or "unknown", "other")
             return [*self.close(), {"type": "finish-step"}, self.finish(reason)]
         parts: list[dict[str, Any]] = []
         for item in event.content_items:
@@ -326,6 +327,7 @@ class UiStream:
             sse_json({"type": "start", "messageId": message_id}) + sse_json({"type": "start-step"})
         )
         written = stopped = False
+        unknown: UniEvent | None = None  # a stop of no known reason: the turn says which
         while not stopped:
             items: list[UniItem] | None = None
             with trio.move_on_after(heartbeat):
@@ -344,13 +346,23 @@ class UiStream:
                     out = [{"type": "reset-step"}] if written else []
                     continue
                 assert isinstance(item, UniEvent)
-                out += parts.event(item)
                 stopped = item.event_type == "stop"
+                if stopped and item.finish_reason == "unknown":
+                    unknown = item
+                    continue
+                out += parts.event(item)
             if out:
                 self.shared.metrics.count(len(out))
                 await http.send_data(b"".join(sse_json(part) for part in out))
                 written = True
         if stopped:
+            if unknown is not None:
+                # the stop is the turn's last event: its result is due, and says whether the
+                # provider's content rules cut the answer (the AI SDK's `content-filter`)
+                result = await turn.result()
+                filtered = filtered_partway("unknown", result.provider_finish_reason)
+                last = parts.event(unknown, "content-filter" if filtered else None)
+                await http.send_data(b"".join(sse_json(part) for part in last))
             await http.send_data(SSE_DONE)
             return
         result = await turn.result()
