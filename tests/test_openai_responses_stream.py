@@ -306,9 +306,19 @@ def test_a_delta_without_its_output_index_is_malformed() -> None:
     assert decode(data) == [{"type": "error", "error": "MalformedFrameError"}]
 
 
-def test_a_delta_for_no_open_item_breaks_the_protocol() -> None:
-    data = sse(text_delta(3, "stray"))
-    assert decode(data) == [{"type": "error", "error": "StreamProtocolError"}]
+def test_an_arguments_delta_for_no_open_item_breaks_the_protocol() -> None:
+    # a call's lane needs the name and id its item gives; a text delta opens its own lane
+    stray = {
+        "type": "response.function_call_arguments.delta",
+        "item_id": "fc_1",
+        "output_index": 3,
+        "delta": "{}",
+    }
+    assert decode(sse(stray)) == [{"type": "error", "error": "StreamProtocolError"}]
+    assert decode(sse(text_delta(3, "stray"))) == [
+        {"type": "text.delta", "text": "stray"},
+        {"type": "error", "error": "IncompleteStreamError"},  # and no terminal event came
+    ]
 
 
 def test_error_event_with_a_nested_error_object() -> None:
@@ -447,3 +457,28 @@ def test_a_streamed_output_is_not_read_again_from_the_final_event() -> None:
     )
     texts = [e["text"] for e in decode(data) if e["type"] == "text.done"]
     assert texts == ["Hello"]  # once
+
+
+# --- deltas whose item never said it began -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "final",
+    [[message("Hello there.")], []],
+    ids=["final-output", "final-output-empty"],  # LiteLLM's; the Manifest gateway's
+)
+def test_text_deltas_without_their_item_open_a_text_lane(final: list[Any]) -> None:
+    # gateways that send the deltas but no `output_item.added` / `content_part.added`
+    data = sse(text_delta(0, "Hello"), text_delta(0, " there."), completed(final))
+    entries = decode(data)
+    assert [e["type"] for e in entries] == ["text.delta", "text.delta", "text.done", "stop"]
+    assert entries[2]["text"] == "Hello there."  # once: the final output is not read again
+    # the same unnamed (each frame through the slow path) reads the same
+    unnamed = b"".join(line + b"\n" for line in data.split(b"\n") if not line.startswith(b"event:"))
+    assert decode(unnamed) == entries
+
+
+def test_reasoning_deltas_without_their_item_open_a_thinking_lane() -> None:
+    data = sse(summary_delta(0, "Thinking."), text_delta(1, "Done."), completed([]))
+    types = [e["type"] for e in decode(data)]
+    assert types == ["thinking.delta", "thinking.done", "text.delta", "text.done", "stop"]

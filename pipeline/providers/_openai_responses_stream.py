@@ -338,14 +338,18 @@ class _StreamDecoder:
         kind = type(event)
         if kind is _TextDelta:
             self._streamed.add(event.output_index)
-            return [PartDelta(event.output_index, "text", event.delta)]
+            return [
+                *self._unopened(event.output_index, "text"),
+                PartDelta(event.output_index, "text", event.delta),
+            ]
         if kind is _ArgumentsDelta:
             self._streamed.add(event.output_index)
             return [PartDelta(event.output_index, "tool_call", event.delta)]
         if kind is _SummaryDelta or kind is _ReasoningDelta:
             # summary parts are joined as they come, nothing inserted between them
             self._streamed.add(event.output_index)
-            return [PartDelta(event.output_index, "thinking", event.delta)]
+            opened = self._unopened(event.output_index, "thinking")
+            return [*opened, PartDelta(event.output_index, "thinking", event.delta)]
         if kind is _ItemAdded:
             self._items_seen = True
             out: list[LaneEvent] = []
@@ -415,6 +419,7 @@ class _StreamDecoder:
                             streamed.add(index)
                             last = index
                             run = None
+                            out += self._unopened(index, lane)
                         if run is None or lane != run_kind:
                             run, run_kind = [], lane
                             append(PartRun(index, lane, run))
@@ -429,6 +434,17 @@ class _StreamDecoder:
         except BaseException:
             self.failed_at = at
             raise
+
+    def _unopened(self, index: int, lane: LaneKind) -> list[LaneEvent]:
+        """The start of a text or thinking lane for a delta whose item never said it began (a
+        gateway that sends deltas without `output_item.added`, as LiteLLM's did): the delta's
+        kind names the item's. Nothing for an open lane, or for arguments (a call needs the
+        name its item would have given)."""
+        if index in self._kinds or lane == "tool_call":
+            return []
+        self._kinds[index] = lane
+        self._items_seen = True
+        return [PartStart(index=index, kind=lane)]
 
     @staticmethod
     def _unread(data: str) -> bool:
