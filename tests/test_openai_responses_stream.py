@@ -482,3 +482,22 @@ def test_reasoning_deltas_without_their_item_open_a_thinking_lane() -> None:
     data = sse(summary_delta(0, "Thinking."), text_delta(1, "Done."), completed([]))
     types = [e["type"] for e in decode(data)]
     assert types == ["thinking.delta", "thinking.done", "text.delta", "text.done", "stop"]
+
+
+def test_a_text_done_whose_item_and_deltas_never_came_is_that_text() -> None:
+    # a gateway that sends `response.output_text.done` alone, then an empty final output
+    done = {
+        "type": "response.output_text.done",
+        "item_id": "msg_1",
+        "output_index": 0,
+        "content_index": 0,
+        "text": "Hello there.",
+    }
+    entries = decode(sse(done, completed([])))
+    assert [e["type"] for e in entries] == ["text.delta", "text.done", "stop"]
+    assert entries[1]["text"] == "Hello there."
+    # after its deltas, or inside its item, the done adds nothing (OpenAI sends one per part)
+    streamed = sse(added(0, message()), text_delta(0, "Hello there."), done, completed([]))
+    assert [e["text"] for e in decode(streamed) if e["type"] == "text.done"] == ["Hello there."]
+    alone = sse(text_delta(0, "Hello there."), done, completed([message("Hello there.")]))
+    assert [e["text"] for e in decode(alone) if e["type"] == "text.done"] == ["Hello there."]

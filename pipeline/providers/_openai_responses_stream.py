@@ -119,6 +119,11 @@ class _TextDelta(msgspec.Struct, frozen=True, gc=False, tag="response.output_tex
     delta: str
 
 
+class _TextDone(msgspec.Struct, frozen=True, gc=False, tag="response.output_text.done"):
+    output_index: int
+    text: str
+
+
 class _SummaryDelta(
     msgspec.Struct, frozen=True, gc=False, tag="response.reasoning_summary_text.delta"
 ):
@@ -161,6 +166,7 @@ _HANDLED: tuple[type[msgspec.Struct], ...] = (
     _ItemAdded,
     _ItemDone,
     _TextDelta,
+    _TextDone,
     _SummaryDelta,
     _ReasoningDelta,
     _ArgumentsDelta,
@@ -362,6 +368,13 @@ class _StreamDecoder:
         if kind is _ItemDone:
             self._items_seen = True
             return self._item_done(event)
+        if kind is _TextDone:
+            index = event.output_index
+            if index in self._kinds or index in self._streamed or not event.text:
+                return []  # its deltas carried it, or its item's end will
+            # a text whose item and deltas never came (a gateway that sends the done alone)
+            self._streamed.add(index)
+            return [*self._unopened(index, "text"), PartDelta(index, "text", event.text)]
         if kind is _Created:
             return [MessageStart(event.response.id, event.response.model)]
         self._done = kind in _TERMINAL
