@@ -501,3 +501,9 @@ def test_a_text_done_whose_item_and_deltas_never_came_is_that_text() -> None:
     assert [e["text"] for e in decode(streamed) if e["type"] == "text.done"] == ["Hello there."]
     alone = sse(text_delta(0, "Hello there."), done, completed([message("Hello there.")]))
     assert [e["text"] for e in decode(alone) if e["type"] == "text.done"] == ["Hello there."]
+
+
+def test_a_text_done_of_no_use_is_skipped_whatever_it_holds() -> None:
+    odd = {"type": "response.output_text.done", "output_index": "0", "text": {"x": 1}}
+    data = sse(added(0, message()), text_delta(0, "Hi"), odd, done(0, message("Hi")), completed())
+    assert [e["text"] for e in decode(data) if e["type"] == "text.done"] == ["Hi"]

@@ -120,8 +120,11 @@ class _TextDelta(msgspec.Struct, frozen=True, gc=False, tag="response.output_tex
 
 
 class _TextDone(msgspec.Struct, frozen=True, gc=False, tag="response.output_text.done"):
-    output_index: int
-    text: str
+    """Read only when its item and deltas never came; its fields are read loosely, so an event
+    the stream has no need of never fails it."""
+
+    output_index: Any = None
+    text: Any = None
 
 
 class _SummaryDelta(
@@ -369,12 +372,14 @@ class _StreamDecoder:
             self._items_seen = True
             return self._item_done(event)
         if kind is _TextDone:
-            index = event.output_index
-            if index in self._kinds or index in self._streamed or not event.text:
+            index, text = event.output_index, event.text
+            if type(index) is not int or type(text) is not str or not text:
+                return []  # of no use, whatever it holds
+            if index in self._kinds or index in self._streamed:
                 return []  # its deltas carried it, or its item's end will
             # a text whose item and deltas never came (a gateway that sends the done alone)
             self._streamed.add(index)
-            return [*self._unopened(index, "text"), PartDelta(index, "text", event.text)]
+            return [*self._unopened(index, "text"), PartDelta(index, "text", text)]
         if kind is _Created:
             return [MessageStart(event.response.id, event.response.model)]
         self._done = kind in _TERMINAL
