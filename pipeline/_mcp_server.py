@@ -39,6 +39,7 @@ from mcp_types import (
 )
 
 from ._events import encode_json
+from ._explain import filtered_partway
 from ._guest import in_trio
 from ._request import TurnRequest, user
 from ._runevents import AnswerDelta, RunDone, RunEvent
@@ -88,7 +89,8 @@ def turn_server(
     """An MCP server with one tool, `tool_name`, that runs a turn against `provider`.
 
     The tool takes `prompt`, and optionally `system` and `max_tokens`; it answers the text, and
-    as structured content the run's id, outcome, safe error code and attempts. A turn that
+    as structured content the run's id, outcome, safe error code and attempts (and `filtered`
+    when the provider's content rules cut the answer partway). A turn that
     fails answers `isError` with its safe code, never exception text. `options` are
     `run_turn`'s (`policy`, `limiter`, `reasoning`...)."""
     # the SDK configures the root logger when none is (basicConfig): at WARNING, so a stdio
@@ -152,13 +154,17 @@ async def _serve_turn(
     result = await _each_run_event(request, provider, {**options, "run_id": run_id}, on_event)
     done = last[0] if last and isinstance(last[0], RunDone) else None
     code = done.code if done is not None else "unknown"
-    structured = {
+    structured: dict[str, Any] = {
         "run_id": run_id,
         "correlation_id": correlation,
         "outcome": result.outcome.name.lower(),
         "code": code,
         "attempts": result.attempts,
     }
+    if result.ok and filtered_partway(
+        result.message.finish_reason, result.provider_finish_reason
+    ):  # the text stands, cut short: as `answer.done` says it
+        structured["filtered"] = True
     answer = result.text if result.ok else f"The turn ended without a reply ({code})."
     result_meta: dict[str, Any] = {CORRELATION_ID_KEY: correlation}
     if done is not None:

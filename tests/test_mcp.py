@@ -242,6 +242,22 @@ async def test_stdio_standard_progress_without_run_events() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("finish", "filtered"), [("content_filter", True), ("stop", False)])
+async def test_stdio_an_answer_the_content_rules_cut_says_so(finish: str, filtered: bool) -> None:
+    cut = Reply(chunks=frames(openai_text_stream(FRAGMENTS[:2], finish_reason=finish)))
+    async with (
+        open_loopback_provider([cut]) as provider,
+        Client(stdio_server(provider.url)) as client,
+    ):
+        result = await client.call_tool("run_turn", {"prompt": "hi"})
+    assert not result.is_error  # the text stands, cut short
+    assert isinstance(result.content[0], mcp_types.TextContent)
+    assert result.content[0].text == "".join(FRAGMENTS[:2])
+    assert result.structured_content is not None
+    assert result.structured_content.get("filtered", False) is filtered
+
+
+@pytest.mark.slow
 async def test_stdio_cancelling_the_call_cancels_the_turn_at_the_provider() -> None:
     dispatcher = RunEventDispatcher()
     async with (
