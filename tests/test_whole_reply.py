@@ -271,3 +271,33 @@ async def test_a_minimax_failure_of_its_own_is_asked_again_as_it_says(
     assert isinstance(failed, FallbackFailed)
     assert isinstance(failed.stream_error, ServerError)
     assert len(run.server.requests) == 5  # the transport ladder, then the rescue
+
+
+# --- an `event: error` frame in a Chat Completions stream -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "error", "requests"),
+    [  # vLLM's shape: a status and its details; asked once
+        (
+            b'{"code": 400, "details": "Requested sample logprobs of 21, greater than 20"}',
+            InvalidRequestError,
+            1,
+        ),
+        (b"Internal server error", ProviderError, 4),  # words alone: of no known type, retried
+    ],
+    ids=["vllm-details", "words"],
+)
+async def test_an_error_event_in_a_chat_stream_is_that_error(
+    loop_clock: trio.testing.MockClock, data: bytes, error: type[Exception], requests: int
+) -> None:
+    body = b"event: error\ndata: " + data + b"\n\ndata: [DONE]\n\n"
+    run = await loop_turn(always(Reply(chunks=(body,))))
+    failed = run.result.error
+    if isinstance(failed, FallbackFailed):
+        failed = failed.stream_error
+    assert type(failed) is error
+    assert isinstance(failed, ProviderError)
+    assert failed.in_stream
+    assert failed.provider_message.split(",")[0] in data.decode()
+    assert sum(b'"stream":true' in r.body for r in run.server.requests) == requests

@@ -307,10 +307,11 @@ def error_from_body(
             message = detail if isinstance(detail, str) else _encode_any(detail).decode()[:500]
         elif (said := base_resp_error(data.get("base_resp"))) is not None:  # MiniMax's
             message, error_types = said
-        elif isinstance(data.get("message"), str):
+        elif isinstance(said := data.get("message", data.get("details")), str):
             # a flat `{"code", "message"}`: SiliconFlow's, DashScope's, a gateway's
-            # (`{"message": "Forbidden"}`); a string code is a type, a number one a status
-            message = data["message"]
+            # (`{"message": "Forbidden"}`), vLLM's in-stream `{"code", "details"}`; a string
+            # code is a type, a number one a status
+            message = said
             code = data.get("code")
             error_types = tuple(v for v in (code, data.get("type")) if isinstance(v, str))
             if isinstance(code, int) and not isinstance(code, bool) and 100 <= code < 600:

@@ -37,8 +37,8 @@ or never: many compatible servers ignore `include_usage`, and some never set a f
 after it is read. A body that ends cleanly without `[DONE]` is whole once both its finish reason
 and its usage came (Cerebras never sends `[DONE]`); else it was cut off. Errors inside the stream
 (a top-level `error` object, vLLM's `{"object": "error", ...}`, OpenRouter's `error` with
-`finish_reason: "error"`) become the typed error; a bare `finish_reason: "error"` is a
-`ProviderError`.
+`finish_reason: "error"`, MiniMax's `base_resp`, any `event: error` frame whatever its data)
+become the typed error; a bare `finish_reason: "error"` is a `ProviderError`.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ from rillet._lanes import (
 )
 
 from ._base import ToolIds, sse_event, sse_text, strict_decode
+from ._error_body import body_text, error_from_body
 from ._openai_chat_wire import (
     _DETAIL_TYPES,
     NAME,
@@ -141,14 +142,17 @@ class ChatStreamDecoder:
     sse_bytes = True  # an event may come as its data's bytes (`FramesDecoder`)
 
     def feed(self, frame: SSEEvent | bytes | tuple[str, bytes]) -> list[LaneEvent]:
-        """The lane events of one chunk; nothing once `[DONE]` came (the event's name is not
-        read)."""
+        """The lane events of one chunk; nothing once `[DONE]` came. The event's name is read
+        only for `error`: vLLM, TGI and others send an error so, whatever its data's shape."""
         if self._done:
             return []  # a second `[DONE]`, chunks after it: the reply is over
-        data = sse_event(frame)[1]
+        name, data = sse_event(frame)
         if data == b"[DONE]" if type(data) is bytes else data == "[DONE]":
             self._done = True
             return [MessageStop()]
+        if name == "error":
+            self._done = True
+            return [ProviderErrorEvent(_event_error(data))]
         out: list[LaneEvent] = []
         chunk: _Frame
         if self._started:
@@ -187,12 +191,12 @@ class ChatStreamDecoder:
                 if type(frame) is bytes:
                     data = frame
                     done = data == b"[DONE]"
-                elif type(frame) is tuple:
+                elif type(frame) is tuple:  # a named event: `error` goes the slow way too
                     data = frame[1]
-                    done = data == b"[DONE]"
+                    done = data == b"[DONE]" or frame[0] == "error"
                 else:
                     data = frame.data
-                    done = data == "[DONE]"
+                    done = data == "[DONE]" or frame.event == "error"
                 if not streaming or done:
                     run = None
                     out += self.feed(frame)
@@ -525,6 +529,19 @@ class ChatStreamDecoder:
                     finish_reason=reason, usage=_usage(usage) if usage is not None else None
                 )
             )
+
+
+def _event_error(data: str | bytes) -> ProviderError:
+    """The error an `event: error` frame carries: its data's error shape when it is a JSON
+    object (`{"error": {...}}`, `{"code": 400, "details": "..."}`), else its words."""
+    text = sse_text(data)
+    try:
+        body = msgspec.json.decode(text)
+    except (msgspec.DecodeError, RecursionError):
+        body = None
+    if not isinstance(body, dict):
+        body = {"error": body_text(text)}
+    return error_from_body(NAME, None, body, in_stream=True)
 
 
 def decode_completion(body: bytes) -> list[LaneEvent]:
