@@ -27,7 +27,7 @@ import trio
 from ._cliargs import build_parser, configure_from, policy_from
 from ._clilog import log_run_end
 from ._errors import RilletError
-from ._explain import explain, filtered_partway, mask_keys
+from ._explain import explain, filtered_line, mask_keys
 from ._policy import Outcome, Policy
 from ._request import ThinkingLevel, TurnRequest, user
 from ._runevents import RunDone
@@ -179,16 +179,9 @@ def _exit_code(result: TurnResult, sinks: Sequence[Any]) -> int:
         return EXIT_PIPE
     if result.outcome is Outcome.CANCELLED:
         return EXIT_CANCELLED
-    if not result.ok or _cut_short(result):
-        return EXIT_ERROR
+    if not result.ok or result.message.finish_reason == "length" or result.filtered:
+        return EXIT_ERROR  # (an answer cut short comes home incomplete)
     return EXIT_OK
-
-
-def _cut_short(result: TurnResult) -> bool:
-    """Whether an answer that came home is incomplete: cut at the token limit, or stopped
-    partway by the provider's content rules."""
-    reason = result.message.finish_reason
-    return reason == "length" or filtered_partway(reason, result.provider_finish_reason) is not None
 
 
 async def _run_turn_cli(
@@ -241,9 +234,8 @@ def _report(result: TurnResult, provider: Provider, *, key_hint: str | None, deb
                 "raise --max-tokens",
                 file=sys.stderr,
             )
-        filtered = filtered_partway(result.message.finish_reason, result.provider_finish_reason)
-        if filtered is not None:
-            print(f"rillet: {filtered}", file=sys.stderr)
+        if result.filtered:
+            print(f"rillet: {filtered_line(result.provider_finish_reason)}", file=sys.stderr)
         return
     if debug and result.error is not None:
         # an error built from the provider's reply was never raised, so it may have no frames:

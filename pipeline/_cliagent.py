@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ._explain import filtered_partway
+from ._explain import filtered_line
 from ._runevents import (
     ApprovalRequired,
     ApprovalResolved,
@@ -262,10 +262,8 @@ def agent_outcome(result: AgentResult) -> tuple[int | None, str]:
         if result.message.finish_reason == "length":
             return EXIT_ERROR, "the answer was cut off at the token limit — raise --max-tokens"
         last = result.turns[-1] if result.turns else None
-        provider_reason = None if last is None else last.provider_finish_reason
-        filtered = filtered_partway(result.message.finish_reason, provider_reason)
-        if filtered is not None:
-            return EXIT_ERROR, filtered
+        if last is not None and last.filtered:
+            return EXIT_ERROR, filtered_line(last.provider_finish_reason)
         return EXIT_OK, ""
     if result.code == "max_steps":
         return EXIT_ERROR, (

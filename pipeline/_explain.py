@@ -42,7 +42,7 @@ from ._grammar import filtered_reason
 if TYPE_CHECKING:
     from .providers._base import Provider
 
-__all__ = ["RETRY_SAID", "explain", "filtered_partway", "mask_keys"]
+__all__ = ["RETRY_SAID", "explain", "filtered_line", "mask_keys"]
 
 # a token that looks like a credential: a known key prefix, then key characters (OpenAI's own
 # error messages echo the key with stars in the middle: `sk-abc1**********3456`)
@@ -104,12 +104,9 @@ RETRY_SAID = {
 (`RETRY_REASONS`)."""
 
 
-def filtered_partway(finish_reason: str | None, provider_reason: str | None) -> str | None:
-    """The line for an answer that came home cut short by the provider's content rules (its
-    finish reason `unknown`, the provider's own one of theirs: Azure's `content_filter` after
-    some text, Gemini's `SAFETY`); None for any other."""
-    if finish_reason != "unknown" or not filtered_reason(provider_reason):
-        return None
+def filtered_line(provider_reason: str | None) -> str:
+    """The line for an answer that came home cut short by the provider's content rules
+    (`TurnResult.filtered`: Azure's `content_filter` after some text, Gemini's `SAFETY`)."""
     return (
         f"the provider's content rules stopped the answer partway ({provider_reason}): what is"
         " shown is incomplete — rephrase the request"

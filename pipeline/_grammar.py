@@ -78,7 +78,14 @@ from ._markers import DeltaRun
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["FILTERED_REASONS", "Grammar", "filtered_reason", "map_finish_reason", "wall_clock_ms"]
+__all__ = [
+    "FILTERED_REASONS",
+    "Grammar",
+    "filtered_reason",
+    "filtered_stop",
+    "map_finish_reason",
+    "wall_clock_ms",
+]
 
 _FINISH: dict[str, FinishReason] = {
     "stop": "stop",
@@ -119,6 +126,12 @@ reason, OpenAI's `content_filter`, Anthropic's `refusal`): all `unknown` in MMSP
 def filtered_reason(raw: str | None) -> bool:
     """Whether a provider's own finish reason says its content rules stopped the reply."""
     return raw is not None and raw.lower() in FILTERED_REASONS
+
+
+def filtered_stop(finish: str | None, raw: str | None) -> bool:
+    """Whether a reply that stopped with MMSP's `finish` was cut by the provider's content
+    rules: `unknown`, standing for one of their reasons (`raw`, the provider's own word)."""
+    return finish == "unknown" and filtered_reason(raw)
 
 
 def map_finish_reason(raw: str) -> FinishReason:

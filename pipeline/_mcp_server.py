@@ -39,7 +39,6 @@ from mcp_types import (
 )
 
 from ._events import encode_json
-from ._explain import filtered_partway
 from ._guest import in_trio
 from ._request import TurnRequest, user
 from ._runevents import AnswerDelta, RunDone, RunEvent
@@ -161,9 +160,7 @@ async def _serve_turn(
         "code": code,
         "attempts": result.attempts,
     }
-    if result.ok and filtered_partway(
-        result.message.finish_reason, result.provider_finish_reason
-    ):  # the text stands, cut short: as `answer.done` says it
+    if result.filtered:  # the text stands, cut short: as `answer.done` says it
         structured["filtered"] = True
     answer = result.text if result.ok else f"The turn ended without a reply ({code})."
     result_meta: dict[str, Any] = {CORRELATION_ID_KEY: correlation}

@@ -35,7 +35,7 @@ from ._events import (
     ToolCallDone,
     UniEvent,
 )
-from ._grammar import filtered_reason
+from ._grammar import filtered_stop
 from ._policy import Outcome
 from ._text import AnswerText
 
@@ -491,14 +491,13 @@ class RunEventBuilder:
                 status, code = "error", "provider_length"
             else:
                 status, code = "completed", "completed"
-                filtered = self.finish_reason == "unknown" and filtered_reason(provider_finish)
                 out.append(
                     AnswerDone(
                         **self._env(),
                         sha256=answer.sha256,
                         chars=answer.chars,
                         finish_reason=self.finish_reason,
-                        filtered=filtered,
+                        filtered=filtered_stop(self.finish_reason, provider_finish),
                     )
                 )
         elif outcome is Outcome.CANCELLED:

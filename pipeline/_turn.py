@@ -39,6 +39,7 @@ from ._admission import Admission, shared_admission
 from ._callbacks import FragmentSink, require_trio
 from ._errors import FallbackFailed, NoHistoryError
 from ._events import UniMessage
+from ._grammar import filtered_stop
 from ._graph import AccumulatorActor, Given, Sink, SinkBatch, UniItem, route_for, run_hops
 from ._handler import Handler
 from ._history import PlainLog, RunHistory, UniHistory
@@ -147,6 +148,12 @@ class TurnResult:
     def ok(self) -> bool:
         """Whether the reply came home (streamed or rescued)."""
         return self.outcome.succeeded
+
+    @property
+    def filtered(self) -> bool:
+        """Whether the reply came home cut short by the provider's content rules (its finish
+        reason `unknown`, standing for `content_filter`, `SAFETY`...): the text is incomplete."""
+        return self.ok and filtered_stop(self.message.finish_reason, self.provider_finish_reason)
 
 
 @attrs.define(eq=False)

@@ -28,7 +28,6 @@ from rillet._events import (
     UniMessage,
     UsageMetadata,
 )
-from rillet._explain import filtered_partway
 from rillet._markers import AttemptReset
 from rillet._openai_request import BadRequest, ChatBody, chat_request, decode_chat_body, shown
 
@@ -308,9 +307,7 @@ class OpenAIChat:
                 result = await turn.result()
                 if result.ok or withheld(result):
                     finish = None if result.ok else "content_filter"
-                    if result.ok and filtered_partway(
-                        result.message.finish_reason, result.provider_finish_reason
-                    ):
+                    if result.filtered:
                         finish = "content_filter"  # the text stands, cut short as OpenAI says
                     whole = completion(result.message, completion_id, model, finish)
                     if not result.ok:
@@ -372,8 +369,7 @@ class OpenAIChat:
                 if unknown is not None:
                     # the stop is the turn's last event: its result is due, and says whether
                     # the provider's content rules cut the answer (OpenAI's `content_filter`)
-                    result = await turn.result()
-                    filtered = filtered_partway("unknown", result.provider_finish_reason)
+                    filtered = (await turn.result()).filtered
                     await head.send(chunks.event(unknown, "content_filter" if filtered else None))
                 await http.send_data(SSE_DONE)
                 return

@@ -31,7 +31,6 @@ from rillet._events import (
     UniEvent,
     UniMessage,
 )
-from rillet._explain import filtered_partway
 from rillet._markers import AttemptReset
 from rillet._openai_request import shown
 from rillet._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
@@ -359,8 +358,7 @@ class UiStream:
             if unknown is not None:
                 # the stop is the turn's last event: its result is due, and says whether the
                 # provider's content rules cut the answer (the AI SDK's `content-filter`)
-                result = await turn.result()
-                filtered = filtered_partway("unknown", result.provider_finish_reason)
+                filtered = (await turn.result()).filtered
                 last = parts.event(unknown, "content-filter" if filtered else None)
                 await http.send_data(b"".join(sse_json(part) for part in last))
             await http.send_data(SSE_DONE)
