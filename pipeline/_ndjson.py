@@ -69,6 +69,28 @@ class NDJSONDecoder:
         lines = self.feed_bytes(chunk)
         return [line.decode("utf-8") for line in lines]
 
+    def whole_lines(self, chunk: bytes) -> tuple[bytes, int] | None:
+        """The commonest read as one block, for a reader that decodes its lines in one call:
+        the line held before it and the read, with where their last LF is, when they end lines
+        (nothing held from reads without a LF), hold no CR and nothing over the cap. Nothing is
+        taken: `take` takes them once the block is read; else `feed_bytes` reads the chunk. The
+        lines are not checked: the reader must refuse a block any line of which is not one JSON
+        value in UTF-8 (blank lines included)."""
+        if self._held or self._error is not None or 0x0A not in chunk:
+            return None
+        buf = self._tail + chunk
+        if 0x0D in buf or len(buf) > self.max_frame:
+            return None
+        return buf, buf.rfind(b"\n")
+
+    def take(self, size: int, buf: bytes, end: int, lines: int) -> None:
+        """Take a read of `size` bytes whose lines `whole_lines` gave (`buf`, `end`), read as
+        `lines` frames: the rest is held, as `feed_bytes` would hold it."""
+        self.offset += size
+        self.frames += lines
+        self._tail = buf[end + 1 :]
+        self._tail_offset += end + 1
+
     def feed_bytes(self, chunk: bytes) -> list[bytes]:
         """`feed`, with each line as its bytes (checked to be UTF-8): what a JSON decoder reads
         without a copy."""

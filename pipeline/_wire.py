@@ -61,6 +61,7 @@ class WireDecoder:
         "_dialect",
         "_framer",
         "_lane_stop",
+        "_lines",
         "_many",
         "_max_body",
         "_max_frame",
@@ -110,6 +111,11 @@ class WireDecoder:
             if self._many is not None and type(self._framer) is NDJSONDecoder:
                 self._split = self._framer.feed_bytes  # it takes a line's bytes as its text
         self._streamed_split = self._split
+        # a read of whole NDJSON lines, decoded in one call if the dialect can (`feed_block`)
+        self._lines: tuple[NDJSONDecoder, Callable[[bytes, int, list[Any]], bool]] | None = None
+        block = getattr(self._stream, "feed_block", None)
+        if block is not None and grammar and type(self._framer) is NDJSONDecoder:
+            self._lines = (self._framer, block)
         self._body: list[bytes] = []
         self._body_size = 0
         self._max_frame = max_frame
@@ -189,6 +195,19 @@ class WireDecoder:
             out = []
         if self._lane_stop or self.grammar.stopped:
             return out  # the reply is over: what follows is not even framed
+        if self._lines is not None:
+            framer, block = self._lines
+            whole = framer.whole_lines(chunk)
+            if whole is not None:
+                buf, end = whole
+                lines = buf.count(b"\n", 0, end) + 1
+                pending: list[LaneEvent] = []
+                if block(buf[:end], lines, pending):
+                    framer.take(len(chunk), buf, end, lines)
+                    self.frames += lines
+                    self.lane_events += len(pending)
+                    self.grammar.feed_many(pending, out)
+                    return out
         split = self._split
         if split is None:
             self._body.append(chunk)
@@ -208,7 +227,7 @@ class WireDecoder:
             self._frames(frames, out, chunk)
             return out
         # the commonest read, `_frames` inline: the frames in one call, their lanes to the grammar
-        pending: list[LaneEvent] = []
+        pending = []
         try:
             many(frames, pending)
         except BaseException as exc:

@@ -87,6 +87,7 @@ def _decode(dialect: Any, data: bytes, size: int, batched: bool) -> tuple[list[A
     decoder = WireDecoder(dialect, clock=lambda: 0)
     if not batched:
         decoder._many = None  # every frame through `feed`, one at a time
+        decoder._lines = None  # (NDJSON lines too: none read as one block)
         if isinstance(decoder._framer, SSEDecoder):
             decoder._framer.raw = False  # and as an `SSEEvent`
     out: list[Any] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from rillet._errors import MalformedFrameError
@@ -161,6 +161,60 @@ class _Chunk(_Frame, frozen=True, gc=False):
 
 _decode_chunk = msgspec.json.Decoder(_Chunk)
 _decode_frame = msgspec.json.Decoder(_Frame)
+
+
+# A chunk that is only one more fragment of choice 0's text: `_Frame`'s fields (and those of its
+# choices and delta), each narrowed to the values the stream decoder's fast path takes (no
+# finish, no usage, no error, no field but `content`). What decodes so decodes as a `_Frame`
+# too and takes that path, so a read of such chunks needs no check of its own but one
+# (`object`, which is no error).
+
+
+class _MoreText(msgspec.Struct, frozen=True, gc=False):
+    content: Annotated[str, msgspec.Meta(min_length=1)]
+    reasoning_content: None = None
+    reasoning: None = None
+    reasoning_details: None = None
+    tool_calls: None = None
+    audio: None = None
+
+
+class _TextChoice(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    index: Literal[0] | None = None
+    delta: _MoreText
+    message: _Delta | None = None
+    finish_reason: Literal[""] | None = None
+
+
+class _TextChunk(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    object: str | None = None
+    choices: Annotated[list[_TextChoice], msgspec.Meta(min_length=1)]
+    usage: None = None
+    x_groq: None = None
+    error: None = None
+    message: str | None = None
+    type: str | None = None
+    code: Any = None
+    base_resp: Any = None
+
+
+_decode_text = msgspec.json.Decoder(_TextChunk)
+
+
+def text_run(frames: list[Any]) -> list[str] | None:
+    """The text of a read's chunks when every one is only more text (`_TextChunk`); None
+    otherwise (a chunk of another kind, `[DONE]`, a named event)."""
+    decode = _decode_text.decode
+    run = []
+    try:
+        for frame in frames:
+            chunk = decode(frame)
+            if chunk.object == "error":
+                return None
+            run.append(chunk.choices[0].delta.content)
+    except (msgspec.MsgspecError, TypeError):  # (TypeError: a named event's tuple)
+        return None
+    return run
 
 
 def _usage(u: _Usage) -> RawUsage:

@@ -1,0 +1,233 @@
+"""The commonest reads decoded in one step decode exactly what frame by frame decoding does.
+
+Two fast paths take a whole read at once: an Ollama read of whole NDJSON lines that are all more
+text (`OllamaDialect`'s `feed_block`, one msgspec call for the block) and a Chat Completions read
+whose chunks are all more text (`text_run`, no check per chunk). Each is typed so that only what
+the frame-by-frame path would read as more text passes; anything else falls back to that path.
+Here a stream of text has one odd frame put among its text frames, at several places, and is
+read at several read sizes, once as the wire decoder drives it and once with both fast paths
+and `feed_frames` hidden (every frame through `feed`): the UniEvents, and the error with its
+frame, must be the same.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from rillet import RilletError, WireDecoder
+from rillet.frames import SSEDecoder
+from rillet.providers import dialect_from_name
+
+READ_SIZES = (1, 5, 37, 200, 1 << 20)
+
+
+def _decode(dialect: Any, data: bytes, sizes: list[int], fast: bool) -> tuple[list[Any], str]:
+    decoder = WireDecoder(dialect, clock=lambda: 0)
+    if not fast:
+        decoder._many = None
+        decoder._lines = None
+        if isinstance(decoder._framer, SSEDecoder):
+            decoder._framer.raw = False
+    out: list[Any] = []
+    at = 0
+    try:
+        i = 0
+        while at < len(data):
+            size = sizes[i % len(sizes)]
+            decoder.feed(data[at : at + size], out)
+            at += size
+            i += 1
+        decoder.close(out)
+    except RilletError as exc:
+        return out, f"{type(exc).__name__}: {exc} @{getattr(exc, 'frame_index', None)}"
+    return out, "complete"
+
+
+def _check(dialect_name: str, data: bytes) -> None:
+    dialect = dialect_from_name(dialect_name)
+    rng = random.Random(data)
+    cuts = [[size] for size in READ_SIZES] + [
+        [rng.randrange(1, 400) for _ in range(50)] for _ in range(3)
+    ]
+    for sizes in cuts:
+        fast = _decode(dialect, data, sizes, fast=True)
+        slow = _decode(dialect, data, sizes, fast=False)
+        assert fast == slow, f"reads of {sizes[:5]}..."
+
+
+# --- Ollama: whole NDJSON lines ---------------------------------------------------------------
+
+_OLLAMA_TEXT = [
+    b'{"model":"m","created_at":"t","message":{"role":"assistant","content":"w%d "},'
+    b'"done":false}' % i
+    for i in range(40)
+]
+_OLLAMA_END = (
+    b'{"model":"m","created_at":"t","message":{"role":"assistant","content":""},"done":true,'
+    b'"done_reason":"stop","prompt_eval_count":3,"eval_count":40}'
+)
+_OLLAMA_ODD = {
+    "two values on a line": b'{"message":{"content":"a"}},{"message":{"content":"b"}}',
+    "leading spaces": b'   {"message":{"content":"spaced"}}',
+    "a blank line": b"",
+    "white space only": b"  \t ",
+    "null thinking": b'{"message":{"content":"x","thinking":null}}',
+    "thinking too": b'{"message":{"content":"x","thinking":"hmm"}}',
+    "a thinking fragment": b'{"message":{"content":"","thinking":"let me see"}}',
+    "empty tool calls": b'{"message":{"content":"x","tool_calls":[]}}',
+    "a tool call": b'{"message":{"content":"","tool_calls":[{"function":{"name":"f",'
+    b'"arguments":{"a":1}}}]}}',
+    "a count of the wrong type": b'{"message":{"content":"x"},"eval_count":"many"}',
+    "a null error": b'{"message":{"content":"x"},"error":null}',
+    "an error": b'{"message":{"content":"x"},"error":"the runner crashed"}',
+    "a null done": b'{"message":{"content":"x"},"done":null}',
+    "done early": b'{"message":{"content":"x"},"done":true,"done_reason":"length"}',
+    "empty content": b'{"message":{"content":""}}',
+    "no message": b'{"done":false}',
+    "a null message": b'{"message":null}',
+    "not UTF-8": b'{"message":{"content":"caf\xc3"}}',
+    "a CR before its LF": b'{"message":{"content":"cr"}}\r',
+    "an array": b"[1, 2]",
+    "trailing bytes": b'{"message":{"content":"x"}} tail',
+    "not JSON": b'{"message":{"content":"x"',
+    "a long line": b'{"message":{"content":"' + b"z" * 5000 + b'"}}',
+}
+
+
+@pytest.mark.parametrize("odd", sorted(_OLLAMA_ODD))
+def test_ollama_blocks_read_what_lines_read(odd: str) -> None:
+    for at in (1, 2, 20, 39):
+        lines = [*_OLLAMA_TEXT[:at], _OLLAMA_ODD[odd], *_OLLAMA_TEXT[at:], _OLLAMA_END]
+        _check("ollama-chat", b"\n".join(lines) + b"\n")
+
+
+def test_ollama_plain_text_takes_one_call_a_read() -> None:
+    """The fast path is taken (the test above would also pass if it never were)."""
+    decoder = WireDecoder(dialect_from_name("ollama-chat"), clock=lambda: 0)
+    calls = 0
+    block = decoder._lines
+    assert block is not None
+    framer, feed_block = block
+
+    def counted(*args: Any) -> bool:
+        nonlocal calls
+        taken = feed_block(*args)
+        calls += taken
+        return taken
+
+    decoder._lines = (framer, counted)
+    data = b"\n".join([*_OLLAMA_TEXT, _OLLAMA_END]) + b"\n"
+    for at in range(0, len(data), 300):
+        decoder.feed(data[at : at + 300])
+    decoder.close()
+    assert calls >= len(data) // 300 - 2
+
+
+# --- Chat Completions: reads of nothing but more text --------------------------------------------
+
+_CHAT_START = b'data: {"id":"c1","model":"m","choices":[{"index":0,"delta":{"role":"assistant"}}]}'
+_CHAT_TEXT = [
+    b'data: {"id":"c1","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
+    b'"delta":{"content":"w%d "},"finish_reason":null}]}' % i
+    for i in range(40)
+]
+_CHAT_END = [
+    b'data: {"id":"c1","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}',
+    b'data: {"id":"c1","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":40}}',
+    b"data: [DONE]",
+]
+
+
+def _chunk(body: bytes) -> bytes:
+    return b'data: {"id":"c1",' + body + b"}"
+
+
+_CHAT_ODD = {
+    "an error object": _chunk(
+        b'"object":"error","message":"bad","choices":[{"delta":{"content":"x"}}]'
+    ),
+    "an empty finish reason": _chunk(
+        b'"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":""}]'
+    ),
+    "choice 1": _chunk(b'"choices":[{"index":1,"delta":{"content":"x"}}]'),
+    "a null index": _chunk(b'"choices":[{"index":null,"delta":{"content":"x"}}]'),
+    "two choices": _chunk(
+        b'"choices":[{"delta":{"content":"x"}},{"index":1,"delta":{"content":"y"}}]'
+    ),
+    "usage": _chunk(b'"choices":[{"delta":{"content":"x"}}],"usage":{"prompt_tokens":1}'),
+    "a false error": _chunk(b'"choices":[{"delta":{"content":"x"}}],"error":false'),
+    "an error": _chunk(b'"choices":[{"delta":{"content":"x"}}],"error":{"message":"boom"}'),
+    "empty content": _chunk(b'"choices":[{"delta":{"content":""}}]'),
+    "a null delta": _chunk(b'"choices":[{"delta":null}]'),
+    "no choices": _chunk(b'"choices":[]'),
+    "content as a list": _chunk(b'"choices":[{"delta":{"content":[{"type":"text","text":"x"}]}}]'),
+    "a null reasoning": _chunk(b'"choices":[{"delta":{"content":"x","reasoning":null}}]'),
+    "reasoning content": _chunk(b'"choices":[{"delta":{"content":"x","reasoning_content":"r"}}]'),
+    "a whole message beside": _chunk(
+        b'"choices":[{"delta":{"content":"x"},"message":{"content":"whole"}}]'
+    ),
+    "x_groq": _chunk(b'"choices":[{"delta":{"content":"x"}}],"x_groq":{"id":"q"}'),
+    "base_resp": _chunk(b'"choices":[{"delta":{"content":"x"}}],"base_resp":{"status_code":0}'),
+    "a tool call": _chunk(
+        b'"choices":[{"delta":{"tool_calls":[{"index":0,"id":"t1",'
+        b'"function":{"name":"f","arguments":"{}"}}]}}]'
+    ),
+    "an index of the wrong type": _chunk(b'"choices":[{"index":"0","delta":{"content":"x"}}]'),
+    "a named error event": b'event: error\ndata: {"code":400,"details":"no"}',
+    "a named event": b'event: delta\ndata: {"choices":[{"delta":{"content":"x"}}]}',
+    "[DONE] early": b"data: [DONE]",
+    "a comment": b": keep-alive",
+    "an id line": b'id: 7\ndata: {"choices":[{"delta":{"content":"x"}}]}',
+    "two data lines": b'data: {"choices":[{"delta":\ndata: {"content":"x"}}]}',
+    "not UTF-8": _chunk(b'"choices":[{"delta":{"content":"caf\xc3"}}]'),
+    "not JSON": b'data: {"choices":[',
+    "two values": b'data: {"choices":[{"delta":{"content":"a"}}]},{"choices":[]}',
+    "no space after the colon": b'data:{"choices":[{"delta":{"content":"x"}}]}',
+}
+
+
+@pytest.mark.parametrize("odd", sorted(_CHAT_ODD))
+def test_chat_text_reads_read_what_chunks_read(odd: str) -> None:
+    for at in (1, 2, 20, 39):
+        frames = [_CHAT_START, *_CHAT_TEXT[:at], _CHAT_ODD[odd], *_CHAT_TEXT[at:], *_CHAT_END]
+        _check("openai-chat", b"\n\n".join(frames) + b"\n\n")
+
+
+def test_chat_text_reads_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path is taken (the test above would also pass if it never were)."""
+    from rillet.providers._openai_chat_wire import text_run as real
+
+    taken = 0
+
+    def counted(frames: list[Any]) -> list[str] | None:
+        nonlocal taken
+        run = real(frames)
+        taken += run is not None
+        return run
+
+    monkeypatch.setattr("rillet.providers._openai_chat_stream.text_run", counted)
+    data = b"\n\n".join([_CHAT_START, *_CHAT_TEXT, *_CHAT_END]) + b"\n\n"
+    decoder = WireDecoder(dialect_from_name("openai-chat"), clock=lambda: 0)
+    for at in range(0, len(data), 400):
+        decoder.feed(data[at : at + 400])
+    decoder.close()
+    assert taken >= len(data) // 400 - 3
+
+
+def test_the_text_only_shapes_name_every_field_the_chunk_shapes_have() -> None:
+    """A field added to a chunk's shape must be narrowed in its text-only shape as well: else
+    the fast path would read a chunk carrying it as plain text, and lose it."""
+    from rillet.providers import _ollama as ollama
+    from rillet.providers import _openai_chat_wire as chat
+
+    pairs: list[tuple[Any, Any]] = [
+        (chat._MoreText, chat._Delta),
+        (chat._TextChoice, chat._Choice),
+        (chat._TextChunk, chat._Frame),
+        (ollama._MoreText, ollama._Message),
+        (ollama._TextLine, ollama._Frame),
+    ]
+    for narrow, wide in pairs:
+        assert set(narrow.__struct_fields__) == set(wide.__struct_fields__), narrow.__name__
