@@ -81,8 +81,8 @@ from ._fallback import BreakerState as BreakerState
 from ._fallback import CircuitBreaker as CircuitBreaker
 from ._fallback import CircuitBreakers as CircuitBreakers
 from ._fallback import shared_breakers as shared_breakers
+from ._finish import map_finish_reason as map_finish_reason
 from ._grammar import Grammar as Grammar
-from ._grammar import map_finish_reason as map_finish_reason
 from ._hub import AppendConflict as AppendConflict
 from ._hub import CursorExpired as CursorExpired
 from ._hub import CursorInvalid as CursorInvalid

@@ -37,7 +37,7 @@ from ._errors import (
     causes,
 )
 from ._failures import cause_of
-from ._grammar import filtered_reason
+from ._finish import filtered_reason
 
 if TYPE_CHECKING:
     from .providers._base import Provider

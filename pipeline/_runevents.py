@@ -35,7 +35,7 @@ from ._events import (
     ToolCallDone,
     UniEvent,
 )
-from ._grammar import filtered_stop
+from ._finish import filtered_stop
 from ._policy import Outcome
 from ._text import AnswerText
 

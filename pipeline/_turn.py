@@ -39,7 +39,7 @@ from ._admission import Admission, shared_admission
 from ._callbacks import FragmentSink, require_trio
 from ._errors import FallbackFailed, NoHistoryError
 from ._events import UniMessage
-from ._grammar import filtered_stop
+from ._finish import filtered_stop
 from ._graph import AccumulatorActor, Given, Sink, SinkBatch, UniItem, route_for, run_hops
 from ._handler import Handler
 from ._history import PlainLog, RunHistory, UniHistory

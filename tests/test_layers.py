@@ -27,6 +27,7 @@ CORE = [
     "_lanes.py",
     "_request.py",
     "_grammar.py",
+    "_finish.py",
     "_arguments.py",
     "_accumulator.py",
     "_text.py",
