@@ -1,8 +1,9 @@
 """The commonest reads decoded in one step decode exactly what frame by frame decoding does.
 
-Two fast paths take a whole read at once: an Ollama read of whole NDJSON lines that are all more
-text (`OllamaDialect`'s `feed_block`, one msgspec call for the block) and a Chat Completions read
-whose chunks are all more text (`text_run`, no check per chunk). Each is typed so that only what
+Three fast paths take a whole read at once: an Ollama read of whole NDJSON lines that are all
+more text (`OllamaDialect`'s `feed_block`, one msgspec call for the block), a Chat Completions read
+whose chunks are all more text (`text_run`, no check per chunk) and a Gemini read whose chunks
+are all more of the open text or thinking lane (`_fragments`). Each is typed so that only what
 the frame-by-frame path would read as more text passes; anything else falls back to that path.
 Here a stream of text has one odd frame put among its text frames, at several places, and is
 read at several read sizes, once as the wire decoder drives it and once with both fast paths
@@ -216,9 +217,62 @@ def test_chat_text_reads_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> 
     assert taken >= len(data) // 400 - 3
 
 
+# --- Gemini: reads of nothing but more of the open lane ------------------------------------------
+
+
+def _gemini(part: bytes, rest: bytes = b"") -> bytes:
+    return (
+        b'data: {"candidates":[{"content":{"parts":[' + part + b'],"role":"model"},"index":0}],'
+        b'"usageMetadata":{"promptTokenCount":4,"candidatesTokenCount":2},'
+        b'"modelVersion":"g","responseId":"r1"' + rest + b"}"
+    )
+
+
+_GEMINI_TEXT = [_gemini(b'{"text":"w%d "}' % i) for i in range(40)]
+_GEMINI_THOUGHTS = [_gemini(b'{"text":"t%d ","thought":true}' % i) for i in range(40)]
+_GEMINI_END = _gemini(b'{"text":"."}').replace(b'"index":0', b'"index":0,"finishReason":"STOP"')
+_GEMINI_ODD = {
+    "a thought": _gemini(b'{"text":"hmm","thought":true}'),
+    "text": _gemini(b'{"text":"plain"}'),
+    "a signature": _gemini(b'{"text":"x","thoughtSignature":"c2ln"}'),
+    "two parts": _gemini(b'{"text":"a"},{"text":"b"}'),
+    "no parts": _gemini(b""),
+    "empty text": _gemini(b'{"text":""}'),
+    "null text": _gemini(b'{"text":null}'),
+    "a null thought": _gemini(b'{"text":"x","thought":null}'),
+    "a call": _gemini(b'{"functionCall":{"name":"f","args":{"a":1}}}'),
+    "inline data": _gemini(b'{"inlineData":{"mimeType":"image/png","data":"iVBO"}}'),
+    "a finish": _gemini(b'{"text":"x"}').replace(
+        b'"index":0', b'"index":0,"finishReason":"MAX_TOKENS"'
+    ),
+    "an error": _gemini(b'{"text":"x"}', b',"error":{"code":500,"message":"boom"}'),
+    "no usage": b'data: {"candidates":[{"content":{"parts":[{"text":"x"}]}}]}',
+    "less usage": b'data: {"candidates":[{"content":{"parts":[{"text":"x"}]}}],'
+    b'"usageMetadata":{"promptTokenCount":4}}',
+    "no candidates": b'data: {"candidates":[],"usageMetadata":{"promptTokenCount":4}}',
+    "a second candidate": _gemini(b'{"text":"x"}').replace(
+        b'"index":0}]', b'"index":0},{"content":{"parts":[{"text":"y"}]},"index":1}]'
+    ),
+    "a count of the wrong type": _gemini(b'{"text":"x"}').replace(b":4,", b':"4",'),
+    "not UTF-8": _gemini(b'{"text":"caf\xc3"}'),
+    "a blocked prompt": b'data: {"promptFeedback":{"blockReason":"SAFETY"}}',
+}
+
+
+@pytest.mark.parametrize("odd", sorted(_GEMINI_ODD))
+@pytest.mark.parametrize("crlf", [False, True], ids=["LF", "CRLF"])
+def test_gemini_reads_read_what_chunks_read(odd: str, crlf: bool) -> None:
+    for base in (_GEMINI_TEXT, _GEMINI_THOUGHTS):
+        for at in (1, 2, 20, 39):
+            frames = [*base[:at], _GEMINI_ODD[odd], *base[at:], _GEMINI_END]
+            data = b"\n\n".join(frames) + b"\n\n"
+            _check("gemini", data.replace(b"\n", b"\r\n") if crlf else data)
+
+
 def test_the_text_only_shapes_name_every_field_the_chunk_shapes_have() -> None:
     """A field added to a chunk's shape must be narrowed in its text-only shape as well: else
     the fast path would read a chunk carrying it as plain text, and lose it."""
+    from rillet.providers import _gemini_stream as gemini
     from rillet.providers import _ollama as ollama
     from rillet.providers import _openai_chat_wire as chat
 
@@ -228,6 +282,14 @@ def test_the_text_only_shapes_name_every_field_the_chunk_shapes_have() -> None:
         (chat._TextChunk, chat._Frame),
         (ollama._MoreText, ollama._Message),
         (ollama._TextLine, ollama._Frame),
+        (gemini._MorePart, gemini._Part),
+        (gemini._MoreThought, gemini._Part),
+        (gemini._MoreContent, gemini._Content),
+        (gemini._ThoughtContent, gemini._Content),
+        (gemini._MoreCandidate, gemini._Candidate),
+        (gemini._ThoughtCandidate, gemini._Candidate),
+        (gemini._MoreChunk, gemini._Chunk),
+        (gemini._ThoughtChunk, gemini._Chunk),
     ]
     for narrow, wide in pairs:
         assert set(narrow.__struct_fields__) == set(wide.__struct_fields__), narrow.__name__

@@ -3,7 +3,7 @@ that turns chunks (or one non-streaming body) into lane events. The request side
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 from rillet._errors import MalformedFrameError
@@ -101,6 +101,60 @@ class _Chunk(msgspec.Struct, frozen=True, rename="camel", gc=False):
 _decode_chunk = msgspec.json.Decoder(_Chunk)
 
 
+# A chunk that is only one more fragment of the open text (or thinking) lane: `_Chunk`'s fields
+# (and those of its candidates, content and part), each narrowed to the values the fast path of
+# `feed_frames` takes: one part of non-empty text, no signature, call, data, finish or error.
+# What decodes so decodes as a `_Chunk` too and takes that path (`_fragments`).
+
+
+class _MorePart(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    text: Annotated[str, msgspec.Meta(min_length=1)]
+    thought: Literal[False] = False
+    thought_signature: Literal[""] = ""
+    function_call: None = None
+    inline_data: None = None
+
+
+class _MoreThought(_MorePart, frozen=True, rename="camel", gc=False):
+    thought: Literal[True]  # type: ignore[assignment]
+
+
+class _MoreContent(msgspec.Struct, frozen=True, gc=False):
+    parts: Annotated[tuple[_MorePart, ...], msgspec.Meta(min_length=1, max_length=1)]
+
+
+class _ThoughtContent(msgspec.Struct, frozen=True, gc=False):
+    parts: Annotated[tuple[_MoreThought, ...], msgspec.Meta(min_length=1, max_length=1)]
+
+
+class _MoreCandidate(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    content: _MoreContent
+    finish_reason: None = None
+
+
+class _ThoughtCandidate(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    content: _ThoughtContent
+    finish_reason: None = None
+
+
+class _MoreChunk(msgspec.Struct, frozen=True, rename="camel", gc=False, kw_only=True):
+    candidates: Annotated[tuple[_MoreCandidate, ...], msgspec.Meta(min_length=1)]
+    usage_metadata: _Usage | None = None
+    prompt_feedback: _PromptFeedback | None = None
+    model_version: str = ""
+    response_id: str = ""
+    error: None = None
+
+
+class _ThoughtChunk(_MoreChunk, frozen=True, rename="camel", gc=False, kw_only=True):
+    candidates: Annotated[tuple[_ThoughtCandidate, ...], msgspec.Meta(min_length=1)]  # type: ignore[assignment]
+
+
+_decode_more = msgspec.json.Decoder(_MoreChunk)
+_decode_thought = msgspec.json.Decoder(_ThoughtChunk)
+_PAUSE = 8  # reads read chunk by chunk after one that was not all fragments
+
+
 def _merge_usage(old: _Usage | None, new: _Usage) -> _Usage:
     """Field by field: a count the new chunk leaves out keeps the value an earlier one gave."""
     if old is None or (
@@ -148,6 +202,7 @@ class _StreamDecoder:
         "_index",
         "_kind",
         "_last_usage",
+        "_pause",
         "_signature",
         "_started",
         "_streamed",
@@ -166,6 +221,7 @@ class _StreamDecoder:
         self._last_usage: _Usage | None = None
         self._streamed: StreamedCall | None = None  # a call whose arguments are streaming in
         self.failed_at = 0  # the frame `feed_frames` failed on
+        self._pause = 0  # reads to go before a read is tried as all fragments again
 
     sse_bytes = True  # an event may come as its data's bytes (`FramesDecoder`)
 
@@ -189,6 +245,15 @@ class _StreamDecoder:
         index = self._index
         thought = lane == "thinking"
         run: list[str] | None = None  # the run of fragments being handed on (`PartRun`)
+        if lane is not None:
+            # the commonest read of all, nothing but more of the lane: no check per chunk
+            if self._pause:
+                self._pause -= 1
+            elif (run := self._fragments(frames, lane == "thinking")) is not None:
+                out.append(PartRun(index, lane, run))
+                return
+            else:
+                self._pause = _PAUSE
         at = 0
         try:
             for at, frame in enumerate(frames):  # noqa: B007 - `at` names the failing frame
@@ -235,6 +300,25 @@ class _StreamDecoder:
         except BaseException:
             self.failed_at = at
             raise
+
+    def _fragments(self, frames: list[Any], thought: bool) -> list[str] | None:
+        """The fragments of a read's chunks when every one is only more of the open lane
+        (`_MoreChunk`), their usage kept as `feed_frames` keeps it; None, with nothing changed,
+        otherwise."""
+        decode = _decode_thought.decode if thought else _decode_more.decode
+        run = []
+        usage = self._last_usage
+        try:
+            for frame in frames:
+                chunk = decode(frame)
+                run.append(chunk.candidates[0].content.parts[0].text)
+                u = chunk.usage_metadata
+                if u is not None:
+                    usage = _merge_usage(usage, u)
+        except (msgspec.MsgspecError, TypeError):  # (TypeError: an `SSEEvent` or a tuple)
+            return None
+        self._last_usage = usage
+        return run
 
     def _fast_lane(self) -> LaneKind | None:
         """The open lane a chunk of one plain part may go on with inline (`feed_frames`): None
