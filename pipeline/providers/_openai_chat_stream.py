@@ -82,6 +82,7 @@ from ._openai_chat_wire import (
     _ToolCall,
     _Usage,
     _usage,
+    arguments_run,
     arguments_text,
     sniff_audio,
     text_run,
@@ -189,14 +190,22 @@ class ChatStreamDecoder:
         # arguments of the call in lane `run_lane`
         run: list[str] | None = None
         run_lane = -1
-        if streaming and field == _CONTENT:
-            # the commonest read of all, nothing but more text: no check per chunk (`text_run`)
+        if streaming and field in (_CONTENT, _TOOLS):
+            # the commonest reads of all, nothing but more text or more of one call's
+            # arguments: no check per chunk (`text_run`, `arguments_run`)
+            key = self._last_key
+            current = tools.get(key) if field == _TOOLS and key is not None else None
             if self._pause:
                 self._pause -= 1
-            elif (run := text_run(frames)) is not None:
-                out.append(PartRun(lane, "text", run))
-                return
-            else:
+            elif field == _CONTENT:
+                if (run := text_run(frames)) is not None:
+                    out.append(PartRun(lane, "text", run))
+                    return
+                self._pause = _PAUSE
+            elif current is not None and key is not None:
+                if (run := arguments_run(frames, key, current[1])) is not None:
+                    out.append(PartRun(current[0], "tool_call", run))
+                    return
                 self._pause = _PAUSE
         at = 0
         try:

@@ -201,6 +201,62 @@ class _TextChunk(msgspec.Struct, frozen=True, gc=False, kw_only=True):
 _decode_text = msgspec.json.Decoder(_TextChunk)
 
 
+class _MoreFunction(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    name: str | None = None
+    arguments: Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class _MoreCall(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    index: int
+    id: str | None = None
+    function: _MoreFunction
+
+
+class _MoreArguments(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    content: None = None
+    reasoning_content: None = None
+    reasoning: None = None
+    reasoning_details: None = None
+    tool_calls: Annotated[list[_MoreCall], msgspec.Meta(min_length=1, max_length=1)]
+    audio: None = None
+
+
+class _ArgumentsChoice(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    index: Literal[0] | None = None
+    delta: _MoreArguments
+    message: _Delta | None = None
+    finish_reason: Literal[""] | None = None
+
+
+class _ArgumentsChunk(_TextChunk, frozen=True, gc=False, kw_only=True):
+    choices: Annotated[list[_ArgumentsChoice], msgspec.Meta(min_length=1)]  # type: ignore[assignment]
+
+
+_decode_arguments = msgspec.json.Decoder(_ArgumentsChunk)
+
+
+def arguments_run(frames: list[Any], key: int, call_id: str) -> list[str] | None:
+    """The argument fragments of a read's chunks when every one is only more of the arguments
+    of the call at wire index `key` (`_ArgumentsChunk`, with that index and no other id); None
+    otherwise."""
+    decode = _decode_arguments.decode
+    run = []
+    try:
+        for frame in frames:
+            chunk = decode(frame)
+            call = chunk.choices[0].delta.tool_calls[0]
+            if (
+                call.index != key
+                or (call.id is not None and call.id != call_id)
+                or chunk.object == "error"
+            ):
+                return None
+            run.append(call.function.arguments)
+    except (msgspec.MsgspecError, TypeError):  # (TypeError: a named event's tuple)
+        return None
+    return run
+
+
 def text_run(frames: list[Any]) -> list[str] | None:
     """The text of a read's chunks when every one is only more text (`_TextChunk`); None
     otherwise (a chunk of another kind, `[DONE]`, a named event)."""
