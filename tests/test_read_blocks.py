@@ -90,6 +90,8 @@ _OLLAMA_ODD = {
     "no message": b'{"done":false}',
     "a null message": b'{"message":null}',
     "not UTF-8": b'{"message":{"content":"caf\xc3"}}',
+    "not UTF-8 where nothing is read": b'{"model":"m\xff","message":{"content":"x"}}',
+    "not UTF-8 in a field of no name known": b'{"message":{"content":"x"},"node":"n\xff"}',
     "a CR before its LF": b'{"message":{"content":"cr"}}\r',
     "an array": b"[1, 2]",
     "trailing bytes": b'{"message":{"content":"x"}} tail',
@@ -310,7 +312,7 @@ def test_chat_argument_reads_take_the_fast_path(monkeypatch: pytest.MonkeyPatch)
     frames = [_CHAT_START, _CALL_START, *_CALL_FRAGMENTS, *_CALL_END]
     data = b"\n\n".join(frames) + b"\n\n"
     decoder = WireDecoder(dialect_from_name("openai-chat"), clock=lambda: 0)
-    out = []
+    out: list[Any] = []
     for at in range(0, len(data), 400):
         decoder.feed(data[at : at + 400], out)
     decoder.close(out)
@@ -372,7 +374,8 @@ def test_gemini_reads_read_what_chunks_read(odd: str, crlf: bool) -> None:
 
 def test_the_text_only_shapes_name_every_field_the_chunk_shapes_have() -> None:
     """A field added to a chunk's shape must be narrowed in its text-only shape as well: else
-    the fast path would read a chunk carrying it as plain text, and lose it."""
+    the fast path would read a chunk carrying it as plain text, and lose it. (A text-only shape
+    may read more fields: Ollama's reads every field a line may hold.)"""
     from rillet.providers import _gemini_stream as gemini
     from rillet.providers import _ollama as ollama
     from rillet.providers import _openai_chat_wire as chat
@@ -398,4 +401,4 @@ def test_the_text_only_shapes_name_every_field_the_chunk_shapes_have() -> None:
         (gemini._ThoughtChunk, gemini._Chunk),
     ]
     for narrow, wide in pairs:
-        assert set(narrow.__struct_fields__) == set(wide.__struct_fields__), narrow.__name__
+        assert set(wide.__struct_fields__) <= set(narrow.__struct_fields__), narrow.__name__

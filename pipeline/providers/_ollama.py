@@ -121,24 +121,35 @@ _decode_line = msgspec.json.Decoder(_Line)
 _decode_frame = msgspec.json.Decoder(_Frame)
 
 
-class _MoreText(msgspec.Struct, frozen=True, gc=False):
+class _MoreText(msgspec.Struct, frozen=True, gc=False, kw_only=True, forbid_unknown_fields=True):
     """A message that is only more text (`_TextLine`)."""
 
+    role: str = ""
     content: Annotated[str, msgspec.Meta(min_length=1)]
     thinking: Literal[""] = ""
     tool_calls: None = None
 
 
-class _TextLine(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+class _TextLine(msgspec.Struct, frozen=True, gc=False, kw_only=True, forbid_unknown_fields=True):
     """A line that is only one more fragment of the text: `_Frame`'s fields, each narrowed to
     the values the fast path of `feed_frames` takes. What decodes so decodes as a `_Frame` too
-    and takes that path, so a block of such lines can be read in one call (`feed_block`)."""
+    and takes that path, so a block of such lines can be read in one call (`feed_block`).
 
+    Every field a line may hold is read, and a line with any other is refused: msgspec checks
+    that a string is UTF-8 only when it reads it, and a line that is not UTF-8 must be refused
+    as the NDJSON framer refuses it."""
+
+    model: str = ""
+    created_at: str = ""
     message: _MoreText
     done: Literal[False] = False
     done_reason: str | None = None
+    total_duration: int | None = None
+    load_duration: int | None = None
     prompt_eval_count: int | None = None
+    prompt_eval_duration: int | None = None
     eval_count: int | None = None
+    eval_duration: int | None = None
     error: None = None
 
 
@@ -251,7 +262,7 @@ class _StreamDecoder:
             return False
         try:
             decoded = _decode_text_lines.decode(b"[" + block.replace(b"\n", b",") + b"]")
-        except msgspec.MsgspecError:  # a line of another kind, or not JSON, or not UTF-8
+        except msgspec.MsgspecError:  # a line of another kind, not JSON, or not UTF-8
             self._pause = _PAUSE
             return False
         if len(decoded) != lines:  # a line that held two JSON values, a comma between
