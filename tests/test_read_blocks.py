@@ -402,3 +402,44 @@ def test_the_text_only_shapes_name_every_field_the_chunk_shapes_have() -> None:
     ]
     for narrow, wide in pairs:
         assert set(wide.__struct_fields__) <= set(narrow.__struct_fields__), narrow.__name__
+
+
+_MIXES: dict[str, tuple[list[bytes], list[bytes], list[bytes], bytes]] = {
+    # dialect: (its first frames, the common frames, the odd ones, how frames are joined)
+    "ollama-chat": ([_OLLAMA_TEXT[0]], _OLLAMA_TEXT, list(_OLLAMA_ODD.values()), b"\n"),
+    "openai-chat": (
+        [_CHAT_START],
+        _CHAT_TEXT + _CALL_FRAGMENTS[1:] + [_CALL_START],
+        list(_CHAT_ODD.values()) + list(_CALL_ODD.values()),
+        b"\n\n",
+    ),
+    "gemini": (
+        [],
+        _GEMINI_TEXT + _GEMINI_THOUGHTS,
+        list(_GEMINI_ODD.values()),
+        b"\n\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("dialect_name", sorted(_MIXES))
+def test_mixed_streams_read_alike_either_way(dialect_name: str) -> None:
+    """Streams of common frames with odd ones among them, several in a row at times, each ended
+    as its dialect ends a reply (or not at all), read in random cuts."""
+    first, common, odd, sep = _MIXES[dialect_name]
+    ends = {"ollama-chat": [_OLLAMA_END], "openai-chat": _CHAT_END, "gemini": [_GEMINI_END]}
+    rng = random.Random(dialect_name)
+    for _ in range(60):
+        frames = list(first)
+        for _ in range(rng.randrange(5, 60)):
+            pool = odd if rng.random() < 0.15 else common
+            frames.append(rng.choice(pool))
+        if rng.random() < 0.8:
+            frames += ends[dialect_name]
+        data = sep.join(frames) + sep
+        if dialect_name == "gemini" and rng.random() < 0.5:
+            data = data.replace(b"\n", b"\r\n")
+        sizes = [rng.randrange(1, 700) for _ in range(40)]
+        fast = _decode(dialect_from_name(dialect_name), data, sizes, fast=True)
+        slow = _decode(dialect_from_name(dialect_name), data, sizes, fast=False)
+        assert fast == slow, (frames, sizes[:5])
