@@ -4,6 +4,7 @@ continued by id, arguments sent as the object itself."""
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 import pytest
@@ -16,7 +17,9 @@ from rillet import (
     WireDecoder,
     user,
 )
+from rillet._lanes import MessageDelta
 from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet.providers._openai_chat_stream import ChatStreamDecoder
 
 from .openai_chat_support import (
     USAGE,
@@ -26,6 +29,7 @@ from .openai_chat_support import (
     decode,
     decode_body,
     sse,
+    usage_chunk,
 )
 
 # --- Mistral's content chunks -----------------------------------------------------------------
@@ -412,3 +416,32 @@ def test_non_streaming_audio_mime_type_is_sniffed() -> None:
 def test_non_streaming_error_body_is_the_typed_error() -> None:
     error = {"error": {"message": "bad", "type": "invalid_request_error"}}
     assert decode_body(error) == [{"type": "error", "error": "InvalidRequestError"}]
+
+
+# --- refusals ----------------------------------------------------------------------------------
+
+
+def test_a_refusal_is_the_answers_text_and_ends_it_as_refused() -> None:
+    # OpenAI's shape (gpt-4o declining a json_schema request): `refusal` fragments in place of
+    # `content`, then `stop`; read as nothing, the turn failed as "no content"
+    chunks = [
+        chunk({"role": "assistant", "content": None, "refusal": ""}),
+        chunk({"refusal": "I can't"}),
+        chunk({"refusal": " help."}),
+        chunk(finish="stop"),
+        usage_chunk(),
+    ]
+    events = decode(sse(*chunks, "[DONE]"))
+    assert [e["text"] for e in events if e["type"] == "text.done"] == ["I can't help."]
+    assert events[-1]["finish_reason"] == "unknown"  # the grammar's word for `refusal`
+    decoder = ChatStreamDecoder()
+    lanes = [e for c in chunks for e in decoder.feed(json.dumps(c).encode())]
+    assert [e.finish_reason for e in lanes if isinstance(e, MessageDelta)] == ["refusal", None]
+
+
+def test_a_whole_completion_that_refuses_is_its_refusal() -> None:
+    message = {"role": "assistant", "content": None, "refusal": "No."}
+    completion = {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+    events = decode_body(completion)
+    assert [e["text"] for e in events if e["type"] == "text.done"] == ["No."]
+    assert events[-1]["finish_reason"] == "unknown"

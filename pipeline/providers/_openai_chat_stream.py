@@ -14,6 +14,9 @@ wire field starts (the lanes of the previous field close):
   `reasoning.encrypted` an empty fragment with `fidelity {"encrypted_content", "format",
   "reasoning_id"}`. A detail with another `index` starts another thinking group.
 * `content` is text; empty strings are not content (the role chunk's `""` opens nothing).
+  `refusal` (OpenAI's words when the model refuses, sent in place of `content`) is text too, and
+  the reply's `stop` is then passed as `refusal`: the provider's rules stopped the answer, as
+  Anthropic's `refusal` stop reason says.
   Mistral's reasoning models send it as a list of chunks: `{"type": "text", "text"}` is text,
   `{"type": "thinking", "thinking": [{"type": "text", "text"}]}` is thinking with
   `fidelity {"reasoning_field": "content"}` (sent back as such chunks); other chunk types are
@@ -115,6 +118,7 @@ class ChatStreamDecoder:
         "_next",
         "_open",
         "_pause",
+        "_refused",
         "_started",
         "_think_fid",
         "_think_key",
@@ -137,6 +141,7 @@ class ChatStreamDecoder:
         self._audio_lane = -1
         self._transcript_lane = -1
         self._tool_seen = False
+        self._refused = False  # a `refusal` came: the model declined
         self._started = False
         self._done = False  # `[DONE]` came: nothing after it is read
         self._ended = 0  # what of the end came: 1 a finish reason, 2 usage (`close`)
@@ -383,6 +388,9 @@ class ChatStreamDecoder:
                 self._text(content, out)
         elif content:
             self._content_parts(content, out)
+        if delta.refusal:
+            self._refused = True
+            self._text(delta.refusal, out)
         if calls:
             self._tool_calls(calls, out)
         if delta.audio is not None:
@@ -535,7 +543,9 @@ class ChatStreamDecoder:
             )
             return
         if reason:
-            if reason == "stop" and self._tool_seen:
+            if reason == "stop" and self._refused:
+                reason = "refusal"
+            elif reason == "stop" and self._tool_seen:
                 reason = "tool_call"
             self._open.clear()  # the finish reason closes them all
             self._switch(_NONE, out)

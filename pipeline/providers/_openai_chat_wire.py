@@ -99,6 +99,7 @@ class _Delta(msgspec.Struct, frozen=True, gc=False):
     """A streamed `delta`, and also a non-streaming `message` (same fields, whole values)."""
 
     content: str | list[_ContentPart] | None = None
+    refusal: str | None = None  # OpenAI's words when the model refuses, in place of `content`
     reasoning_content: str | None = None
     reasoning: str | None = None
     reasoning_details: list[_Detail] | None = None
@@ -177,6 +178,7 @@ class _MoreText(msgspec.Struct, frozen=True, gc=False):
     reasoning_details: None = None
     tool_calls: None = None
     audio: None = None
+    refusal: None = None
 
 
 class _TextChoice(msgspec.Struct, frozen=True, gc=False, kw_only=True):
@@ -219,6 +221,7 @@ class _MoreArguments(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     reasoning_details: None = None
     tool_calls: Annotated[list[_MoreCall], msgspec.Meta(min_length=1, max_length=1)]
     audio: None = None
+    refusal: None = None
 
 
 class _ArgumentsChoice(msgspec.Struct, frozen=True, gc=False, kw_only=True):
