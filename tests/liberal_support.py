@@ -179,6 +179,7 @@ _WRONG_SHAPE: dict[str, tuple[tuple[str | None, tuple[str, ...]], ...]] = {
     "openai-responses": (
         ("response.output_text.delta", ("delta",)),
         ("response.function_call_arguments.delta", ("delta",)),
+        ("response.refusal.delta", ("delta",)),
         ("response.output_item.added", ("output_index",)),
         ("response.created", ("response",)),
     ),

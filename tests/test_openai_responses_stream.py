@@ -14,6 +14,7 @@ from rillet import (
     WireDecoder,
 )
 from rillet._failures import error_shape
+from rillet._lanes import MessageDelta
 from rillet._policy import Outcome, Shape
 from rillet.providers._openai_responses import OpenAIResponsesDialect
 
@@ -163,7 +164,6 @@ def test_documented_events_we_do_not_stream_are_skipped() -> None:
         {"type": "response.web_search_call.searching", "output_index": 0, "item_id": "ws_1"},
         done(0, {"id": "ws_1", "type": "web_search_call", "status": "completed"}),
         added(1, message()),
-        {"type": "response.refusal.delta", "output_index": 1, "delta": "no"},
         text_delta(1, "Found it."),
         {"type": "response.output_text.annotation.added", "output_index": 1, "annotation": {}},
         done(1, message("Found it.")),
@@ -507,3 +507,40 @@ def test_a_text_done_of_no_use_is_skipped_whatever_it_holds() -> None:
     odd = {"type": "response.output_text.done", "output_index": "0", "text": {"x": 1}}
     data = sse(added(0, message()), text_delta(0, "Hi"), odd, done(0, message("Hi")), completed())
     assert [e["text"] for e in decode(data) if e["type"] == "text.done"] == ["Hi"]
+
+
+# --- refusals -------------------------------------------------------------------------------------
+
+REFUSAL = message() | {"content": [{"type": "refusal", "refusal": "I can't help."}]}
+
+
+def test_a_streamed_refusal_is_the_answers_text_and_ends_it_as_refused() -> None:
+    # OpenAI's shape (gpt-4o declining a json_schema format): a message item whose content part
+    # is a refusal; read as nothing, the turn failed as "no content"
+    part = {"type": "refusal", "refusal": ""}
+    data = sse(
+        added(0, message()),
+        {"type": "response.content_part.added", "output_index": 0, "part": part},
+        {"type": "response.refusal.delta", "output_index": 0, "delta": "I can't"},
+        {"type": "response.refusal.delta", "output_index": 0, "delta": " help."},
+        {"type": "response.refusal.done", "output_index": 0, "refusal": "I can't help."},
+        done(0, REFUSAL),
+        completed([REFUSAL]),
+    )
+    entries = decode(data)
+    assert [e["text"] for e in entries if e["type"] == "text.done"] == ["I can't help."]
+    assert entries[-1]["finish_reason"] == "unknown"  # the grammar's word for `refusal`
+    decoder = OpenAIResponsesDialect().stream_decoder()
+    frames = [f.split(b"\n", 1)[1][len(b"data: ") :] for f in data.split(b"\n\n") if f]
+    lanes = [e for frame in frames for e in decoder.feed(frame)]
+    assert [e.finish_reason for e in lanes if isinstance(e, MessageDelta)] == ["refusal"]
+
+
+def test_a_whole_refusal_is_its_text_in_a_body_and_in_a_stream_of_only_its_ends() -> None:
+    created = {"type": "response.created", "response": response("in_progress")}
+    for entries in (
+        decode_body(response("completed", [REFUSAL])),
+        decode(sse(created, completed([REFUSAL]))),
+    ):
+        assert [e["text"] for e in entries if e["type"] == "text.done"] == ["I can't help."]
+        assert entries[-1]["finish_reason"] == "unknown"

@@ -2,7 +2,9 @@
 This module builds the requests and reads the body; `_openai_responses_stream` decodes events.
 
 One group per output item, its lane named by the item's `output_index`: a `message` item is text
-(its `phase`, when it has one, rides first as an empty fragment with `fidelity {"phase"}`), a
+(its `phase`, when it has one, rides first as an empty fragment with `fidelity {"phase"}`; the
+words of a model that refuses, `refusal` deltas and parts, are its text too, and the reply then
+ends as `refusal`: the provider's rules stopped the answer), a
 `function_call` item is a tool call (`tool_call_id` = `call_id`), and a `reasoning` item is
 thinking: all its `reasoning_summary_text` deltas (summary parts joined as they come, nothing
 inserted between them) and its raw `reasoning_text` deltas, then, at its `output_item.done`, an
@@ -65,6 +67,7 @@ from ._openai_responses_stream import (
     _finish,
     _item,
     _open_item,
+    _refuses,
     _Response,
     _StreamDecoder,
 )
@@ -256,7 +259,7 @@ class OpenAIResponsesDialect:
         """A non-streaming Response object as the stream the API would have sent."""
         response: _Response = strict_decode(_decode_response, body, NAME)
         out: list[LaneEvent] = [MessageStart(response.id, response.model)]
-        tool_seen = False
+        tool_seen = refused = False
         for index, raw in enumerate(response.output):
             item = _item(raw)
             if item is None:
@@ -264,8 +267,9 @@ class OpenAIResponsesDialect:
             kind = _open_item(index, item, out)
             if kind is not None:
                 tool_seen = tool_seen or kind == "tool_call"
+                refused = refused or _refuses(item)
                 _close_item(index, kind, item, streamed=False, out=out)
-        return out + _finish(response, response.status, tool_seen)
+        return out + _finish(response, response.status, tool_seen, refused)
 
     def error_from_response(
         self, status: int, headers: Mapping[str, str], body: bytes

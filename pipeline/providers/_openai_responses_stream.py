@@ -42,8 +42,11 @@ NAME = "openai-responses"
 
 
 class _Text(msgspec.Struct, frozen=True, gc=False):
+    """A content or summary part: its `text`, or a `refusal` part's words."""
+
     type: str = ""
     text: str = ""
+    refusal: str = ""
 
 
 class _Type(msgspec.Struct, frozen=True, gc=False):
@@ -139,6 +142,13 @@ class _ReasoningDelta(msgspec.Struct, frozen=True, gc=False, tag="response.reaso
     delta: str
 
 
+class _RefusalDelta(msgspec.Struct, frozen=True, gc=False, tag="response.refusal.delta"):
+    """A fragment of the words of a model that refuses, in a message item: its text."""
+
+    output_index: int
+    delta: str
+
+
 class _ArgumentsDelta(
     msgspec.Struct, frozen=True, gc=False, tag="response.function_call_arguments.delta"
 ):
@@ -172,6 +182,7 @@ _HANDLED: tuple[type[msgspec.Struct], ...] = (
     _TextDone,
     _SummaryDelta,
     _ReasoningDelta,
+    _RefusalDelta,
     _ArgumentsDelta,
     _Completed,
     _Incomplete,
@@ -268,7 +279,7 @@ def _close_item(
     and a reasoning item's fidelity."""
     if not streamed:
         if kind == "text":
-            text = "".join(p.text for p in item.content or () if p.type == "output_text")
+            text = "".join(p.refusal if p.type == "refusal" else p.text for p in _said(item))
             if text:
                 out.append(PartDelta(index, kind, text))
         elif kind == "tool_call":
@@ -286,6 +297,16 @@ def _close_item(
     out.append(PartStop(index, kind))
 
 
+def _said(item: _Item) -> list[_Text]:
+    """A message item's parts that say something: its output text and its refusals."""
+    return [p for p in item.content or () if p.type == "output_text" or p.type == "refusal"]
+
+
+def _refuses(item: _Item) -> bool:
+    """Whether a message item holds a refusal part (the model declined)."""
+    return item.type == "message" and any(p.type == "refusal" for p in item.content or ())
+
+
 def _error_event(error: Any, in_stream: bool = True) -> ProviderErrorEvent:
     return ProviderErrorEvent(
         error_from_body(NAME, None, {"error": error or {}}, in_stream=in_stream)
@@ -297,13 +318,16 @@ def _is_call(raw: msgspec.Raw) -> bool:
     return head.type == "function_call"
 
 
-def _finish(response: _Response, status: str | None, tool_seen: bool) -> list[LaneEvent]:
+def _finish(
+    response: _Response, status: str | None, tool_seen: bool, refused: bool
+) -> list[LaneEvent]:
     """The end of a reply: its terminal status (`completed`, `incomplete`, `failed`) and the
-    final Response object's usage."""
+    final Response object's usage. A completed reply that refused ends as `refusal`: the
+    provider's rules stopped the answer."""
     reason: str | None = None
     if status == "completed":
         tool_seen = tool_seen or any(_is_call(raw) for raw in response.output)
-        reason = "tool_call" if tool_seen else "completed"
+        reason = "tool_call" if tool_seen else "refusal" if refused else "completed"
     elif status == "incomplete":
         details = response.incomplete_details
         reason = (details.reason if details is not None else None) or "incomplete"
@@ -316,12 +340,21 @@ def _finish(response: _Response, status: str | None, tool_seen: bool) -> list[La
 class _StreamDecoder:
     """One attempt's Responses events."""
 
-    __slots__ = ("_done", "_items_seen", "_kinds", "_streamed", "_tool_seen", "failed_at")
+    __slots__ = (
+        "_done",
+        "_items_seen",
+        "_kinds",
+        "_refused",
+        "_streamed",
+        "_tool_seen",
+        "failed_at",
+    )
 
     def __init__(self) -> None:
         self._kinds: dict[int, LaneKind] = {}  # open output_index -> its lane's kind
         self._streamed: set[int] = set()  # output indexes a delta came for
         self._tool_seen = False
+        self._refused = False  # a refusal came: the model declined
         self._items_seen = False  # an item or a delta came: the output was streamed
         self._done = False  # a terminal event came: nothing after it is read
         self.failed_at = 0  # the frame `feed_frames` failed on
@@ -354,6 +387,13 @@ class _StreamDecoder:
         if kind is _ArgumentsDelta:
             self._streamed.add(event.output_index)
             return [PartDelta(event.output_index, "tool_call", event.delta)]
+        if kind is _RefusalDelta:  # the words of a model that declines are the answer's text
+            self._refused = True
+            self._streamed.add(event.output_index)
+            return [
+                *self._unopened(event.output_index, "text"),
+                PartDelta(event.output_index, "text", event.delta),
+            ]
         if kind is _SummaryDelta or kind is _ReasoningDelta:
             # summary parts are joined as they come, nothing inserted between them
             self._streamed.add(event.output_index)
@@ -388,9 +428,9 @@ class _StreamDecoder:
             # output) still holds the reply: the final Response's items, each whole
             whole = [] if self._items_seen or self._streamed else self._whole(event.response)
             status = "completed" if kind is _Completed else "incomplete"
-            return whole + _finish(event.response, status, self._tool_seen)
+            return whole + _finish(event.response, status, self._tool_seen, self._refused)
         if kind is _Failed:
-            return _finish(event.response, "failed", self._tool_seen)
+            return _finish(event.response, "failed", self._tool_seen, self._refused)
         assert kind is _Error
         return [
             _error_event(
@@ -490,6 +530,7 @@ class _StreamDecoder:
             self._tool_seen = self._tool_seen or lane == "tool_call"
         streamed = index in self._streamed
         self._streamed.discard(index)
+        self._refused = self._refused or _refuses(item)
         _close_item(index, lane, item, streamed=streamed, out=out)
         return out
 
@@ -501,6 +542,7 @@ class _StreamDecoder:
             lane = None if item is None else _open_item(index, item, out)
             if item is not None and lane is not None:
                 self._tool_seen = self._tool_seen or lane == "tool_call"
+                self._refused = self._refused or _refuses(item)
                 _close_item(index, lane, item, streamed=False, out=out)
         return out
 
