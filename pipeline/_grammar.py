@@ -144,7 +144,7 @@ class Grammar:
     terminal event raises
     `IncompleteStreamError`; a reply of thinking only raises `EmptyResponseError`; a closed tool
     call whose arguments do not parse raises `ToolCallArgumentParseError` in place of its `.done`.
-    After any error the grammar is spent.
+    After any error the grammar is spent. `stopped` says whether the stop event has gone out.
 
     With `runs` on, a run of fragments for the lane streaming now (`PartRun`) comes out as one
     `DeltaRun` standing for its deltas, for a reader that wants only their strings; `folded`
@@ -158,13 +158,13 @@ class Grammar:
         "_lanes",
         "_queue",
         "_started",
-        "_stopped",
         "_usage",
         "folded",
         "message_id",
         "model",
         "provider",
         "runs",
+        "stopped",
     )
 
     def __init__(self, provider: str, *, clock: Callable[[], int] = wall_clock_ms) -> None:
@@ -176,16 +176,11 @@ class Grammar:
         self._queue: deque[_Lane] = deque()
         self._usage: RawUsage | None = None
         self._finish: str | None = None
-        self._stopped = False
+        self.stopped = False  # the stop event has gone out (set here only)
         self._started = False
         self._content_seen = False
         self.message_id = ""
         self.model = ""
-
-    @property
-    def stopped(self) -> bool:
-        """Whether the stop event has gone out."""
-        return self._stopped
 
     @property
     def provider_finish(self) -> str | None:
@@ -199,7 +194,7 @@ class Grammar:
         the error (a `.done` of a lane closed before the one that failed, say)."""
         if out is None:
             out = []
-        if self._stopped:
+        if self.stopped:
             return out  # the reply is over: nothing after its terminal event matters
         if type(event) is PartRun:  # the same as its fragments one by one
             for value in event.values:
@@ -242,7 +237,8 @@ class Grammar:
         non-empty text, thinking or later tool fragment, without fidelity, for the lane
         streaming now, alone (`PartDelta`) or in a run of them (`PartRun`).
         """
-        if self.stopped:
+        stopped = self.stopped  # (a local: `feed` below may set the attribute)
+        if stopped:
             return  # the reply is over: the batch is ignored
         queue = self._queue
         now = -1  # the batch's stamp, read once (when a UniEvent needs it): they came together
@@ -266,7 +262,7 @@ class Grammar:
                         item = ToolCallDelta(name="", arguments=value, tool_call_id="")
                     else:
                         self.feed(event, out)
-                        if self._stopped:
+                        if self.stopped:
                             return
                         continue
                     head.started = True
@@ -335,12 +331,12 @@ class Grammar:
                         _join_tail(head)
                     continue
             self.feed(event, out)
-            if self._stopped:
+            if self.stopped:
                 return  # the reply is over: the rest of the batch is ignored
 
     def close(self) -> list[UniEvent]:
         """End of input. Returns nothing after a stop; raises `IncompleteStreamError` otherwise."""
-        if self._stopped:
+        if self.stopped:
             return []
         missing = self._missing() or ("the terminal event",)
         raise IncompleteStreamError(
@@ -503,7 +499,7 @@ class Grammar:
         finish = self._mapped_finish() or "unknown"
         if not self._content_seen:
             raise EmptyResponseError(self.provider, finish, usage, provider_reason=self._finish)
-        self._stopped = True
+        self.stopped = True
         out.append(stop_event(usage, finish, self._clock()))
 
     def _missing(self) -> tuple[str, ...]:
