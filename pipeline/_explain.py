@@ -106,7 +106,13 @@ RETRY_SAID = {
 
 def filtered_line(provider_reason: str | None) -> str:
     """The line for an answer that came home cut short by the provider's content rules
-    (`TurnResult.filtered`: Azure's `content_filter` after some text, Gemini's `SAFETY`)."""
+    (`TurnResult.filtered`: Azure's `content_filter` after some text, Gemini's `SAFETY`), or
+    that the model declined to give (a `refusal`: what is shown is its words, whole)."""
+    if provider_reason is not None and provider_reason.lower() == "refusal":
+        return (
+            "the model declined to answer (refusal): what is shown is its reason, not an answer"
+            " — rephrase the request"
+        )
     return (
         f"the provider's content rules stopped the answer partway ({provider_reason}): what is"
         " shown is incomplete — rephrase the request"

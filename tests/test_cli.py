@@ -95,6 +95,30 @@ async def test_an_answer_the_content_filter_cut_partway_says_so_and_fails(output
     assert len(provider.requests) == 1  # the same request would be filtered again
 
 
+async def test_a_refusal_is_shown_and_said_to_be_one() -> None:
+    # OpenAI sends a model's refusal in `delta.refusal`, in place of content
+    pieces = ["I'm sorry,", " I can't help with that."]
+    chunks: list[dict[str, object]] = [
+        {"delta": {"role": "assistant", "content": None, "refusal": ""}}
+    ]
+    chunks += [{"delta": {"refusal": piece}} for piece in pieces]
+    chunks.append({"delta": {}, "finish_reason": "stop"})
+    body = b"".join(
+        b"data: %s\n\n" % json.dumps({"id": "c1", "model": "m", "choices": [c]}).encode()
+        for c in chunks
+    )
+    body += b"data: [DONE]\n\n"
+    async with open_loopback_provider([Reply(chunks=split(body, 16))]) as provider:
+        done = await _run_cli(["run", "hi"], provider.url)
+    assert done.returncode == 1
+    assert done.stdout.decode().strip() == "".join(pieces)
+    assert done.stderr.decode().strip().splitlines() == [
+        "rillet: the model declined to answer (refusal): what is shown is its reason, not an"
+        " answer — rephrase the request"
+    ]
+    assert len(provider.requests) == 1
+
+
 async def test_an_answer_of_unknown_finish_is_whole_and_silent() -> None:
     # many compatible servers never say why they stopped: that is no cut
     body = openai_text_stream(FRAGMENTS, finish_reason="eos")
