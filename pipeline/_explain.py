@@ -51,6 +51,8 @@ _KEYISH = re.compile(r"\b(sk-ant-|sk-proj-|sk-|sk_|rk-|AIza|gsk_|xai-|key-)([A-Z
 # a refused key reported as a bad request: Gemini answers a wrong key with 400 INVALID_ARGUMENT
 # (`API key not valid. Please pass a valid API key.`, `API key expired. ...`)
 _KEY_REFUSED = re.compile(r"\bapi[ _-]?key\b[^.]*\b(not valid|invalid|expired|revoked)\b", re.I)
+_NOT_PULLED = re.compile(r"^model ['\"][^'\"]+['\"] not found")
+"""Ollama's 404 for a model it has not downloaded, in newer servers' words."""
 
 _DEADLINE_OPTION = {
     "initial-event": "--initial-timeout",
@@ -211,6 +213,11 @@ def _explain_one(
             )
         if reason == "malformed_function_call":
             return "the model's tool call came out malformed, with no answer — ask again"
+        if error.finish_reason == "length":  # the same request spends the limit so again
+            return (
+                "the model spent the whole token limit on reasoning, with no answer — raise"
+                " --max-tokens (or lower --thinking)"
+            )
         return "the model finished without an answer (nothing but reasoning) — ask again"
     if isinstance(error, ToolCallArgumentParseError):
         return (
@@ -268,8 +275,12 @@ def _provider_error(
         return (
             f"the API key was refused{status}{said} — check {key_hint or 'the API key (--api-key)'}"
         )
-    if error.status == 404 and "try pulling it" in error.provider_message:
-        # Ollama's own words for a model it has not downloaded (`model 'x' not found, ...`)
+    if error.status == 404 and (
+        "try pulling it" in error.provider_message
+        or (error.provider == "ollama" and _NOT_PULLED.search(error.provider_message))
+    ):
+        # Ollama's own words for a model it has not downloaded: `model "x" not found, try
+        # pulling it first`, and newer servers' `model 'x' not found` alone
         return f"the model is not on the Ollama server{status}{said} — ollama pull {provider.model}"
     if error.status == 404:  # whatever its type says (Anthropic's `not_found_error`, Gemini's)
         # an unknown model, or a base URL that misses the API's path (a server's root, no /v1)

@@ -13,6 +13,7 @@ import pytest
 import trio
 from rillet import (
     AuthenticationError,
+    EmptyResponseError,
     FallbackFailed,
     IncompleteStreamError,
     InvalidRequestError,
@@ -283,6 +284,27 @@ def test_a_model_ollama_has_not_pulled_says_how_to_pull_it() -> None:
     assert explain(error, ollama) == (
         'the model is not on the Ollama server (404): model "llama3.2" not found, try pulling it'
         " first — ollama pull llama3.2"
+    )
+
+
+def test_a_model_a_newer_ollama_has_not_pulled_says_how_to_pull_it_too() -> None:
+    # a 2026 server's words (a recorded 404): no "try pulling it first" any more
+    ollama = Provider(OllamaDialect(), "http://localhost:11434", "qwen3.6")
+    error = error_from_body("ollama", 404, b'{"error":"model \'qwen3.6:latest\' not found"}')
+    assert explain(error, ollama) == (
+        "the model is not on the Ollama server (404): model 'qwen3.6:latest' not found"
+        " — ollama pull qwen3.6"
+    )
+
+
+@pytest.mark.parametrize("reason", ["length", "max_output_tokens"])
+def test_reasoning_that_spent_the_whole_token_limit_says_to_raise_it(reason: str) -> None:
+    # gpt-5-mini's recorded replies (Chat Completions, Responses): every token went to reasoning,
+    # and asking again spends them so again
+    error = EmptyResponseError("openai-chat", "length", provider_reason=reason)
+    assert explain(error, PROVIDER) == (
+        "the model spent the whole token limit on reasoning, with no answer — raise --max-tokens"
+        " (or lower --thinking)"
     )
 
 
