@@ -5,7 +5,8 @@ Every stream decoder that has `feed_frames` is run over every recorded stream of
 (our fixtures, the real-streams corpus, the benchmark's generated streams), each also cut short,
 with one frame corrupted, one made to carry the wrong shape and one holding bytes that are not
 UTF-8, at several read sizes;
-once as the wire decoder drives it and once with `feed_frames` hidden and every SSE frame an
+once as the wire decoder drives it (the reads it decodes in one step, `test_read_blocks`,
+included) and once with `feed_frames` hidden and every SSE frame an
 `SSEEvent` (not its data's bytes, `SSEDecoder.raw`), so that the frames go to `feed` one at a
 time as they did before either existed.
 """
