@@ -13,6 +13,8 @@ __all__ = ["MAX_ARGUMENT_DEPTH", "parse_arguments"]
 
 _decode_arguments = msgspec.json.Decoder().decode
 
+_CUT_SHORT = "Input data was truncated"
+"""msgspec's words for JSON text that ends before its value does."""
 _TOO_DEEP = object()
 MAX_ARGUMENT_DEPTH = 128
 """Tool arguments nested deeper than this are refused (`ToolCallArgumentParseError`): every
@@ -44,7 +46,10 @@ def parse_arguments(raw: str, provider: str, name: str, call_id: str) -> dict[st
     try:
         parsed = _decode_arguments(raw or "{}")
     except msgspec.DecodeError as exc:
-        raise ToolCallArgumentParseError(provider, name, call_id, raw, str(exc)) from None
+        cut = str(exc) == _CUT_SHORT  # the text ended inside the JSON, not malformed
+        raise ToolCallArgumentParseError(
+            provider, name, call_id, raw, str(exc), cut_short=cut
+        ) from None
     except RecursionError:
         parsed = _TOO_DEEP  # nested past what the decoder can follow: refused below
     if parsed is _TOO_DEEP or _too_deep(raw, parsed):

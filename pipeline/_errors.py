@@ -353,13 +353,23 @@ class ToolCallArgumentParseError(StreamError):
         tool_call_id: the call's id.
         raw_arguments_length: the length of the joined argument text.
         raw_arguments_preview: a bounded preview of it.
+        cut_short: the text ended before its JSON did (a reply stopped at its token limit
+            inside the call), rather than being malformed.
     """
 
     def __init__(
-        self, provider: str, tool_name: str, tool_call_id: str, raw_arguments: str, reason: str
+        self,
+        provider: str,
+        tool_name: str,
+        tool_call_id: str,
+        raw_arguments: str,
+        reason: str,
+        *,
+        cut_short: bool = False,
     ) -> None:
         self.tool_name = tool_name
         self.tool_call_id = tool_call_id
+        self.cut_short = cut_short
         self.raw_arguments_length = len(raw_arguments)
         self.raw_arguments_preview = preview(raw_arguments)
         super().__init__(

@@ -219,6 +219,12 @@ def _explain_one(
                 " --max-tokens (or lower --thinking)"
             )
         return "the model finished without an answer (nothing but reasoning) — ask again"
+    if isinstance(error, ToolCallArgumentParseError) and error.cut_short:
+        # the same request stops there again: a reply cut at its token limit inside the call
+        return (
+            f"the model's call to {error.tool_name} was cut off before its arguments ended —"
+            " raise --max-tokens if the reply reached its token limit"
+        )
     if isinstance(error, ToolCallArgumentParseError):
         return (
             f"the model called {error.tool_name} with arguments that are not a JSON object "

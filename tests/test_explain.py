@@ -28,6 +28,7 @@ from rillet import (
     run_turn,
     user,
 )
+from rillet._arguments import parse_arguments
 from rillet._explain import explain, mask_keys
 from rillet.providers._base import Provider, Secret
 from rillet.providers._error_body import error_from_body
@@ -201,6 +202,22 @@ def test_a_bad_tool_call_names_the_tool() -> None:
     error = ToolCallArgumentParseError("openai-chat", "get_weather", "call_1", '{"a": ', "EOF")
     line = explain(error, PROVIDER)
     assert line.startswith("the model called get_weather with arguments that are not a JSON")
+
+
+def test_a_tool_call_cut_off_inside_its_arguments_says_to_raise_the_token_limit() -> None:
+    # gpt-5-mini's recorded Responses reply: max_output_tokens reached inside a forced call, its
+    # arguments ending mid-string; asking again cuts it there again
+    with pytest.raises(ToolCallArgumentParseError) as cut:
+        parse_arguments('{"instructions": "I can', "openai-responses", "answer", "call_1")
+    assert cut.value.cut_short
+    assert explain(cut.value, PROVIDER) == (
+        "the model's call to answer was cut off before its arguments ended — raise --max-tokens"
+        " if the reply reached its token limit"
+    )
+    with pytest.raises(ToolCallArgumentParseError) as bad:
+        parse_arguments('{"a" 1}', "openai-chat", "answer", "call_1")  # malformed, not cut
+    assert not bad.value.cut_short
+    assert explain(bad.value, PROVIDER).startswith("the model called answer with arguments")
 
 
 def test_a_protocol_breach_says_so() -> None:
