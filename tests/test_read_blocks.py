@@ -100,10 +100,16 @@ _OLLAMA_ODD = {
 }
 
 
+_OLLAMA_UTF8 = [line.replace(b' "},', ' café \U0001f44b "},'.encode()) for line in _OLLAMA_TEXT]
+
+
 @pytest.mark.parametrize("odd", sorted(_OLLAMA_ODD))
-def test_ollama_blocks_read_what_lines_read(odd: str) -> None:
+@pytest.mark.parametrize("text", ["ASCII", "UTF-8"])
+def test_ollama_blocks_read_what_lines_read(odd: str, text: str) -> None:
+    # (a block of ASCII bytes is UTF-8 whatever is read of it; any other, only if all is read)
+    base = _OLLAMA_TEXT if text == "ASCII" else _OLLAMA_UTF8
     for at in (1, 2, 20, 39):
-        lines = [*_OLLAMA_TEXT[:at], _OLLAMA_ODD[odd], *_OLLAMA_TEXT[at:], _OLLAMA_END]
+        lines = [*base[:at], _OLLAMA_ODD[odd], *base[at:], _OLLAMA_END]
         _check("ollama-chat", b"\n".join(lines) + b"\n")
 
 
@@ -386,6 +392,8 @@ def test_the_text_only_shapes_name_every_field_the_chunk_shapes_have() -> None:
         (chat._TextChunk, chat._Frame),
         (ollama._MoreText, ollama._Message),
         (ollama._TextLine, ollama._Frame),
+        (ollama._AsciiText, ollama._Message),
+        (ollama._AsciiLine, ollama._Frame),
         (chat._MoreFunction, chat._Function),
         (chat._MoreCall, chat._ToolCall),
         (chat._MoreArguments, chat._Delta),

@@ -153,7 +153,27 @@ class _TextLine(msgspec.Struct, frozen=True, gc=False, kw_only=True, forbid_unkn
     error: None = None
 
 
+class _AsciiText(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    """`_MoreText` for a block of ASCII bytes only, which are UTF-8 whatever msgspec reads."""
+
+    content: Annotated[str, msgspec.Meta(min_length=1)]
+    thinking: Literal[""] = ""
+    tool_calls: None = None
+
+
+class _AsciiLine(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    """`_TextLine` for a block of ASCII bytes only: the fields it skips need no reading."""
+
+    message: _AsciiText
+    done: Literal[False] = False
+    done_reason: str | None = None
+    prompt_eval_count: int | None = None
+    eval_count: int | None = None
+    error: None = None
+
+
 _decode_text_lines = msgspec.json.Decoder(list[_TextLine])
+_decode_ascii_lines = msgspec.json.Decoder(list[_AsciiLine])
 _PAUSE = 8  # reads fed line by line after a block that was not all text
 
 
@@ -261,7 +281,8 @@ class _StreamDecoder:
             self._pause -= 1
             return False
         try:
-            decoded = _decode_text_lines.decode(b"[" + block.replace(b"\n", b",") + b"]")
+            decode = (_decode_ascii_lines if block.isascii() else _decode_text_lines).decode
+            decoded = decode(b"[" + block.replace(b"\n", b",") + b"]")
         except msgspec.MsgspecError:  # a line of another kind, not JSON, or not UTF-8
             self._pause = _PAUSE
             return False
