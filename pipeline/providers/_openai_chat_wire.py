@@ -224,11 +224,8 @@ class _MoreArguments(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     refusal: None = None
 
 
-class _ArgumentsChoice(msgspec.Struct, frozen=True, gc=False, kw_only=True):
-    index: Literal[0] | None = None
-    delta: _MoreArguments
-    message: _Delta | None = None
-    finish_reason: Literal[""] | None = None
+class _ArgumentsChoice(_TextChoice, frozen=True, gc=False, kw_only=True):
+    delta: _MoreArguments  # type: ignore[assignment]
 
 
 class _ArgumentsChunk(_TextChunk, frozen=True, gc=False, kw_only=True):
