@@ -1,5 +1,5 @@
-"""The SSE decoder keeps every WHATWG event-stream rule, whatever the chunking; the encoder
-cannot be made to split a frame, and what it writes decodes back to what it was given."""
+"""The SSE decoder keeps every WHATWG event-stream rule, whatever the chunking (the encoder's
+tests: `test_sse_encode`)."""
 
 from __future__ import annotations
 
@@ -8,29 +8,10 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rillet import FrameTooLarge, RilletError, SSEEncodeError
-from rillet.frames import DEFAULT_MAX_FRAME, SSEDecoder, SSEEvent, encode_sse
+from rillet import FrameTooLarge, RilletError
+from rillet.frames import DEFAULT_MAX_FRAME, SSEDecoder, SSEEvent
 
-BOM = b"\xef\xbb\xbf"
-EMOJI = "😀".encode()  # four bytes
-
-
-def decode(*chunks: bytes, max_frame: int = DEFAULT_MAX_FRAME) -> list[SSEEvent]:
-    decoder = SSEDecoder(max_frame=max_frame)
-    out: list[SSEEvent] = []
-    for chunk in chunks:
-        out += decoder.feed(chunk)
-    out += decoder.close()
-    return out
-
-
-def datas(*chunks: bytes) -> list[str]:
-    return [event.data for event in decode(*chunks)]
-
-
-def bytewise(data: bytes) -> list[bytes]:
-    return [data[i : i + 1] for i in range(len(data))]
-
+from .sse_support import BOM, EMOJI, bytewise, datas, decode, split_at
 
 # --- BOM --------------------------------------------------------------------------------------
 
@@ -378,80 +359,6 @@ def test_a_frame_too_large_error_is_a_rillet_error_with_its_facts() -> None:
     assert "100" in str(error)
 
 
-# --- the encoder ------------------------------------------------------------------------------
-
-
-def test_encode_simple_frame() -> None:
-    assert encode_sse("hi") == b"data: hi\n\n"
-    assert (
-        encode_sse("hi", event="e", id="1", retry=5) == b"event: e\nid: 1\nretry: 5\ndata: hi\n\n"
-    )
-    assert encode_sse(comment="keep-alive") == b": keep-alive\n\n"
-
-
-@pytest.mark.parametrize("data", ["a\nb", "a\rb", "a\r\nb", "a\n\nb", "\n", "a\r\n", "\r\r\n\n"])
-def test_encoded_line_breaks_become_several_data_lines(data: str) -> None:
-    frame = encode_sse(data)
-    assert frame.count(b"data:") == len(data.replace("\r\n", "\n").replace("\r", "\n").split("\n"))
-    (event,) = decode(frame)
-    assert event.data == data.replace("\r\n", "\n").replace("\r", "\n")
-
-
-def test_encoded_empty_data_decodes_to_an_empty_event() -> None:
-    assert decode(encode_sse("")) == [SSEEvent("")]
-
-
-def test_encoded_data_with_a_leading_space_survives() -> None:
-    assert datas(encode_sse("  two spaces")) == ["  two spaces"]
-
-
-def test_encoded_comment_with_line_breaks_stays_a_comment() -> None:
-    decoder = SSEDecoder()
-    assert decoder.feed(encode_sse(comment="a\ndata: injected\r\nb")) == []
-    assert decoder.comments == 3
-
-
-@pytest.mark.parametrize("bad", ["a\nb", "a\rb", "a\r\nb", "a\x00b", "\n", "x\r"])
-@pytest.mark.parametrize("field", ["event", "id"])
-def test_line_breaks_or_nul_in_event_or_id_raise(field: str, bad: str) -> None:
-    with pytest.raises(SSEEncodeError) as info:
-        encode_sse("x", **{field: bad})  # type: ignore[arg-type]
-    assert info.value.field == field
-    assert isinstance(info.value, RilletError)
-    assert isinstance(info.value, ValueError)
-
-
-def test_a_negative_retry_raises() -> None:
-    with pytest.raises(ValueError, match="retry"):
-        encode_sse("x", retry=-1)
-
-
-NAME = st.text(st.characters(exclude_characters="\r\n\x00", exclude_categories=["Cs"]))
-
-
-@settings(max_examples=200, deadline=None)
-@given(data=st.text(), event=NAME, id=NAME, retry=st.none() | st.integers(0, 10**9))
-def test_encode_then_decode_round_trips(data: str, event: str, id: str, retry: int | None) -> None:
-    decoder = SSEDecoder()
-    frame = encode_sse(data, event=event, id=id, retry=retry)
-    out = decoder.feed(frame) + decoder.close()
-    want = data.replace("\r\n", "\n").replace("\r", "\n")
-    assert out == [SSEEvent(want, event or "message", id)]
-    assert decoder.retry == retry
-
-
-@settings(max_examples=100, deadline=None)
-@given(texts=st.lists(st.text(), min_size=1, max_size=5), sizes=st.data())
-def test_encoded_frames_decode_back_in_any_chunking(texts: list[str], sizes: st.DataObject) -> None:
-    stream = b"".join(encode_sse(t, id=str(i)) for i, t in enumerate(texts))
-    chunks = _split(stream, sizes.draw(st.lists(st.integers(0, len(stream)), max_size=8)))
-    want = [
-        SSEEvent(t.replace("\r\n", "\n").replace("\r", "\n"), "message", str(i))
-        for i, t in enumerate(texts)
-    ]
-    assert decode(*chunks) == want
-
-
 # --- chunking never changes the result, and nothing escapes but typed errors -------------------
 
 SSE_PIECES = st.sampled_from(
@@ -486,16 +393,6 @@ SSE_PIECES = st.sampled_from(
 SSE_STREAMS = st.lists(SSE_PIECES, max_size=40).map(b"".join) | st.binary(max_size=200)
 
 
-def _split(data: bytes, cuts: list[int]) -> list[bytes]:
-    points = sorted({min(max(c, 0), len(data)) for c in cuts})
-    chunks, start = [], 0
-    for point in points:
-        chunks.append(data[start:point])
-        start = point
-    chunks.append(data[start:])
-    return chunks
-
-
 def _outcome(chunks: list[bytes]) -> tuple[list[SSEEvent], str, int | None, int]:
     decoder = SSEDecoder()
     events: list[SSEEvent] = []
@@ -511,7 +408,7 @@ def test_every_chunking_yields_the_same_events(stream: bytes, data: st.DataObjec
     whole = _outcome([stream])
     assert _outcome(bytewise(stream)) == whole
     cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=10))
-    assert _outcome(_split(stream, cuts)) == whole
+    assert _outcome(split_at(stream, cuts)) == whole
 
 
 @settings(max_examples=300, deadline=None)
@@ -522,7 +419,7 @@ def test_arbitrary_bytes_raise_only_typed_errors(
     cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=6))
     decoder = SSEDecoder(max_frame=cap)
     try:
-        for chunk in _split(stream, cuts):
+        for chunk in split_at(stream, cuts):
             for event in decoder.feed(chunk):
                 assert isinstance(event.data, str)
         decoder.close()
@@ -572,7 +469,7 @@ def test_what_arrives_before_an_oversized_frame_does_not_depend_on_the_chunking(
     whole = _until_too_large([stream], 100)
     assert whole == ([SSEEvent("a"), SSEEvent("b", "e")], True)
     assert _until_too_large(bytewise(stream), 100) == whole
-    assert _until_too_large(_split(stream, cuts), 100) == whole
+    assert _until_too_large(split_at(stream, cuts), 100) == whole
 
 
 @pytest.mark.parametrize("size", [100_000, 5 * 1024 * 1024])
@@ -708,7 +605,7 @@ def test_crlf_streams_read_alike_in_any_chunking(
     stream = b"".join(block + end for block, end in blocks)
     reference = _outcome(bytewise(stream))
     assert _outcome([stream]) == reference
-    chunks = _split(stream, data.draw(st.lists(st.integers(0, len(stream)), max_size=12)))
+    chunks = split_at(stream, data.draw(st.lists(st.integers(0, len(stream)), max_size=12)))
     assert _outcome(chunks) == reference
     # and each event comes out with the chunk that completes it, as byte by byte
     by_byte = [0, *_counts(bytewise(stream))]  # after 0, 1, 2, ... bytes
