@@ -1,4 +1,5 @@
-"""The terminal and JSON Lines sinks: batches fed by hand, and one real turn on loopback.
+"""The terminal sink: batches fed by hand (the JSON Lines sink and a real turn:
+`test_sinks_jsonl`).
 
 Terminal output is checked byte for byte; where cursor movement matters, the transcript is also
 played on a small VT100-style screen (`render`) to check what a person would see.
@@ -7,192 +8,33 @@ played on a small VT100-style screen (`render`) to check what a person would see
 from __future__ import annotations
 
 import io
-import json
-import re
-import unicodedata
-from typing import TYPE_CHECKING, Any
 
-import msgspec
 import pytest
 import trio
 import trio.testing
-from rillet import CallbackSink, Policy, Sink, SinkBatch, TurnRequest, run_turn, user
 from rillet._events import (
-    TextDelta,
-    ThinkingDelta,
     ToolCallDelta,
     ToolCallDone,
-    UniEvent,
-    UsageMetadata,
-    decode_uni_event,
     delta_event,
-    encode_json,
-    stop_event,
 )
-from rillet._markers import AttemptReset
 from rillet._policy import Outcome
-from rillet._runevents import RunDone, RunEvent, RunEventBuilder, RunStarted, decode_run_event
-from rillet.providers._base import Provider
-from rillet.providers._openai_chat import OpenAIChatDialect
-from rillet.transports.sinks import JSONLSink, TerminalSink
-from rillet.transports.testing import Reply, open_loopback_provider, openai_text_stream, split
+from rillet.transports.sinks import TerminalSink
 
-if TYPE_CHECKING:
-    from pathlib import Path
-
-    from rillet._turn import UniItem
-
-CLEAR_LINE = "\r\x1b[K"
-
-
-# --- helpers --------------------------------------------------------------------------------------
-
-
-class FakeTTY(io.StringIO):
-    """A StringIO that says it is a terminal (it has no descriptor: 80 by 24 is assumed)."""
-
-    def isatty(self) -> bool:
-        return True
-
-
-class Recording(io.StringIO):
-    """Counts writes and flushes, and keeps what had been written at each flush."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.writes = 0
-        self.flushed: list[str] = []
-
-    def write(self, s: str) -> int:
-        self.writes += 1
-        return super().write(s)
-
-    def flush(self) -> None:
-        self.flushed.append(self.getvalue())
-
-
-class BrokenAfter(io.StringIO):
-    """A stream whose reader goes away after `ok` writes."""
-
-    def __init__(self, ok: int) -> None:
-        super().__init__()
-        self.ok = ok
-        self.attempts = 0
-
-    def write(self, s: str) -> int:
-        self.attempts += 1
-        if self.attempts > self.ok:
-            raise BrokenPipeError(32, "Broken pipe")
-        return super().write(s)
-
-
-class BrokenBytes(io.BytesIO):
-    """A binary pipe whose reader is gone."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.attempts = 0
-
-    def write(self, b: Any) -> int:
-        self.attempts += 1
-        raise BrokenPipeError(32, "Broken pipe")
-
-
-class Clock:
-    """A settable clock for `RunEventBuilder` (seconds)."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def builder(*, reasoning: bool = False, clock: Clock | None = None) -> RunEventBuilder:
-    return RunEventBuilder("run-1", clock or Clock(), reasoning=reasoning)
-
-
-def shown(event: RunEvent | None) -> RunEvent:
-    assert event is not None
-    return event
-
-
-def text(b: RunEventBuilder, fragment: str) -> RunEvent:
-    return shown(b.uni(delta_event(TextDelta(text=fragment), 0)))
-
-
-def thinking(b: RunEventBuilder, fragment: str) -> RunEvent:
-    return shown(b.uni(delta_event(ThinkingDelta(thinking=fragment), 0)))
-
-
-def batch(*run: RunEvent, uni: tuple[UniItem, ...] = ()) -> SinkBatch:
-    return SinkBatch(list(run), list(uni))
-
-
-def completed(b: RunEventBuilder) -> SinkBatch:
-    return SinkBatch(b.finish(Outcome.COMPLETED, None, attempts=1), ())
-
-
-async def feed(sink: TerminalSink | JSONLSink, *batches: SinkBatch) -> None:
-    for one in batches:
-        await sink.deliver(one)
-    await sink.close()
-
-
-_ESCAPE = re.compile(r"\x1b\[(\d*)([A-Za-z])")
-
-
-def render(transcript: str, columns: int = 80) -> list[str]:
-    """The rows a VT100-style terminal of `columns` shows after `transcript` (`\\n` as CR LF,
-    wrap deferred at the last column; CUU, CUF, ED, EL and SGR understood), right-stripped,
-    trailing empty rows dropped."""
-    cells: dict[tuple[int, int], str] = {}
-    row = col = 0
-    pending = False  # at the last column with a wrap owed
-    i = 0
-    while i < len(transcript):
-        ch = transcript[i]
-        if ch == "\x1b":
-            match = _ESCAPE.match(transcript, i)
-            assert match is not None, f"unknown escape at {i}: {transcript[i : i + 8]!r}"
-            n, op = int(match.group(1) or 0), match.group(2)
-            if op == "A":
-                row, pending = max(0, row - (n or 1)), False
-            elif op == "C":
-                col, pending = min(columns - 1, col + (n or 1)), False
-            elif op in ("J", "K"):
-                for key in [k for k in cells if k[0] == row and k[1] >= col]:
-                    del cells[key]
-                if op == "J":
-                    for key in [k for k in cells if k[0] > row]:
-                        del cells[key]
-            else:
-                assert op == "m", f"unexpected escape {match.group(0)!r}"
-            i = match.end()
-            continue
-        i += 1
-        if ch == "\r":
-            col, pending = 0, False
-        elif ch == "\n":
-            row, col, pending = row + 1, 0, False
-        else:
-            wide = unicodedata.east_asian_width(ch) in ("W", "F")
-            if pending or col + (2 if wide else 1) > columns:
-                row, col, pending = row + 1, 0, False
-            cells[(row, col)] = ch
-            if wide:
-                cells[(row, col + 1)] = ""
-            col += 2 if wide else 1
-            if col >= columns:
-                col, pending = columns - 1, True
-    if not cells:
-        return []
-    last = max(r for r, _ in cells)
-    lines = []
-    for r in range(last + 1):
-        width = max((c for rr, c in cells if rr == r), default=-1) + 1
-        lines.append("".join(cells.get((r, c), " ") for c in range(width)).rstrip())
-    return lines
+from .sinks_support import (
+    CLEAR_LINE,
+    BrokenAfter,
+    Clock,
+    FakeTTY,
+    Recording,
+    batch,
+    builder,
+    completed,
+    feed,
+    render,
+    shown,
+    text,
+    thinking,
+)
 
 
 def test_render_wraps_late_and_erases() -> None:
@@ -550,165 +392,3 @@ async def test_a_broken_pipe_on_flush_is_caught_too() -> None:
     b = builder()
     await feed(sink, batch(b.started("p", "m"), text(b, "x")), completed(b))
     assert sink.broken_pipe
-
-
-# --- JSON Lines -----------------------------------------------------------------------------------
-
-
-def run_batches() -> list[SinkBatch]:
-    b = builder()
-    return [
-        batch(b.started("openai-chat", "gpt")),
-        batch(text(b, "Hel"), b.status("backing_off", 2, 0.1)),
-        batch(b.reset(2), text(b, "Hello")),
-        completed(b),
-    ]
-
-
-async def test_jsonl_run_writes_each_run_event_as_its_json_flushed_per_batch() -> None:
-    class CountingBytes(io.BytesIO):
-        flushes = 0
-
-        def flush(self) -> None:
-            self.flushes += 1
-
-    file = CountingBytes()
-    batches = run_batches()
-    sink = JSONLSink(file)
-    for one in batches:
-        await sink.deliver(one)
-    assert file.flushes == len(batches)
-    await sink.close()
-    assert not file.closed  # the caller's file stays open
-    events = [event for one in batches for event in one.run]
-    lines = file.getvalue().split(b"\n")
-    assert lines[-1] == b""
-    assert lines[:-1] == [msgspec.json.encode(event) for event in events]
-    assert [decode_run_event(line) for line in lines[:-1]] == events
-
-
-def uni_items() -> list[UniItem]:
-    return [
-        delta_event(TextDelta(text="Hel"), 1),
-        AttemptReset(2),
-        delta_event(TextDelta(text="Hello"), 2),
-        stop_event(UsageMetadata(prompt_tokens=3, response_tokens=1), "stop", 3),
-    ]
-
-
-async def test_jsonl_uni_writes_mmsp_json_and_resets() -> None:
-    file = io.BytesIO()
-    items = uni_items()
-    b = builder()
-    sink = JSONLSink(file, kind="uni")
-    await feed(
-        sink,
-        SinkBatch([b.started("p", "m")], items[:2]),
-        SinkBatch([], items[2:]),
-        completed(b),  # run events only: nothing written
-    )
-    lines = file.getvalue().decode().splitlines()
-    assert len(lines) == 4
-    assert json.loads(lines[1]) == {"type": "attempt.reset", "attempt": 2}
-    for line, item in zip(lines, items, strict=True):
-        if isinstance(item, UniEvent):
-            assert line.encode() == encode_json(item)
-            assert decode_uni_event(line) == item
-
-
-async def test_jsonl_appends_to_a_path_and_closes_what_it_opened(tmp_path: Path) -> None:
-    path = tmp_path / "run.jsonl"
-    path.write_text('{"earlier":true}\n')
-    batches = run_batches()
-    sink = JSONLSink(path)
-    await feed(sink, *batches)
-    lines = path.read_bytes().splitlines()
-    assert lines[0] == b'{"earlier":true}'
-    assert [decode_run_event(line) for line in lines[1:]] == [e for one in batches for e in one.run]
-    assert sink._file.closed
-
-
-async def test_jsonl_writes_text_to_a_text_file_and_leaves_it_open() -> None:
-    file = io.StringIO()
-    items = uni_items()
-    await feed(JSONLSink(file, kind="uni"), SinkBatch([], items))
-    assert not file.closed
-    expected = [
-        encode_json(i) if isinstance(i, UniEvent) else b'{"type":"attempt.reset","attempt":2}'
-        for i in items
-    ]
-    assert file.getvalue() == "".join(line.decode() + "\n" for line in expected)
-
-
-async def test_jsonl_a_broken_pipe_stops_the_writing_without_raising() -> None:
-    file = BrokenBytes()
-    sink = JSONLSink(file)
-    batches = run_batches()
-    await feed(sink, *batches)
-    assert sink.broken_pipe
-    assert file.attempts == 1
-
-
-def test_jsonl_rejects_an_unknown_kind() -> None:
-    with pytest.raises(ValueError, match="kind"):
-        JSONLSink(io.BytesIO(), kind="mmsp")  # type: ignore[arg-type]
-
-
-# --- a real turn ----------------------------------------------------------------------------------
-
-
-def loopback_provider(url: str) -> Provider:
-    return Provider(dialect=OpenAIChatDialect(), base_url=f"{url}/v1", model="gpt-4o-mini")
-
-
-async def test_a_real_turn_reaches_the_terminal_and_both_jsonl_files(tmp_path: Path) -> None:
-    stream = openai_text_stream(["Hello", ", world", "!"])
-    out, err = io.StringIO(), io.StringIO()
-    terminal = TerminalSink(out, err)
-    run_file = tmp_path / "run.jsonl"
-    uni_file = io.BytesIO()
-    seen_run: list[RunEvent] = []
-    seen_uni: list[UniItem] = []
-    watcher = CallbackSink(seen_run.append, seen_uni.append)
-    sinks: list[Sink] = [terminal, JSONLSink(run_file), JSONLSink(uni_file, kind="uni"), watcher]
-    with trio.fail_after(10):
-        async with open_loopback_provider([Reply(chunks=split(stream, 40))]) as p:
-            result = await run_turn(
-                TurnRequest(messages=[user("Hi")]), loopback_provider(p.url), sinks=sinks
-            )
-    assert result.ok
-    assert out.getvalue() == "Hello, world!\n"
-    assert err.getvalue() == ""
-    run_lines = run_file.read_bytes().splitlines()
-    assert [decode_run_event(line) for line in run_lines] == seen_run
-    assert isinstance(seen_run[0], RunStarted)
-    assert isinstance(seen_run[-1], RunDone)
-    assert seen_run[-1].status == "completed"
-    uni_lines = uni_file.getvalue().splitlines()
-    assert [decode_uni_event(line) for line in uni_lines] == seen_uni
-    assert seen_uni[-1].event_type == "stop"  # type: ignore[union-attr]
-
-
-async def test_a_real_retry_shows_the_marker_and_the_restarted_text(tmp_path: Path) -> None:
-    stream = openai_text_stream(["Hello", ", world!"])
-    cut = len(b"\n\n".join(stream.split(b"\n\n")[:2])) + 2  # the role frame and "Hello"
-    script = [Reply(chunks=(stream,), drop_after_bytes=cut), Reply(chunks=split(stream, 40))]
-    out, err = io.StringIO(), io.StringIO()
-    uni_file = tmp_path / "uni.jsonl"
-    policy = Policy(backoff_base=0.01, random=lambda: 0.0)
-    with trio.fail_after(10):
-        async with open_loopback_provider(script) as p:
-            result = await run_turn(
-                TurnRequest(messages=[user("Hi")]),
-                loopback_provider(p.url),
-                sinks=[TerminalSink(out, err), JSONLSink(uni_file, kind="uni")],
-                policy=policy,
-            )
-    assert result.ok
-    assert result.attempts == 2
-    assert out.getvalue() == "Hello\nHello, world!\n"
-    assert err.getvalue() == (
-        "retrying (attempt 2) in 10 ms: the connection broke off\n[attempt 2: output restarted]\n"
-    )
-    lines = [json.loads(line) for line in uni_file.read_bytes().splitlines()]
-    assert {"type": "attempt.reset", "attempt": 2} in lines
