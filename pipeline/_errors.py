@@ -14,7 +14,7 @@ RilletError
 ├── StreamError                MMSP's stream errors: the provider's stream breaks the grammar
 │   ├── StreamProtocolError        a fragment for no open item, a second stop, two fidelities...
 │   ├── IncompleteStreamError      the stream ended without its finish reason and/or usage
-│   ├── EmptyResponseError         a completed reply with nothing but thinking in it
+│   ├── EmptyResponseError         a completed reply with nothing but thinking (or nothing read)
 │   └── ToolCallArgumentParseError a closed tool call whose arguments are not a JSON object
 ├── TransportError             the connection failed: connect, read, reset (remote)
 ├── TurnTimeout                a deadline blew: initial-event, per-event, total, or the rescue's
@@ -317,7 +317,8 @@ class IncompleteStreamError(StreamError):
 
 
 class EmptyResponseError(StreamError):
-    """A completed reply carried nothing but thinking; replaying it would be refused.
+    """A completed reply carried nothing but thinking, or nothing at all that is read (items of
+    kinds no dialect reads, a hosted tool's output); replaying it would be refused.
 
     Attributes:
         finish_reason: the reply's finish reason.
@@ -325,6 +326,7 @@ class EmptyResponseError(StreamError):
         provider_reason: the provider's own spelling of why it stopped (`SAFETY`,
             `PROHIBITED_CONTENT`, `MALFORMED_FUNCTION_CALL`, `content_filter`), when it gave one:
             what tells a filtered or blocked reply from one of reasoning only.
+        thinking: whether the reply held thinking (else it held nothing read at all).
     """
 
     def __init__(
@@ -334,15 +336,14 @@ class EmptyResponseError(StreamError):
         usage_metadata: Any = None,
         *,
         provider_reason: str | None = None,
+        thinking: bool = True,
     ) -> None:
         self.finish_reason = finish_reason
         self.usage_metadata = usage_metadata
         self.provider_reason = provider_reason
-        super().__init__(
-            provider,
-            f"{provider} returned no content other than thinking "
-            f"(finish_reason={finish_reason!r}).",
-        )
+        self.thinking = thinking
+        what = "no content other than thinking" if thinking else "no content that is read"
+        super().__init__(provider, f"{provider} returned {what} (finish_reason={finish_reason!r}).")
 
 
 class ToolCallArgumentParseError(StreamError):

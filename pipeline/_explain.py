@@ -218,6 +218,11 @@ def _explain_one(
                 "the model spent the whole token limit on reasoning, with no answer — raise"
                 " --max-tokens (or lower --thinking)"
             )
+        if not error.thinking:  # items of kinds not read (a hosted tool's output), or nothing
+            return (
+                "the model's reply held no text and no tool call (nothing that is read) —"
+                " rephrase the request, or ask for the answer in text"
+            )
         return "the model finished without an answer (nothing but reasoning) — ask again"
     if isinstance(error, ToolCallArgumentParseError) and error.cut_short:
         # the same request stops there again: a reply cut at its token limit inside the call

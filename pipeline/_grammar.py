@@ -158,6 +158,7 @@ class Grammar:
         "_lanes",
         "_queue",
         "_started",
+        "_thinking_seen",
         "_usage",
         "folded",
         "message_id",
@@ -179,6 +180,7 @@ class Grammar:
         self.stopped = False  # the stop event has gone out (set here only)
         self._started = False
         self._content_seen = False
+        self._thinking_seen = False
         self.message_id = ""
         self.model = ""
 
@@ -476,6 +478,8 @@ class Grammar:
             )
         if kind not in _THINKING_KINDS:
             self._content_seen = True
+        else:
+            self._thinking_seen = True
         return UniEvent(event_type="delta", content_items=[item], created_at=self._clock())
 
     def _parse_arguments(self, lane: _Lane) -> dict[str, Any]:
@@ -498,7 +502,13 @@ class Grammar:
         usage = self._usage_metadata() or _NO_USAGE
         finish = self._mapped_finish() or "unknown"
         if not self._content_seen:
-            raise EmptyResponseError(self.provider, finish, usage, provider_reason=self._finish)
+            raise EmptyResponseError(
+                self.provider,
+                finish,
+                usage,
+                provider_reason=self._finish,
+                thinking=self._thinking_seen,
+            )
         self.stopped = True
         out.append(stop_event(usage, finish, self._clock()))
 

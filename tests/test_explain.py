@@ -25,6 +25,7 @@ from rillet import (
     TransportError,
     TurnRequest,
     TurnTimeout,
+    WireDecoder,
     run_turn,
     user,
 )
@@ -322,6 +323,35 @@ def test_reasoning_that_spent_the_whole_token_limit_says_to_raise_it(reason: str
     assert explain(error, PROVIDER) == (
         "the model spent the whole token limit on reasoning, with no answer — raise --max-tokens"
         " (or lower --thinking)"
+    )
+
+
+def _empty_reply(delta: dict[str, Any]) -> EmptyResponseError:
+    """The error of a whole Chat Completions reply whose one delta is `delta`."""
+    chunks = [
+        {"id": "c1", "model": "m", "choices": [{"index": 0, "delta": delta}]},
+        {"id": "c1", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    ]
+    data = b"".join(b"data: %s\n\n" % json.dumps(c).encode() for c in chunks)
+    decoder = WireDecoder(OpenAIChatDialect(), clock=lambda: 0)
+    with pytest.raises(EmptyResponseError) as caught:
+        decoder.feed(data + b"data: [DONE]\n\n")
+    return caught.value
+
+
+def test_a_reply_of_nothing_read_is_not_said_to_be_reasoning() -> None:
+    # a reply of items of kinds no dialect reads (a hosted tool's output) or of nothing at all
+    error = _empty_reply({"role": "assistant", "content": ""})
+    assert error.thinking is False
+    assert "other than thinking" not in str(error)
+    assert explain(error, PROVIDER) == (
+        "the model's reply held no text and no tool call (nothing that is read) — rephrase the"
+        " request, or ask for the answer in text"
+    )
+    thought = _empty_reply({"role": "assistant", "reasoning_content": "hmm"})
+    assert thought.thinking is True
+    assert explain(thought, PROVIDER) == (
+        "the model finished without an answer (nothing but reasoning) — ask again"
     )
 
 
