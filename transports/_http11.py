@@ -153,9 +153,12 @@ class ConnectionStream(trio.abc.Stream):
     async def receive_ahead(self) -> bool | None:
         """Read from the socket into the replay buffer (a pipelined request, while a response
         streams). True while bytes come; None at the peer's end of stream (which may be a
-        half-close: it still reads); False once the connection is reset or failed."""
+        half-close: it still reads); False once the connection is reset or failed, or the
+        client sent more than `_MAX_UNREAD` ahead. Such a client is cut off rather than no
+        longer read: a socket nobody reads never tells that its client left, and the reply
+        (a turn, a provider stream) would go on for nobody."""
         if len(self._unread) >= _MAX_UNREAD:
-            await trio.sleep_forever()
+            return False
         try:
             data = await self._stream.receive_some(_RECEIVE_SIZE)
         except _GONE:
