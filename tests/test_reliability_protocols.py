@@ -11,6 +11,7 @@ import os
 import sys
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 from rillet.transports.testing import Reply, open_loopback_provider, openai_text_stream
@@ -128,6 +129,33 @@ async def test_a_refusal_quotes_a_huge_value_cut_short(case: str) -> None:
     assert len(reply.content) < 1000
     assert "xxxx" in reply.json()["error"]["message"]  # the value is named, only shortened
     assert requests == 0
+
+
+# --- a request whose reading costs more than its size -------------------------------------------
+
+
+async def test_a_chat_completion_of_thousands_of_messages_is_refused_before_it_is_read() -> None:
+    """Each tool result joins the user message before it, so reading a run of them cost the
+    square of its length: 25,000 in one body of under 1 MiB held the server's one thread for
+    seconds, every connection waiting. Past 2,048 messages a request is refused unread."""
+    tool = {"role": "tool", "tool_call_id": "a"}
+
+    def body(tools: int) -> bytes:
+        return msgspec.json.encode(
+            {"messages": [{"role": "user", "content": "hi"}, *[tool] * tools]}
+        )
+
+    json_type = {"content-type": "application/json"}
+    with trio.fail_after(5):
+        async with serving() as served:
+            chat = "/v1/chat/completions"
+            refused = await served.client.post(chat, content=body(25_000), headers=json_type)
+            requests = len(served.loopback.requests)
+            answered = await served.client.post(chat, content=body(2_047), headers=json_type)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "messages"
+    assert requests == 0
+    assert answered.status_code == 200
 
 
 # --- a whole reply whose client left --------------------------------------------------------------

@@ -242,6 +242,11 @@ def completion(
     }
 
 
+_MAX_MESSAGES = 2048
+"""The most messages one request may hold. Each tool result joins the user message before it,
+so reading a run of them costs the square of its length (`chat_request`): 25,000 in a body under
+the size limit held the server's one thread for seconds. Far more than a conversation sends."""
+
 _INCOMPLETE = {
     "message": "the upstream attempt failed mid-stream; retry the request",
     "type": "server_error",
@@ -268,6 +273,14 @@ class OpenAIChat:
             )
         except ErrorReply as reply:
             raise _reply_error(reply, "invalid_request_error", None) from None
+        if len(body.messages) > _MAX_MESSAGES:  # refused before they are read: see there
+            raise ErrorReply(
+                400,
+                "invalid_request_error",
+                f"`messages` holds more than {_MAX_MESSAGES} messages",
+                param="messages",
+                code=None,
+            )
         try:
             turn_request = chat_request(body)
         except BadRequest as exc:
