@@ -2,8 +2,8 @@
 
 Four fast paths take a whole read at once: an Ollama read of whole NDJSON lines that are all
 more text (`OllamaDialect`'s `feed_block`, one msgspec call for the block), a Chat Completions read
-whose chunks are all more text or all more of one call's arguments (`text_run`,
-`arguments_run`: no check per chunk) and a Gemini read whose chunks
+whose chunks are all more text, all more reasoning or all more of one call's arguments
+(`text_run`, `reasoning_run`, `arguments_run`: no check per chunk) and a Gemini read whose chunks
 are all more of the open text or thinking lane (`_fragments`). Each is typed so that only what
 the frame-by-frame path would read as more text passes; anything else falls back to that path.
 Here a stream of text has one odd frame put among its text frames, at several places, and is
@@ -326,6 +326,69 @@ def test_chat_argument_reads_take_the_fast_path(monkeypatch: pytest.MonkeyPatch)
     assert decoder.grammar.stopped
 
 
+def _thought(field: bytes, words: bytes, more: bytes = b"") -> bytes:
+    return _call(b'{"' + field + b'":"' + words + b'"' + more + b"}")
+
+
+_REASONING_ODD = {
+    "text": _call(b'{"content":"now the answer"}'),
+    "empty content beside": _thought(b"reasoning_content", b"x", b',"content":""'),
+    "null content beside": _thought(b"reasoning_content", b"x", b',"content":null'),
+    "text beside": _thought(b"reasoning_content", b"x", b',"content":"y"'),
+    "both fields": _thought(b"reasoning_content", b"x", b',"reasoning":"x"'),
+    "the other field": _thought(b"reasoning", b"x"),
+    "an empty fragment": _thought(b"reasoning_content", b""),
+    "details": _call(b'{"reasoning_details":[{"type":"reasoning.text","text":"d"}]}'),
+    "a tool call": _CALL_START,
+    "a refusal": _call(b'{"refusal":"no"}'),
+    "an error object": _chunk(b'"object":"error","choices":[{"delta":{"reasoning_content":"x"}}]'),
+    "a finish": _thought(b"reasoning_content", b"x").replace(
+        b'"finish_reason":null', b'"finish_reason":"length"'
+    ),
+    "usage": _thought(b"reasoning_content", b"x").replace(
+        b"null}]", b'null}],"usage":{"prompt_tokens":2}'
+    ),
+    "[DONE] early": b"data: [DONE]",
+}
+
+
+@pytest.mark.parametrize("odd", sorted(_REASONING_ODD))
+@pytest.mark.parametrize("field", [b"reasoning_content", b"reasoning"])
+def test_chat_reasoning_reads_read_what_chunks_read(odd: str, field: bytes) -> None:
+    thoughts = [_thought(field, b"t%d " % i) for i in range(40)]
+    for at in (1, 2, 20, 39):
+        frames = [_CHAT_START, *thoughts[:at], _REASONING_ODD[odd], *thoughts[at:]]
+        frames += [_CHAT_TEXT[0], *_CHAT_END]
+        _check("openai-chat", b"\n\n".join(frames) + b"\n\n")
+
+
+def test_chat_reasoning_reads_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path is taken (the test above would also pass if it never were)."""
+    from rillet.providers._openai_chat_wire import reasoning_run as real
+
+    taken = 0
+
+    def counted(frames: list[Any], content_field: bool) -> list[str] | None:
+        nonlocal taken
+        run = real(frames, content_field)
+        taken += run is not None
+        return run
+
+    monkeypatch.setattr("rillet.providers._openai_chat_stream.reasoning_run", counted)
+    for field in (b"reasoning_content", b"reasoning"):
+        taken = 0
+        thoughts = [_thought(field, b"t%d " % i) for i in range(40)]
+        frames = [_CHAT_START, *thoughts, _CHAT_TEXT[0], *_CHAT_END]
+        data = b"\n\n".join(frames) + b"\n\n"
+        decoder = WireDecoder(dialect_from_name("openai-chat"), clock=lambda: 0)
+        out: list[Any] = []
+        for at in range(0, len(data), 400):
+            decoder.feed(data[at : at + 400], out)
+        decoder.close(out)
+        assert taken >= 40 * len(thoughts[0]) // 400 - 3, field
+        assert decoder.grammar.stopped
+
+
 # --- Gemini: reads of nothing but more of the open lane ------------------------------------------
 
 
@@ -399,6 +462,12 @@ def test_the_text_only_shapes_name_every_field_the_chunk_shapes_have() -> None:
         (chat._MoreArguments, chat._Delta),
         (chat._ArgumentsChoice, chat._Choice),
         (chat._ArgumentsChunk, chat._Frame),
+        (chat._MoreReasoningContent, chat._Delta),
+        (chat._MoreReasoning, chat._Delta),
+        (chat._ReasoningContentChoice, chat._Choice),
+        (chat._ReasoningChoice, chat._Choice),
+        (chat._ReasoningContentChunk, chat._Frame),
+        (chat._ReasoningChunk, chat._Frame),
         (gemini._MorePart, gemini._Part),
         (gemini._MoreThought, gemini._Part),
         (gemini._MoreContent, gemini._Content),

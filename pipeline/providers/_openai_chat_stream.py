@@ -87,6 +87,7 @@ from ._openai_chat_wire import (
     _usage,
     arguments_run,
     arguments_text,
+    reasoning_run,
     sniff_audio,
     text_run,
 )
@@ -195,9 +196,9 @@ class ChatStreamDecoder:
         # arguments of the call in lane `run_lane`
         run: list[str] | None = None
         run_lane = -1
-        if streaming and field in (_CONTENT, _TOOLS):
-            # the commonest reads of all, nothing but more text or more of one call's
-            # arguments: no check per chunk (`text_run`, `arguments_run`)
+        if streaming and field in (_CONTENT, _TOOLS, _RC, _R):
+            # the commonest reads of all, nothing but more text, reasoning or one call's
+            # arguments: no check per chunk (`text_run`, `reasoning_run`, `arguments_run`)
             key = self._last_key
             current = tools.get(key) if field == _TOOLS and key is not None else None
             if self._pause:
@@ -205,6 +206,11 @@ class ChatStreamDecoder:
             elif field == _CONTENT:
                 if (run := text_run(frames)) is not None:
                     out.append(PartRun(lane, "text", run))
+                    return
+                self._pause = _PAUSE
+            elif field != _TOOLS:
+                if (run := reasoning_run(frames, field == _RC)) is not None:
+                    out.append(PartRun(lane, "thinking", run))
                     return
                 self._pause = _PAUSE
             elif current is not None and key is not None:

@@ -257,6 +257,59 @@ def arguments_run(frames: list[Any], key: int, call_id: str) -> list[str] | None
     return run
 
 
+class _MoreReasoningContent(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    content: Literal[""] | None = None
+    reasoning_content: Annotated[str, msgspec.Meta(min_length=1)]
+    reasoning: str | None = None  # (beside `reasoning_content`, the same words: not read)
+    reasoning_details: None = None
+    tool_calls: None = None
+    audio: None = None
+    refusal: None = None
+
+
+class _MoreReasoning(_MoreReasoningContent, frozen=True, gc=False, kw_only=True):
+    reasoning_content: Literal[""] | None = None  # type: ignore[assignment]
+    reasoning: Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class _ReasoningContentChoice(_TextChoice, frozen=True, gc=False, kw_only=True):
+    delta: _MoreReasoningContent  # type: ignore[assignment]
+
+
+class _ReasoningChoice(_TextChoice, frozen=True, gc=False, kw_only=True):
+    delta: _MoreReasoning  # type: ignore[assignment]
+
+
+class _ReasoningContentChunk(_TextChunk, frozen=True, gc=False, kw_only=True):
+    choices: Annotated[list[_ReasoningContentChoice], msgspec.Meta(min_length=1)]  # type: ignore[assignment]
+
+
+class _ReasoningChunk(_TextChunk, frozen=True, gc=False, kw_only=True):
+    choices: Annotated[list[_ReasoningChoice], msgspec.Meta(min_length=1)]  # type: ignore[assignment]
+
+
+_decode_reasoning_content = msgspec.json.Decoder(_ReasoningContentChunk)
+_decode_reasoning = msgspec.json.Decoder(_ReasoningChunk)
+
+
+def reasoning_run(frames: list[Any], content_field: bool) -> list[str] | None:
+    """The reasoning of a read's chunks when every one is only more of it, in the field its
+    group streams in (`reasoning_content` if `content_field`, else `reasoning`); None
+    otherwise."""
+    decode = (_decode_reasoning_content if content_field else _decode_reasoning).decode
+    run = []
+    try:
+        for frame in frames:
+            chunk = decode(frame)
+            if chunk.object == "error":
+                return None
+            delta = chunk.choices[0].delta
+            run.append(delta.reasoning_content if content_field else delta.reasoning)
+    except (msgspec.MsgspecError, TypeError):  # (TypeError: a named event's tuple)
+        return None
+    return run  # type: ignore[return-value]
+
+
 def text_run(frames: list[Any]) -> list[str] | None:
     """The text of a read's chunks when every one is only more text (`_TextChunk`); None
     otherwise (a chunk of another kind, `[DONE]`, a named event)."""
