@@ -64,7 +64,6 @@ from rillet._lanes import (
 )
 
 from ._base import ToolIds, sse_event, sse_text, strict_decode
-from ._error_body import body_text, error_from_body
 from ._openai_chat_wire import (
     _DETAIL_TYPES,
     NAME,
@@ -87,6 +86,7 @@ from ._openai_chat_wire import (
     _usage,
     arguments_run,
     arguments_text,
+    event_error,
     reasoning_run,
     sniff_audio,
     text_run,
@@ -163,7 +163,7 @@ class ChatStreamDecoder:
             return [MessageStop()]
         if name == "error":
             self._done = True
-            return [ProviderErrorEvent(_event_error(data))]
+            return [ProviderErrorEvent(event_error(data))]
         out: list[LaneEvent] = []
         chunk: _Frame
         if self._started:
@@ -567,19 +567,6 @@ class ChatStreamDecoder:
                     finish_reason=reason, usage=_usage(usage) if usage is not None else None
                 )
             )
-
-
-def _event_error(data: str | bytes) -> ProviderError:
-    """The error an `event: error` frame carries: its data's error shape when it is a JSON
-    object (`{"error": {...}}`, `{"code": 400, "details": "..."}`), else its words."""
-    text = sse_text(data)
-    try:
-        body = msgspec.json.decode(text)
-    except (msgspec.DecodeError, RecursionError):
-        body = None
-    if not isinstance(body, dict):
-        body = {"error": body_text(text)}
-    return error_from_body(NAME, None, body, in_stream=True)
 
 
 def decode_completion(body: bytes) -> list[LaneEvent]:

@@ -8,14 +8,14 @@ import binascii
 from typing import Annotated, Any, Literal
 
 import msgspec
-from rillet._errors import MalformedFrameError
+from rillet._errors import MalformedFrameError, ProviderError
 from rillet._lanes import (
     ProviderErrorEvent,
     RawUsage,
 )
 
-from ._base import answer_tokens
-from ._error_body import base_resp_error, error_from_body
+from ._base import answer_tokens, sse_text
+from ._error_body import base_resp_error, body_text, error_from_body
 
 __all__ = ["NAME", "STREAM_AUDIO_MIME", "sniff_audio"]
 
@@ -413,3 +413,16 @@ def _first_choice(choices: list[_Choice] | None) -> _Choice | None:
     if first.index is None or first.index == 0:
         return first
     return next((c for c in choices if c.index == 0), None)
+
+
+def event_error(data: str | bytes) -> ProviderError:
+    """The error an `event: error` frame carries: its data's error shape when it is a JSON
+    object (`{"error": {...}}`, `{"code": 400, "details": "..."}`), else its words."""
+    text = sse_text(data)
+    try:
+        body = msgspec.json.decode(text)
+    except (msgspec.DecodeError, RecursionError):
+        body = None
+    if not isinstance(body, dict):
+        body = {"error": body_text(text)}
+    return error_from_body(NAME, None, body, in_stream=True)
