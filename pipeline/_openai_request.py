@@ -205,14 +205,17 @@ def chat_request(body: ChatBody) -> TurnRequest:
         raise BadRequest("only n=1 is supported", "n")
     system: list[str] = []
     messages: list[UniMessage] = []
+    # the items of the last message while it holds tool results only: what the next joins (one
+    # list grown in place, so a run of results costs its length, not its square)
+    results: list[ContentItem] | None = None
     for i, message in enumerate(body.messages):
         param = f"messages[{i}]"
         if message.role in ("system", "developer"):
             system.append(_text_of(message.content, param))
         elif message.role == "user":
-            messages.append(
-                UniMessage(role="user", content_items=_user_items(message.content, param))
-            )
+            said = _user_items(message.content, param)
+            messages.append(UniMessage(role="user", content_items=said))
+            results = said if all(type(item) is ToolResultDone for item in said) else None
         elif message.role == "assistant":
             items: list[ContentItem] = []
             text = _text_of(message.content, param)
@@ -228,21 +231,18 @@ def chat_request(body: ChatBody) -> TurnRequest:
                 messages.append(
                     UniMessage(role="assistant", content_items=items, finish_reason=finish)
                 )
+                results = None
         elif message.role == "tool":
             if not message.tool_call_id:
                 raise BadRequest("a tool message needs its tool_call_id", param)
             result = ToolResultDone(
                 text=_text_of(message.content, param), tool_call_id=message.tool_call_id
             )
-            last = messages[-1] if messages else None
-            if (
-                last is not None
-                and last.role == "user"
-                and all(type(item) is ToolResultDone for item in last.content_items)
-            ):
-                messages[-1] = UniMessage(role="user", content_items=[*last.content_items, result])
+            if results is not None:
+                results.append(result)
             else:
-                messages.append(UniMessage(role="user", content_items=[result]))
+                results = [result]
+                messages.append(UniMessage(role="user", content_items=results))
         else:
             raise BadRequest(f"unknown role {shown(message.role)}", f"{param}.role")
     if not messages:

@@ -77,6 +77,33 @@ def test_consecutive_tool_messages_are_one_user_message_of_results() -> None:
     ]
 
 
+def test_runs_of_tool_results_join_only_what_came_right_before() -> None:
+    def tool(call: str) -> dict[str, Any]:
+        return {"role": "tool", "tool_call_id": call, "content": call}
+
+    request = _chat(
+        messages=[
+            {"role": "user", "content": "go"},
+            tool("a"),  # after words of the user's: a message of its own
+            tool("b"),
+            {"role": "system", "content": "note"},  # no message: the run goes on
+            tool("c"),
+            {"role": "assistant", "content": "ok"},
+            tool("d"),
+            {"role": "user", "content": []},  # a user message of nothing: results join it
+            tool("e"),
+            tool("f"),
+        ]
+    )
+    kinds = [
+        [item.tool_call_id if type(item) is ToolResultDone else "said" for item in m.content_items]
+        for m in request.messages
+    ]
+    assert kinds == [["said"], ["a", "b", "c"], ["said"], ["d"], ["e", "f"]]
+    many = _chat(messages=[{"role": "user", "content": "go"}, *[tool("x")] * 2000])
+    assert [len(m.content_items) for m in many.messages] == [1, 2000]
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
