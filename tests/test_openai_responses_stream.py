@@ -503,6 +503,25 @@ def test_a_text_done_whose_item_and_deltas_never_came_is_that_text() -> None:
     assert [e["text"] for e in decode(alone) if e["type"] == "text.done"] == ["Hello there."]
 
 
+def test_the_parts_of_a_message_each_in_a_done_alone_are_its_text() -> None:
+    # a message of two text parts, each sent only as its `output_text.done`
+    def part(index: int, text: str) -> dict[str, Any]:
+        return {
+            "type": "response.output_text.done",
+            "output_index": 0,
+            "content_index": index,
+            "text": text,
+        }
+
+    data = sse(part(0, "Hello"), part(1, " there."), part(1, " there."), completed([]))
+    entries = decode(data)
+    assert [e["type"] for e in entries] == ["text.delta", "text.delta", "text.done", "stop"]
+    assert entries[2]["text"] == "Hello there."  # each part once, joined as an item's are
+    # the message's done item ends it, its text not read again
+    ended = sse(part(0, "Hello"), part(1, " there."), done(0, message("Hello there.")), completed())
+    assert [e["text"] for e in decode(ended) if e["type"] == "text.done"] == ["Hello there."]
+
+
 def test_a_text_done_of_no_use_is_skipped_whatever_it_holds() -> None:
     odd = {"type": "response.output_text.done", "output_index": "0", "text": {"x": 1}}
     data = sse(added(0, message()), text_delta(0, "Hi"), odd, done(0, message("Hi")), completed())

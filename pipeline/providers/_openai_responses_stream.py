@@ -127,6 +127,7 @@ class _TextDone(msgspec.Struct, frozen=True, gc=False, tag="response.output_text
     the stream has no need of never fails it."""
 
     output_index: Any = None
+    content_index: Any = None
     text: Any = None
 
 
@@ -344,6 +345,7 @@ class _StreamDecoder:
         "_done",
         "_items_seen",
         "_kinds",
+        "_lone",
         "_refused",
         "_streamed",
         "_tool_seen",
@@ -353,6 +355,8 @@ class _StreamDecoder:
     def __init__(self) -> None:
         self._kinds: dict[int, LaneKind] = {}  # open output_index -> its lane's kind
         self._streamed: set[int] = set()  # output indexes a delta came for
+        # output index -> the parts (content indexes) whose text came in a done alone
+        self._lone: dict[int, set[Any]] = {}
         self._tool_seen = False
         self._refused = False  # a refusal came: the model declined
         self._items_seen = False  # an item or a delta came: the output was streamed
@@ -415,10 +419,17 @@ class _StreamDecoder:
             index, text = event.output_index, event.text
             if type(index) is not int or type(text) is not str or not text:
                 return []  # of no use, whatever it holds
+            parts = self._lone.get(index)
+            if parts is not None:  # another part of a message whose parts come so
+                if event.content_index in parts:
+                    return []  # that part again (or parts that say not which they are)
+                parts.add(event.content_index)
+                return [PartDelta(index, "text", text)]  # parts joined as an item's are
             if index in self._kinds or index in self._streamed:
                 return []  # its deltas carried it, or its item's end will
             # a text whose item and deltas never came (a gateway that sends the done alone)
             self._streamed.add(index)
+            self._lone[index] = {event.content_index}
             return [*self._unopened(index, "text"), PartDelta(index, "text", text)]
         if kind is _Created:
             return [MessageStart(event.response.id, event.response.model)]
@@ -523,6 +534,7 @@ class _StreamDecoder:
         if item is None:
             return out  # a hosted tool's item...: nothing we stream
         lane = self._kinds.pop(index, None)
+        self._lone.pop(index, None)
         if lane is None:  # a done item whose added event never came: the whole item now
             lane = _open_item(index, item, out)
             if lane is None:
