@@ -243,9 +243,9 @@ def completion(
 
 
 _MAX_MESSAGES = 2048
-"""The most messages one request may hold. Each tool result joins the user message before it,
-so reading a run of them costs the square of its length (`chat_request`): 25,000 in a body under
-the size limit held the server's one thread for seconds. Far more than a conversation sends."""
+"""The most messages one request may hold, as OpenAI's API allows: more is no conversation one
+turn should carry, and a body under the size limit could hold tens of thousands of them, each
+read, kept and sent upstream (reading a run of tool results once cost its square)."""
 
 _INCOMPLETE = {
     "message": "the upstream attempt failed mid-stream; retry the request",
