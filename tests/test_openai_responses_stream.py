@@ -306,19 +306,58 @@ def test_a_delta_without_its_output_index_is_malformed() -> None:
     assert decode(data) == [{"type": "error", "error": "MalformedFrameError"}]
 
 
-def test_an_arguments_delta_for_no_open_item_breaks_the_protocol() -> None:
-    # a call's lane needs the name and id its item gives; a text delta opens its own lane
-    stray = {
+def _arguments(index: int, delta: str) -> dict[str, Any]:
+    return {
         "type": "response.function_call_arguments.delta",
         "item_id": "fc_1",
-        "output_index": 3,
-        "delta": "{}",
+        "output_index": index,
+        "delta": delta,
     }
-    assert decode(sse(stray)) == [{"type": "error", "error": "StreamProtocolError"}]
+
+
+LOOKUP = {
+    "id": "fc_1",
+    "type": "function_call",
+    "call_id": "call_1",
+    "name": "lookup",
+    "arguments": '{"q": "x"}',
+    "status": "completed",
+}
+
+
+def test_an_arguments_delta_nothing_ever_names_breaks_the_protocol() -> None:
+    # a call's lane needs the name and id its item gives; a text delta opens its own lane
+    assert decode(sse(_arguments(3, "{}"), completed())) == [
+        {"type": "error", "error": "StreamProtocolError"}
+    ]
+    assert decode(sse(_arguments(3, "{}")))[-1] == {
+        "type": "error",
+        "error": "IncompleteStreamError",  # no terminal event came
+    }
     assert decode(sse(text_delta(3, "stray"))) == [
         {"type": "text.delta", "text": "stray"},
         {"type": "error", "error": "IncompleteStreamError"},  # and no terminal event came
     ]
+
+
+@pytest.mark.parametrize("named", ["by its done item", "by the final output"])
+def test_arguments_whose_item_never_began_are_the_call_their_item_names(named: str) -> None:
+    # a gateway that sends the arguments' deltas with no `output_item.added` before them
+    deltas = [_arguments(0, '{"q"'), _arguments(0, ': "x"}')]
+    if named == "by its done item":
+        data = sse(*deltas, done(0, LOOKUP), completed([LOOKUP]))
+    else:
+        data = sse(*deltas, completed([LOOKUP]))
+    entries = decode(data)
+    calls = [e for e in entries if e["type"] == "tool_call.done"]
+    assert [(c["name"], c["tool_call_id"], c["arguments"]) for c in calls] == [
+        ("lookup", "call_1", {"q": "x"})
+    ]
+    assert entries[-1]["type"] == "stop"
+    assert entries[-1]["finish_reason"] == "tool_call"
+    # the same unnamed (each frame through the slow path) reads the same
+    unnamed = b"".join(line + b"\n" for line in data.split(b"\n") if not line.startswith(b"event:"))
+    assert decode(unnamed) == entries
 
 
 def test_error_event_with_a_nested_error_object() -> None:

@@ -60,17 +60,8 @@ if TYPE_CHECKING:
 
     from ._base import StreamDecoder
 
-from ._openai_responses_stream import (
-    NAME,
-    _close_item,
-    _decode_response,
-    _finish,
-    _item,
-    _open_item,
-    _refuses,
-    _Response,
-    _StreamDecoder,
-)
+from ._openai_responses_items import NAME, _close_item, _item, _open_item, _refuses
+from ._openai_responses_stream import _decode_response, _finish, _Response, _StreamDecoder
 
 __all__ = ["OpenAIResponsesDialect"]
 

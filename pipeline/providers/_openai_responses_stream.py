@@ -17,7 +17,7 @@ from rillet._lanes import (
     PartDelta,
     PartRun,
     PartStart,
-    PartStop,
+    Ping,
     ProviderErrorEvent,
     RawUsage,
 )
@@ -29,6 +29,15 @@ from ._base import (
     strict_decode,
 )
 from ._error_body import error_from_body
+from ._openai_responses_items import (
+    NAME,
+    _close_item,
+    _decode_type,
+    _is_call,
+    _item,
+    _open_item,
+    _refuses,
+)
 
 if TYPE_CHECKING:
     from rillet._sse import SSEEvent
@@ -36,41 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = ["NAME"]
 
-NAME = "openai-responses"
-
 # --- wire shapes ----------------------------------------------------------------------------------
-
-
-class _Text(msgspec.Struct, frozen=True, gc=False):
-    """A content or summary part: its `text`, or a `refusal` part's words."""
-
-    type: str = ""
-    text: str = ""
-    refusal: str = ""
-
-
-class _Type(msgspec.Struct, frozen=True, gc=False):
-    """Only the `type` of an event or output item: what decides whether the rest is read."""
-
-    type: str = ""
-
-
-class _Item(msgspec.Struct, frozen=True):
-    """A `message`, `reasoning` or `function_call` output item. Items of other types (hosted
-    tools: `web_search_call`, `tool_search_call`...) are never decoded as this: their fields
-    may hold anything (`"arguments": {}`)."""
-
-    type: str = ""
-    id: str = ""
-    phase: str | None = None
-    content: list[_Text] | None = None
-    summary: list[_Text] | None = None
-    encrypted_content: str | None = None
-    signature: str | None = None
-    format: str | None = None
-    call_id: str = ""
-    name: str = ""
-    arguments: str | None = None
 
 
 class _InputDetails(msgspec.Struct, frozen=True, gc=False):
@@ -194,8 +169,6 @@ _decode_event: msgspec.json.Decoder[Any] = msgspec.json.Decoder(
     functools.reduce(operator.or_, _HANDLED)
 )
 _decode_response = msgspec.json.Decoder(_Response)
-_decode_item = msgspec.json.Decoder(_Item)
-_decode_type = msgspec.json.Decoder(_Type)
 # The event types we read; every other one (documented events that carry nothing we stream,
 # hosted-tool progress, types added later) is skipped by its name, without decoding its data.
 _HANDLED_TYPES = frozenset(str(t.__struct_config__.tag) for t in _HANDLED)
@@ -211,12 +184,6 @@ _DELTA_KINDS: dict[type[msgspec.Struct], LaneKind] = {
     _SummaryDelta: "thinking",
     _ReasoningDelta: "thinking",
     _ArgumentsDelta: "tool_call",
-}
-
-_ITEM_KINDS: dict[str, LaneKind] = {
-    "message": "text",
-    "reasoning": "thinking",
-    "function_call": "tool_call",
 }
 
 
@@ -235,88 +202,10 @@ def _usage(u: _Usage) -> RawUsage:
     )
 
 
-def _item(raw: msgspec.Raw) -> _Item | None:
-    """An output item of a type we stream, decoded; None (undecoded) for any other type."""
-    head: _Type = strict_decode(_decode_type, raw, NAME)
-    if head.type not in _ITEM_KINDS:
-        return None
-    item: _Item = strict_decode(_decode_item, raw, NAME)
-    return item
-
-
-def _open_item(index: int, item: _Item, out: list[LaneEvent]) -> LaneKind | None:
-    """Open the lane of an output item (a tool call with its header fragment); None for items
-    we do not stream."""
-    kind = _ITEM_KINDS.get(item.type)
-    if kind is None:
-        return None
-    if kind == "tool_call":
-        out.append(PartStart(index=index, kind=kind, name=item.name, call_id=item.call_id))
-        out.append(PartDelta(index, kind, ""))
-    else:
-        out.append(PartStart(index=index, kind=kind))
-        if kind == "text" and item.phase:
-            out.append(PartDelta(index, kind, "", {"phase": item.phase}))
-    return kind
-
-
-def _reasoning_fidelity(item: _Item) -> dict[str, Any] | None:
-    fidelity: dict[str, Any] = {}
-    if item.summary:
-        fidelity["channel"] = "summary"
-    if item.encrypted_content:
-        fidelity["encrypted_content"] = item.encrypted_content
-    if item.signature:
-        fidelity["signature"] = item.signature
-    if item.format:
-        fidelity["format"] = item.format
-    return fidelity or None
-
-
-def _close_item(
-    index: int, kind: LaneKind, item: _Item, *, streamed: bool, out: list[LaneEvent]
-) -> None:
-    """Close an item's lane at its done event: its whole value first when no delta carried it,
-    and a reasoning item's fidelity."""
-    if not streamed:
-        if kind == "text":
-            text = "".join(p.refusal if p.type == "refusal" else p.text for p in _said(item))
-            if text:
-                out.append(PartDelta(index, kind, text))
-        elif kind == "tool_call":
-            if item.arguments:
-                out.append(PartDelta(index, kind, item.arguments))
-        else:
-            parts = item.summary or [p for p in item.content or () if p.type == "reasoning_text"]
-            text = "".join(p.text for p in parts)  # parts joined as they are, as when streamed
-            if text:
-                out.append(PartDelta(index, kind, text))
-    if kind == "thinking":
-        fidelity = _reasoning_fidelity(item)
-        if fidelity is not None:
-            out.append(PartDelta(index, kind, "", fidelity))
-    out.append(PartStop(index, kind))
-
-
-def _said(item: _Item) -> list[_Text]:
-    """A message item's parts that say something: its output text and its refusals."""
-    return [p for p in item.content or () if p.type == "output_text" or p.type == "refusal"]
-
-
-def _refuses(item: _Item) -> bool:
-    """Whether a message item holds a refusal part (the model declined)."""
-    return item.type == "message" and any(p.type == "refusal" for p in item.content or ())
-
-
 def _error_event(error: Any, in_stream: bool = True) -> ProviderErrorEvent:
     return ProviderErrorEvent(
         error_from_body(NAME, None, {"error": error or {}}, in_stream=in_stream)
     )
-
-
-def _is_call(raw: msgspec.Raw) -> bool:
-    head: _Type = strict_decode(_decode_type, raw, NAME)
-    return head.type == "function_call"
 
 
 def _finish(
@@ -346,6 +235,7 @@ class _StreamDecoder:
         "_items_seen",
         "_kinds",
         "_lone",
+        "_orphans",
         "_refused",
         "_streamed",
         "_tool_seen",
@@ -357,6 +247,9 @@ class _StreamDecoder:
         self._streamed: set[int] = set()  # output indexes a delta came for
         # output index -> the parts (content indexes) whose text came in a done alone
         self._lone: dict[int, set[Any]] = {}
+        # output index -> the arguments of a call whose item never said it began: its name
+        # comes with its item (`output_item.done`, or the final output)
+        self._orphans: dict[int, list[str]] = {}
         self._tool_seen = False
         self._refused = False  # a refusal came: the model declined
         self._items_seen = False  # an item or a delta came: the output was streamed
@@ -389,6 +282,8 @@ class _StreamDecoder:
                 PartDelta(event.output_index, "text", event.delta),
             ]
         if kind is _ArgumentsDelta:
+            if event.output_index not in self._kinds:
+                return self._orphan(event.output_index, event.delta)
             self._streamed.add(event.output_index)
             return [PartDelta(event.output_index, "tool_call", event.delta)]
         if kind is _RefusalDelta:  # the words of a model that declines are the answer's text
@@ -437,7 +332,10 @@ class _StreamDecoder:
         if kind is _Completed or kind is _Incomplete:
             # a stream of nothing but its ends (a server or proxy that does not stream the
             # output) still holds the reply: the final Response's items, each whole
-            whole = [] if self._items_seen or self._streamed else self._whole(event.response)
+            if self._items_seen or self._streamed:
+                whole = self._claimed(event.response)
+            else:
+                whole = self._whole(event.response)
             status = "completed" if kind is _Completed else "incomplete"
             return whole + _finish(event.response, status, self._tool_seen, self._refused)
         if kind is _Failed:
@@ -485,6 +383,11 @@ class _StreamDecoder:
                     if lane is not None:
                         index = event.output_index
                         if index != last:
+                            if lane == "tool_call" and index not in self._kinds:
+                                run = None  # a call whose item never began (`_orphan`)
+                                out += self._orphan(index, event.delta)
+                                last = -1
+                                continue
                             streamed.add(index)
                             last = index
                             run = None
@@ -535,6 +438,7 @@ class _StreamDecoder:
             return out  # a hosted tool's item...: nothing we stream
         lane = self._kinds.pop(index, None)
         self._lone.pop(index, None)
+        self._orphans.pop(index, None)  # its item holds its arguments whole
         if lane is None:  # a done item whose added event never came: the whole item now
             lane = _open_item(index, item, out)
             if lane is None:
@@ -546,8 +450,34 @@ class _StreamDecoder:
         _close_item(index, lane, item, streamed=streamed, out=out)
         return out
 
+    def _orphan(self, index: int, delta: str) -> list[LaneEvent]:
+        """Arguments for a call whose item never said it began (a gateway that skips
+        `output_item.added`): kept until its item, which names the call, comes; a sign of life
+        meanwhile."""
+        self._orphans.setdefault(index, []).append(delta)
+        return [Ping()]
+
+    def _claimed(self, response: _Response) -> list[LaneEvent]:
+        """At the end, the calls whose arguments came without their item: each whole from the
+        final output, where it is; else its arguments alone, which the grammar refuses (a call
+        with no name)."""
+        out: list[LaneEvent] = []
+        for index, arguments in sorted(self._orphans.items()):
+            raw = response.output[index] if 0 <= index < len(response.output) else None
+            item = None if raw is None else _item(raw)
+            if item is not None and item.type == "function_call":
+                lane = _open_item(index, item, out)
+                if lane is not None:
+                    self._tool_seen = True
+                    _close_item(index, lane, item, streamed=False, out=out)
+                    continue
+            out.append(PartDelta(index, "tool_call", "".join(arguments)))
+        self._orphans.clear()
+        return out
+
     def _whole(self, response: _Response) -> list[LaneEvent]:
-        """A final Response's output items, each opened and closed whole."""
+        """A final Response's output items, each opened and closed whole (the calls whose
+        arguments came without their item among them, if they are)."""
         out: list[LaneEvent] = []
         for index, raw in enumerate(response.output):
             item = _item(raw)
@@ -556,7 +486,9 @@ class _StreamDecoder:
                 self._tool_seen = self._tool_seen or lane == "tool_call"
                 self._refused = self._refused or _refuses(item)
                 _close_item(index, lane, item, streamed=False, out=out)
-        return out
+                if lane == "tool_call":
+                    self._orphans.pop(index, None)
+        return out + self._claimed(response)
 
     def close(self) -> list[LaneEvent]:
         return []
