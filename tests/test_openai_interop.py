@@ -141,7 +141,8 @@ out = {}
 
 def error_of(exc):
     return {"class": type(exc).__name__, "status": getattr(exc, "status_code", None),
-            "body": getattr(exc, "body", None), "message": str(exc)}
+            "body": getattr(exc, "body", None), "message": str(exc),
+            "request_id": getattr(exc, "request_id", None)}
 
 def stream(name, **kw):
     chunks, error = [], None
@@ -170,6 +171,12 @@ stream("text", model=spec["model"], messages=user("Say hello"),
 stream("text_no_usage", model=spec["model"], messages=user("Say hello"))
 stream("slow", model=spec["model"], messages=user("SLOW"))
 whole("whole", model=spec["model"], messages=user("Say hello"))
+raw = client.chat.completions.with_raw_response.create(model=spec["model"], messages=user("Say hello"))
+streamed = client.chat.completions.with_raw_response.create(
+    model=spec["model"], messages=user("Say hello"), stream=True)
+out["request_ids"] = {"header": raw.headers.get("x-request-id"), "parsed": raw.parse()._request_id,
+                      "streamed": streamed.headers.get("x-request-id")}
+list(streamed.parse())
 stream("tool", model=spec["model"], messages=user("WEATHER in Paris?"), tools=[spec["tool"]],
        tool_choice="auto", stream_options={"include_usage": True})
 whole("tool_whole", model=spec["model"], messages=user("WEATHER in Paris?"), tools=[spec["tool"]])
@@ -364,6 +371,18 @@ def test_a_whole_completion(sdk: dict[str, Any]) -> None:
     sent = _sent(sdk, "Say hello")[0]["body"]
     assert sent["messages"][0] == {"role": "system", "content": "Be brief."}
     assert sent["model"] == MODEL
+
+
+def test_every_answer_has_a_request_id_the_sdk_reads(sdk: dict[str, Any]) -> None:
+    ids = sdk["request_ids"]
+    assert ids["header"].startswith("req_")
+    assert ids["parsed"] == ids["header"]
+    assert ids["streamed"].startswith("req_")
+    assert ids["streamed"] != ids["header"]
+    # refusals too, before the turn (a wrong key) and from it (an upstream rate limit)
+    assert sdk["wrong_key"]["error"]["request_id"].startswith("req_")
+    assert sdk["limited"]["error"]["request_id"].startswith("req_")
+    assert sdk["bad_request"]["error"]["request_id"].startswith("req_")
 
 
 def test_a_streamed_tool_call_has_its_id_index_and_arguments(sdk: dict[str, Any]) -> None:

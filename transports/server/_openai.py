@@ -262,7 +262,19 @@ class OpenAIChat:
     shared: Shared
 
     async def completions(self, http: HttpConnection, request: Request, _: str) -> None:
-        """A chat completion, streamed or whole, once admitted."""
+        """A chat completion, streamed or whole, once admitted. Every answer, refusals too,
+        carries an `x-request-id` as OpenAI's do: its SDK reads it (`_request_id`, an error's
+        `request_id`) for its users to log and quote."""
+        tagged = (("x-request-id", f"req_{secrets.token_hex(16)}"),)
+        try:
+            await self._complete(http, request, tagged)
+        except ErrorReply as reply:
+            reply.headers = [*reply.headers, *tagged]
+            raise
+
+    async def _complete(
+        self, http: HttpConnection, request: Request, tagged: tuple[tuple[str, str], ...]
+    ) -> None:
         try:
             self.shared.require_key(request)
         except ErrorReply as reply:
@@ -310,7 +322,7 @@ class OpenAIChat:
             chunks = _Chunks(completion_id, model, include)
 
             async def pump(turn: Turn, receive: trio.MemoryReceiveChannel[list[UniItem]]) -> None:
-                await self._stream(http, turn, receive, provider, chunks)
+                await self._stream(http, turn, receive, provider, chunks, tagged)
 
         else:
 
@@ -326,10 +338,11 @@ class OpenAIChat:
                     if not result.ok:
                         assert isinstance(result.error, EmptyResponseError)
                         whole["usage"] = openai_usage(result.error.usage_metadata)
-                    await http.respond(200, msgspec.json.encode(whole))
+                    await http.respond(200, msgspec.json.encode(whole), tagged)
                     return
                 error, status, headers = openai_error(result, provider)
-                await http.respond(status, msgspec.json.encode({"error": error}), headers)
+                body = msgspec.json.encode({"error": error})
+                await http.respond(status, body, [*headers, *tagged])
 
         await run_wire_turn(
             self.shared, http, ticket, turn_request, provider, pump, whole=not body.stream
@@ -342,12 +355,13 @@ class OpenAIChat:
         receive: trio.MemoryReceiveChannel[list[UniItem]],
         provider: Provider,
         chunks: _Chunks,
+        tagged: tuple[tuple[str, str], ...],
     ) -> None:
         """The turn as chunks. As on the MMSP endpoint, the head waits up to one heartbeat for
         the first event so an upstream refusal gets its HTTP status; after that an error is one
         `{"error"}` event and `[DONE]`, and a reset that voids chunks the client has ends the
         stream so (`IncompleteStreamError`): OpenAI's wire cannot take text back."""
-        head = HeldHead(http, self.shared.limits.heartbeat)
+        head = HeldHead(http, self.shared.limits.heartbeat, tagged)
         written = False
         while (items := await head.receive(receive)) is not None:
             out: list[bytes] = []
@@ -399,6 +413,6 @@ class OpenAIChat:
             return
         error, status, headers = openai_error(result, provider)
         if not head.started:
-            await http.respond(status, msgspec.json.encode({"error": error}), headers)
+            await http.respond(status, msgspec.json.encode({"error": error}), [*headers, *tagged])
             return
         await http.send_data(sse_json({"error": error}) + SSE_DONE)

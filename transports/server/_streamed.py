@@ -12,7 +12,7 @@ from rillet._encode import SSE_HEARTBEAT, SSE_PROBE
 from ._replies import GONE, CloseConnection
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Sequence
 
     from .._http11 import HttpConnection
 
@@ -34,9 +34,12 @@ class HeldHead:
     upstream can still get its HTTP status; while nothing comes, a heartbeat comment goes out
     every `heartbeat` seconds (the first of them sends the head)."""
 
-    def __init__(self, http: HttpConnection, heartbeat: float) -> None:
+    def __init__(
+        self, http: HttpConnection, heartbeat: float, headers: Sequence[tuple[str, str]] = ()
+    ) -> None:
         self.http = http
         self.heartbeat = heartbeat
+        self.headers = [*SSE_HEADERS, *headers]  # the head's, after the event stream's own
         self.started = False  # the head went out
         self._deadline = trio.current_time() + heartbeat
 
@@ -57,7 +60,7 @@ class HeldHead:
     async def start(self) -> None:
         """Send the head, if it has not gone out."""
         if not self.started:
-            await self.http.start_stream(200, SSE_HEADERS)
+            await self.http.start_stream(200, self.headers)
             self.started = True
 
     async def send(self, data: bytes) -> None:
