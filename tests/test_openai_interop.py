@@ -171,9 +171,9 @@ stream("text", model=spec["model"], messages=user("Say hello"),
 stream("text_no_usage", model=spec["model"], messages=user("Say hello"))
 stream("slow", model=spec["model"], messages=user("SLOW"))
 whole("whole", model=spec["model"], messages=user("Say hello"))
-raw = client.chat.completions.with_raw_response.create(model=spec["model"], messages=user("Say hello"))
-streamed = client.chat.completions.with_raw_response.create(
-    model=spec["model"], messages=user("Say hello"), stream=True)
+raw_create = client.chat.completions.with_raw_response.create
+raw = raw_create(model=spec["model"], messages=user("Say hello"))
+streamed = raw_create(model=spec["model"], messages=user("Say hello"), stream=True)
 out["request_ids"] = {"header": raw.headers.get("x-request-id"), "parsed": raw.parse()._request_id,
                       "streamed": streamed.headers.get("x-request-id")}
 list(streamed.parse())
