@@ -79,6 +79,8 @@ class ChatBody(msgspec.Struct, frozen=True, kw_only=True):
     temperature: float | None = None
     reasoning_effort: str | None = None
     n: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
     # passed on as given to a provider of OpenAI's own wire (see `PASSED_ON`)
     stop: Any = None
     seed: Any = None
@@ -133,9 +135,10 @@ def shown(value: Any) -> str:
 class BadRequest(ValueError):
     """What makes a request one rillet cannot run, and the parameter at fault."""
 
-    def __init__(self, message: str, param: str) -> None:
+    def __init__(self, message: str, param: str, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.code = code
 
 
 def _text_of(content: str | list[dict[str, Any]] | None, param: str) -> str:
@@ -203,6 +206,12 @@ def chat_request(body: ChatBody) -> TurnRequest:
     tool results (consecutive ones in one user message). Raises `BadRequest`."""
     if body.n not in (None, 1):
         raise BadRequest("only n=1 is supported", "n")
+    # no dialect's turn brings token log probabilities back: refused as OpenAI refuses them for
+    # a model without them, rather than answered with `logprobs: null` code would then index
+    for name in ("logprobs", "top_logprobs"):
+        if getattr(body, name) not in (None, False):
+            message = f"Unsupported parameter: '{name}' is not supported here."
+            raise BadRequest(message, name, "unsupported_parameter")
     system: list[str] = []
     messages: list[UniMessage] = []
     # the items of the last message while it holds tool results only: what the next joins (one

@@ -190,6 +190,8 @@ whole("settings", model=spec["model"], messages=user("SETTINGS"), stop=["\n\n", 
       top_p=0.5, frequency_penalty=0.25, presence_penalty=-0.5, logit_bias={"50256": -100},
       response_format={"type": "json_object"}, user="end-user-1", max_completion_tokens=40,
       store=False, metadata={"team": "a"}, extra_body={"not_openai_at_all": {"x": 1}})
+whole("logprobs", model=spec["model"], messages=user("LOGPROBS"), logprobs=True, top_logprobs=2)
+whole("no_logprobs", model=spec["model"], messages=user("No log probabilities"), logprobs=False)
 whole("limited", model=spec["model"], messages=user("LIMITED"))
 retrying = OpenAI(base_url=spec["base_url"], api_key=spec["key"], timeout=30)  # 2 retries
 whole("limited_retrying", c=retrying, model=spec["model"], messages=user("LIMITED, AGAIN"))
@@ -442,6 +444,20 @@ def test_openais_own_settings_reach_a_provider_of_its_wire(sdk: dict[str, Any]) 
     assert sent["max_completion_tokens"] == 40
     # what is not a generation setting, or not OpenAI's, is accepted and goes no further
     assert not {"store", "metadata", "not_openai_at_all"} & set(sent)
+
+
+def test_logprobs_asked_for_are_refused_as_openai_refuses_a_parameter(
+    sdk: dict[str, Any],
+) -> None:
+    # no turn brings log probabilities back: a 400 naming the parameter, not `logprobs: null`
+    error = sdk["logprobs"]["error"]
+    assert (error["class"], error["status"]) == ("BadRequestError", 400)
+    assert error["body"]["type"] == "invalid_request_error"
+    assert (error["body"]["param"], error["body"]["code"]) == ("logprobs", "unsupported_parameter")
+    assert not _sent(sdk, "LOGPROBS")
+    # `logprobs: false` asks for nothing and is answered
+    whole = sdk["no_logprobs"]["completion"]
+    assert whole["choices"][0]["message"]["content"] == "".join(FRAGMENTS)
 
 
 def test_an_upstream_rate_limit_is_the_sdks_rate_limit_error(sdk: dict[str, Any]) -> None:

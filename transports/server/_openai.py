@@ -297,7 +297,7 @@ class OpenAIChat:
             turn_request = chat_request(body)
         except BadRequest as exc:
             raise ErrorReply(
-                400, "invalid_request_error", str(exc), param=exc.param, code=None
+                400, "invalid_request_error", str(exc), param=exc.param, code=exc.code
             ) from None
         try:
             provider = route_model(self.shared, body.model)
