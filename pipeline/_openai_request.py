@@ -210,8 +210,8 @@ def chat_request(body: ChatBody) -> TurnRequest:
     # a model without them, rather than answered with `logprobs: null` code would then index
     for name in ("logprobs", "top_logprobs"):
         if getattr(body, name) not in (None, False):
-            message = f"Unsupported parameter: '{name}' is not supported here."
-            raise BadRequest(message, name, "unsupported_parameter")
+            refusal = f"Unsupported parameter: '{name}' is not supported here."
+            raise BadRequest(refusal, name, "unsupported_parameter")
     system: list[str] = []
     messages: list[UniMessage] = []
     # the items of the last message while it holds tool results only: what the next joins (one
