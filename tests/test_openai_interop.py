@@ -61,6 +61,12 @@ WEATHER_TOOL: dict[str, Any] = {
     },
 }
 HEARTBEAT = 0.1
+CONTEXT_FULL = {
+    "message": "This model's maximum context length is 128000 tokens. However, your messages"
+    " resulted in 130017 tokens. Please reduce the length of the messages.",
+    "type": "invalid_request_error",
+    "param": "messages",
+}
 POLICY = Policy(rate_limit_retries=0, backoff_base=0.01, random=lambda: 0.0)
 
 
@@ -116,6 +122,12 @@ class Upstream:
             return Reply(chunks=frames, headers_delay=0.35, chunk_delay=0.25)
         if "LIMITED" in text:
             return status_reply(429, retry_after=7)
+        if "TOO LONG" in text:  # OpenAI's own refusal of a conversation past the context window
+            return status_reply(
+                400, body={"error": {**CONTEXT_FULL, "code": "context_length_exceeded"}}
+            )
+        if "PAST THE WINDOW" in text:  # the same said in words only (vLLM, Anthropic's wording)
+            return status_reply(400, body={"error": {**CONTEXT_FULL, "code": None}})
         if "FILTERED" in text:
             return Reply(chunks=(openai_text_stream([], finish_reason="content_filter"),))
         if "RESET" in text:
@@ -193,6 +205,8 @@ whole("settings", model=spec["model"], messages=user("SETTINGS"), stop=["\n\n", 
 whole("logprobs", model=spec["model"], messages=user("LOGPROBS"), logprobs=True, top_logprobs=2)
 whole("no_logprobs", model=spec["model"], messages=user("No log probabilities"), logprobs=False)
 whole("limited", model=spec["model"], messages=user("LIMITED"))
+whole("too_long", model=spec["model"], messages=user("TOO LONG"))
+stream("too_long_streamed", model=spec["model"], messages=user("PAST THE WINDOW"))
 retrying = OpenAI(base_url=spec["base_url"], api_key=spec["key"], timeout=30)  # 2 retries
 whole("limited_retrying", c=retrying, model=spec["model"], messages=user("LIMITED, AGAIN"))
 whole("filtered", model=spec["model"], messages=user("FILTERED"))
@@ -466,6 +480,18 @@ def test_an_upstream_rate_limit_is_the_sdks_rate_limit_error(sdk: dict[str, Any]
     assert error["status"] == 429
     assert error["body"]["type"] == "rate_limit_error"
     assert error["body"]["code"] == "RateLimitError"
+
+
+def test_a_conversation_past_the_context_window_is_context_length_exceeded(
+    sdk: dict[str, Any],
+) -> None:
+    # OpenAI's code for it, which code written for OpenAI checks to shorten the conversation
+    for error in (sdk["too_long"]["error"], sdk["too_long_streamed"]["error"]):
+        assert (error["class"], error["status"]) == ("BadRequestError", 400)
+        assert error["body"]["type"] == "invalid_request_error"
+        assert error["body"]["code"] == "context_length_exceeded"
+        assert error["body"]["param"] == "messages"
+        assert "maximum context length is 128000 tokens" in error["body"]["message"]
 
 
 def test_the_sdk_does_not_retry_what_the_server_already_retried(sdk: dict[str, Any]) -> None:
