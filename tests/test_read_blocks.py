@@ -47,6 +47,16 @@ def _decode(dialect: Any, data: bytes, sizes: list[int], fast: bool) -> tuple[li
     return out, "complete"
 
 
+def _fed(dialect_name: str, data: bytes, size: int = 400) -> WireDecoder:
+    """A wire decoder fed `data` in reads of `size` bytes, then closed."""
+    decoder = WireDecoder(dialect_from_name(dialect_name), clock=lambda: 0)
+    out: list[Any] = []
+    for at in range(0, len(data), size):
+        decoder.feed(data[at : at + size], out)
+    decoder.close(out)
+    return decoder
+
+
 def _check(dialect_name: str, data: bytes) -> None:
     dialect = dialect_from_name(dialect_name)
     rng = random.Random(data)
@@ -219,10 +229,7 @@ def test_chat_text_reads_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr("rillet.providers._openai_chat_stream.text_run", counted)
     data = b"\n\n".join([_CHAT_START, *_CHAT_TEXT, *_CHAT_END]) + b"\n\n"
-    decoder = WireDecoder(dialect_from_name("openai-chat"), clock=lambda: 0)
-    for at in range(0, len(data), 400):
-        decoder.feed(data[at : at + 400])
-    decoder.close()
+    assert _fed("openai-chat", data).grammar.stopped
     assert taken >= len(data) // 400 - 3
 
 
@@ -317,13 +324,8 @@ def test_chat_argument_reads_take_the_fast_path(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr("rillet.providers._openai_chat_stream.arguments_run", counted)
     frames = [_CHAT_START, _CALL_START, *_CALL_FRAGMENTS, *_CALL_END]
     data = b"\n\n".join(frames) + b"\n\n"
-    decoder = WireDecoder(dialect_from_name("openai-chat"), clock=lambda: 0)
-    out: list[Any] = []
-    for at in range(0, len(data), 400):
-        decoder.feed(data[at : at + 400], out)
-    decoder.close(out)
+    assert _fed("openai-chat", data).grammar.stopped
     assert taken >= len(data) // 400 - 3
-    assert decoder.grammar.stopped
 
 
 def _thought(field: bytes, words: bytes, more: bytes = b"") -> bytes:
@@ -380,13 +382,8 @@ def test_chat_reasoning_reads_take_the_fast_path(monkeypatch: pytest.MonkeyPatch
         thoughts = [_thought(field, b"t%d " % i) for i in range(40)]
         frames = [_CHAT_START, *thoughts, _CHAT_TEXT[0], *_CHAT_END]
         data = b"\n\n".join(frames) + b"\n\n"
-        decoder = WireDecoder(dialect_from_name("openai-chat"), clock=lambda: 0)
-        out: list[Any] = []
-        for at in range(0, len(data), 400):
-            decoder.feed(data[at : at + 400], out)
-        decoder.close(out)
+        assert _fed("openai-chat", data).grammar.stopped
         assert taken >= 40 * len(thoughts[0]) // 400 - 3, field
-        assert decoder.grammar.stopped
 
 
 # --- Gemini: reads of nothing but more of the open lane ------------------------------------------
