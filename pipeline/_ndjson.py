@@ -14,10 +14,15 @@ receives does not depend on how the bytes were cut.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import msgspec
 
 from ._errors import FrameEncodingError, FrameError, FrameTooLarge
 from ._sse import DEFAULT_MAX_FRAME
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = ["NDJSONDecoder"]
 
@@ -69,27 +74,30 @@ class NDJSONDecoder:
         lines = self.feed_bytes(chunk)
         return [line.decode("utf-8") for line in lines]
 
-    def whole_lines(self, chunk: bytes) -> tuple[bytes, int] | None:
-        """The commonest read as one block, for a reader that decodes its lines in one call:
-        the line held before it and the read, with where their last LF is, when they end lines
-        (nothing held from reads without a LF), hold no CR and nothing over the cap. Nothing is
-        taken: `take` takes them once the block is read; else `feed_bytes` reads the chunk. The
-        lines are not checked: the reader must refuse a block any line of which is not one JSON
-        value in UTF-8 (blank lines included)."""
+    def feed_block(
+        self, chunk: bytes, block: Callable[[bytes, int, list[Any]], bool], out: list[Any]
+    ) -> int:
+        """Hand the commonest read to `block` as one block of lines, for a reader that decodes
+        them in one call: the line held before it and the read, cut at their last LF, when they
+        end lines (nothing held from reads without a LF), hold no CR and nothing over the cap.
+        The lines are not checked here: `block` must refuse (return False) a block any line of
+        which is not one JSON value in UTF-8, blank lines included. Once `block` has read it
+        (appending to `out`), the read is taken as `feed_bytes` takes it, the rest held: how
+        many lines it held. 0, with nothing taken, for any other read: `feed_bytes` reads it."""
         if self._held or self._error is not None or 0x0A not in chunk:
-            return None
+            return 0
         buf = self._tail + chunk
         if 0x0D in buf or len(buf) > self.max_frame:
-            return None
-        return buf, buf.rfind(b"\n")
-
-    def take(self, size: int, buf: bytes, end: int, lines: int) -> None:
-        """Take a read of `size` bytes whose lines `whole_lines` gave (`buf`, `end`), read as
-        `lines` frames: the rest is held, as `feed_bytes` would hold it."""
-        self.offset += size
+            return 0
+        end = buf.rfind(b"\n")
+        lines = buf.count(b"\n", 0, end) + 1
+        if not block(buf[:end], lines, out):
+            return 0
+        self.offset += len(chunk)
         self.frames += lines
         self._tail = buf[end + 1 :]
         self._tail_offset += end + 1
+        return lines
 
     def feed_bytes(self, chunk: bytes) -> list[bytes]:
         """`feed`, with each line as its bytes (checked to be UTF-8): what a JSON decoder reads

@@ -197,17 +197,13 @@ class WireDecoder:
             return out  # the reply is over: what follows is not even framed
         if self._lines is not None:
             framer, block = self._lines
-            whole = framer.whole_lines(chunk)
-            if whole is not None:
-                buf, end = whole
-                lines = buf.count(b"\n", 0, end) + 1
-                pending: list[LaneEvent] = []
-                if block(buf[:end], lines, pending):
-                    framer.take(len(chunk), buf, end, lines)
-                    self.frames += lines
-                    self.lane_events += len(pending)
-                    self.grammar.feed_many(pending, out)
-                    return out
+            pending: list[LaneEvent] = []
+            lines = framer.feed_block(chunk, block, pending)
+            if lines:
+                self.frames += lines
+                self.lane_events += len(pending)
+                self.grammar.feed_many(pending, out)
+                return out
         split = self._split
         if split is None:
             self._body.append(chunk)

@@ -282,7 +282,7 @@ class _StreamDecoder:
             return False
         try:
             decode = (_decode_ascii_lines if block.isascii() else _decode_text_lines).decode
-            decoded = decode(b"[" + block.replace(b"\n", b",") + b"]")
+            decoded = decode(b"[%b]" % block.replace(b"\n", b","))
         except msgspec.MsgspecError:  # a line of another kind, not JSON, or not UTF-8
             self._pause = _PAUSE
             return False
