@@ -340,12 +340,15 @@ def test_an_arguments_delta_nothing_ever_names_breaks_the_protocol() -> None:
     ]
 
 
-@pytest.mark.parametrize("named", ["by its done item", "by the final output"])
+@pytest.mark.parametrize("named", ["by its done item", "by the final output", "by a late added"])
 def test_arguments_whose_item_never_began_are_the_call_their_item_names(named: str) -> None:
     # a gateway that sends the arguments' deltas with no `output_item.added` before them
     deltas = [_arguments(0, '{"q"'), _arguments(0, ': "x"}')]
     if named == "by its done item":
         data = sse(*deltas, done(0, LOOKUP), completed([LOOKUP]))
+    elif named == "by a late added":  # the item begins after its first fragments
+        begun = added(0, LOOKUP | {"arguments": "", "status": "in_progress"})
+        data = sse(deltas[0], begun, deltas[1], done(0, LOOKUP), completed([LOOKUP]))
     else:
         data = sse(*deltas, completed([LOOKUP]))
     entries = decode(data)

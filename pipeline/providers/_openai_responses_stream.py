@@ -306,6 +306,10 @@ class _StreamDecoder:
             if lane is not None:
                 self._kinds[event.output_index] = lane
                 self._tool_seen = self._tool_seen or lane == "tool_call"
+                early = self._orphans.pop(event.output_index, None)
+                if early is not None and lane == "tool_call":  # its arguments came before it
+                    self._streamed.add(event.output_index)
+                    out.append(PartDelta(event.output_index, lane, "".join(early)))
             return out
         if kind is _ItemDone:
             self._items_seen = True
