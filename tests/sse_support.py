@@ -26,14 +26,3 @@ def datas(*chunks: bytes) -> list[str]:
 def bytewise(data: bytes) -> list[bytes]:
     """`data` one byte a chunk."""
     return [data[i : i + 1] for i in range(len(data))]
-
-
-def split_at(data: bytes, cuts: list[int]) -> list[bytes]:
-    """`data` cut at each of `cuts` (clamped to it; empty pieces kept)."""
-    points = sorted({min(max(c, 0), len(data)) for c in cuts})
-    chunks, start = [], 0
-    for point in points:
-        chunks.append(data[start:point])
-        start = point
-    chunks.append(data[start:])
-    return chunks

@@ -59,7 +59,7 @@ from rillet.transports.testing import open_loopback_provider
 
 from .fault_support import text_reply
 from .test_fixtures import DIALECTS, dialect_for
-from .wire_cases import FIXTURES
+from .wire_cases import FIXTURES, cut_at
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -70,17 +70,6 @@ FUZZ = settings(
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-
-
-def cut(data: bytes, points: list[int]) -> list[bytes]:
-    """`data` cut at these offsets (any order, repeats and out-of-range values allowed)."""
-    marks = sorted({min(max(p, 0), len(data)) for p in points})
-    chunks, start = [], 0
-    for mark in marks:
-        chunks.append(data[start:mark])
-        start = mark
-    chunks.append(data[start:])
-    return chunks
 
 
 # --- the frame decoders ---------------------------------------------------------------------------
@@ -121,7 +110,7 @@ def test_the_sse_decoder_raises_only_frame_errors_and_holds_at_most_a_frame(
 ) -> None:
     decoder = SSEDecoder(max_frame=cap)
     with contextlib.suppress(FrameError):
-        for chunk in cut(stream, points):
+        for chunk in cut_at(stream, points):
             for event in decoder.feed(chunk):
                 assert isinstance(event.data, str)
                 assert len(event.data.encode("utf-8", "surrogatepass")) <= 3 * cap
@@ -137,7 +126,7 @@ def test_the_ndjson_decoder_raises_only_frame_errors_and_holds_at_most_a_line(
 ) -> None:
     decoder = NDJSONDecoder(max_frame=cap)
     with contextlib.suppress(FrameError):
-        for chunk in cut(stream, points):
+        for chunk in cut_at(stream, points):
             for line in decoder.feed(chunk):
                 assert line.strip()
                 assert len(line.encode()) <= cap
@@ -206,7 +195,7 @@ def decode(folder: str, data: bytes, points: list[int]) -> None:
     decoder = WireDecoder(dialect, clock=lambda: 0, stream=dialect.framing != "json")
     out: list[UniEvent] = []
     with contextlib.suppress(RilletError):
-        for chunk in cut(data, points):
+        for chunk in cut_at(data, points):
             decoder.feed(chunk, out)
         decoder.close(out)
 

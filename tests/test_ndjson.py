@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from rillet import FrameEncodingError, FrameTooLarge, RilletError
 from rillet.frames import DEFAULT_MAX_FRAME, NDJSONDecoder
 
+from .wire_cases import cut_at
+
 STREAM = '{"a":1}\n{"b":"é😀"}\n{"c":[1,2,3]}\n'.encode()
 LINES = ['{"a":1}', '{"b":"é😀"}', '{"c":[1,2,3]}']
 
@@ -183,16 +185,6 @@ NDJSON_PIECES = st.sampled_from(
 NDJSON_STREAMS = st.lists(NDJSON_PIECES, max_size=30).map(b"".join) | st.binary(max_size=200)
 
 
-def _split(data: bytes, cuts: list[int]) -> list[bytes]:
-    points = sorted({min(max(c, 0), len(data)) for c in cuts})
-    chunks, start = [], 0
-    for point in points:
-        chunks.append(data[start:point])
-        start = point
-    chunks.append(data[start:])
-    return chunks
-
-
 def _outcome(chunks: list[bytes], cap: int) -> tuple[list[str], type[BaseException] | None]:
     decoder = NDJSONDecoder(max_frame=cap)
     out: list[str] = []
@@ -211,7 +203,7 @@ def test_arbitrary_bytes_raise_only_typed_errors(
     stream: bytes, cap: int, data: st.DataObject
 ) -> None:
     cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=6))
-    lines, _ = _outcome(_split(stream, cuts), cap)
+    lines, _ = _outcome(cut_at(stream, cuts), cap)
     assert all(isinstance(line, str) and line.strip() for line in lines)
 
 
@@ -220,7 +212,7 @@ def test_arbitrary_bytes_raise_only_typed_errors(
 def test_every_chunking_yields_the_same_lines(stream: bytes, data: st.DataObject) -> None:
     whole, error = _outcome([stream], DEFAULT_MAX_FRAME)
     cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=8))
-    chunked, chunked_error = _outcome(_split(stream, cuts), DEFAULT_MAX_FRAME)
+    chunked, chunked_error = _outcome(cut_at(stream, cuts), DEFAULT_MAX_FRAME)
     assert chunked_error == error
     if error is None:
         assert chunked == whole

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from rillet import FrameTooLarge, RilletError
 from rillet.frames import DEFAULT_MAX_FRAME, SSEDecoder, SSEEvent
 
-from .sse_support import BOM, EMOJI, bytewise, datas, decode, split_at
+from .sse_support import BOM, EMOJI, bytewise, datas, decode
+from .wire_cases import cut_at
 
 # --- BOM --------------------------------------------------------------------------------------
 
@@ -408,7 +409,7 @@ def test_every_chunking_yields_the_same_events(stream: bytes, data: st.DataObjec
     whole = _outcome([stream])
     assert _outcome(bytewise(stream)) == whole
     cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=10))
-    assert _outcome(split_at(stream, cuts)) == whole
+    assert _outcome(cut_at(stream, cuts)) == whole
 
 
 @settings(max_examples=300, deadline=None)
@@ -419,7 +420,7 @@ def test_arbitrary_bytes_raise_only_typed_errors(
     cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=6))
     decoder = SSEDecoder(max_frame=cap)
     try:
-        for chunk in split_at(stream, cuts):
+        for chunk in cut_at(stream, cuts):
             for event in decoder.feed(chunk):
                 assert isinstance(event.data, str)
         decoder.close()
@@ -469,7 +470,7 @@ def test_what_arrives_before_an_oversized_frame_does_not_depend_on_the_chunking(
     whole = _until_too_large([stream], 100)
     assert whole == ([SSEEvent("a"), SSEEvent("b", "e")], True)
     assert _until_too_large(bytewise(stream), 100) == whole
-    assert _until_too_large(split_at(stream, cuts), 100) == whole
+    assert _until_too_large(cut_at(stream, cuts), 100) == whole
 
 
 @pytest.mark.parametrize("size", [100_000, 5 * 1024 * 1024])
@@ -605,7 +606,7 @@ def test_crlf_streams_read_alike_in_any_chunking(
     stream = b"".join(block + end for block, end in blocks)
     reference = _outcome(bytewise(stream))
     assert _outcome([stream]) == reference
-    chunks = split_at(stream, data.draw(st.lists(st.integers(0, len(stream)), max_size=12)))
+    chunks = cut_at(stream, data.draw(st.lists(st.integers(0, len(stream)), max_size=12)))
     assert _outcome(chunks) == reference
     # and each event comes out with the chunk that completes it, as byte by byte
     by_byte = [0, *_counts(bytewise(stream))]  # after 0, 1, 2, ... bytes

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from rillet import RilletError, SSEEncodeError
 from rillet.frames import SSEDecoder, SSEEvent, encode_sse
 
-from .sse_support import datas, decode, split_at
+from .sse_support import datas, decode
+from .wire_cases import cut_at
 
 # --- the encoder ------------------------------------------------------------------------------
 
@@ -77,7 +78,7 @@ def test_encode_then_decode_round_trips(data: str, event: str, id: str, retry: i
 @given(texts=st.lists(st.text(), min_size=1, max_size=5), sizes=st.data())
 def test_encoded_frames_decode_back_in_any_chunking(texts: list[str], sizes: st.DataObject) -> None:
     stream = b"".join(encode_sse(t, id=str(i)) for i, t in enumerate(texts))
-    chunks = split_at(stream, sizes.draw(st.lists(st.integers(0, len(stream)), max_size=8)))
+    chunks = cut_at(stream, sizes.draw(st.lists(st.integers(0, len(stream)), max_size=8)))
     want = [
         SSEEvent(t.replace("\r\n", "\n").replace("\r", "\n"), "message", str(i))
         for i, t in enumerate(texts)

@@ -83,6 +83,18 @@ def chunkings(data: bytes, *, seed: int = 7) -> Iterator[tuple[str, list[bytes]]
     yield "bytewise", [data[i : i + 1] for i in range(len(data))]
 
 
+def cut_at(data: bytes, points: list[int]) -> list[bytes]:
+    """`data` cut at these offsets (any order, repeats and out-of-range values allowed; empty
+    pieces kept)."""
+    marks = sorted({min(max(p, 0), len(data)) for p in points})
+    chunks, start = [], 0
+    for mark in marks:
+        chunks.append(data[start:mark])
+        start = mark
+    chunks.append(data[start:])
+    return chunks
+
+
 def run(dialect: Dialect, chunks: list[bytes], *, stream: bool = True) -> list[str]:
     """Feed the chunks through framing, dialect and grammar; the entries that come out, with an
     error entry last if the stream raised."""
