@@ -66,6 +66,7 @@ __all__ = [
     "TurnTimeout",
     "UnsupportedContentError",
     "UnsupportedOperationError",
+    "past_context",
     "preview",
 ]
 
@@ -546,6 +547,24 @@ class InvalidRequestError(ProviderError):
 
 class AuthenticationError(ProviderError):
     """The provider refused our credentials or permissions (401, 403)."""
+
+
+_CONTEXT_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
+"""Error codes of a request longer than the model's context window (OpenAI's, llama.cpp's)."""
+_TOO_MANY_TOKENS = re.compile(r"too many (?:input )?tokens", re.IGNORECASE)
+
+
+def past_context(error: BaseException | None) -> bool:
+    """Whether the provider refused a request as longer than the model's context window: by
+    its code, or in its words (`CONTEXT_FULL`, "too many tokens")."""
+    if not isinstance(error, InvalidRequestError):
+        return False
+    said = error.provider_message
+    return (
+        (error.error_type or "").lower() in _CONTEXT_CODES
+        or CONTEXT_FULL.search(said) is not None
+        or _TOO_MANY_TOKENS.search(said) is not None
+    )
 
 
 def causes(error: BaseException) -> list[BaseException]:

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ._errors import (
-    CONTEXT_FULL,
     MODEL_TOO_LARGE,
     NOT_TLS_REASONS,
     QUOTA_CODES,
@@ -35,6 +34,7 @@ from ._errors import (
     TransportError,
     TurnTimeout,
     causes,
+    past_context,
 )
 from ._failures import cause_of
 from ._finish import filtered_reason
@@ -75,10 +75,6 @@ _LOOKUP_CAUSES = (_NO_SUCH_HOST, _LOOKUP_FAILED)
 """What a failed name lookup (`socket.gaierror`) says: the name has no address, or the lookup
 itself failed (`Temporary failure in name resolution`)."""
 
-_CONTEXT_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
-"""Error codes of a request larger than the model's context window."""
-_TOO_MANY_TOKENS = re.compile(r"too many (?:input )?tokens", re.IGNORECASE)
-"""A refused request's words for the same (`CONTEXT_FULL` says the rest)."""
 
 _TRANSPORT_KINDS = {
     "ConnectError": "cannot connect",
@@ -303,11 +299,7 @@ def _provider_error(
             f"not found{status}{said} — check --model, and that {_shown_url(provider.base_url)}"
             f" is the API's base URL (--base-url{path})"
         )
-    if isinstance(error, InvalidRequestError) and (
-        code in _CONTEXT_CODES
-        or CONTEXT_FULL.search(error.provider_message)
-        or _TOO_MANY_TOKENS.search(error.provider_message)
-    ):
+    if past_context(error):
         return (
             f"the conversation is longer than the model takes{status}{said} — shorten it (or"
             " lower --max-tokens), or pick a model with a larger context window"

@@ -1,19 +1,21 @@
 """The commonest reads decoded in one step decode exactly what frame by frame decoding does.
 
-Four fast paths take a whole read at once: an Ollama read of whole NDJSON lines that are all
+Three dialects take a whole read at once: an Ollama read of whole NDJSON lines that are all
 more text (`OllamaDialect`'s `feed_block`, one msgspec call for the block), a Chat Completions read
 whose chunks are all more text, all more reasoning or all more of one call's arguments
-(`text_run`, `reasoning_run`, `arguments_run`: no check per chunk) and a Gemini read whose chunks
-are all more of the open text or thinking lane (`_fragments`). Each is typed so that only what
-the frame-by-frame path would read as more text passes; anything else falls back to that path.
+(`field_run`, `arguments_run`: no check per chunk) and a Gemini read whose chunks
+are all more of the open text or thinking lane (`_fragments`). Each is typed so that only
+what the frame-by-frame path would read as more of the same lane passes; anything else falls
+back to that path.
 Here a stream of text has one odd frame put among its text frames, at several places, and is
-read at several read sizes, once as the wire decoder drives it and once with both fast paths
+read at several read sizes, once as the wire decoder drives it and once with the fast paths
 and `feed_frames` hidden (every frame through `feed`): the UniEvents, and the error with its
 frame, must be the same.
 """
 
 from __future__ import annotations
 
+import importlib
 import random
 from typing import Any
 
@@ -55,6 +57,27 @@ def _fed(dialect_name: str, data: bytes, size: int = 400) -> WireDecoder:
         decoder.feed(data[at : at + size], out)
     decoder.close(out)
     return decoder
+
+
+def _taken(monkeypatch: pytest.MonkeyPatch, where: str) -> list[object]:
+    """What the fast path at `where` (`module:name`, or `module:Class.name`) took, one entry a
+    read: the tests of reads decoded alike would pass too if it never took one."""
+    module, _, name = where.partition(":")
+    owner: Any = importlib.import_module(module)
+    *path, attribute = name.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    real = getattr(owner, attribute)
+    taken: list[object] = []
+
+    def counted(*args: Any) -> Any:
+        result = real(*args)
+        if result:
+            taken.append(result)
+        return result
+
+    monkeypatch.setattr(owner, attribute, counted)
+    return taken
 
 
 def _check(dialect_name: str, data: bytes) -> None:
@@ -123,26 +146,11 @@ def test_ollama_blocks_read_what_lines_read(odd: str, text: str) -> None:
         _check("ollama-chat", b"\n".join(lines) + b"\n")
 
 
-def test_ollama_plain_text_takes_one_call_a_read() -> None:
-    """The fast path is taken (the test above would also pass if it never were)."""
-    decoder = WireDecoder(dialect_from_name("ollama-chat"), clock=lambda: 0)
-    calls = 0
-    block = decoder._lines
-    assert block is not None
-    framer, feed_block = block
-
-    def counted(*args: Any) -> bool:
-        nonlocal calls
-        taken = feed_block(*args)
-        calls += taken
-        return taken
-
-    decoder._lines = (framer, counted)
+def test_ollama_plain_text_takes_one_call_a_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    taken = _taken(monkeypatch, "rillet.providers._ollama:_StreamDecoder.feed_block")
     data = b"\n".join([*_OLLAMA_TEXT, _OLLAMA_END]) + b"\n"
-    for at in range(0, len(data), 300):
-        decoder.feed(data[at : at + 300])
-    decoder.close()
-    assert calls >= len(data) // 300 - 2
+    assert _fed("ollama-chat", data, 300).grammar.stopped
+    assert len(taken) >= len(data) // 300 - 2
 
 
 # --- Chat Completions: reads of nothing but more text --------------------------------------------
@@ -216,21 +224,10 @@ def test_chat_text_reads_read_what_chunks_read(odd: str) -> None:
 
 
 def test_chat_text_reads_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fast path is taken (the test above would also pass if it never were)."""
-    from rillet.providers._openai_chat_wire import text_run as real
-
-    taken = 0
-
-    def counted(frames: list[Any]) -> list[str] | None:
-        nonlocal taken
-        run = real(frames)
-        taken += run is not None
-        return run
-
-    monkeypatch.setattr("rillet.providers._openai_chat_stream.text_run", counted)
+    taken = _taken(monkeypatch, "rillet.providers._openai_chat_stream:field_run")
     data = b"\n\n".join([_CHAT_START, *_CHAT_TEXT, *_CHAT_END]) + b"\n\n"
     assert _fed("openai-chat", data).grammar.stopped
-    assert taken >= len(data) // 400 - 3
+    assert len(taken) >= len(data) // 400 - 3
 
 
 def _call(delta: bytes, rest: bytes = b"") -> bytes:
@@ -310,22 +307,11 @@ def test_chat_argument_reads_read_what_chunks_read(odd: str) -> None:
 
 
 def test_chat_argument_reads_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fast path is taken (the test above would also pass if it never were)."""
-    from rillet.providers._openai_chat_wire import arguments_run as real
-
-    taken = 0
-
-    def counted(frames: list[Any], key: int, call_id: str) -> list[str] | None:
-        nonlocal taken
-        run = real(frames, key, call_id)
-        taken += run is not None
-        return run
-
-    monkeypatch.setattr("rillet.providers._openai_chat_stream.arguments_run", counted)
+    taken = _taken(monkeypatch, "rillet.providers._openai_chat_stream:arguments_run")
     frames = [_CHAT_START, _CALL_START, *_CALL_FRAGMENTS, *_CALL_END]
     data = b"\n\n".join(frames) + b"\n\n"
     assert _fed("openai-chat", data).grammar.stopped
-    assert taken >= len(data) // 400 - 3
+    assert len(taken) >= len(data) // 400 - 3
 
 
 def _thought(field: bytes, words: bytes, more: bytes = b"") -> bytes:
@@ -364,26 +350,15 @@ def test_chat_reasoning_reads_read_what_chunks_read(odd: str, field: bytes) -> N
         _check("openai-chat", b"\n\n".join(frames) + b"\n\n")
 
 
-def test_chat_reasoning_reads_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fast path is taken (the test above would also pass if it never were)."""
-    from rillet.providers._openai_chat_wire import reasoning_run as real
-
-    taken = 0
-
-    def counted(frames: list[Any], content_field: bool) -> list[str] | None:
-        nonlocal taken
-        run = real(frames, content_field)
-        taken += run is not None
-        return run
-
-    monkeypatch.setattr("rillet.providers._openai_chat_stream.reasoning_run", counted)
-    for field in (b"reasoning_content", b"reasoning"):
-        taken = 0
-        thoughts = [_thought(field, b"t%d " % i) for i in range(40)]
-        frames = [_CHAT_START, *thoughts, _CHAT_TEXT[0], *_CHAT_END]
-        data = b"\n\n".join(frames) + b"\n\n"
-        assert _fed("openai-chat", data).grammar.stopped
-        assert taken >= 40 * len(thoughts[0]) // 400 - 3, field
+@pytest.mark.parametrize("field", [b"reasoning_content", b"reasoning"])
+def test_chat_reasoning_reads_take_the_fast_path(
+    monkeypatch: pytest.MonkeyPatch, field: bytes
+) -> None:
+    taken = _taken(monkeypatch, "rillet.providers._openai_chat_stream:field_run")
+    thoughts = [_thought(field, b"t%d " % i) for i in range(40)]
+    data = b"\n\n".join([_CHAT_START, *thoughts, _CHAT_TEXT[0], *_CHAT_END]) + b"\n\n"
+    assert _fed("openai-chat", data).grammar.stopped
+    assert len(taken) >= 40 * len(thoughts[0]) // 400 - 3
 
 
 # --- Gemini: reads of nothing but more of the open lane ------------------------------------------
@@ -436,6 +411,15 @@ def test_gemini_reads_read_what_chunks_read(odd: str, crlf: bool) -> None:
             frames = [*base[:at], _GEMINI_ODD[odd], *base[at:], _GEMINI_END]
             data = b"\n\n".join(frames) + b"\n\n"
             _check("gemini", data.replace(b"\n", b"\r\n") if crlf else data)
+
+
+@pytest.mark.parametrize("base", ["text", "thinking"])
+def test_gemini_reads_take_the_fast_path(monkeypatch: pytest.MonkeyPatch, base: str) -> None:
+    taken = _taken(monkeypatch, "rillet.providers._gemini_stream:_StreamDecoder._fragments")
+    chunks = _GEMINI_TEXT if base == "text" else _GEMINI_THOUGHTS
+    data = b"\n\n".join([*chunks, _GEMINI_END]) + b"\n\n"
+    assert _fed("gemini", data).grammar.stopped
+    assert len(taken) >= len(data) // 400 - 3
 
 
 def test_the_text_only_shapes_name_every_field_the_chunk_shapes_have() -> None:

@@ -66,6 +66,7 @@ from rillet._lanes import (
 from ._base import ToolIds, sse_event, sse_text, strict_decode
 from ._openai_chat_wire import (
     _DETAIL_TYPES,
+    FIELD_SHAPES,
     NAME,
     STREAM_AUDIO_MIME,
     _Audio,
@@ -87,9 +88,8 @@ from ._openai_chat_wire import (
     arguments_run,
     arguments_text,
     event_error,
-    reasoning_run,
+    field_run,
     sniff_audio,
-    text_run,
 )
 
 if TYPE_CHECKING:
@@ -101,7 +101,13 @@ __all__ = ["NAME", "ChatStreamDecoder", "decode_completion", "sniff_audio"]
 # Field codes: which wire field the open group came from (_THINK_PART: a thinking chunk of a
 # `content` list).
 _NONE, _RC, _R, _DETAILS, _CONTENT, _TOOLS, _AUDIO, _THINK_PART = range(8)
-_PAUSE = 8  # reads read chunk by chunk after one that was not all text
+_PAUSE = 8  # reads read chunk by chunk after one that was not all more of its field
+# the one-lane fields whose reads may be all more of them (`field_run`): wire name, lane kind
+_FIELD_RUNS: dict[int, tuple[str, LaneKind]] = {
+    _CONTENT: ("content", "text"),
+    _RC: ("reasoning_content", "thinking"),
+    _R: ("reasoning", "thinking"),
+}
 
 
 class ChatStreamDecoder:
@@ -148,7 +154,7 @@ class ChatStreamDecoder:
         self._ended = 0  # what of the end came: 1 a finish reason, 2 usage (`close`)
         self._ids = ToolIds()
         self.failed_at = 0  # the frame `feed_frames` failed on
-        self._pause = 0  # reads to go before a read is tried as all text again (`text_run`)
+        self._pause = 0  # reads to go before a read is tried as one run again (`_run`)
 
     sse_bytes = True  # an event may come as its data's bytes (`FramesDecoder`)
 
@@ -196,26 +202,15 @@ class ChatStreamDecoder:
         # arguments of the call in lane `run_lane`
         run: list[str] | None = None
         run_lane = -1
-        if streaming and field in (_CONTENT, _TOOLS, _RC, _R):
-            # the commonest reads of all, nothing but more text, reasoning or one call's
-            # arguments: no check per chunk (`text_run`, `reasoning_run`, `arguments_run`)
-            key = self._last_key
-            current = tools.get(key) if field == _TOOLS and key is not None else None
+        if streaming and (field in _FIELD_RUNS or field == _TOOLS):
+            # the commonest reads of all, nothing but more of the field streaming now: no
+            # check per chunk (`_run`)
             if self._pause:
                 self._pause -= 1
-            elif field == _CONTENT:
-                if (run := text_run(frames)) is not None:
-                    out.append(PartRun(lane, "text", run))
-                    return
-                self._pause = _PAUSE
-            elif field != _TOOLS:
-                if (run := reasoning_run(frames, field == _RC)) is not None:
-                    out.append(PartRun(lane, "thinking", run))
-                    return
-                self._pause = _PAUSE
-            elif current is not None and key is not None:
-                if (run := arguments_run(frames, key, current[1])) is not None:
-                    out.append(PartRun(current[0], "tool_call", run))
+            else:
+                part = self._run(frames, field, lane)
+                if part is not None:
+                    out.append(part)
                     return
                 self._pause = _PAUSE
         at = 0
@@ -290,6 +285,22 @@ class ChatStreamDecoder:
         except BaseException:
             self.failed_at = at
             raise
+
+    def _run(self, frames: list[Any], field: int, lane: int) -> PartRun | None:
+        """A read whose chunks are all more of the field streaming now (text, reasoning, the
+        arguments of the call streaming now) as one run, decoded with shapes that admit
+        nothing else; None for any other read."""
+        named = _FIELD_RUNS.get(field)
+        if named is not None:
+            wire, kind = named
+            run = field_run(frames, FIELD_SHAPES[wire], wire)
+            return None if run is None else PartRun(lane, kind, run)
+        key = self._last_key
+        current = self._tools.get(key) if key is not None else None
+        if key is None or current is None:
+            return None
+        run = arguments_run(frames, key, current[1])
+        return None if run is None else PartRun(current[0], "tool_call", run)
 
     def chunk(self, chunk: _Frame, out: list[LaneEvent]) -> None:
         """The lane events of one decoded chunk (after its `MessageStart`, if it carries one)."""

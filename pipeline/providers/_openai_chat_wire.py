@@ -200,9 +200,6 @@ class _TextChunk(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     base_resp: Any = None
 
 
-_decode_text = msgspec.json.Decoder(_TextChunk)
-
-
 class _MoreFunction(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     name: str | None = None
     arguments: Annotated[str, msgspec.Meta(min_length=1)]
@@ -288,39 +285,28 @@ class _ReasoningChunk(_TextChunk, frozen=True, gc=False, kw_only=True):
     choices: Annotated[list[_ReasoningChoice], msgspec.Meta(min_length=1)]  # type: ignore[assignment]
 
 
-_decode_reasoning_content = msgspec.json.Decoder(_ReasoningContentChunk)
-_decode_reasoning = msgspec.json.Decoder(_ReasoningChunk)
+FIELD_SHAPES: dict[str, msgspec.json.Decoder[Any]] = {
+    "content": msgspec.json.Decoder(_TextChunk),
+    "reasoning_content": msgspec.json.Decoder(_ReasoningContentChunk),
+    "reasoning": msgspec.json.Decoder(_ReasoningChunk),
+}
+"""Each text-like delta field's narrowed chunk shape (`field_run`)."""
 
 
-def reasoning_run(frames: list[Any], content_field: bool) -> list[str] | None:
-    """The reasoning of a read's chunks when every one is only more of it, in the field its
-    group streams in (`reasoning_content` if `content_field`, else `reasoning`); None
-    otherwise."""
-    decode = (_decode_reasoning_content if content_field else _decode_reasoning).decode
+def field_run(
+    frames: list[Any], decoder: msgspec.json.Decoder[Any], field: str
+) -> list[str] | None:
+    """The fragments of a read's chunks when every one is only more of one delta field (text,
+    or reasoning in the field its group streams in), `decoder` the field's narrowed shape
+    (`FIELD_SHAPES`); None otherwise (a chunk of another kind, `[DONE]`, a named event)."""
+    decode = decoder.decode
     run = []
     try:
         for frame in frames:
             chunk = decode(frame)
             if chunk.object == "error":
                 return None
-            delta = chunk.choices[0].delta
-            run.append(delta.reasoning_content if content_field else delta.reasoning)
-    except (msgspec.MsgspecError, TypeError):  # (TypeError: a named event's tuple)
-        return None
-    return run  # type: ignore[return-value]
-
-
-def text_run(frames: list[Any]) -> list[str] | None:
-    """The text of a read's chunks when every one is only more text (`_TextChunk`); None
-    otherwise (a chunk of another kind, `[DONE]`, a named event)."""
-    decode = _decode_text.decode
-    run = []
-    try:
-        for frame in frames:
-            chunk = decode(frame)
-            if chunk.object == "error":
-                return None
-            run.append(chunk.choices[0].delta.content)
+            run.append(getattr(chunk.choices[0].delta, field))
     except (msgspec.MsgspecError, TypeError):  # (TypeError: a named event's tuple)
         return None
     return run

@@ -470,12 +470,11 @@ class _StreamDecoder:
             raw = response.output[index] if 0 <= index < len(response.output) else None
             item = None if raw is None else _item(raw)
             if item is not None and item.type == "function_call":
-                lane = _open_item(index, item, out)
-                if lane is not None:
-                    self._tool_seen = True
-                    _close_item(index, lane, item, streamed=False, out=out)
-                    continue
-            out.append(PartDelta(index, "tool_call", "".join(arguments)))
+                self._tool_seen = True
+                _open_item(index, item, out)
+                _close_item(index, "tool_call", item, streamed=False, out=out)
+            else:
+                out.append(PartDelta(index, "tool_call", "".join(arguments)))
         self._orphans.clear()
         return out
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import msgspec
 from rillet._encode import SSE_DONE, sse_json
-from rillet._errors import CONTEXT_FULL, EmptyResponseError, FallbackFailed, InvalidRequestError
+from rillet._errors import EmptyResponseError, FallbackFailed, past_context
 from rillet._events import (
     FinishReason,
     TextDelta,
@@ -118,18 +118,13 @@ def openai_error(
     return body, status, headers
 
 
-_CONTEXT_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
-
-
 def _context_full(result: TurnResult) -> bool:
-    """Whether the provider refused the conversation as longer than the model's context window,
-    by its code (OpenAI's, llama.cpp's) or in words (`CONTEXT_FULL`: vLLM's, Anthropic's...)."""
+    """Whether the provider refused the conversation as longer than the model's context window
+    (`past_context`), the rescue's refusal included."""
     error = result.error
     if isinstance(error, FallbackFailed):
         error = error.stream_error or error.rescue_error
-    if not isinstance(error, InvalidRequestError):
-        return False
-    return error.error_type in _CONTEXT_CODES or bool(CONTEXT_FULL.search(error.provider_message))
+    return past_context(error)
 
 
 def _reply_error(reply: ErrorReply, kind: str, code: str | None) -> ErrorReply:
