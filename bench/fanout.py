@@ -61,10 +61,10 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import httpx
 import trio
-from rillet._hub import Entry, Hub, Subscription
-from rillet._policy import Policy
-from rillet.providers._base import Provider
-from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet._core._dialect import Provider
+from rillet._core._policy import Policy
+from rillet._hub._hub import Entry, Hub, Subscription
+from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 from rillet.transports.server import Limits, ServerConfig, serve
 
 from .fanout_load import SPARE_FDS, cpu_seconds, provide, raise_fd_limit, subscribe

@@ -36,15 +36,15 @@ from typing import TYPE_CHECKING
 
 import attrs
 import trio
-from rillet._redis_hub import RedisHub, open_redis_hub
-from rillet._runevents import AnswerDelta, RunDone, RunEvent
-from rillet._turn import SinkBatch
+from rillet._core._runevents import AnswerDelta, RunDone, RunEvent
+from rillet._hub._redis import RedisHub, open_redis_hub
+from rillet._turn._turn import SinkBatch
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
-    from rillet._hub import Subscription
-    from rillet._turn import Sink
+    from rillet._hub._hub import Subscription
+    from rillet._turn._turn import Sink
 
 __all__ = ["PhaseResult", "RedisBenchResult", "run_redis_bench"]
 

@@ -326,14 +326,14 @@ def _text_body(generate: Callable[[list[str]], bytes]) -> Callable[[list[str]], 
 
 # dialect module, class, generator (text streams: what the core benchmark decodes)
 GENERATORS: dict[str, tuple[str, str, Callable[[list[str]], bytes]]] = {
-    "openai-chat": ("rillet.providers._openai_chat", "OpenAIChatDialect", openai_chat),
+    "openai-chat": ("rillet.providers._openai_chat._dialect", "OpenAIChatDialect", openai_chat),
     "openai-responses": (
-        "rillet.providers._openai_responses",
+        "rillet.providers._openai_responses._dialect",
         "OpenAIResponsesDialect",
         openai_responses,
     ),
-    "anthropic": ("rillet.providers._anthropic", "AnthropicDialect", anthropic),
-    "gemini": ("rillet.providers._gemini", "GeminiDialect", gemini),
+    "anthropic": ("rillet.providers._anthropic._dialect", "AnthropicDialect", anthropic),
+    "gemini": ("rillet.providers._gemini._dialect", "GeminiDialect", gemini),
     "ollama": ("rillet.providers._ollama", "OllamaDialect", ollama),
 }
 

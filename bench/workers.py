@@ -57,8 +57,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import httpx
 import trio
-from rillet.providers._base import Provider
-from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet._core._dialect import Provider
+from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 from rillet.transports.server import Limits, ServerConfig
 from rillet.transports.server._workers import supervise
 from rillet.transports.testing import openai_text_stream

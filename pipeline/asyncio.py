@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 import trio
 
-from ._guest import GuestRun, guest_run, settled
-from ._public import fixup_module_metadata as _fixup_module_metadata
-from ._turn import SinkBatch, Turn, TurnResult, UniItem, run_turn
+from ._core._public import fixup_module_metadata as _fixup_module_metadata
+from ._turn._api import run_turn
+from ._turn._guest import GuestRun, guest_run, settled
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
@@ -37,10 +37,11 @@ if TYPE_CHECKING:
 
     from typing_extensions import Unpack
 
-    from ._request import TurnRequest
-    from ._runevents import RunEvent
-    from ._turn import TurnOptions
-    from .providers._base import Provider
+    from ._core._dialect import Provider
+    from ._core._request import TurnRequest
+    from ._core._runevents import RunEvent
+    from ._turn._api import TurnOptions
+    from ._turn._turn import SinkBatch, Turn, TurnResult, UniItem
 
 __all__ = ["TurnStream", "run_in_trio", "stream_turn"]
 

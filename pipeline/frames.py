@@ -6,12 +6,12 @@ JSON. Each takes bytes split anywhere and returns the frames they complete (`fee
 trio: the dialects, the wire decoder and the I/O transports are all built on them.
 """
 
-from ._ndjson import NDJSONDecoder as NDJSONDecoder
-from ._public import fixup_module_metadata as _fixup_module_metadata
-from ._sse import DEFAULT_MAX_FRAME as DEFAULT_MAX_FRAME
-from ._sse import SSEDecoder as SSEDecoder
-from ._sse import SSEEvent as SSEEvent
-from ._sse import encode_sse as encode_sse
+from ._core._ndjson import NDJSONDecoder as NDJSONDecoder
+from ._core._public import fixup_module_metadata as _fixup_module_metadata
+from ._core._sse import DEFAULT_MAX_FRAME as DEFAULT_MAX_FRAME
+from ._core._sse import SSEDecoder as SSEDecoder
+from ._core._sse import SSEEvent as SSEEvent
+from ._core._sse import encode_sse as encode_sse
 
 __all__ = ["DEFAULT_MAX_FRAME", "NDJSONDecoder", "SSEDecoder", "SSEEvent", "encode_sse"]
 

@@ -8,7 +8,7 @@ rillet.mcp --provider KIND` serves it over stdio.
 Needs the `mcp` extra (`pip install 'rillet[mcp]'`).
 """
 
-from ._public import fixup_module_metadata as _fixup_module_metadata
+from ._core._public import fixup_module_metadata as _fixup_module_metadata
 
 try:
     import mcp as _mcp  # noqa: F401
@@ -17,15 +17,15 @@ except ImportError as exc:  # pragma: no cover - the extra is installed wherever
         "rillet.mcp needs the mcp extra: pip install 'rillet[mcp]'", name=exc.name
     ) from exc
 
-from ._mcp_client import RunEventDispatcher as RunEventDispatcher
-from ._mcp_client import RunEventGap as RunEventGap
-from ._mcp_client import RunEvents as RunEvents
-from ._mcp_server import CORRELATION_ID_KEY as CORRELATION_ID_KEY
-from ._mcp_server import LAST_SEQ_KEY as LAST_SEQ_KEY
-from ._mcp_server import RUN_EVENT_KEY as RUN_EVENT_KEY
-from ._mcp_server import RUN_EVENTS_KEY as RUN_EVENTS_KEY
-from ._mcp_server import main as main
-from ._mcp_server import turn_server as turn_server
+from ._mcp._client import RunEventDispatcher as RunEventDispatcher
+from ._mcp._client import RunEventGap as RunEventGap
+from ._mcp._client import RunEvents as RunEvents
+from ._mcp._server import CORRELATION_ID_KEY as CORRELATION_ID_KEY
+from ._mcp._server import LAST_SEQ_KEY as LAST_SEQ_KEY
+from ._mcp._server import RUN_EVENT_KEY as RUN_EVENT_KEY
+from ._mcp._server import RUN_EVENTS_KEY as RUN_EVENTS_KEY
+from ._mcp._server import main as main
+from ._mcp._server import turn_server as turn_server
 
 __all__ = [
     "CORRELATION_ID_KEY",

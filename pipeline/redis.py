@@ -4,7 +4,7 @@ browser that reconnects to another server resumes without loss.
 Needs the `redis` extra (`pip install 'rillet[redis]'`, which brings `coredis`).
 """
 
-from ._public import fixup_module_metadata as _fixup_module_metadata
+from ._core._public import fixup_module_metadata as _fixup_module_metadata
 
 try:
     import coredis as _coredis  # noqa: F401
@@ -13,10 +13,10 @@ except ImportError as exc:  # pragma: no cover - the extra is installed wherever
         "rillet.redis needs the redis extra: pip install 'rillet[redis]'", name=exc.name
     ) from exc
 
-from ._redis_hub import RedisHub as RedisHub
-from ._redis_hub import RedisHubSink as RedisHubSink
-from ._redis_hub import RedisSubscription as RedisSubscription
-from ._redis_hub import open_redis_hub as open_redis_hub
+from ._hub._redis import RedisHub as RedisHub
+from ._hub._redis import RedisHubSink as RedisHubSink
+from ._hub._redis import RedisSubscription as RedisSubscription
+from ._hub._redis import open_redis_hub as open_redis_hub
 
 __all__ = ["RedisHub", "RedisHubSink", "RedisSubscription", "open_redis_hub"]
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 import trio.testing
-from rillet._policy import default_graph
+from rillet._core._policy import default_graph
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -32,13 +32,14 @@ import pytest
 import trio
 import trio.testing
 import trio_websocket
-from rillet._hub import Hub
-from rillet._ratelimit import RateLimiter
-from rillet._runevents import AnswerDone, RunDone, RunEvent, decode_run_event
-from rillet._turn import Turn, TurnResult, run_turn
+from rillet._core._dialect import Dialect, Provider, Secret
+from rillet._core._runevents import AnswerDone, RunDone, RunEvent, decode_run_event
+from rillet._hub._hub import Hub
+from rillet._turn._api import run_turn
+from rillet._turn._ratelimit import RateLimiter
+from rillet._turn._turn import Turn, TurnResult
 from rillet.frames import SSEDecoder
-from rillet.providers._base import Dialect, Provider, Secret
-from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 from rillet.transports.server import Limits, ServerConfig, serve
 from rillet.transports.testing import (
     LoopbackProvider,
@@ -64,7 +65,7 @@ from .handler_support import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
-    from rillet._policy import Outcome, Policy
+    from rillet._core._policy import Outcome, Policy
 
 LIMIT = 3600.0  # virtual seconds: beyond every scripted wait, never reached by a passing test
 

@@ -6,7 +6,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from rillet.providers import Provider, Secret
-from rillet.providers._gemini import GeminiDialect
+from rillet.providers._gemini._dialect import GeminiDialect
 
 from .wire_cases import run
 

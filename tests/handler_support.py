@@ -30,12 +30,12 @@ import msgspec
 import pytest
 import trio
 import trio.testing
-from rillet._events import TextDelta, TextDone, UniEvent
-from rillet._markers import AttemptReset
-from rillet._policy import Outcome, Policy
-from rillet._ratelimit import RateLimiter
-from rillet._request import TurnRequest, user
-from rillet._runevents import (
+from rillet._core._dialect import Dialect, Provider, Secret
+from rillet._core._events import TextDelta, TextDone, UniEvent
+from rillet._core._markers import AttemptReset
+from rillet._core._policy import Outcome, Policy
+from rillet._core._request import TurnRequest, user
+from rillet._core._runevents import (
     AnswerDelta,
     AnswerDone,
     AttemptResetEvent,
@@ -43,9 +43,10 @@ from rillet._runevents import (
     RunEvent,
     StatusEvent,
 )
-from rillet._turn import Sink, SinkBatch, Turn, TurnResult, run_turn
-from rillet.providers._base import Dialect, Provider, Secret
-from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet._turn._api import run_turn
+from rillet._turn._ratelimit import RateLimiter
+from rillet._turn._turn import Sink, SinkBatch, Turn, TurnResult
+from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 from rillet.transports.testing import openai_text_body, openai_text_stream, sse
 
 # --- the scripted provider --------------------------------------------------------------------

@@ -11,7 +11,7 @@ from rillet import (
     user,
 )
 from rillet.providers import Provider, Secret
-from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 
 from .wire_cases import run
 

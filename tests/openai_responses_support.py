@@ -11,7 +11,7 @@ from rillet import (
     user,
 )
 from rillet.providers import Provider, Secret
-from rillet.providers._openai_responses import OpenAIResponsesDialect
+from rillet.providers._openai_responses._dialect import OpenAIResponsesDialect
 
 from .wire_cases import run
 

@@ -14,17 +14,17 @@ import attrs
 import httpx
 import trio
 import trio.testing
-from rillet._hub import Hub
-from rillet._policy import Policy
-from rillet._runevents import (
+from rillet._core._dialect import Provider, Secret
+from rillet._core._policy import Policy
+from rillet._core._runevents import (
     AnswerDelta,
     AttemptResetEvent,
     RunEvent,
     decode_run_event,
 )
+from rillet._hub._hub import Hub
 from rillet.frames import SSEDecoder, SSEEvent
-from rillet.providers._base import Provider, Secret
-from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 from rillet.transports.server import ServerConfig, serve
 from rillet.transports.testing import (
     LoopbackProvider,

@@ -9,16 +9,16 @@ import unicodedata
 from typing import TYPE_CHECKING, Any
 
 from rillet import SinkBatch
-from rillet._events import (
+from rillet._core._events import (
     TextDelta,
     ThinkingDelta,
     delta_event,
 )
-from rillet._policy import Outcome
-from rillet._runevents import RunEvent, RunEventBuilder
+from rillet._core._policy import Outcome
+from rillet._core._runevents import RunEvent, RunEventBuilder
 
 if TYPE_CHECKING:
-    from rillet._turn import UniItem
+    from rillet._turn._turn import UniItem
     from rillet.transports.sinks import JSONLSink, TerminalSink
 
 CLEAR_LINE = "\r\x1b[K"

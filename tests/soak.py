@@ -36,9 +36,9 @@ import attrs
 import httpx
 import msgspec
 import trio
-from rillet._hub import Hub, MemoryRunLog
-from rillet._policy import Policy
-from rillet._runevents import (
+from rillet._core._dialect import Provider, Secret
+from rillet._core._policy import Policy
+from rillet._core._runevents import (
     AnswerDelta,
     AnswerDone,
     AttemptResetEvent,
@@ -46,8 +46,8 @@ from rillet._runevents import (
     RunEvent,
     decode_run_event,
 )
-from rillet.providers._base import Provider, Secret
-from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet._hub._hub import Hub, MemoryRunLog
+from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 from rillet.transports.server import Limits, ServerConfig, serve
 from rillet.transports.testing import (
     LoopbackProvider,

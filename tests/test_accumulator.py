@@ -29,7 +29,7 @@ from rillet import (
     UniMessage,
     UsageMetadata,
 )
-from rillet._events import delta_event, stop_event
+from rillet._core._events import delta_event, stop_event
 
 USAGE = UsageMetadata(cached_tokens=1, prompt_tokens=2, thoughts_tokens=3, response_tokens=4)
 

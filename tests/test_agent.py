@@ -252,8 +252,8 @@ async def test_cancelling_mid_tool_ends_the_run_cancelled(
 async def test_a_sync_tool_cancelled_is_abandoned_after_its_grace_but_holds_its_capacity(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    from rillet._events import ToolCallDone
-    from rillet._tools import run_tool
+    from rillet._agent._tools import run_tool
+    from rillet._core._events import ToolCallDone
 
     release = threading.Event()
     limiter = trio.CapacityLimiter(1)

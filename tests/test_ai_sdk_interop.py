@@ -26,11 +26,11 @@ import httpx
 import msgspec
 import pytest
 import trio
-from rillet._events import TextDone, ThinkingDone
-from rillet._policy import Policy
-from rillet._request import TurnRequest, user
-from rillet._turn import open_turn
-from rillet.providers._base import Provider, Secret
+from rillet._core._dialect import Provider, Secret
+from rillet._core._events import TextDone, ThinkingDone
+from rillet._core._policy import Policy
+from rillet._core._request import TurnRequest, user
+from rillet._turn._api import open_turn
 from rillet.providers._registry import dialect_from_name
 from rillet.transports.server import Limits, ServerConfig, serve
 from rillet.transports.testing import (

@@ -19,9 +19,9 @@ from rillet import (
     WireDecoder,
     user,
 )
-from rillet._policy import Outcome
+from rillet._core._policy import Outcome
 from rillet.providers import Provider, Secret
-from rillet.providers._anthropic import AnthropicDialect
+from rillet.providers._anthropic._dialect import AnthropicDialect
 
 from .wire_cases import run, turn_over_loopback
 

@@ -30,7 +30,7 @@ from rillet import (
     encode_json,
     user,
 )
-from rillet._guest import GuestRun, guest_run
+from rillet._turn._guest import GuestRun, guest_run
 from rillet.asyncio import TurnStream, run_in_trio, stream_turn
 from rillet.frames import SSEDecoder, encode_sse
 from rillet.providers import OpenAIChatDialect, Provider

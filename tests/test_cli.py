@@ -448,7 +448,7 @@ async def test_serve_off_loopback_without_a_key_is_one_line() -> None:
 
 @pytest.mark.parametrize("command", ["run", "serve"])
 async def test_every_option_says_its_default_or_is_a_switch(command: str) -> None:
-    from rillet._cliargs import build_parser
+    from rillet._cli._args import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -462,7 +462,7 @@ async def test_every_option_says_its_default_or_is_a_switch(command: str) -> Non
 
 
 async def test_help_names_every_providers_default_model() -> None:
-    from rillet._cliargs import build_parser
+    from rillet._cli._args import build_parser
     from rillet.providers._registry import _KINDS
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
@@ -478,7 +478,7 @@ async def test_help_names_every_providers_default_model() -> None:
 
 
 async def test_usage_errors_exit_2_and_the_documented_codes_are_those_that_happen() -> None:
-    from rillet import _cli
+    from rillet._cli import _exits as _cli
 
     done = await _rillet("run", "hi", "--no-such-option")
     assert done.returncode == 2
@@ -612,8 +612,8 @@ async def test_providers_lists_each_default_model_and_masks_keys() -> None:
 
 
 def test_serve_route_names_provider_kinds() -> None:
-    from rillet._cli import CliError
-    from rillet._cliserve import route_kinds
+    from rillet._cli._exits import CliError
+    from rillet._cli._serve import route_kinds
 
     assert route_kinds("") == ()
     assert route_kinds("anthropic, gemini") == ("anthropic", "gemini")

@@ -238,7 +238,7 @@ async def test_fallback_chains_an_agent_run_too() -> None:
 
 
 def test_fallback_names_a_model_after_the_last_colon_of_a_url() -> None:
-    from rillet._cliagent import parse_fallback
+    from rillet._cli._agent import parse_fallback
 
     assert parse_fallback("anthropic,openai:gpt-4o") == [("anthropic", None), ("openai", "gpt-4o")]
     assert parse_fallback("http://127.0.0.1:8000/v1:m, http://h:8000") == [
@@ -280,9 +280,9 @@ async def test_the_demo_runs_a_tool_and_one_that_needs_approval() -> None:
 
 async def test_the_demo_page_runs_agents_with_the_demo_tools() -> None:
     import httpx
-    from rillet._demo import _script, _start_page
+    from rillet._cli._demo import _script, _start_page
+    from rillet._core._dialect import Provider
     from rillet.providers import OpenAIChatDialect
-    from rillet.providers._base import Provider
     from rillet.transports.testing import open_loopback_provider
 
     async with open_loopback_provider(_script(0.0)) as embedded, trio.open_nursery() as nursery:

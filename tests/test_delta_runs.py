@@ -9,19 +9,19 @@ without a reader, and compares every fact of their results."""
 from __future__ import annotations
 
 import functools
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import httpx
 import pytest
 import trio
 import trio.testing
 from rillet import DeltaRun, LaneKind, WireDecoder
-from rillet._events import TextDelta, ThinkingDelta, ToolCallDelta, UniEvent
-from rillet._grammar import Grammar
-from rillet._graph import AccumulatorActor
-from rillet._policy import Outcome
-from rillet._ratelimit import RateLimiter
-from rillet._turn import Turn, TurnResult, run_turn
+from rillet._core._events import TextDelta, ThinkingDelta, ToolCallDelta, UniEvent
+from rillet._core._grammar import Grammar
+from rillet._core._policy import Outcome
+from rillet._turn._api import run_turn
+from rillet._turn._graph import AccumulatorActor
+from rillet._turn._ratelimit import RateLimiter
 from rillet.providers import AnthropicDialect, Provider, Secret
 from rillet.transports.testing import Reply, Script, open_loopback_provider
 
@@ -32,6 +32,9 @@ from .handler_support import OK, REQUEST, TEXT, anthropic_events, openai_events,
 from .test_fixtures import DIALECTS, dialect_for
 from .test_turn_loopback import provider_at
 from .wire_cases import FIXTURES
+
+if TYPE_CHECKING:
+    from rillet._turn._turn import Turn, TurnResult
 
 
 def expand(items: list[Any]) -> list[Any]:
@@ -109,7 +112,7 @@ def test_runs_stand_for_their_deltas_in_every_bench_stream(kind: str) -> None:
 
 
 def test_a_tool_lane_not_yet_started_goes_the_slow_way() -> None:
-    from rillet._lanes import MessageStart, PartRun, PartStart
+    from rillet._core._lanes import MessageStart, PartRun, PartStart
 
     grammar = Grammar("test", clock=lambda: 0)
     grammar.runs = True
@@ -217,7 +220,7 @@ SCRIPTS = {
 async def test_a_turn_with_no_reader_ends_as_one_with_a_reader(
     loop_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch, script: str
 ) -> None:
-    monkeypatch.setattr("rillet._handler.WireDecoder", Recording)
+    monkeypatch.setattr("rillet._turn._handler.WireDecoder", Recording)
     alone, decoders = await one_turn(SCRIPTS[script], reader="none")
     assert alone.outcome is Outcome.COMPLETED
     assert alone.text == TEXT
@@ -256,7 +259,7 @@ async def test_a_turn_with_no_reader_keeps_every_fragment_however_its_attempts_e
     """The runs a turn with no reader holds back (one hand-over for many reads) reach its
     accumulator however an attempt ends: cut off, timed out, before its retry. Its result is
     that of the same turn with a reader, partial text included."""
-    monkeypatch.setattr("rillet._handler.WireDecoder", Recording)
+    monkeypatch.setattr("rillet._turn._handler.WireDecoder", Recording)
     offers: list[int] = []
     offer = AccumulatorActor.offer
 
@@ -279,7 +282,14 @@ async def test_a_turn_with_no_reader_keeps_every_fragment_however_its_attempts_e
 
 @pytest.mark.parametrize("kind", ["inline_data", "inline_thinking", "embedding"])
 def test_a_run_of_another_kind_goes_the_slow_way(kind: LaneKind) -> None:
-    from rillet._lanes import MessageDelta, MessageStart, MessageStop, PartRun, PartStart, PartStop
+    from rillet._core._lanes import (
+        MessageDelta,
+        MessageStart,
+        MessageStop,
+        PartRun,
+        PartStart,
+        PartStop,
+    )
 
     lanes: list[Any] = [
         MessageStart("m", "model"),

@@ -22,7 +22,7 @@ from rillet import (
     WireDecoder,
     user,
 )
-from rillet._events import delta_event, stop_event
+from rillet._core._events import delta_event, stop_event
 from rillet.providers import Provider, Secret
 from rillet.providers._embeddings import (
     GeminiEmbeddingsDialect,

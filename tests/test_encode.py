@@ -1,11 +1,11 @@
-"""The wire encoders (`rillet._encode`): what each writes is what the matching
+"""The wire encoders (`rillet._core._encode`): what each writes is what the matching
 decoder (ours for SSE, wsproto for WebSocket, msgspec for JSON Lines) reads back."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
-from rillet._encode import (
+from rillet._core._encode import (
     SSE_DONE,
     SSE_HEARTBEAT,
     SSE_PROBE,
@@ -17,10 +17,10 @@ from rillet._encode import (
     uni_jsonl,
     ws_text_frames,
 )
-from rillet._events import UniEvent
-from rillet._hub import Entry
-from rillet._markers import AttemptReset
-from rillet._runevents import AnswerDelta, decode_run_event
+from rillet._core._events import UniEvent
+from rillet._core._markers import AttemptReset
+from rillet._core._runevents import AnswerDelta, decode_run_event
+from rillet._hub._hub import Entry
 from rillet.frames import SSEDecoder
 from wsproto.frame_protocol import FrameProtocol, Opcode
 

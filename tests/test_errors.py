@@ -26,8 +26,8 @@ from rillet import (
     StreamProtocolError,
     ToolCallArgumentParseError,
 )
-from rillet import _errors as errors
-from rillet._errors import preview
+from rillet._core import _errors as errors
+from rillet._core._errors import preview
 from rillet.providers import AnthropicDialect, HttpRequest, Provider, Secret
 from rillet.providers._error_body import error_from_body
 

@@ -31,7 +31,7 @@ from rillet import (
     decode_uni_message,
     encode_json,
 )
-from rillet._events import delta_event, stop_event
+from rillet._core._events import delta_event, stop_event
 
 DELTA_EXAMPLE = (
     '{"role": "assistant", "event_type": "delta", "content_items": [{"type": "text.delta", '

@@ -29,13 +29,13 @@ from rillet import (
     run_turn,
     user,
 )
-from rillet._arguments import parse_arguments
-from rillet._explain import explain, mask_keys
-from rillet.providers._base import Provider, Secret
+from rillet._core._arguments import parse_arguments
+from rillet._core._dialect import Provider, Secret
+from rillet._core._explain import explain, mask_keys
 from rillet.providers._error_body import error_from_body
-from rillet.providers._gemini import GeminiDialect
+from rillet.providers._gemini._dialect import GeminiDialect
 from rillet.providers._ollama import OllamaDialect
-from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 from rillet.transports.testing import Reply, open_loopback_provider, sse
 
 KEY = "sk-proj-abcdefghijklmnop1234"

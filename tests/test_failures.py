@@ -1,4 +1,4 @@
-"""The failure taxonomy (`rillet._failures`): every error class and every HTTP status has its
+"""The failure taxonomy (`rillet._core._failures`): every error class and every HTTP status has its
 ladder, the rules of RELIABILITY.md hold line by line, and docs/reliability.md shows the same
 table the handler consults."""
 
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import msgspec
 import pytest
-import rillet._errors as errors
-from rillet._errors import (
+import rillet._core._errors as errors
+from rillet._core._dialect import strict_decode
+from rillet._core._errors import (
     AuthenticationError,
     ConfigurationError,
     EmptyResponseError,
@@ -31,7 +32,7 @@ from rillet._errors import (
     TransportError,
     TurnTimeout,
 )
-from rillet._failures import (
+from rillet._core._failures import (
     CAUSE_SHAPES,
     ERROR_SHAPES,
     PERMANENT_CODES,
@@ -40,8 +41,7 @@ from rillet._failures import (
     http_shape,
     status_shape,
 )
-from rillet._policy import Shape
-from rillet.providers._base import strict_decode
+from rillet._core._policy import Shape
 from rillet.providers._error_body import error_from_body
 
 T, R, P, W = Shape.TRANSPORT, Shape.RATE_LIMIT, Shape.PERMANENT, Shape.WRONG_SHAPE

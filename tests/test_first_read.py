@@ -19,7 +19,7 @@ from rillet import (
     run_turn,
     user,
 )
-from rillet._wire import HEAD_BYTES, HEAD_PIECE
+from rillet._core._wire import HEAD_BYTES, HEAD_PIECE
 from rillet.providers import (
     AnthropicDialect,
     Dialect,
@@ -35,7 +35,7 @@ from rillet.transports.upstream import MemoryReply, MemoryUpstream
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from rillet._graph import SinkBatch
+    from rillet._turn._graph import SinkBatch
 
 FRAGMENTS = [f"word{i} " for i in range(200)]
 BODY = openai_text_stream(FRAGMENTS)

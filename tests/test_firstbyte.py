@@ -14,13 +14,13 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from rillet._policy import Policy
-from rillet._turn import run_turn
-from rillet.providers._base import HttpRequest, Provider, Secret
-from rillet.providers._openai_chat import OpenAIChatDialect
-from rillet.transports._http_upstream import HttpUpstream, default_client
-from rillet.transports._pool_path import PoolPath
+from rillet._core._dialect import HttpRequest, Provider, Secret
+from rillet._core._policy import Policy
+from rillet._turn._api import run_turn
+from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 from rillet.transports.testing import Reply, open_loopback_provider, openai_text_stream, split
+from rillet.transports.upstream._http import HttpUpstream, default_client
+from rillet.transports.upstream._pool_path import PoolPath
 
 from bench.firstbyte import request_end
 

@@ -15,10 +15,10 @@ if TYPE_CHECKING:
 
 # fixture folder -> (module, dialect class)
 DIALECTS = {
-    "anthropic-messages": ("rillet.providers._anthropic", "AnthropicDialect"),
-    "openai-chat": ("rillet.providers._openai_chat", "OpenAIChatDialect"),
-    "openai-responses": ("rillet.providers._openai_responses", "OpenAIResponsesDialect"),
-    "gemini": ("rillet.providers._gemini", "GeminiDialect"),
+    "anthropic-messages": ("rillet.providers._anthropic._dialect", "AnthropicDialect"),
+    "openai-chat": ("rillet.providers._openai_chat._dialect", "OpenAIChatDialect"),
+    "openai-responses": ("rillet.providers._openai_responses._dialect", "OpenAIResponsesDialect"),
+    "gemini": ("rillet.providers._gemini._dialect", "GeminiDialect"),
     "ollama-chat": ("rillet.providers._ollama", "OllamaDialect"),
     "openai-embeddings": ("rillet.providers._embeddings", "OpenAIEmbeddingsDialect"),
 }

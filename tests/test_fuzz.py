@@ -37,9 +37,10 @@ from rillet import (
     ToolCallArgumentParseError,
     WireDecoder,
 )
-from rillet._events import TextDone, ToolCallDone, UniEvent
-from rillet._grammar import Grammar
-from rillet._lanes import (
+from rillet._core._dialect import Provider, Secret
+from rillet._core._events import TextDone, ToolCallDone, UniEvent
+from rillet._core._grammar import Grammar
+from rillet._core._lanes import (
     LaneEvent,
     MessageDelta,
     MessageStart,
@@ -52,8 +53,7 @@ from rillet._lanes import (
     RawUsage,
 )
 from rillet.frames import NDJSONDecoder, SSEDecoder
-from rillet.providers._base import Provider, Secret
-from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 from rillet.transports.server import Limits, ServerConfig, serve
 from rillet.transports.testing import open_loopback_provider
 

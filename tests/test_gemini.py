@@ -28,7 +28,7 @@ from rillet import (
     user,
 )
 from rillet.providers import Provider
-from rillet.providers._gemini import GeminiDialect
+from rillet.providers._gemini._dialect import GeminiDialect
 
 from .gemini_support import (
     BASE,

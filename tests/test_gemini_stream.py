@@ -15,7 +15,7 @@ from rillet import (
     WireDecoder,
 )
 from rillet.frames import SSEEvent
-from rillet.providers._gemini import GeminiDialect
+from rillet.providers._gemini._dialect import GeminiDialect
 
 from .gemini_support import (
     SIG,

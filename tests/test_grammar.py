@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 import pytest
-import rillet._arguments as arguments_module
+import rillet._core._arguments as arguments_module
 from rillet import (
     Grammar,
     LaneEvent,

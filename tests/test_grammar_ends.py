@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 import pytest
-import rillet._grammar as grammar_module
+import rillet._core._grammar as grammar_module
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rillet import (
@@ -35,7 +35,7 @@ from rillet import (
     UsageMetadata,
     map_finish_reason,
 )
-from rillet._events import TextDelta, TextDone, ThinkingDone, ToolCallDone
+from rillet._core._events import TextDelta, TextDone, ThinkingDone, ToolCallDone
 
 from .grammar_support import (
     END,

@@ -24,7 +24,17 @@ from rillet import (
     run_turn,
     user,
 )
-from rillet._graph import (
+from rillet._core._lanes import (
+    MessageDelta,
+    MessageStart,
+    MessageStop,
+    PartDelta,
+    PartStart,
+    RawUsage,
+)
+from rillet._core._markers import AttemptOpen, Status
+from rillet._core._runevents import RunEventBuilder
+from rillet._turn._graph import (
     AccumulatorActor,
     ChannelOutlet,
     Given,
@@ -33,10 +43,7 @@ from rillet._graph import (
     SinkBatch,
     sink_actor,
 )
-from rillet._lanes import MessageDelta, MessageStart, MessageStop, PartDelta, PartStart, RawUsage
-from rillet._markers import AttemptOpen, Status
-from rillet._runevents import RunEventBuilder
-from rillet._turn import _Log
+from rillet._turn._turn import _Log
 from rillet.providers import OpenAIChatDialect, Provider
 from rillet.transports.testing import openai_text_body, openai_text_stream, split
 from rillet.transports.upstream import MemoryReply, MemoryUpstream
@@ -78,7 +85,7 @@ def texts(batches: list[Batch]) -> list[Any]:
 
 
 async def test_the_grammar_actor_checks_lanes_into_uni_events_on_its_channels() -> None:
-    from rillet._graph import Settle, Verdict
+    from rillet._turn._graph import Settle, Verdict
 
     verdict = Verdict()
     out, _ = await grammar_on_channels(
@@ -99,7 +106,7 @@ async def test_the_grammar_actor_checks_lanes_into_uni_events_on_its_channels() 
 
 
 async def test_the_grammar_actor_reports_a_breach_and_owes_the_reset() -> None:
-    from rillet._graph import Settle, Verdict
+    from rillet._turn._graph import Settle, Verdict
 
     first, second = Verdict(), Verdict()
     breach = [MessageStart(), PartStart(index=0, kind="text"), PartDelta(0, "text", "x"),
@@ -296,7 +303,7 @@ def test_the_graph_is_checked() -> None:
 
 
 def test_answer_text_joins_fragments_a_few_at_a_time_and_reads_whole() -> None:
-    from rillet._text import AnswerText
+    from rillet._core._text import AnswerText
 
     answer = AnswerText()
     for i in range(1000):
@@ -314,7 +321,7 @@ def test_the_run_events_read_the_accumulators_text_and_do_not_keep_their_own() -
     accumulator = Accumulator()
     builder = RunEventBuilder("r", lambda: 0.0, text=accumulator.answer)
     events: list[UniEvent] = []
-    from rillet._grammar import Grammar
+    from rillet._core._grammar import Grammar
 
     grammar = Grammar("test", clock=lambda: 0)
     grammar.feed_many(lanes("Hello", ", world"), events)

@@ -11,8 +11,8 @@ from rillet import (
     FallbackFailed,
     TurnTimeout,
 )
-from rillet._policy import Outcome
-from rillet._runevents import AnswerDelta
+from rillet._core._policy import Outcome
+from rillet._core._runevents import AnswerDelta
 from rillet.providers._ollama import OllamaDialect
 
 from .handler_support import (

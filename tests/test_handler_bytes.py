@@ -15,9 +15,9 @@ from rillet import (
     FrameTooLarge,
     MalformedFrameError,
 )
-from rillet._events import UniEvent
-from rillet._policy import Outcome
-from rillet._runevents import AnswerDelta
+from rillet._core._events import UniEvent
+from rillet._core._policy import Outcome
+from rillet._core._runevents import AnswerDelta
 from rillet.providers._ollama import OllamaDialect
 from rillet.transports.testing import openai_text_stream, sse
 

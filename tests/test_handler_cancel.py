@@ -9,13 +9,14 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from rillet._policy import Outcome, Policy
-from rillet._ratelimit import RateLimiter
-from rillet._runevents import (
+from rillet._core._policy import Outcome, Policy
+from rillet._core._runevents import (
     AnswerDelta,
     RunEvent,
 )
-from rillet._turn import Turn, run_turn
+from rillet._turn._api import run_turn
+from rillet._turn._ratelimit import RateLimiter
+from rillet._turn._turn import Turn
 from rillet.transports.testing import openai_text_body
 
 from .handler_support import (

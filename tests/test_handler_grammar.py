@@ -14,11 +14,11 @@ from rillet import (
     StreamProtocolError,
     ToolCallArgumentParseError,
 )
-from rillet._events import UniEvent
-from rillet._lanes import LaneEvent, MessageStart, PartDelta
-from rillet._policy import Outcome
-from rillet.providers._anthropic import AnthropicDialect
-from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet._core._events import UniEvent
+from rillet._core._lanes import LaneEvent, MessageStart, PartDelta
+from rillet._core._policy import Outcome
+from rillet.providers._anthropic._dialect import AnthropicDialect
+from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 from rillet.transports.testing import sse
 
 from .handler_support import (
@@ -46,9 +46,9 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     import trio.testing
-    from rillet._request import TurnRequest
+    from rillet._core._dialect import HttpRequest, Provider, StreamDecoder
+    from rillet._core._request import TurnRequest
     from rillet.frames import SSEEvent
-    from rillet.providers._base import HttpRequest, Provider, StreamDecoder
 
 # --- F43-F45: what the grammar refuses ------------------------------------------------------------
 

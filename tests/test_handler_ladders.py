@@ -14,10 +14,10 @@ from rillet import (
     MalformedFrameError,
     TurnTimeout,
 )
-from rillet._markers import AttemptReset
-from rillet._policy import Outcome
-from rillet._ratelimit import RateLimiter
-from rillet.providers._anthropic import AnthropicDialect
+from rillet._core._markers import AttemptReset
+from rillet._core._policy import Outcome
+from rillet._turn._ratelimit import RateLimiter
+from rillet.providers._anthropic._dialect import AnthropicDialect
 from rillet.transports.testing import sse
 
 from .handler_support import (

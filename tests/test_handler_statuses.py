@@ -14,12 +14,12 @@ from rillet import (
     FallbackFailed,
     TransportError,
 )
-from rillet._policy import Outcome
-from rillet._runevents import StatusEvent
-from rillet.providers._anthropic import AnthropicDialect
-from rillet.providers._gemini import GeminiDialect
+from rillet._core._policy import Outcome
+from rillet._core._runevents import StatusEvent
+from rillet.providers._anthropic._dialect import AnthropicDialect
+from rillet.providers._gemini._dialect import GeminiDialect
 from rillet.providers._ollama import OllamaDialect
-from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 
 from .handler_support import (
     END_OK,
@@ -56,7 +56,7 @@ pytestmark = pytest.mark.usefixtures("graph")  # every turn here runs under both
 
 if TYPE_CHECKING:
     import trio.testing
-    from rillet.providers._base import Dialect
+    from rillet._core._dialect import Dialect
 
 
 # --- F10-F20: connection errors and statuses ------------------------------------------------------

@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
-from rillet._hub import Hub, SubscriberDropped
-from rillet._redis_hub import RedisHub, open_redis_hub
+from rillet._hub._hub import Hub, SubscriberDropped
+from rillet._hub._redis import RedisHub, open_redis_hub
 
 from .test_redis_hub import deltas, done, new_run, read_to_end, redis_server, redis_url  # noqa: F401
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from rillet._hub import Subscription
+    from rillet._hub._hub import Subscription
 
 pytestmark = pytest.mark.filterwarnings("ignore:Unclosed <MemoryObject:ResourceWarning")
 

@@ -8,11 +8,10 @@ import collections
 from typing import TYPE_CHECKING
 
 import attrs
-import rillet._hub
-import rillet._runlog
+import rillet._hub._hub
 import trio
-from rillet._hub import Entry, Hub, Subscription
-from rillet._runevents import AnswerDelta, RunDone, RunEvent
+from rillet._core._runevents import AnswerDelta, RunDone, RunEvent
+from rillet._hub._hub import Entry, Hub, Subscription
 
 if TYPE_CHECKING:
     import pytest
@@ -143,7 +142,7 @@ async def test_a_writer_that_refuses_or_fails_leaves_the_entries_to_next_batch()
 async def test_a_sweep_past_the_turn_size_is_handed_over_and_reaches_everyone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(rillet._runlog, "_LEAD", 2)  # the leader's turn lives with RunState
+    monkeypatch.setattr(rillet._hub._hub, "_LEAD", 2)  # the leader's turn lives with RunState
     hub = Hub()
     hub.create(RUN)
     readers = readers_of(hub, 9)
@@ -183,7 +182,7 @@ async def test_a_sweep_that_fails_wakes_everyone_waiting(monkeypatch: pytest.Mon
     def broken(self: object) -> None:
         raise RuntimeError("a bug in the sweep")
 
-    monkeypatch.setattr(rillet._hub.RunState, "lead", broken)
+    monkeypatch.setattr(rillet._hub._hub.RunState, "lead", broken)
     hub = Hub()
     hub.create(RUN)
     readers = readers_of(hub, 3)

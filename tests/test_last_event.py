@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 from rillet import Outcome, Policy, TurnRequest, run_turn, user
-from rillet._sse import SSEDecoder, SSEEvent
+from rillet._core._sse import SSEDecoder, SSEEvent
 from rillet.providers import Provider
 from rillet.transports.replay import ReplayTransport
 

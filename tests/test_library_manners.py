@@ -23,9 +23,9 @@ from rillet import (
     run_turn,
     user,
 )
-from rillet.providers._anthropic import AnthropicDialect
-from rillet.providers._base import Provider
-from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet._core._dialect import Provider
+from rillet.providers._anthropic._dialect import AnthropicDialect
+from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 from rillet.transports.testing import (
     Reply,
     fixture_reply,

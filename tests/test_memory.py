@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 from rillet import Accumulator
-from rillet._events import (
+from rillet._core._events import (
     TextDelta,
     TextDone,
     ThinkingDelta,
@@ -22,11 +22,12 @@ from rillet._events import (
     encode_json,
     stop_event,
 )
-from rillet._graph import AccumulatorActor
-from rillet._history import PlainLog, RunHistory, UniHistory
-from rillet._markers import AttemptReset
-from rillet._runevents import RunEvent, RunEventBuilder
-from rillet._turn import CallbackSink, Turn, UniItem, open_turn, run_turn
+from rillet._core._markers import AttemptReset
+from rillet._core._runevents import RunEvent, RunEventBuilder
+from rillet._turn._api import open_turn, run_turn
+from rillet._turn._graph import AccumulatorActor
+from rillet._turn._history import PlainLog, RunHistory, UniHistory
+from rillet._turn._turn import CallbackSink, Turn, UniItem
 
 from .handler_support import (
     FRAGMENTS,

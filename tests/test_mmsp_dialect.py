@@ -40,7 +40,7 @@ from rillet import (
     encode_json,
     user,
 )
-from rillet._events import EmbeddingDelta, EmbeddingDone, delta_event, stop_event
+from rillet._core._events import EmbeddingDelta, EmbeddingDone, delta_event, stop_event
 from rillet.frames import SSEEvent
 from rillet.providers import Provider, Secret
 from rillet.providers._mmsp import (

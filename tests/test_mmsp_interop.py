@@ -30,11 +30,11 @@ import msgspec
 import pytest
 import trio
 from rillet import FallbackFailed
-from rillet._events import UniEvent, UniMessage
-from rillet._policy import Policy
-from rillet._request import ToolSpec, TurnRequest
-from rillet._turn import open_turn
-from rillet.providers._base import Provider, Secret
+from rillet._core._dialect import Provider, Secret
+from rillet._core._events import UniEvent, UniMessage
+from rillet._core._policy import Policy
+from rillet._core._request import ToolSpec, TurnRequest
+from rillet._turn._api import open_turn
 from rillet.transports.server import Limits, ServerConfig, serve
 from rillet.transports.testing import (
     RecordedRequest,

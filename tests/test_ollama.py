@@ -29,9 +29,9 @@ from rillet import (
     WireDecoder,
     user,
 )
-from rillet._explain import explain
-from rillet._failures import http_shape
-from rillet._policy import Outcome, Shape
+from rillet._core._explain import explain
+from rillet._core._failures import http_shape
+from rillet._core._policy import Outcome, Shape
 from rillet.providers import Provider, Secret
 from rillet.providers._ollama import OllamaDialect
 

@@ -26,7 +26,7 @@ from rillet import (
     WireDecoder,
     user,
 )
-from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 
 from .openai_chat_support import (
     KEY,

@@ -17,9 +17,9 @@ from rillet import (
     WireDecoder,
     user,
 )
-from rillet._lanes import MessageDelta
-from rillet.providers._openai_chat import OpenAIChatDialect
-from rillet.providers._openai_chat_stream import ChatStreamDecoder
+from rillet._core._lanes import MessageDelta
+from rillet.providers._openai_chat._dialect import OpenAIChatDialect
+from rillet.providers._openai_chat._stream import ChatStreamDecoder
 
 from .openai_chat_support import (
     USAGE,

@@ -14,11 +14,11 @@ from rillet import (
     UniEvent,
     WireDecoder,
 )
-from rillet._policy import Outcome, Policy
-from rillet._ratelimit import RateLimiter
-from rillet._turn import run_turn
+from rillet._core._policy import Outcome, Policy
+from rillet._turn._api import run_turn
+from rillet._turn._ratelimit import RateLimiter
 from rillet.providers import Provider, Secret
-from rillet.providers._openai_chat import OpenAIChatDialect, sniff_audio
+from rillet.providers._openai_chat._dialect import OpenAIChatDialect, sniff_audio
 from rillet.transports.testing import Reply, open_loopback_provider
 
 from .openai_chat_support import (

@@ -26,8 +26,8 @@ import httpx
 import msgspec
 import pytest
 import trio
-from rillet._policy import Policy
-from rillet.providers._base import Provider, Secret
+from rillet._core._dialect import Provider, Secret
+from rillet._core._policy import Policy
 from rillet.providers._registry import dialect_from_name
 from rillet.transports.server import Limits, ServerConfig, serve
 from rillet.transports.testing import (

@@ -27,7 +27,7 @@ from rillet import (
     run_turn,
     user,
 )
-from rillet._request import ToolSpec
+from rillet._core._request import ToolSpec
 from rillet.providers import OpenAIRealtimeDialect, Provider, Secret, provider_from_env
 from rillet.transports.upstream import open_websocket_upstream
 

@@ -24,7 +24,7 @@ from rillet import (
     UniMessage,
     user,
 )
-from rillet.providers._openai_responses import OpenAIResponsesDialect
+from rillet.providers._openai_responses._dialect import OpenAIResponsesDialect
 
 from .openai_responses_support import (
     KEY,

@@ -13,10 +13,10 @@ from rillet import (
     RateLimitError,
     WireDecoder,
 )
-from rillet._failures import error_shape
-from rillet._lanes import MessageDelta
-from rillet._policy import Outcome, Shape
-from rillet.providers._openai_responses import OpenAIResponsesDialect
+from rillet._core._failures import error_shape
+from rillet._core._lanes import MessageDelta
+from rillet._core._policy import Outcome, Shape
+from rillet.providers._openai_responses._dialect import OpenAIResponsesDialect
 
 from .openai_responses_support import (
     USAGE_METADATA,

@@ -9,8 +9,8 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from rillet._policy import Outcome, Policy, backoff_delay, retry_after
-from rillet._ratelimit import RateLimiter, shared_limiter
+from rillet._core._policy import Outcome, Policy, backoff_delay, retry_after
+from rillet._turn._ratelimit import RateLimiter, shared_limiter
 
 WALL = 1696004797.0  # Fri, 29 Sep 2023 16:26:37 GMT
 

@@ -224,7 +224,7 @@ def test_chat_text_reads_read_what_chunks_read(odd: str) -> None:
 
 
 def test_chat_text_reads_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    taken = _taken(monkeypatch, "rillet.providers._openai_chat_stream:field_run")
+    taken = _taken(monkeypatch, "rillet.providers._openai_chat._stream:field_run")
     data = b"\n\n".join([_CHAT_START, *_CHAT_TEXT, *_CHAT_END]) + b"\n\n"
     assert _fed("openai-chat", data).grammar.stopped
     assert len(taken) >= len(data) // 400 - 3
@@ -307,7 +307,7 @@ def test_chat_argument_reads_read_what_chunks_read(odd: str) -> None:
 
 
 def test_chat_argument_reads_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    taken = _taken(monkeypatch, "rillet.providers._openai_chat_stream:arguments_run")
+    taken = _taken(monkeypatch, "rillet.providers._openai_chat._stream:arguments_run")
     frames = [_CHAT_START, _CALL_START, *_CALL_FRAGMENTS, *_CALL_END]
     data = b"\n\n".join(frames) + b"\n\n"
     assert _fed("openai-chat", data).grammar.stopped
@@ -354,7 +354,7 @@ def test_chat_reasoning_reads_read_what_chunks_read(odd: str, field: bytes) -> N
 def test_chat_reasoning_reads_take_the_fast_path(
     monkeypatch: pytest.MonkeyPatch, field: bytes
 ) -> None:
-    taken = _taken(monkeypatch, "rillet.providers._openai_chat_stream:field_run")
+    taken = _taken(monkeypatch, "rillet.providers._openai_chat._stream:field_run")
     thoughts = [_thought(field, b"t%d " % i) for i in range(40)]
     data = b"\n\n".join([_CHAT_START, *thoughts, _CHAT_TEXT[0], *_CHAT_END]) + b"\n\n"
     assert _fed("openai-chat", data).grammar.stopped
@@ -415,7 +415,7 @@ def test_gemini_reads_read_what_chunks_read(odd: str, crlf: bool) -> None:
 
 @pytest.mark.parametrize("base", ["text", "thinking"])
 def test_gemini_reads_take_the_fast_path(monkeypatch: pytest.MonkeyPatch, base: str) -> None:
-    taken = _taken(monkeypatch, "rillet.providers._gemini_stream:_StreamDecoder._fragments")
+    taken = _taken(monkeypatch, "rillet.providers._gemini._stream:_StreamDecoder._fragments")
     chunks = _GEMINI_TEXT if base == "text" else _GEMINI_THOUGHTS
     data = b"\n\n".join([*chunks, _GEMINI_END]) + b"\n\n"
     assert _fed("gemini", data).grammar.stopped
@@ -426,9 +426,9 @@ def test_the_text_only_shapes_name_every_field_the_chunk_shapes_have() -> None:
     """A field added to a chunk's shape must be narrowed in its text-only shape as well: else
     the fast path would read a chunk carrying it as plain text, and lose it. (A text-only shape
     may read more fields: Ollama's reads every field a line may hold.)"""
-    from rillet.providers import _gemini_stream as gemini
     from rillet.providers import _ollama as ollama
-    from rillet.providers import _openai_chat_wire as chat
+    from rillet.providers._gemini import _stream as gemini
+    from rillet.providers._openai_chat import _wire as chat
 
     pairs: list[tuple[Any, Any]] = [
         (chat._MoreText, chat._Delta),

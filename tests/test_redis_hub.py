@@ -26,8 +26,10 @@ import coredis
 import httpx
 import pytest
 import trio
-from rillet._events import encode_json
-from rillet._hub import (
+from rillet._core._events import encode_json
+from rillet._core._request import TurnRequest, user
+from rillet._core._runevents import AnswerDelta, RunDone, RunEvent
+from rillet._hub._hub import (
     AppendConflict,
     CursorExpired,
     CursorInvalid,
@@ -39,10 +41,9 @@ from rillet._hub import (
     Subscription,
     UnknownRun,
 )
-from rillet._redis_hub import RedisHub, RedisHubSink, open_redis_hub
-from rillet._request import TurnRequest, user
-from rillet._runevents import AnswerDelta, RunDone, RunEvent
-from rillet._turn import SinkBatch, TurnResult, run_turn
+from rillet._hub._redis import RedisHub, RedisHubSink, open_redis_hub
+from rillet._turn._api import run_turn
+from rillet._turn._turn import SinkBatch, TurnResult
 from rillet.transports.server import ServerConfig, serve
 from rillet.transports.testing import open_loopback_provider
 
@@ -336,7 +337,7 @@ async def test_a_second_producer_for_a_run_is_refused_and_the_log_keeps_the_firs
             with pytest.raises(HubError, match="expected seq 4, got 6") as gap:
                 await b.append(run_id, deltas(run_id, 6, 6))
             sink = RedisHubSink(b, run_id)
-            with caplog.at_level(logging.ERROR, logger="rillet._redis_hub"):
+            with caplog.at_level(logging.ERROR, logger="rillet._hub._redis"):
                 await sink.deliver(SinkBatch(deltas(run_id, 3, 3), ()))  # logged, not raised
             reader = await b.follow(run_id)
             kept = await take(reader, 3)
@@ -479,7 +480,7 @@ async def test_redis_stopped_mid_turn_fails_delivery_loudly_yet_the_turn_returns
                 )
                 results.append(result)
 
-            with caplog.at_level(logging.ERROR, logger="rillet._redis_hub"):
+            with caplog.at_level(logging.ERROR, logger="rillet._hub._redis"):
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(turn)
                     await take(remote, 5)

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 import trio
-from rillet._redis_hub import RedisHubSink
-from rillet._request import TurnRequest, user
-from rillet._runevents import AnswerDelta, RunDone
-from rillet._turn import TurnResult, run_turn
+from rillet._core._request import TurnRequest, user
+from rillet._core._runevents import AnswerDelta, RunDone
+from rillet._hub._redis import RedisHubSink
+from rillet._turn._api import run_turn
 from rillet.transports.testing import open_loopback_provider
 
 from .server_support import POLICY, chat_provider, text_reply
@@ -29,6 +29,8 @@ from .test_redis_hub import (
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+    from rillet._turn._turn import TurnResult
 
 pytestmark = [
     pytest.mark.slow,

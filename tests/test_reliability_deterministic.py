@@ -22,12 +22,12 @@ from rillet import (
     MalformedFrameError,
     ProviderError,
 )
-from rillet._policy import Outcome
+from rillet._core._policy import Outcome
 from rillet.frames import DEFAULT_MAX_FRAME
-from rillet.providers._anthropic import AnthropicDialect
-from rillet.providers._gemini import GeminiDialect
+from rillet.providers._anthropic._dialect import AnthropicDialect
+from rillet.providers._gemini._dialect import GeminiDialect
 from rillet.providers._ollama import OllamaDialect
-from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 from rillet.transports.testing import Reply, openai_text_stream, sse
 
 from .deterministic_support import (
@@ -62,7 +62,7 @@ from .handler_support import (
 
 if TYPE_CHECKING:
     import trio.testing
-    from rillet.providers._base import Dialect
+    from rillet._core._dialect import Dialect
 
 # --- F26: a frame over the incoming cap -----------------------------------------------------------
 

@@ -19,12 +19,12 @@ import msgspec
 import pytest
 import trio
 import trio.testing
-from rillet._hub import Hub, MemoryRunLog, SubscriberDropped
-from rillet._markers import AttemptReset
-from rillet._policy import Outcome
-from rillet._ratelimit import RateLimiter
-from rillet._runevents import RunDone, StatusEvent, decode_run_event
-from rillet._turn import Sink, Turn, TurnResult, run_turn
+from rillet._core._markers import AttemptReset
+from rillet._core._policy import Outcome
+from rillet._core._runevents import RunDone, StatusEvent, decode_run_event
+from rillet._hub._hub import Hub, MemoryRunLog, SubscriberDropped
+from rillet._turn._api import run_turn
+from rillet._turn._ratelimit import RateLimiter
 from rillet.transports.server import Limits
 from rillet.transports.sinks import JSONLSink
 from rillet.transports.testing import (
@@ -72,6 +72,8 @@ pytestmark = pytest.mark.usefixtures("graph")  # every turn here runs under both
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+    from rillet._turn._turn import Sink, Turn, TurnResult
 
 
 # --- F32, F33 on the hub alone: exact virtual time ------------------------------------------------

@@ -11,8 +11,8 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from rillet._policy import Outcome
-from rillet._runevents import StatusEvent
+from rillet._core._policy import Outcome
+from rillet._core._runevents import StatusEvent
 from rillet.providers._ollama import OllamaDialect
 from rillet.transports.testing import (
     LoopbackProvider,
@@ -52,7 +52,7 @@ from .handler_support import (
 )
 
 if TYPE_CHECKING:
-    from rillet._turn import Turn
+    from rillet._turn._turn import Turn
 
 pytestmark = pytest.mark.usefixtures("graph")  # every turn here runs under both graphs
 

@@ -23,9 +23,9 @@ import pytest
 import trio
 import trio.lowlevel
 import trio.testing
-from rillet._hub import Hub, MemoryRunLog
-from rillet._runevents import AnswerDelta, RunDone, RunStarted, StatusEvent, decode_run_event
-from rillet.providers._base import Secret
+from rillet._core._dialect import Secret
+from rillet._core._runevents import AnswerDelta, RunDone, RunStarted, StatusEvent, decode_run_event
+from rillet._hub._hub import Hub, MemoryRunLog
 from rillet.transports.server import Limits, ServerConfig
 from rillet.transports.server._routing import connection_cap
 

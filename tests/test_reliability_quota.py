@@ -18,13 +18,13 @@ from rillet import (
     ProviderError,
     RateLimitError,
 )
-from rillet._explain import explain
-from rillet._policy import Outcome
+from rillet._core._explain import explain
+from rillet._core._policy import Outcome
 from rillet.frames import SSEDecoder
-from rillet.providers._anthropic import AnthropicDialect
-from rillet.providers._gemini import GeminiDialect
+from rillet.providers._anthropic._dialect import AnthropicDialect
+from rillet.providers._gemini._dialect import GeminiDialect
 from rillet.providers._ollama import OllamaDialect
-from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 from rillet.transports.testing import Reply, open_loopback_provider, sse
 
 from .fault_support import check_loop, loop_turn, rescue_after

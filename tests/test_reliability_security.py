@@ -35,8 +35,9 @@ from rillet import (
     WireDecoder,
     encode_json,
 )
-from rillet._arguments import MAX_ARGUMENT_DEPTH
-from rillet._events import (
+from rillet._core._arguments import MAX_ARGUMENT_DEPTH
+from rillet._core._dialect import Dialect, Provider
+from rillet._core._events import (
     EmbeddingDone,
     TextDelta,
     ThinkingDelta,
@@ -44,16 +45,15 @@ from rillet._events import (
     UniEvent,
     delta_event,
 )
-from rillet._policy import Outcome
-from rillet._request import TurnRequest, user
-from rillet.providers._anthropic import AnthropicDialect
-from rillet.providers._base import Dialect, Provider
+from rillet._core._policy import Outcome
+from rillet._core._request import TurnRequest, user
+from rillet.providers._anthropic._dialect import AnthropicDialect
 from rillet.providers._embeddings import OpenAIEmbeddingsDialect
-from rillet.providers._gemini import GeminiDialect
+from rillet.providers._gemini._dialect import GeminiDialect
 from rillet.providers._mmsp import MMSPDialect
 from rillet.providers._ollama import OllamaDialect
-from rillet.providers._openai_chat import OpenAIChatDialect
-from rillet.providers._openai_responses import OpenAIResponsesDialect
+from rillet.providers._openai_chat._dialect import OpenAIChatDialect
+from rillet.providers._openai_responses._dialect import OpenAIResponsesDialect
 
 from .handler_support import (
     END_OK,

@@ -19,10 +19,10 @@ import trio
 import trio.testing
 import trio_websocket
 from rillet import SSEEncodeError
-from rillet._runevents import AnswerDelta, RunDone
+from rillet._core._dialect import Provider, Secret
+from rillet._core._runevents import AnswerDelta, RunDone
 from rillet.frames import SSEDecoder, encode_sse
-from rillet.providers._base import Provider, Secret
-from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 from rillet.transports.server import Limits, ServerConfig, ServerConfigError, serve
 from rillet.transports.testing import Reply, openai_text_stream, status_reply
 

@@ -16,14 +16,13 @@ from typing import TYPE_CHECKING, cast
 import pytest
 import trio
 import trio.lowlevel
-from rillet.transports._ws import TokenBucket
-from rillet.transports._ws_frames import MAX_FRAGMENTS, ClientFrames
+from rillet.transports.server._ws_frames import MAX_FRAGMENTS, ClientFrames, TokenBucket
 
 from .server_support import Served, serving, text_reply
 from .test_server_ws import STALLED, follow, raw_handshake, server_frames, ws_url
 
 if TYPE_CHECKING:
-    from rillet.transports._http11 import ConnectionStream
+    from rillet.transports.server._http11 import ConnectionStream
 
     from .test_server_ws import Received
 

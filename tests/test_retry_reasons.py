@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from rillet import SinkBatch, StatusEvent
-from rillet._errors import (
+from rillet._core._errors import (
     FrameEncodingError,
     IncompleteStreamError,
     MalformedFrameError,
@@ -24,9 +24,9 @@ from rillet._errors import (
     TransportError,
     TurnTimeout,
 )
-from rillet._explain import RETRY_SAID
-from rillet._failures import RETRY_REASONS, retry_reason
-from rillet._runevents import RunEventBuilder
+from rillet._core._explain import RETRY_SAID
+from rillet._core._failures import RETRY_REASONS, retry_reason
+from rillet._core._runevents import RunEventBuilder
 from rillet.transports.sinks import TerminalSink
 
 from .handler_support import (

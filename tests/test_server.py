@@ -8,12 +8,12 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from rillet._hub import Hub, MemoryRunLog
-from rillet._runevents import (
+from rillet._core._runevents import (
     AnswerDone,
     RunDone,
     decode_run_event,
 )
+from rillet._hub._hub import Hub, MemoryRunLog
 from rillet.frames import SSEDecoder, SSEEvent
 from rillet.transports.server import Limits
 from rillet.transports.testing import (

@@ -14,12 +14,12 @@ import msgspec
 import pytest
 import trio
 import trio.testing
-from rillet._hub import Hub, HubSink
-from rillet._runevents import (
+from rillet._core._dialect import Secret
+from rillet._core._runevents import (
     AnswerDelta,
     RunDone,
 )
-from rillet.providers._base import Secret
+from rillet._hub._hub import Hub, HubSink
 from rillet.transports.server import Limits, ServerConfig, ServerConfigError, serve
 from rillet.transports.testing import (
     status_reply,
@@ -35,7 +35,7 @@ from .server_support import (
 )
 
 if TYPE_CHECKING:
-    from rillet._turn import SinkBatch
+    from rillet._turn._turn import SinkBatch
 
 # --- who may read and start -----------------------------------------------------------------------
 

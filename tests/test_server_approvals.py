@@ -9,7 +9,7 @@ from typing import Any
 
 import trio
 import trio.testing
-from rillet._runevents import ApprovalRequired
+from rillet._core._runevents import ApprovalRequired
 from rillet.transports.server import Limits
 
 from .server_support import Served, kind, read_sse, serving

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 import pytest
 import trio
 import trio.testing
-from rillet._runevents import AnswerDelta, decode_run_event
+from rillet._core._runevents import AnswerDelta, decode_run_event
 from rillet.frames import SSEDecoder
-from rillet.transports._http11 import ConnectionStream
-from rillet.transports._ws import text_frame
 from rillet.transports.server import Limits
+from rillet.transports.server._http11 import ConnectionStream
+from rillet.transports.server._ws import text_frame
 from wsproto.frame_protocol import FrameProtocol
 
 from .server_support import Served, serving, text_reply

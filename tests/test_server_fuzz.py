@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import pytest
 import trio
-from rillet.providers._base import Secret
+from rillet._core._dialect import Secret
 from rillet.transports.server import Limits
 
 from .fuzz_cases import KEY, MAX_BODY, TEMPLATES, Case, Context, close_frame, make_case

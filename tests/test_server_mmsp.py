@@ -14,11 +14,11 @@ import pytest
 import trio
 import trio.testing
 from rillet import IncompleteStreamError
-from rillet._events import UniEvent, decode_uni_event
-from rillet._request import TurnRequest, user
-from rillet._turn import open_turn, run_turn
+from rillet._core._dialect import Provider, Secret
+from rillet._core._events import UniEvent, decode_uni_event
+from rillet._core._request import TurnRequest, user
+from rillet._turn._api import open_turn, run_turn
 from rillet.frames import SSEDecoder, SSEEvent
-from rillet.providers._base import Provider, Secret
 from rillet.providers._mmsp import MMSPDialect, error_from_wire, parse_model_list
 from rillet.transports.testing import (
     Reply,

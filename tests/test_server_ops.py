@@ -20,9 +20,9 @@ import httpx
 import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
-from rillet._policy import Policy
-from rillet._runevents import RunDone, decode_run_event
-from rillet.providers._base import Secret
+from rillet._core._dialect import Secret
+from rillet._core._policy import Policy
+from rillet._core._runevents import RunDone, decode_run_event
 from rillet.transports.server import Limits
 from rillet.transports.testing import Reply, open_loopback_provider, refused_url, status_reply
 

@@ -12,7 +12,8 @@ import httpx
 import msgspec
 import pytest
 import trio
-from rillet._events import (
+from rillet._core._dialect import Provider
+from rillet._core._events import (
     TextDelta,
     TextDone,
     ToolCallDelta,
@@ -21,9 +22,8 @@ from rillet._events import (
     UniEvent,
     UsageMetadata,
 )
-from rillet._openai_request import BadRequest, chat_request, decode_chat_body
-from rillet._policy import Policy
-from rillet.providers._base import Provider
+from rillet._core._policy import Policy
+from rillet.providers._openai_chat._inbound import BadRequest, chat_request, decode_chat_body
 from rillet.providers._registry import dialect_from_name
 from rillet.transports.server import Limits, ServerConfig, serve
 from rillet.transports.server._openai import openai_finish_reason, openai_usage

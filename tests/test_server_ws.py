@@ -27,11 +27,11 @@ import msgspec
 import pytest
 import trio
 import trio_websocket
-from rillet._hub import Hub, MemoryRunLog
-from rillet._runevents import AnswerDelta, AttemptResetEvent, RunDone, decode_run_event
-from rillet.transports._http11 import _request as http_request
-from rillet.transports._ws import handshake_problem
+from rillet._core._runevents import AnswerDelta, AttemptResetEvent, RunDone, decode_run_event
+from rillet._hub._hub import Hub, MemoryRunLog
 from rillet.transports.server import Limits
+from rillet.transports.server._http11 import _request as http_request
+from rillet.transports.server._ws import handshake_problem
 
 from .server_support import (
     Served,
@@ -46,7 +46,7 @@ from .server_support import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from rillet._runevents import RunEvent
+    from rillet._core._runevents import RunEvent
 
 STALLED = [text_reply(["Hel", "lo"], stall_after=3)]  # a run that goes silent, never ends
 

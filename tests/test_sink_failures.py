@@ -11,8 +11,8 @@ import pytest
 import trio
 import trio.testing
 from rillet import CallbackSink, SinkBatch, TurnRequest, run_turn, user
-from rillet._hub import Hub
-from rillet._runevents import RunDone, RunEvent, decode_run_event
+from rillet._core._runevents import RunDone, RunEvent, decode_run_event
+from rillet._hub._hub import Hub
 from rillet.transports.sinks import JSONLSink
 from rillet.transports.testing import open_loopback_provider
 

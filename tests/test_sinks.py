@@ -12,12 +12,12 @@ import io
 import pytest
 import trio
 import trio.testing
-from rillet._events import (
+from rillet._core._events import (
     ToolCallDelta,
     ToolCallDone,
     delta_event,
 )
-from rillet._policy import Outcome
+from rillet._core._policy import Outcome
 from rillet.transports.sinks import TerminalSink
 
 from .sinks_support import (

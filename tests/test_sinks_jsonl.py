@@ -12,7 +12,8 @@ import pytest
 import trio
 import trio.testing
 from rillet import CallbackSink, Policy, Sink, SinkBatch, TurnRequest, run_turn, user
-from rillet._events import (
+from rillet._core._dialect import Provider
+from rillet._core._events import (
     TextDelta,
     UniEvent,
     UsageMetadata,
@@ -21,17 +22,16 @@ from rillet._events import (
     encode_json,
     stop_event,
 )
-from rillet._markers import AttemptReset
-from rillet._runevents import RunDone, RunEvent, RunStarted, decode_run_event
-from rillet.providers._base import Provider
-from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet._core._markers import AttemptReset
+from rillet._core._runevents import RunDone, RunEvent, RunStarted, decode_run_event
+from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 from rillet.transports.sinks import JSONLSink, TerminalSink
 from rillet.transports.testing import Reply, open_loopback_provider, openai_text_stream, split
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from rillet._turn import UniItem
+    from rillet._turn._turn import UniItem
 
 
 # --- JSON Lines -----------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from rillet import (
     encode_json,
     tool,
 )
-from rillet._tools import result_text, run_tool
+from rillet._agent._tools import result_text, run_tool
 
 
 async def search(query: str, limit: int = 5, mode: Literal["web", "news"] = "web") -> str:

@@ -13,17 +13,18 @@ import zlib
 import pytest
 import trio
 import trio.testing
-from rillet._events import TextDone, UniEvent
-from rillet._markers import AttemptReset
-from rillet._policy import Outcome
-from rillet._ratelimit import RateLimiter
-from rillet._runevents import (
+from rillet._core._events import TextDone, UniEvent
+from rillet._core._markers import AttemptReset
+from rillet._core._policy import Outcome
+from rillet._core._runevents import (
     AnswerDelta,
     RunDone,
     RunEvent,
     RunStarted,
 )
-from rillet._turn import SinkBatch, Turn, TurnResult, UniItem, open_turn, run_turn
+from rillet._turn._api import open_turn, run_turn
+from rillet._turn._ratelimit import RateLimiter
+from rillet._turn._turn import SinkBatch, Turn, TurnResult, UniItem
 
 from .handler_support import (
     END_CANCELLED,

@@ -22,13 +22,14 @@ import pytest
 import trio
 import trio.testing
 from rillet import FrameTooLarge
-from rillet._markers import AttemptReset
-from rillet._policy import Outcome, Policy
-from rillet._ratelimit import RateLimiter
-from rillet._runevents import AnswerDelta, RunEvent
-from rillet._turn import Turn, TurnResult, run_turn
-from rillet.providers._base import Provider, Secret
-from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet._core._dialect import Provider, Secret
+from rillet._core._markers import AttemptReset
+from rillet._core._policy import Outcome, Policy
+from rillet._core._runevents import AnswerDelta, RunEvent
+from rillet._turn._api import run_turn
+from rillet._turn._ratelimit import RateLimiter
+from rillet._turn._turn import Turn, TurnResult
+from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 from rillet.transports.testing import (
     LoopbackProvider,
     RecordedRequest,

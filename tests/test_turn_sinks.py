@@ -12,10 +12,10 @@ import pytest
 import trio
 import trio.testing
 from rillet import NoHistoryError
-from rillet._events import ToolCallDone, encode_json
-from rillet._markers import AttemptReset
-from rillet._policy import Outcome
-from rillet._runevents import (
+from rillet._core._events import ToolCallDone, encode_json
+from rillet._core._markers import AttemptReset
+from rillet._core._policy import Outcome
+from rillet._core._runevents import (
     AnswerDelta,
     AnswerDone,
     ReasoningDelta,
@@ -23,7 +23,8 @@ from rillet._runevents import (
     ToolCallReady,
     ToolCallStarted,
 )
-from rillet._turn import CallbackSink, SinkBatch, Turn, UniItem, open_turn, run_turn
+from rillet._turn._api import open_turn, run_turn
+from rillet._turn._turn import CallbackSink, SinkBatch, Turn, UniItem
 
 from .handler_support import (
     END_CANCELLED,

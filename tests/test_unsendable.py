@@ -18,7 +18,7 @@ import httpx
 import pytest
 import trio
 from rillet import ConfigurationError, Outcome, TurnRequest, run_turn, user
-from rillet._explain import explain
+from rillet._core._explain import explain
 from rillet.providers import OpenAIChatDialect, Provider, Secret
 from rillet.transports.testing import Reply, open_loopback_provider, openai_text_stream
 

@@ -28,7 +28,7 @@ from rillet import (
     run_turn,
     user,
 )
-from rillet import _handler as handler_module
+from rillet._turn import _handler as handler_module
 from rillet.providers import AnthropicDialect, OpenAIChatDialect, Provider
 from rillet.transports.replay import ReplayTransport
 from rillet.transports.testing import openai_text_stream, split
@@ -37,7 +37,7 @@ from rillet.transports.upstream import HttpUpstream, MemoryExchange, MemoryReply
 from .wire_cases import FIXTURES
 
 if TYPE_CHECKING:
-    from rillet.providers._base import HttpRequest
+    from rillet._core._dialect import HttpRequest
 
 REQUEST = TurnRequest(messages=[user("Say something")])
 SSE = {"content-type": "text/event-stream"}

@@ -22,10 +22,10 @@ from rillet import (
     ProviderError,
     ServerError,
 )
-from rillet._policy import Outcome
-from rillet.providers._anthropic import AnthropicDialect
-from rillet.providers._gemini import GeminiDialect
-from rillet.providers._openai_responses import OpenAIResponsesDialect
+from rillet._core._policy import Outcome
+from rillet.providers._anthropic._dialect import AnthropicDialect
+from rillet.providers._gemini._dialect import GeminiDialect
+from rillet.providers._openai_responses._dialect import OpenAIResponsesDialect
 from rillet.transports.testing import Reply, openai_text_body, openai_text_stream, split, sse
 
 from .fault_support import check_loop, loop_turn, rescue_after

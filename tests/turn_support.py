@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import httpx
-from rillet._ratelimit import RateLimiter
-from rillet._turn import Turn, UniItem, open_turn
+from rillet._turn._api import open_turn
+from rillet._turn._ratelimit import RateLimiter
 
 from .handler_support import (
     OK,
@@ -22,9 +22,10 @@ from .handler_support import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from rillet._runevents import (
+    from rillet._core._runevents import (
         RunEvent,
     )
+    from rillet._turn._turn import Turn, UniItem
 
 DONE = OK[-1]
 

@@ -14,15 +14,16 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import trio
 from rillet import RilletError, TurnRequest, UniEvent, WireDecoder, encode_json, user
-from rillet._policy import Policy
-from rillet._ratelimit import RateLimiter
-from rillet._turn import TurnResult, run_turn
+from rillet._core._policy import Policy
+from rillet._turn._api import run_turn
+from rillet._turn._ratelimit import RateLimiter
 from rillet.providers import Provider, Secret
 from rillet.transports.testing import Reply, open_loopback_provider, split
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from rillet._turn._turn import TurnResult
     from rillet.providers import Dialect
 
 FIXTURES = Path(__file__).parent / "fixtures" / "providers"

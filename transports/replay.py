@@ -17,12 +17,12 @@ import attrs
 import httpx
 import trio
 
-from ._memory_upstream import MemoryExchange
+from .upstream._memory import MemoryExchange
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from rillet.providers._base import HttpRequest
+    from rillet._core._dialect import HttpRequest
 
 __all__ = ["ReplayTransport", "content_type_for"]
 

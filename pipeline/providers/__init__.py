@@ -1,22 +1,22 @@
 """Provider dialects: one module per provider wire, all sans-I/O, and the registry that turns a
 kind and the environment into a configured `Provider`."""
 
-from .._public import fixup_module_metadata as _fixup_module_metadata
-from ._anthropic import AnthropicDialect as AnthropicDialect
-from ._base import Dialect as Dialect
-from ._base import FramesDecoder as FramesDecoder
-from ._base import HttpRequest as HttpRequest
-from ._base import Provider as Provider
-from ._base import Secret as Secret
-from ._base import StreamDecoder as StreamDecoder
+from .._core._dialect import Dialect as Dialect
+from .._core._dialect import FramesDecoder as FramesDecoder
+from .._core._dialect import HttpRequest as HttpRequest
+from .._core._dialect import Provider as Provider
+from .._core._dialect import Secret as Secret
+from .._core._dialect import StreamDecoder as StreamDecoder
+from .._core._public import fixup_module_metadata as _fixup_module_metadata
+from ._anthropic._dialect import AnthropicDialect as AnthropicDialect
 from ._embeddings import GeminiEmbeddingsDialect as GeminiEmbeddingsDialect
 from ._embeddings import OpenAIEmbeddingsDialect as OpenAIEmbeddingsDialect
-from ._gemini import GeminiDialect as GeminiDialect
+from ._gemini._dialect import GeminiDialect as GeminiDialect
 from ._mmsp import MMSPDialect as MMSPDialect
 from ._ollama import OllamaDialect as OllamaDialect
-from ._openai_chat import OpenAIChatDialect as OpenAIChatDialect
+from ._openai_chat._dialect import OpenAIChatDialect as OpenAIChatDialect
 from ._openai_realtime import OpenAIRealtimeDialect as OpenAIRealtimeDialect
-from ._openai_responses import OpenAIResponsesDialect as OpenAIResponsesDialect
+from ._openai_responses._dialect import OpenAIResponsesDialect as OpenAIResponsesDialect
 from ._registry import DIALECT_NAMES as DIALECT_NAMES
 from ._registry import PROVIDER_KINDS as PROVIDER_KINDS
 from ._registry import describe_providers as describe_providers

@@ -19,9 +19,9 @@ from base64 import b64decode
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
-from rillet._errors import MalformedFrameError, ProviderError, UnsupportedContentError
-from rillet._events import TextDone, UniMessage
-from rillet._lanes import (
+from rillet._core._errors import MalformedFrameError, ProviderError, UnsupportedContentError
+from rillet._core._events import TextDone, UniMessage
+from rillet._core._lanes import (
     LaneEvent,
     MessageDelta,
     MessageStart,
@@ -32,15 +32,15 @@ from rillet._lanes import (
     RawUsage,
 )
 
-from ._base import Framing, HttpRequest, Provider, strict_decode
+from .._core._dialect import Framing, HttpRequest, Provider, strict_decode
 from ._error_body import error_from_body
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from rillet._request import TurnRequest
+    from rillet._core._request import TurnRequest
 
-    from ._base import StreamDecoder
+    from .._core._dialect import StreamDecoder
 
 __all__ = [
     "GeminiEmbeddingsDialect",

@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 import msgspec
-from rillet._errors import (
+from rillet._core._errors import (
     CONTEXT_FULL,
     REQUEST_TOO_LARGE,
     UNCURABLE_CODES,

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from rillet._errors import (
+from rillet._core._errors import (
     AuthenticationError,
     EmptyResponseError,
     IncompleteStreamError,
@@ -36,7 +36,7 @@ from rillet._errors import (
     UnsupportedOperationError,
     preview,
 )
-from rillet._events import (
+from rillet._core._events import (
     EmbeddingDelta,
     EmbeddingDone,
     InlineDataDelta,
@@ -53,7 +53,7 @@ from rillet._events import (
     UsageMetadata,
     decode_uni_event,
 )
-from rillet._lanes import (
+from rillet._core._lanes import (
     LaneEvent,
     LaneKind,
     MessageDelta,
@@ -65,16 +65,16 @@ from rillet._lanes import (
     RawUsage,
 )
 
-from ._base import Framing, HttpRequest, Provider, strict_decode
+from .._core._dialect import Framing, HttpRequest, Provider, strict_decode
 from ._error_body import provider_error
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from rillet._request import TurnRequest
-    from rillet._sse import SSEEvent
+    from rillet._core._request import TurnRequest
+    from rillet._core._sse import SSEEvent
 
-    from ._base import StreamDecoder
+    from .._core._dialect import StreamDecoder
 
 __all__ = [
     "DEFAULT_BASE_URL",

@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import unquote_to_bytes
 
 import msgspec
-from rillet._errors import (
+from rillet._core._errors import (
     MODEL_TOO_LARGE,
     FrameEncodingError,
     MalformedFrameError,
     ProviderError,
     UnsupportedContentError,
 )
-from rillet._events import (
+from rillet._core._events import (
     ImageUrlDone,
     InlineDataDone,
     TextDone,
@@ -42,7 +42,7 @@ from rillet._events import (
     ToolResultDone,
     UniMessage,
 )
-from rillet._lanes import (
+from rillet._core._lanes import (
     LaneEvent,
     LaneKind,
     MessageDelta,
@@ -56,7 +56,7 @@ from rillet._lanes import (
     RawUsage,
 )
 
-from ._base import (
+from .._core._dialect import (
     Framing,
     HttpRequest,
     Provider,
@@ -70,9 +70,9 @@ from ._error_body import error_from_body
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from rillet._request import TurnRequest
+    from rillet._core._request import TurnRequest
 
-    from ._base import StreamDecoder
+    from .._core._dialect import StreamDecoder
 
 __all__ = ["OllamaDialect"]
 

@@ -28,9 +28,15 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import msgspec
-from rillet._errors import ProviderError, UnsupportedContentError
-from rillet._events import InlineThinkingDone, TextDone, ThinkingDone, ToolCallDone, ToolResultDone
-from rillet._lanes import (
+from rillet._core._errors import ProviderError, UnsupportedContentError
+from rillet._core._events import (
+    InlineThinkingDone,
+    TextDone,
+    ThinkingDone,
+    ToolCallDone,
+    ToolResultDone,
+)
+from rillet._core._lanes import (
     LaneEvent,
     MessageDelta,
     MessageStart,
@@ -42,15 +48,15 @@ from rillet._lanes import (
     RawUsage,
 )
 
-from ._base import Framing, HttpRequest, Provider, strict_decode
+from .._core._dialect import Framing, HttpRequest, Provider, strict_decode
 from ._error_body import error_from_body
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from rillet._request import TurnRequest
+    from rillet._core._request import TurnRequest
 
-    from ._base import StreamDecoder
+    from .._core._dialect import StreamDecoder
 
 __all__ = ["OpenAIRealtimeDialect"]
 

@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import attrs
-from rillet._errors import ConfigurationError
+from rillet._core._errors import ConfigurationError
 
-from ._base import Provider, Secret
+from .._core._dialect import Provider, Secret
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from ._base import Dialect
+    from .._core._dialect import Dialect
 
 __all__ = [
     "DIALECT_NAMES",

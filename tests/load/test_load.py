@@ -30,12 +30,10 @@ import pytest
 import trio
 import trio.testing
 from rillet import Accumulator, WireDecoder
-from rillet._admission import Admission
-from rillet._hub import Hub, MemoryRunLog
-from rillet._policy import Outcome, Policy
-from rillet._ratelimit import RateLimiter
-from rillet._request import TurnRequest, user
-from rillet._runevents import (
+from rillet._core._dialect import Provider, Secret
+from rillet._core._policy import Outcome, Policy
+from rillet._core._request import TurnRequest, user
+from rillet._core._runevents import (
     AnswerDelta,
     RunDone,
     RunEvent,
@@ -43,10 +41,13 @@ from rillet._runevents import (
     StatusEvent,
     decode_run_event,
 )
-from rillet._turn import CallbackSink, SinkBatch, run_turn
+from rillet._hub._hub import Hub, MemoryRunLog
+from rillet._turn._admission import Admission
+from rillet._turn._api import run_turn
+from rillet._turn._ratelimit import RateLimiter
+from rillet._turn._turn import CallbackSink, SinkBatch
 from rillet.frames import SSEDecoder
-from rillet.providers._base import Provider, Secret
-from rillet.providers._openai_chat import OpenAIChatDialect
+from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 from rillet.transports.server import Limits
 
 from bench.workers import run_phase

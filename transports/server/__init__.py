@@ -44,15 +44,15 @@ approval answers handed to the server that drives the run, over Redis), `_fanout
 SSE and WebSocket subscribers), `_mmsp` (MMSP's server wire), `_streamed` (a streamed body
 watched against its client), `_page`, `_metrics` (what both metrics endpoints count), `_log`
 (the log lines), `_replies`. Every byte sequence that goes on the wire is built in
-`rillet._encode`.
+`rillet._core._encode`.
 """
 
-from rillet._public import fixup_module_metadata as _fixup_module_metadata
+from rillet._core._public import fixup_module_metadata as _fixup_module_metadata
 
+from ._api import serve as serve
 from ._config import Limits as Limits
 from ._config import ServerConfig as ServerConfig
 from ._config import ServerConfigError as ServerConfigError
-from ._serve import serve as serve
 from ._workers import WorkerFailed as WorkerFailed
 
 __all__ = ["Limits", "ServerConfig", "ServerConfigError", "WorkerFailed", "serve"]

@@ -11,8 +11,8 @@ import attrs
 import trio
 
 if TYPE_CHECKING:
-    from .._http11 import Request
     from ._config import Limits
+    from ._http11 import Request
 
 __all__ = ["StreamAdmission", "Ticket", "client_key", "subscriber", "uncount"]
 

@@ -7,9 +7,9 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 
 import attrs
-from rillet._errors import RilletError
-from rillet._policy import Policy
-from rillet.providers._base import Provider, Secret
+from rillet._core._dialect import Provider, Secret
+from rillet._core._errors import RilletError
+from rillet._core._policy import Policy
 
 __all__ = ["Limits", "ServerConfig", "ServerConfigError", "is_loopback"]
 

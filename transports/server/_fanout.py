@@ -19,20 +19,20 @@ import attrs
 import msgspec
 import trio
 import trio_websocket
-from rillet._encode import SSE_HEARTBEAT, SSE_RETRY, sse_run_events, ws_text_frames
-from rillet._hub import CursorExpired, Entry, SubscriberDropped, Subscription
+from rillet._core._encode import SSE_HEARTBEAT, SSE_RETRY, sse_run_events, ws_text_frames
+from rillet._hub._hub import CursorExpired, Entry, SubscriberDropped, Subscription
 
-from .._http11 import ConnectionStream
-from .._ws import TokenBucket, close_websocket, handshake_problem, open_websocket
-from .._ws_frames import ClientFrames
 from ._capacity import subscriber
+from ._http11 import ConnectionStream
 from ._replies import GONE, CloseConnection, ErrorReply, Refused, not_found
 from ._runs import Runs
 from ._shared import Shared
 from ._streamed import SSE_HEADERS, end_stream, until_gone
+from ._ws import close_websocket, handshake_problem, open_websocket
+from ._ws_frames import ClientFrames, TokenBucket
 
 if TYPE_CHECKING:
-    from .._http11 import HttpConnection, Request
+    from ._http11 import HttpConnection, Request
 
 __all__ = ["Fanout", "LastBatch", "Pusher", "Wire", "pump"]
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from rillet._explain import explain
-from rillet._policy import Outcome
+from rillet._core._explain import explain
+from rillet._core._policy import Outcome
 
 from ._metrics import outcome_label
 
 if TYPE_CHECKING:
-    from rillet._turn import TurnResult
-    from rillet.providers._base import Provider
+    from rillet._core._dialect import Provider
+    from rillet._turn._turn import TurnResult
 
 __all__ = ["log_queued_cancel", "log_request", "log_run_end", "log_run_start"]
 

@@ -16,8 +16,8 @@ import trio
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-    from rillet._turn import TurnResult
-    from rillet.providers._base import Provider
+    from rillet._core._dialect import Provider
+    from rillet._turn._turn import TurnResult
 
 __all__ = ["CountingTransport", "Metrics", "Prometheus", "outcome_label"]
 

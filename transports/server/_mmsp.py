@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import msgspec
 import trio
-from rillet._encode import SSE_DONE, sse_data
-from rillet._errors import (
+from rillet._core._encode import SSE_DONE, sse_data
+from rillet._core._errors import (
     FallbackFailed,
     FrameError,
     InvalidRequestError,
@@ -21,11 +21,12 @@ from rillet._errors import (
     TransportError,
     TurnTimeout,
 )
-from rillet._events import UniEvent, UniMessage, encode_json
-from rillet._markers import AttemptReset
-from rillet._policy import Outcome, Policy
-from rillet._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
-from rillet._turn import SinkBatch, Turn, TurnResult, UniItem, run_turn
+from rillet._core._events import UniEvent, UniMessage, encode_json
+from rillet._core._markers import AttemptReset
+from rillet._core._policy import Outcome, Policy
+from rillet._core._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
+from rillet._turn._api import run_turn
+from rillet._turn._turn import SinkBatch, Turn, TurnResult, UniItem
 
 from ._log import log_run_end, log_run_start
 from ._replies import GONE, CloseConnection, ErrorReply, to_json
@@ -33,10 +34,10 @@ from ._shared import Shared
 from ._streamed import HeldHead, end_stream, until_gone
 
 if TYPE_CHECKING:
-    from rillet.providers._base import Provider
+    from rillet._core._dialect import Provider
 
-    from .._http11 import HttpConnection, Request
     from ._capacity import Ticket
+    from ._http11 import HttpConnection, Request
 
 __all__ = ["Mmsp", "mmsp_error"]
 

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import msgspec
-from rillet._encode import SSE_DONE, sse_json
-from rillet._errors import EmptyResponseError, FallbackFailed, past_context
-from rillet._events import (
+from rillet._core._encode import SSE_DONE, sse_json
+from rillet._core._errors import EmptyResponseError, FallbackFailed, past_context
+from rillet._core._events import (
     FinishReason,
     TextDelta,
     TextDone,
@@ -28,8 +28,14 @@ from rillet._events import (
     UniMessage,
     UsageMetadata,
 )
-from rillet._markers import AttemptReset
-from rillet._openai_request import BadRequest, ChatBody, chat_request, decode_chat_body, shown
+from rillet._core._markers import AttemptReset
+from rillet.providers._openai_chat._inbound import (
+    BadRequest,
+    ChatBody,
+    chat_request,
+    decode_chat_body,
+    shown,
+)
 
 from ._mmsp import mmsp_error
 from ._replies import ErrorReply
@@ -39,10 +45,10 @@ from ._wireturn import ModelNotFound, route_model, run_wire_turn
 
 if TYPE_CHECKING:
     import trio
-    from rillet._turn import Turn, TurnResult, UniItem
-    from rillet.providers._base import Provider
+    from rillet._core._dialect import Provider
+    from rillet._turn._turn import Turn, TurnResult, UniItem
 
-    from .._http11 import HttpConnection, Request
+    from ._http11 import HttpConnection, Request
 
 __all__ = ["OpenAIChat", "completion", "openai_error", "openai_finish_reason", "openai_usage"]
 

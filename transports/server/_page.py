@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 if TYPE_CHECKING:
-    from .._http11 import HttpConnection, Request
+    from ._http11 import HttpConnection, Request
 
 __all__ = ["FAVICON", "Page", "load_page"]
 

@@ -19,7 +19,9 @@ import trio
 import trio_websocket
 from wsproto.utilities import LocalProtocolError
 
-from .._http11 import (
+from ._config import is_loopback
+from ._fanout import Fanout
+from ._http11 import (
     BodyTooLarge,
     ConnectionStream,
     HttpConnection,
@@ -27,8 +29,6 @@ from .._http11 import (
     RequestRefused,
     RequestTimeout,
 )
-from ._config import is_loopback
-from ._fanout import Fanout
 from ._log import log_request
 from ._metrics import METRICS_EXTRA
 from ._mmsp import Mmsp

@@ -10,55 +10,31 @@ from typing import TYPE_CHECKING
 
 import httpx
 import trio
-from rillet._hub import Hub, RunHub
+from rillet._hub._hub import Hub, RunHub
 
-from ._config import ServerConfigError
 from ._metrics import METRICS_EXTRA, CountingTransport, Metrics
 from ._routing import Server
 from ._shared import Shared
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from ._config import ServerConfig
 
-__all__ = ["serve"]
+__all__ = ["serve_in_process"]
 
 logger = logging.getLogger("rillet.transports.server")
 
 
-async def serve(
+async def serve_in_process(
     config: ServerConfig,
     *,
     hub: RunHub | None = None,
-    worker_setup: Callable[[], object] | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until cancelled; `task_status.started` gets the bound `http://host:port` URL.
-
-    Embeddable: `url = await nursery.start(serve, config)`. Every connection and every run is a
-    task of this call's nursery, so cancelling it stops them all. Pass a `hub` to share run logs
-    with the application; with `config.redis_url` (and no `hub`) the logs live in Redis and
-    every server sharing it serves every run's subscribers; otherwise a server serves the runs
-    it started. Raises `ServerConfigError` before binding for an open server off loopback, and
-    `HubUnavailable` before binding when the configured Redis does not answer.
-
-    With `config.workers` above 1 this process supervises that many worker processes on the
-    port (`_workers`: `SO_REUSEPORT`, runs shared through `config.redis_url`); `worker_setup`
-    then runs first in each (to configure logging, say) and must pickle, as `config` must. A
-    worker that does not start raises `WorkerFailed` with its cause.
-    """
-    config.check()
-    if config.workers > 1:
-        if hub is not None:
-            raise ServerConfigError("workers share runs through redis_url, not a hub object")
-        from ._workers import supervise
-
-        await supervise(config, setup=worker_setup, task_status=task_status)
-        return
+    """Serve in this process until cancelled (`serve` without its workers): with
+    `config.redis_url` and no `hub` the run logs live in Redis."""
     limits = config.limits
     if hub is None and config.redis_url is not None:
-        from rillet._redis_hub import open_redis_hub
+        from rillet._hub._redis import open_redis_hub
 
         async with open_redis_hub(
             config.redis_url, max_subscribers_per_run=limits.max_subscribers_per_run

@@ -14,9 +14,9 @@ import attrs
 import httpx
 import msgspec
 import trio
-from rillet._admission import Admission
-from rillet._hub import RunHub
-from rillet.providers._base import Provider
+from rillet._core._dialect import Provider
+from rillet._hub._hub import RunHub
+from rillet._turn._admission import Admission
 
 from ._capacity import StreamAdmission, Ticket, client_key
 from ._config import ServerConfig
@@ -26,9 +26,9 @@ from ._replies import ErrorReply
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .._http11 import HttpConnection, Request
     from ._config import Limits
     from ._control import Control  # noqa: TC004 - it needs coredis, an extra
+    from ._http11 import HttpConnection, Request
 
 __all__ = ["Shared", "decode_problem"]
 

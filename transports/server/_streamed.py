@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING, TypeVar
 
 import h11
 import trio
-from rillet._encode import SSE_HEARTBEAT, SSE_PROBE
+from rillet._core._encode import SSE_HEARTBEAT, SSE_PROBE
 
 from ._replies import GONE, CloseConnection
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
-    from .._http11 import HttpConnection
+    from ._http11 import HttpConnection
 
 __all__ = ["SSE_HEADERS", "HeldHead", "end_stream", "until_gone"]
 

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import msgspec
 import trio
-from rillet._encode import SSE_DONE, SSE_HEARTBEAT, sse_json
-from rillet._errors import EmptyResponseError
-from rillet._events import (
+from rillet._core._encode import SSE_DONE, SSE_HEARTBEAT, sse_json
+from rillet._core._errors import EmptyResponseError
+from rillet._core._events import (
     FinishReason,
     ImageUrlDone,
     TextDelta,
@@ -31,9 +31,9 @@ from rillet._events import (
     UniEvent,
     UniMessage,
 )
-from rillet._markers import AttemptReset
-from rillet._openai_request import shown
-from rillet._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
+from rillet._core._markers import AttemptReset
+from rillet._core._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
+from rillet.providers._openai_chat._inbound import shown
 
 from ._mmsp import mmsp_error
 from ._replies import ErrorReply
@@ -42,11 +42,11 @@ from ._streamed import SSE_HEADERS
 from ._wireturn import ModelNotFound, route_model, run_wire_turn
 
 if TYPE_CHECKING:
-    from rillet._events import ContentItem
-    from rillet._turn import Turn, UniItem
-    from rillet.providers._base import Provider
+    from rillet._core._dialect import Provider
+    from rillet._core._events import ContentItem
+    from rillet._turn._turn import Turn, UniItem
 
-    from .._http11 import HttpConnection, Request
+    from ._http11 import HttpConnection, Request
 
 __all__ = [
     "UI_STREAM_HEADERS",

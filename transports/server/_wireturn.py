@@ -9,9 +9,10 @@ import logging
 from typing import TYPE_CHECKING
 
 import trio
-from rillet._errors import RilletError
-from rillet._policy import Policy
-from rillet._turn import Turn, UniItem, run_turn
+from rillet._core._errors import RilletError
+from rillet._core._policy import Policy
+from rillet._turn._api import run_turn
+from rillet._turn._turn import Turn, UniItem
 from rillet.providers._registry import provider_from_env
 
 from ._mmsp import ChannelSink
@@ -21,11 +22,11 @@ from ._streamed import end_stream, until_gone
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from rillet._request import TurnRequest
-    from rillet.providers._base import Provider
+    from rillet._core._dialect import Provider
+    from rillet._core._request import TurnRequest
 
-    from .._http11 import HttpConnection
     from ._capacity import Ticket
+    from ._http11 import HttpConnection
     from ._shared import Shared
 
 __all__ = ["ModelNotFound", "route_model", "run_wire_turn"]

@@ -34,7 +34,9 @@ from typing import TYPE_CHECKING
 
 import attrs
 import trio
-from rillet._errors import RilletError
+from rillet._core._errors import RilletError
+
+from ._serve import serve_in_process
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -191,7 +193,7 @@ async def supervise(
     each worker (logging, say); it must pickle, as `config` must."""
     config.check()
     assert config.redis_url is not None
-    from rillet._redis_hub import open_redis_hub
+    from rillet._hub._redis import open_redis_hub
 
     async with open_redis_hub(config.redis_url):  # HubUnavailable here, before any worker
         pass
@@ -276,13 +278,11 @@ def worker_main() -> None:
 
 
 async def _work(config: ServerConfig, stdin: int) -> None:
-    from ._serve import serve
-
     # SIGTERM is caught before the worker says it is ready: a supervisor that stops it at once
     # must not find SIGTERM's default (an exit without a word) still in place
     with trio.open_signal_receiver(signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            url = await nursery.start(functools.partial(serve, config))
+            url = await nursery.start(functools.partial(serve_in_process, config))
             _say(f"ready {url}")
             nursery.start_soon(_until_closed, stdin, nursery.cancel_scope)
             async for signum in signals:

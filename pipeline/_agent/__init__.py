@@ -1,0 +1,1 @@
+"""The agent loop: model steps and tool runs until the model answers; its handle; tools."""

@@ -1,0 +1,590 @@
+"""Every error rillet raises, in one tree, each carrying its facts as attributes.
+
+```
+RilletError
+├── FrameError                 the bytes a provider sent cannot be framed or decoded (remote)
+│   ├── FrameTooLarge          one frame is over the configured cap
+│   ├── FrameEncodingError     a frame is not valid UTF-8 (NDJSON, JSON bodies)
+│   └── MalformedFrameError    a frame is not JSON, has the wrong shape, or an unknown type
+├── SSEEncodeError             we were asked to write an SSE field that would split a frame (local)
+├── ConfigurationError         a provider cannot be configured as asked (local)
+├── UnsupportedContentError    a message holds an item the provider cannot take (local)
+├── UnsupportedOperationError  the provider has no such operation (local)
+├── NoHistoryError             a turn that keeps no history was asked to replay it (local)
+├── StreamError                MMSP's stream errors: the provider's stream breaks the grammar
+│   ├── StreamProtocolError        a fragment for no open item, a second stop, two fidelities...
+│   ├── IncompleteStreamError      the stream ended without its finish reason and/or usage
+│   ├── EmptyResponseError         a completed reply with nothing but thinking (or nothing read)
+│   └── ToolCallArgumentParseError a closed tool call whose arguments are not a JSON object
+├── TransportError             the connection failed: connect, read, reset (remote)
+├── TurnTimeout                a deadline blew: initial-event, per-event, total, or the rescue's
+├── FallbackFailed             streaming was hopeless and the rescue failed too (carries both)
+└── ProviderError              an error the provider reported, in the stream or as a status
+    │                              (a quota code such as insufficient_quota: this class itself)
+    ├── RateLimitError             429, rate_limit_error, RESOURCE_EXHAUSTED
+    ├── OverloadedError            529, overloaded_error, UNAVAILABLE
+    ├── ServerError                500/502/504, api_error, server_error, INTERNAL
+    ├── InvalidRequestError        400, invalid_request_error, INVALID_ARGUMENT
+    └── AuthenticationError        401/403, authentication_error, permission_error
+```
+
+The names of the stream errors are MMSP's, so a consumer of either library catches the same
+class. No error message ever contains a credential: messages are built from facts the provider
+sent about the failure and from our own words.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import msgspec
+
+__all__ = [
+    "AuthenticationError",
+    "ConfigurationError",
+    "EmptyResponseError",
+    "FallbackFailed",
+    "FrameEncodingError",
+    "FrameError",
+    "FrameTooLarge",
+    "IncompleteStreamError",
+    "InvalidRequestError",
+    "MalformedFrameError",
+    "NoHistoryError",
+    "OverloadedError",
+    "ProviderError",
+    "RateLimitError",
+    "RilletError",
+    "SSEEncodeError",
+    "ServerError",
+    "StreamError",
+    "StreamProtocolError",
+    "ToolCallArgumentParseError",
+    "TransportError",
+    "TurnTimeout",
+    "UnsupportedContentError",
+    "UnsupportedOperationError",
+    "past_context",
+    "preview",
+]
+
+_PREVIEW_MAX = 160
+_PREVIEW_EDGE = 72
+
+
+def preview(raw: str | bytes | msgspec.Raw) -> str:
+    """A bounded preview of untrusted text for an error message (at most about 160 characters).
+
+    Long text keeps its head and tail, so the place a frame went wrong is usually visible. The
+    text may come as its bytes, or as a part of a frame that was kept undecoded (`msgspec.Raw`:
+    an Anthropic block, a Responses item, checked once its type is read).
+    """
+    text = raw if isinstance(raw, str) else bytes(raw).decode("utf-8", "replace")
+    if len(text) <= _PREVIEW_MAX:
+        return text
+    return f"{text[:_PREVIEW_EDGE]}...[truncated]...{text[-_PREVIEW_EDGE:]}"
+
+
+class RilletError(Exception):
+    """The root of every error rillet raises on purpose."""
+
+
+# --- frames -------------------------------------------------------------------------------------
+
+
+class FrameError(RilletError):
+    """The provider's bytes could not be turned into frames (how each kind is retried is in the
+    failure taxonomy, `rillet._core._failures`).
+
+    Attributes:
+        provider: the dialect name, or "" where the decoder was used on its own.
+        offset: the byte offset in the stream where the offending frame started, when known.
+        frame_index: the 0-based position of the offending frame in the stream, when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str = "",
+        offset: int | None = None,
+        frame_index: int | None = None,
+    ) -> None:
+        self.provider = provider
+        self.offset = offset
+        self.frame_index = frame_index
+        self.reason = message
+        super().__init__(message)
+
+    def locate(self, *, provider: str, frame_index: int | None, offset: int | None) -> None:
+        """Fill in where the frame was, for a decoder that did not know (the message follows)."""
+        self.provider = self.provider or provider
+        if self.frame_index is None:
+            self.frame_index = frame_index
+        if self.offset is None:
+            self.offset = offset
+
+    def __str__(self) -> str:
+        where = []
+        if self.provider:
+            where.append(self.provider)
+        if self.frame_index is not None:
+            where.append(f"frame {self.frame_index}")
+        if self.offset is not None:
+            where.append(f"byte {self.offset}")
+        return f"{self.reason} ({', '.join(where)})" if where else self.reason
+
+
+class FrameTooLarge(FrameError):
+    """One frame grew past the decoder's cap before it ended. Permanent: the same request would
+    get the same frame back.
+
+    Attributes:
+        limit: the cap in bytes.
+        size: how many bytes the frame had reached when it was refused.
+    """
+
+    def __init__(
+        self, limit: int, size: int, *, provider: str = "", offset: int | None = None
+    ) -> None:
+        self.limit = limit
+        self.size = size
+        super().__init__(
+            f"frame of at least {size} bytes exceeds the {limit}-byte cap",
+            provider=provider,
+            offset=offset,
+        )
+
+
+class FrameEncodingError(FrameError):
+    """A frame that must be UTF-8 (an NDJSON line, a JSON body) is not."""
+
+
+class MalformedFrameError(FrameError):
+    """A frame is not JSON, is JSON of the wrong shape, or names an event type we do not know.
+
+    Attributes:
+        frame_preview: a bounded preview of the offending frame.
+        not_json: whether the frame is not JSON at all (cut short or corrupted on the way: worth
+            another request), rather than valid JSON of the wrong shape (which the same request
+            would only get back). When the raiser does not say, it is read from the decode
+            error the frame error was raised from.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        frame: str | bytes | msgspec.Raw = "",
+        *,
+        provider: str = "",
+        offset: int | None = None,
+        frame_index: int | None = None,
+        not_json: bool | None = None,
+    ) -> None:
+        self.frame_preview = preview(frame)
+        self._not_json = not_json
+        super().__init__(message, provider=provider, offset=offset, frame_index=frame_index)
+
+    @property
+    def not_json(self) -> bool:
+        """True for bytes that are not JSON, False for JSON of the wrong shape (see the class)."""
+        if self._not_json is not None:
+            return self._not_json
+        cause = self.__cause__ or self.__context__
+        if isinstance(cause, msgspec.ValidationError):
+            return False  # decoded fine, into the wrong shape
+        return isinstance(cause, msgspec.DecodeError | json.JSONDecodeError)
+
+
+class SSEEncodeError(RilletError, ValueError):
+    """An SSE field we were asked to write contains CR, LF or NUL and would split the frame.
+
+    Attributes:
+        field: the field name (`event` or `id`).
+    """
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+        super().__init__(f"SSE {field} must not contain CR, LF or NUL")
+
+
+# --- local: what we were asked cannot be done ----------------------------------------------
+
+
+class ConfigurationError(RilletError, ValueError):
+    """A provider cannot be configured as asked: no key where one is needed, an unknown kind, a
+    base URL that is not one, no model where there is no default. Raised before any request.
+
+    Attributes:
+        kind: the provider kind asked for.
+        env_var: the environment variable that would fix it, when one would.
+    """
+
+    def __init__(self, kind: str, env_var: str | None, message: str) -> None:
+        self.kind = kind
+        self.env_var = env_var
+        super().__init__(message)
+
+
+class UnsupportedContentError(RilletError, ValueError):
+    """A message holds an item this provider cannot take (an image sent to a text embedder).
+
+    Raised before any request is sent. Attributes:
+        provider: the dialect that refused it.
+        item_type: the item's type (`image_url.done`, `tool_result.done`...).
+    """
+
+    def __init__(self, provider: str, item_type: str) -> None:
+        self.provider = provider
+        self.item_type = item_type
+        super().__init__(f"{provider} embeds text only; a message holds a {item_type} item")
+
+
+class UnsupportedOperationError(RilletError, ValueError):
+    """The provider has no such operation (an MMSP server has no non-streaming endpoint).
+
+    Raised before any request is sent, or when asked to decode what cannot exist. Attributes:
+        provider: the dialect.
+        operation: what was asked for.
+    """
+
+    def __init__(self, provider: str, operation: str, message: str) -> None:
+        self.provider = provider
+        self.operation = operation
+        super().__init__(message)
+
+
+class NoHistoryError(RilletError, RuntimeError):
+    """A turn run with `history=False` was asked for `uni_events()` or `run_events()`: it keeps
+    no replay of its events (its sinks get every one).
+
+    Attributes:
+        run_id: the turn's run id.
+    """
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(
+            f"turn {run_id} keeps no history (history=False): read its events through a sink"
+        )
+
+
+# --- the grammar (MMSP's names) -----------------------------------------------------------------
+
+
+class StreamError(RilletError):
+    """The provider's stream broke the UniEvent grammar or ended without what it owed.
+
+    Attributes:
+        provider: the dialect whose stream it was.
+    """
+
+    def __init__(self, provider: str, message: str) -> None:
+        self.provider = provider
+        super().__init__(message)
+
+
+class StreamProtocolError(StreamError):
+    """The stream breaks the item contract: a fragment for no open item, a fragment of the wrong
+    kind for its item, a tool call without a name, two different fidelities in one item, or a
+    second stop. Permanent: retrying the same provider is not expected to help."""
+
+    def __init__(self, provider: str, message: str) -> None:
+        super().__init__(provider, f"{provider} broke the streaming protocol: {message}")
+
+
+class IncompleteStreamError(StreamError):
+    """The stream ended before its finish reason and/or its usage arrived; worth retrying.
+
+    Attributes:
+        missing: which of `usage_metadata` and `finish_reason` never came.
+        finish_reason: the finish reason that did arrive, if any.
+        usage_metadata: the usage that did arrive, if any (a `UsageMetadata`).
+    """
+
+    def __init__(
+        self,
+        provider: str,
+        missing: tuple[str, ...],
+        finish_reason: str | None = None,
+        usage_metadata: Any = None,
+    ) -> None:
+        self.missing = missing
+        self.finish_reason = finish_reason
+        self.usage_metadata = usage_metadata
+        super().__init__(provider, f"{provider}'s stream ended without {' and '.join(missing)}.")
+
+
+class EmptyResponseError(StreamError):
+    """A completed reply carried nothing but thinking, or nothing at all that is read (items of
+    kinds no dialect reads, a hosted tool's output); replaying it would be refused.
+
+    Attributes:
+        finish_reason: the reply's finish reason.
+        usage_metadata: what the reply still cost.
+        provider_reason: the provider's own spelling of why it stopped (`SAFETY`,
+            `PROHIBITED_CONTENT`, `MALFORMED_FUNCTION_CALL`, `content_filter`), when it gave one:
+            what tells a filtered or blocked reply from one of reasoning only.
+        thinking: whether the reply held thinking (else it held nothing read at all).
+    """
+
+    def __init__(
+        self,
+        provider: str,
+        finish_reason: str | None,
+        usage_metadata: Any = None,
+        *,
+        provider_reason: str | None = None,
+        thinking: bool = True,
+    ) -> None:
+        self.finish_reason = finish_reason
+        self.usage_metadata = usage_metadata
+        self.provider_reason = provider_reason
+        self.thinking = thinking
+        what = "no content other than thinking" if thinking else "no content that is read"
+        super().__init__(provider, f"{provider} returned {what} (finish_reason={finish_reason!r}).")
+
+
+class ToolCallArgumentParseError(StreamError):
+    """A closed tool call's joined arguments are malformed, cut short, or not a JSON object.
+
+    Attributes:
+        tool_name: the tool the model called.
+        tool_call_id: the call's id.
+        raw_arguments_length: the length of the joined argument text.
+        raw_arguments_preview: a bounded preview of it.
+        cut_short: the text ended before its JSON did (a reply stopped at its token limit
+            inside the call), rather than being malformed.
+    """
+
+    def __init__(
+        self,
+        provider: str,
+        tool_name: str,
+        tool_call_id: str,
+        raw_arguments: str,
+        reason: str,
+        *,
+        cut_short: bool = False,
+    ) -> None:
+        self.tool_name = tool_name
+        self.tool_call_id = tool_call_id
+        self.cut_short = cut_short
+        self.raw_arguments_length = len(raw_arguments)
+        self.raw_arguments_preview = preview(raw_arguments)
+        super().__init__(
+            provider,
+            f'Invalid streamed tool call arguments from {provider} for tool "{tool_name}" '
+            f'(tool_call_id="{tool_call_id}", length={self.raw_arguments_length}, '
+            f"preview={self.raw_arguments_preview!r}): {reason}",
+        )
+
+
+# --- the turn ---------------------------------------------------------------------------------
+
+
+class TransportError(RilletError):
+    """The connection to the provider failed (connect error, read error, reset, protocol error).
+
+    Attributes:
+        provider: the provider's name.
+        kind: the underlying failure's class name (`ConnectError`, `ReadError`...).
+    """
+
+    def __init__(self, provider: str, kind: str) -> None:
+        self.provider = provider
+        self.kind = kind
+        super().__init__(f"{provider}: connection failed ({kind})")
+
+
+class TurnTimeout(RilletError):
+    """A deadline blew while waiting on the provider.
+
+    Attributes:
+        provider: the provider's name.
+        deadline: which one: `initial-event`, `per-event`, `total` or `rescue`.
+        seconds: its length.
+    """
+
+    def __init__(self, provider: str, deadline: str, seconds: float) -> None:
+        self.provider = provider
+        self.deadline = deadline
+        self.seconds = seconds
+        super().__init__(f"{provider}: no event within the {deadline} deadline ({seconds:g} s)")
+
+
+class FallbackFailed(RilletError):
+    """Streaming was hopeless and the non-streaming rescue failed too.
+
+    Attributes:
+        stream_outcome: the outcome streaming ended with (an `Outcome`).
+        stream_error: the error that ended streaming.
+        rescue_error: the error that ended the rescue.
+    """
+
+    def __init__(
+        self, stream_outcome: Any, stream_error: BaseException | None, rescue_error: BaseException
+    ) -> None:
+        self.stream_outcome = stream_outcome
+        self.stream_error = stream_error
+        self.rescue_error = rescue_error
+        super().__init__(
+            f"streaming ended {getattr(stream_outcome, 'name', stream_outcome)} "
+            f"({type(stream_error).__name__ if stream_error else 'no error'}); "
+            f"the rescue failed too ({type(rescue_error).__name__})"
+        )
+
+
+# --- what the provider reported -----------------------------------------------------------------
+
+
+class ProviderError(RilletError):
+    """An error the provider reported, as an HTTP status or inside an open stream.
+
+    Attributes:
+        provider: the dialect that received it.
+        status: the HTTP status (or the status code inside an in-stream error), if any.
+        error_type: the provider's own error type or code (`overloaded_error`, `UNAVAILABLE`...).
+        provider_message: the provider's message, bounded; never shown to end users by default.
+        retry_after: seconds the provider asked us to wait, if it said.
+        in_stream: whether it arrived inside a stream that had already begun.
+    """
+
+    def __init__(
+        self,
+        provider: str,
+        provider_message: str = "",
+        *,
+        status: int | None = None,
+        error_type: str | None = None,
+        retry_after: float | None = None,
+        in_stream: bool = False,
+    ) -> None:
+        self.provider = provider
+        self.status = status
+        self.error_type = error_type
+        self.provider_message = preview(provider_message)
+        self.retry_after = retry_after
+        self.in_stream = in_stream
+        facts = ", ".join(
+            part
+            for part in (
+                f"status {status}" if status is not None else "",
+                error_type or "",
+                "in stream" if in_stream else "",
+            )
+            if part
+        )
+        text = f"{provider} reported an error"
+        if facts:
+            text += f" ({facts})"
+        if self.provider_message:
+            text += f": {self.provider_message}"
+        super().__init__(text)
+
+
+ZAI_ACCOUNT_CODES = frozenset({"1110", "1111", "1112", "1113", "1121", "1304"})
+"""Z.ai's (Zhipu's) codes, sent with a 429, of an account that cannot be served until it
+changes: inactive, unknown, locked, in arrears (a key of one plan on another plan's endpoint
+too), locked for irregular use, or past its calls for the day."""
+
+QUOTA_CODES = frozenset(
+    {
+        "insufficient_quota",
+        "billing_hard_limit_reached",
+        "billing_error",
+        "exceeded_current_quota_error",  # Moonshot's (Kimi) 429 of a suspended account
+        *ZAI_ACCOUNT_CODES,
+    }
+)
+"""Provider error codes no wait or retry cures, the account must change first: an error with one
+is a plain `ProviderError` carrying the code, never a `RateLimitError`, even sent with a 429."""
+
+REQUEST_TOO_LARGE = "request_too_large"
+"""The code of a request larger than the provider takes (Anthropic's 413 type, and OpenAI's 429
+`rate_limit_exceeded` whose message says the request alone asks for more than the limit:
+`Request too large ... Limit 30000, Requested 35364`). The same request would get the same
+answer however long it waited: it must shrink first. Like a quota code, it is a plain
+`ProviderError` carrying the code, never a `RateLimitError`."""
+
+MODEL_TOO_LARGE = "model_too_large"
+"""The code of a model too large for the server's memory (Ollama's 500 `model requires more
+system memory (5.5 GiB) than is available`): it fails the same way until the model changes."""
+
+REDIRECT = "redirect"
+"""The error type of a redirect answer (3xx with a `Location`): a turn never follows one, since
+the request carries the key; the line a person reads names where it points."""
+
+CONTEXT_FULL = re.compile(
+    r"maximum context length|context (?:length|window|size)|prompt is too long"
+    r"|input token count .* exceeds",
+    re.IGNORECASE,
+)
+"""How providers say a request is longer than the model's context window, in words (OpenAI and
+vLLM, llama.cpp, Anthropic, Gemini): the same request never fits, however often it is sent."""
+
+UNCURABLE_CODES = QUOTA_CODES | {REQUEST_TOO_LARGE, MODEL_TOO_LARGE}
+"""Provider error codes that no retry or wait cures."""
+
+
+class RateLimitError(ProviderError):
+    """The provider is rate limiting us (429, `rate_limit_error`, `RESOURCE_EXHAUSTED`)."""
+
+
+class OverloadedError(ProviderError):
+    """The provider is overloaded (529, `overloaded_error`, Gemini `UNAVAILABLE`)."""
+
+
+class ServerError(ProviderError):
+    """The provider failed on its side (500, 502, 504, `api_error`, `INTERNAL`)."""
+
+
+class InvalidRequestError(ProviderError):
+    """The provider refused the request as invalid (400, `invalid_request_error`)."""
+
+
+class AuthenticationError(ProviderError):
+    """The provider refused our credentials or permissions (401, 403)."""
+
+
+_CONTEXT_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
+"""Error codes of a request longer than the model's context window (OpenAI's, llama.cpp's)."""
+_TOO_MANY_TOKENS = re.compile(r"too many (?:input )?tokens", re.IGNORECASE)
+
+
+def past_context(error: BaseException | None) -> bool:
+    """Whether the provider refused a request as longer than the model's context window: by
+    its code, or in its words (`CONTEXT_FULL`, "too many tokens")."""
+    if not isinstance(error, InvalidRequestError):
+        return False
+    said = error.provider_message
+    return (
+        (error.error_type or "").lower() in _CONTEXT_CODES
+        or CONTEXT_FULL.search(said) is not None
+        or _TOO_MANY_TOKENS.search(said) is not None
+    )
+
+
+def causes(error: BaseException) -> list[BaseException]:
+    """`error` and everything under it: causes, contexts and the members of groups (once
+    each): where a transport error keeps the OS's or the TLS layer's reason."""
+    found: list[BaseException] = []
+    seen: set[int] = set()
+    stack = [error]
+    while stack:
+        exc = stack.pop()
+        if id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        found.append(exc)
+        if isinstance(exc, BaseExceptionGroup):
+            stack.extend(exc.exceptions)
+        stack.extend(e for e in (exc.__cause__, exc.__context__) if e is not None)
+    return found
+
+
+NOT_TLS_REASONS = frozenset({"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "RECORD_LAYER_FAILURE"})
+"""The TLS layer's reasons for an answer to the handshake that is not TLS at all (a plain-HTTP
+server on an `https://` URL)."""

@@ -1,0 +1,577 @@
+"""Run logs on Redis Streams: every server sharing one Redis serves every run's subscribers.
+
+A run is two keys in one hash slot, a hash and a stream (`_redis_log` holds the layout and the
+scripts). An append is one Lua call per batch (the run must be open and the seqs must continue
+the stream; `XADD ... MAXLEN ~ max_events` per entry; the TTLs refreshed): atomic and one round
+trip, and Redis itself refuses a duplicate or out-of-order entry id, so a second producer of a
+run fails (`AppendConflict`). An open run expires `open_ttl` seconds after its last append (a
+producer that died leaves nothing behind for long); its `run.done` sets both keys to expire
+after `retention`.
+
+Fan-out: for each run that has subscribers here, the hub keeps ONE tail, an `XREAD BLOCK` loop, and
+a window of the newest entries in memory; its subscribers are cursors into that window, with the
+memory hub's `Subscription` semantics (buffer allowance, dropped with a reason when behind,
+`CursorExpired` below what the stream keeps) and its waking: new entries wake one parked subscriber,
+which pushes them to the others' writers (no task switch per subscriber). A subscriber behind the
+window (a resume from an old seq) catches up with `XRANGE` reads of its own, then follows the
+window. A tail ends after `run.done`, or when its last subscriber leaves (its blocked read is
+cancelled). The hub that appends a run needs no read for it: each append, once Redis took it, goes
+into that run's window here as it was written (the same bytes and order every other hub reads).
+
+A blocked `XREAD` holds its connection. Cancelling one makes coredis (6.9) discard that
+connection without giving its slot back to the pool, so each tail reads on a one-connection
+client of its own, opened and closed with the tail: the shared pool never sees a blocked read.
+
+Failures are loud, never a silent fallback: an unreachable Redis refuses the hub at start and
+refuses new runs (`HubUnavailable`); an outage mid-run stops that run's delivery (logged as an
+error; the turn itself runs on and returns its result), and its subscribers are dropped with
+reason `log_unavailable`. Once Redis answers again, the producing hub ends the cut run with
+`run.done` (`error`, `log_unavailable`) after what the stream kept, so a subscriber on any
+server that follows it then reaches an end instead of waiting for the run's keys to expire.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, NoReturn, cast
+
+import attrs
+import coredis
+import trio
+from coredis.exceptions import RedisError, ResponseError
+from coredis.retry import NoRetryPolicy
+
+from .._core._events import encode_json
+from .._core._runevents import RunDone
+from . import _redis_layout as layout
+from ._hub import (
+    AppendConflict,
+    CursorExpired,
+    CursorInvalid,
+    Entry,
+    HubError,
+    HubUnavailable,
+    RunExists,
+    RunState,
+    SubscriberDropped,
+    Subscription,
+    UnknownRun,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Sequence
+
+    from .._core._runevents import RunEvent
+    from .._turn._turn import SinkBatch
+
+__all__ = ["RedisHub", "RedisHubSink", "RedisSubscription", "open_redis_hub"]
+
+logger = logging.getLogger(__name__)
+
+_UNAVAILABLE = "log_unavailable"
+_FAILURES = (RedisError, OSError, TimeoutError)
+
+
+class _Tail(RunState):
+    """One run as this hub follows it: a window of its newest entries, the subscribers here,
+    and the task tailing the stream (none for a run read after its `run.done`)."""
+
+    __slots__ = ("failed", "fed", "scope")
+
+    def __init__(self, run_id: str, last_seq: int, *, done: bool, fed: bool = False) -> None:
+        super().__init__(run_id)
+        self.base = last_seq + 1
+        self.failed: str | None = None
+        self.fed = fed  # fed by this hub's own appends, not by a read
+        self.scope = trio.CancelScope()
+        if done:
+            self.done_at = trio.current_time()
+
+    def fail(self, reason: str) -> None:
+        """Drop every subscriber with `reason` and stop serving them."""
+        if self.failed is None:
+            self.failed = reason
+        for sub in list(self.subscribers):
+            sub._drop(reason)
+        self.subscribers.clear()
+        self.wake()
+        self.abandon()  # every parked subscriber wakes to meet the failure
+
+
+@attrs.define(eq=False)
+class RedisSubscription(Subscription):
+    """A `Subscription` whose events below the hub's window come from Redis (`XRANGE`)."""
+
+    @property
+    def _tail(self) -> _Tail:
+        return cast("_Tail", self._run)
+
+    async def next_batch(self, limit: int = 256) -> list[Entry]:
+        """Every entry available now after the cursor (at most `limit`), waiting for one if
+        there is none; an empty list once the run is done and read to its end."""
+        tail = self._tail
+        while True:
+            self._check()
+            if tail.failed is not None:
+                self._fail(tail.failed)
+            if self.cursor < tail.last_seq:
+                start = self.cursor + 1 - tail.base
+                if start >= 0:
+                    batch = tail.entries[start : start + limit]
+                else:
+                    batch = await self._catch_up(min(limit, -start))
+                self.cursor = batch[-1].seq
+                return batch
+            if tail.done:
+                return []
+            await self._park()  # as the memory hub's: the leader pushes to the others
+
+    async def _catch_up(self, count: int) -> list[Entry]:
+        """Entries after the cursor that the window no longer (or never) held."""
+        try:
+            hub = cast("RedisHub", self._hub)
+            batch = await hub._range(self._run.run_id, self.cursor + 1, count)
+        except HubUnavailable:
+            self._fail(_UNAVAILABLE)
+        if not batch:  # the run expired while it was being read
+            self._fail("run_expired")
+        if batch[0].seq != self.cursor + 1:
+            raise CursorExpired(batch[0].seq)
+        return batch
+
+    def _fail(self, reason: str) -> NoReturn:
+        self._drop(reason)
+        raise SubscriberDropped(self.drop_reason or reason, self.cursor)
+
+
+@attrs.define(eq=False)
+class RedisHubSink:
+    """Delivers a turn's run events into Redis. A failed append stops this run's delivery and is
+    logged as an error (with Redis unreachable, the run's subscribers here are dropped with
+    `log_unavailable`); it is never raised into the turn, which runs on and returns its result.
+
+    Attributes:
+        failed: the error that stopped delivery, if one did.
+    """
+
+    hub: RedisHub
+    run_id: str
+    failed: HubError | None = None
+
+    async def deliver(self, batch: SinkBatch) -> None:
+        """Append the batch's run events (nothing more once an append failed)."""
+        if self.failed is not None or not batch.run:
+            return
+        try:
+            await self.hub.append(self.run_id, batch.run)
+        except HubError as exc:
+            self.failed = exc
+            logger.error(
+                "run %s: its events can no longer be delivered: %s: %s",
+                self.run_id,
+                type(exc).__name__,
+                exc,
+            )
+            self.hub._delivery_failed(self.run_id, unavailable=isinstance(exc, HubUnavailable))
+
+    async def close(self) -> None:
+        """Nothing to release: the log outlives the turn for its retention."""
+
+
+@attrs.define(eq=False)
+class RedisHub:
+    """Run logs in Redis Streams, fanned out to this process's subscribers. Open it with
+    `open_redis_hub`.
+
+    Attributes:
+        url: the Redis URL (`redis://`, `rediss://`, `unix://`).
+        buffer: the default subscriber buffer allowance, in events.
+        max_subscribers_per_run: further subscriptions here are refused (`HubError`).
+        max_events: entries a run's stream keeps (`MAXLEN ~`: at least this many).
+        retention: seconds a run is kept after its `run.done`.
+        open_ttl: seconds an open run is kept after its last append.
+        window: newest entries of each followed run kept in memory for its subscribers.
+        block: seconds a tail's `XREAD` blocks before it checks the run is still kept.
+        read_count: entries a tail reads at most per `XREAD`.
+        timeout: seconds any other command may take before Redis counts as unavailable.
+        max_connections: the size of the shared connection pool (each tail has its own).
+        retry_interval: seconds between tries to end a run an outage cut, once it is back.
+    """
+
+    url: str
+    _client: coredis.Redis[bytes]
+    _nursery: trio.Nursery
+    buffer: int = 1024
+    max_subscribers_per_run: int = 10_000
+    max_events: int = 100_000
+    retention: float = 300.0
+    open_ttl: float = 3600.0
+    window: int = 4096
+    block: float = 5.0
+    read_count: int = 1024
+    timeout: float = 5.0
+    max_connections: int = 64
+    retry_interval: float = 1.0
+    subscribers: int = 0
+    appended: int = 0
+    delivered: int = 0
+    _tails: dict[str, _Tail] = attrs.field(factory=dict)
+    _producing: dict[str, int] = attrs.field(factory=dict)  # run -> last seq appended here
+    _create: Any = attrs.field(init=False, default=None)
+    _append: Any = attrs.field(init=False, default=None)
+    _info: Any = attrs.field(init=False, default=None)
+
+    def __attrs_post_init__(self) -> None:
+        self._create = self._client.register_script(layout.CREATE)
+        self._append = self._client.register_script(layout.APPEND)
+        self._info = self._client.register_script(layout.INFO)
+
+    def _unavailable(self, exc: BaseException) -> HubUnavailable:
+        reason = str(exc) or type(exc).__name__
+        return HubUnavailable(
+            f"the run log at {layout.safe_url(self.url)} is unavailable: {reason}"
+        )
+
+    async def ping(self) -> None:
+        """Check that Redis answers (and load the hub's scripts); `HubUnavailable` otherwise."""
+        try:
+            with trio.fail_after(self.timeout):
+                await self._client.ping()
+                for script in (layout.CREATE, layout.APPEND, layout.INFO):
+                    await self._client.script_load(script)
+        except (*_FAILURES, trio.TooSlowError) as exc:
+            raise self._unavailable(exc) from exc
+
+    async def server_version(self) -> str:
+        """The Redis server's version."""
+        info = await self._client.info("server")
+        return str(info.get("redis_version", "?"))
+
+    # --- producing ------------------------------------------------------------------------------
+
+    async def create(self, run_id: str, *, access: bytes | None = None) -> None:
+        """Open a new, empty run. Raises `RunExists`, `HubUnavailable`."""
+        run_keys = layout.keys(run_id)
+        args = [access.hex() if access else "", int(self.open_ttl * 1000)]
+        try:
+            created = await self._create(keys=run_keys, args=args)
+        except _FAILURES as exc:
+            raise self._unavailable(exc) from exc
+        if not created:
+            raise RunExists(f"run {run_id} exists")
+        self._producing[run_id] = 0
+
+    async def open_run(self, run_id: str, *, access: bytes | None = None) -> RedisHubSink:
+        """Open a run and return the sink that appends its events."""
+        await self.create(run_id, access=access)
+        return RedisHubSink(self, run_id)
+
+    async def append(self, run_id: str, events: Sequence[RunEvent]) -> None:
+        """Append events whose seqs continue the run's stream. Raises `AppendConflict` (the
+        stream already has that seq: another producer), `UnknownRun`, `HubError` (a gap, or the
+        run is done), `HubUnavailable`."""
+        if not events:
+            return
+        first = events[0].seq
+        done = False
+        args: list[Any] = [self.max_events, int(self.open_ttl * 1000), 0, 0]
+        entries: list[Entry] = []
+        for i, event in enumerate(events):
+            if event.seq != first + i:
+                raise HubError(f"expected seq {first + i}, got {event.seq}")
+            done = done or type(event) is RunDone
+            entry = Entry(event.seq, event, encode_json(event))
+            entries.append(entry)
+            args += (f"{event.seq}-0", entry.data)
+        args[2] = max(1, int(self.retention * 1000))
+        args[3] = 1 if done else 0
+        try:
+            await self._append(keys=layout.keys(run_id), args=args)
+        except ResponseError as exc:
+            raise self._refused(run_id, first, exc) from exc
+        except _FAILURES as exc:
+            raise self._unavailable(exc) from exc
+        self.appended += len(events)
+        if done:
+            self._producing.pop(run_id, None)
+        elif run_id in self._producing:
+            self._producing[run_id] = events[-1].seq
+        tail = self._tails.get(run_id)
+        if tail is not None and tail.fed:
+            self._fan_out(tail, entries)
+
+    def _refused(self, run_id: str, first: int, exc: ResponseError) -> HubError:
+        message = str(exc)
+        if "equal or smaller" in message:
+            return AppendConflict(run_id, first)
+        if "RILLET_UNKNOWN" in message:
+            return UnknownRun(run_id)
+        if "RILLET_DONE" in message:
+            return HubError("run is done")
+        if "RILLET_GAP" in message:
+            return HubError(message.partition("RILLET_GAP ")[2] or "a gap in the seqs")
+        return HubError(f"append refused: {message}")
+
+    def _delivery_failed(self, run_id: str, *, unavailable: bool) -> None:
+        """A producer here could not append. When Redis is unreachable, the run's subscribers
+        here cannot be served either: they are dropped with `log_unavailable`. A refused append
+        (another producer's run) leaves the log as it is: subscribers here that were fed by
+        this hub's appends are dropped (`delivery_failed`) to resume from Redis."""
+        self._producing.pop(run_id, None)
+        if unavailable:  # once Redis answers again, every server's subscribers learn the end
+            self._nursery.start_soon(self._end_cut_run, run_id)
+        tail = self._tails.get(run_id)
+        if tail is None or not (unavailable or tail.fed):
+            return
+        del self._tails[run_id]
+        tail.fail(_UNAVAILABLE if unavailable else "delivery_failed")  # resume reads Redis
+        tail.scope.cancel()
+
+    async def _end_cut_run(self, run_id: str) -> None:
+        """End a run whose delivery an outage cut: once Redis answers again (retried every
+        `retry_interval` seconds while the open run is kept), append `run.done` (`error`,
+        `log_unavailable`) after what the stream holds, so that no subscriber on any server
+        waits for events that will never come. Nothing is written to a run that is done,
+        forgotten, or appended to by another producer meanwhile."""
+        deadline = trio.current_time() + self.open_ttl
+        conflicts = 0
+        while True:
+            try:
+                info = await self._run_info(run_id)
+                if info is None or info[0] != "open":
+                    return
+                last = info[3]
+                elapsed = 0
+                if last:
+                    kept = await self._range(run_id, last, 1)
+                    elapsed = kept[0].event.elapsed_ms if kept else 0
+                end = RunDone(
+                    run_id=run_id,
+                    seq=last + 1,
+                    elapsed_ms=elapsed,
+                    status="error",
+                    code=_UNAVAILABLE,
+                )
+                await self.append(run_id, [end])
+            except HubUnavailable:
+                if trio.current_time() >= deadline:
+                    return
+                await trio.sleep(self.retry_interval)
+                continue
+            except AppendConflict:  # an entry landed since the read: read again, a few times
+                conflicts += 1
+                if conflicts == 3:  # someone else is appending: the run is not ours to end
+                    return
+                continue
+            except HubError:  # done or forgotten meanwhile
+                return
+            logger.warning("run %s: ended as log_unavailable once its log was back", run_id)
+            return
+
+    # --- reading --------------------------------------------------------------------------------
+
+    async def _run_info(self, run_id: str) -> tuple[str, bytes | None, int, int] | None:
+        """The run's state, access, first and last seq kept; None for an unknown run."""
+        try:
+            with trio.fail_after(self.timeout):
+                reply = await self._info(keys=layout.keys(run_id))
+        except (*_FAILURES, trio.TooSlowError) as exc:
+            raise self._unavailable(exc) from exc
+        if not reply:
+            return None
+        state, access, first, last = reply
+        access_hex = layout.text(access)
+        return (
+            layout.text(state),
+            bytes.fromhex(access_hex) if access_hex else None,
+            layout.seq(first),
+            layout.seq(last),
+        )
+
+    async def _range(self, run_id: str, start: int, count: int) -> list[Entry]:
+        """Up to `count` entries from seq `start` on, as the stream keeps them."""
+        try:
+            with trio.fail_after(self.timeout):
+                reply = await self._client.xrange(layout.keys(run_id)[1], f"{start}-0", "+", count)
+        except (*_FAILURES, trio.TooSlowError) as exc:
+            raise self._unavailable(exc) from exc
+        return [layout.entry(item.identifier, item.field_values) for item in reply]
+
+    async def follow(
+        self, run_id: str, after: int = 0, *, buffer: int | None = None
+    ) -> RedisSubscription:
+        """Follow a run from the event after seq `after` (0: from the start), replaying what the
+        stream keeps, then live. Raises `UnknownRun`, `CursorInvalid` (past the last event),
+        `CursorExpired` (below what is kept), `HubUnavailable`, or `HubError` (too many
+        subscribers here)."""
+        info = await self._run_info(run_id)
+        if info is None:
+            raise UnknownRun(run_id)
+        state, _, first, last = info
+        if after < 0 or after > last:
+            raise CursorInvalid("past the last event")
+        if last and after + 1 < first:
+            raise CursorExpired(first)
+        tail = self._tails.get(run_id)
+        if state == "done":
+            if tail is None:
+                tail = _Tail(run_id, last, done=True)  # read from Redis alone, no tail task
+        elif tail is None:
+            fed = run_id in self._producing  # this hub appends it: its appends feed the window
+            if fed:  # appends done while Redis answered are below the window: read them there
+                last = max(last, self._producing[run_id])
+            tail = _Tail(run_id, last, done=False, fed=fed)
+            self._tails[run_id] = tail
+            if not fed:
+                self._nursery.start_soon(self._tail, tail)
+        if len(tail.subscribers) >= self.max_subscribers_per_run:
+            raise HubError("too many subscribers for this run")
+        sub = RedisSubscription(self, tail, after, buffer if buffer is not None else self.buffer)
+        sub.joined = max(last, tail.last_seq)
+        if not tail.done:
+            tail.subscribers.add(sub)
+        self.subscribers += 1
+        return sub
+
+    def _unsubscribed(self, sub: Subscription) -> None:
+        self.subscribers = max(0, self.subscribers - 1)
+        tail = sub._run
+        if self._tails.get(tail.run_id) is tail and not tail.subscribers:
+            del self._tails[tail.run_id]
+            tail.scope.cancel()  # its blocked read, on its own connection
+
+    async def access(self, run_id: str) -> bytes | None:
+        """The `access` the run was opened with; None for an unknown run or none given."""
+        info = await self._run_info(run_id)
+        return None if info is None else info[1]
+
+    async def kept(self, run_ids: Sequence[str]) -> set[str]:
+        """Which of these runs Redis still keeps."""
+        if not run_ids:
+            return set()
+        try:
+            with trio.fail_after(self.timeout):
+                async with self._client.pipeline(transaction=False) as pipe:
+                    replies = [pipe.exists([layout.keys(run_id)[0]]) for run_id in run_ids]
+                found = [await reply for reply in replies]
+        except (*_FAILURES, trio.TooSlowError) as exc:
+            raise self._unavailable(exc) from exc
+        return {run_id for run_id, n in zip(run_ids, found, strict=True) if n}
+
+    async def sweep(self) -> None:
+        """Nothing to do here: Redis forgets a run by its keys' expiry."""
+        await trio.lowlevel.checkpoint()
+
+    def statistics(self) -> dict[str, int]:
+        """Runs followed here (tails), runs appended to here, live subscriptions, events
+        appended and read by the tails."""
+        return {
+            "runs": len(self._tails),
+            "producing": len(self._producing),
+            "subscribers": self.subscribers,
+            "appended": self.appended,
+            "delivered": self.delivered,
+        }
+
+    # --- the tail -------------------------------------------------------------------------------
+
+    async def _tail(self, tail: _Tail) -> None:
+        """Follow one run's stream with `XREAD BLOCK` on a connection of its own, fanning each
+        read out to the subscribers here, until `run.done`, a failure, or no subscriber is
+        left (the scope is cancelled)."""
+        key = layout.keys(tail.run_id)[1]
+        block_ms = max(1, int(self.block * 1000))
+        client: coredis.Redis[bytes] = coredis.Redis.from_url(
+            self.url,
+            max_connections=1,
+            stream_timeout=self.block + self.timeout,
+            connect_timeout=self.timeout,
+            retry_policy=NoRetryPolicy(),
+        )
+        reason: str | None = None
+        with tail.scope:
+            try:
+                async with client:
+                    while not tail.done and tail.failed is None:
+                        reply = await client.xread(
+                            {key: f"{tail.last_seq}-0"}, count=self.read_count, block=block_ms
+                        )
+                        if reply:
+                            for items in reply.values():
+                                self._fan_out(
+                                    tail,
+                                    [layout.entry(i.identifier, i.field_values) for i in items],
+                                )
+                        elif not await self._client.exists([layout.keys(tail.run_id)[0]]):
+                            reason = "run_expired"  # its producer went away without run.done
+                            break
+            except* Exception as group:  # Redis gone, or an entry that is not a run event
+                logger.error(
+                    "run %s: reading its log failed (%s); its subscribers here are closed with %s",
+                    tail.run_id,
+                    "; ".join(f"{type(e).__name__}: {e}" for e in group.exceptions),
+                    _UNAVAILABLE,
+                )
+                reason = _UNAVAILABLE
+        if reason is not None:
+            tail.fail(reason)
+        if self._tails.get(tail.run_id) is tail:
+            del self._tails[tail.run_id]
+
+    def _fan_out(self, tail: _Tail, entries: list[Entry]) -> None:
+        """New entries into the window; subscribers past their allowance dropped; the rest
+        woken."""
+        fresh = [e for e in entries if e.seq > tail.last_seq]
+        if not fresh:
+            return
+        if fresh[0].seq != tail.last_seq + 1:  # trimmed before this tail read it
+            tail.entries.clear()
+            tail.base = fresh[0].seq
+        tail.entries += fresh
+        self.delivered += len(fresh)
+        if type(fresh[-1].event) is RunDone:
+            tail.done_at = trio.current_time()
+        over = len(tail.entries) - self.window
+        if over > max(self.window // 8, 0):
+            del tail.entries[:over]
+            tail.base += over
+        head = tail.last_seq
+        for sub in [s for s in tail.subscribers if s.behind(head) > s.buffer]:
+            sub._drop("fell_behind")
+            tail.subscribers.discard(sub)
+        if tail.done:
+            tail.subscribers.clear()
+        tail.wake()
+
+
+@asynccontextmanager
+async def open_redis_hub(url: str, **options: Any) -> AsyncIterator[RedisHub]:
+    """A `RedisHub` on the Redis at `url` for the duration of the block (`options` are its
+    attributes: `buffer`, `max_events`, `retention`, ...). Raises `HubUnavailable` at once when
+    Redis does not answer: there is no fallback to memory. An exception from the block comes
+    out as itself, not wrapped in an exception group."""
+    timeout = float(options.get("timeout", 5.0))
+    try:
+        client: coredis.Redis[bytes] = coredis.Redis.from_url(
+            url,
+            stream_timeout=timeout,
+            connect_timeout=timeout,
+            max_connections=int(options.get("max_connections", 64)),
+            retry_policy=NoRetryPolicy(),
+        )
+    except (ValueError, RedisError) as exc:
+        raise HubUnavailable(f"not a usable Redis URL: {layout.safe_url(url)} ({exc})") from None
+    error: BaseException | None = None
+    async with client, trio.open_nursery() as nursery:
+        hub = RedisHub(url, client, nursery, **options)
+        try:
+            await hub.ping()
+            yield hub
+        except GeneratorExit:
+            raise
+        except BaseException as exc:  # re-raised below, once the tails and the pool are down
+            error = exc
+        nursery.cancel_scope.cancel()
+    if error is not None:
+        raise error

@@ -1,0 +1,183 @@
+"""The turn's entry points: `run_turn` and `open_turn` choose one provider's turn or a chain.
+
+They sit above what they join (the single turn in `_turn`, the chain in `_chain`, which runs
+single turns), so neither of those imports the other's caller.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, TypedDict
+
+import trio
+
+from .._core._dialect import Provider
+from ._callbacks import FragmentSink, require_trio
+from ._chain import run_chain
+from ._turn import Turn, TurnResult, run_one_turn
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Sequence
+
+    import httpx
+    from typing_extensions import Unpack
+
+    from .._core._policy import Policy
+    from .._core._request import TurnRequest
+    from .._core._upstream import Upstream
+    from ._admission import Admission
+    from ._chain import CircuitBreakers
+    from ._graph import Sink
+    from ._ratelimit import RateLimiter
+
+__all__ = ["TurnOptions", "open_turn", "run_turn"]
+
+
+async def run_turn(
+    request: TurnRequest,
+    provider: Provider | Sequence[Provider],
+    *,
+    sinks: Sequence[Sink] = (),
+    policy: Policy | None = None,
+    client: httpx.AsyncClient | None = None,
+    upstream: Upstream | None = None,
+    limiter: RateLimiter | None = None,
+    run_id: str | None = None,
+    reasoning: bool = False,
+    tool_arguments: bool = False,
+    history: bool = True,
+    admission: Admission | None = None,
+    stream: bool = True,
+    on_text: Callable[[str], object] | None = None,
+    on_thinking: Callable[[str], object] | None = None,
+    on_reset: Callable[[int], object] | None = None,
+    breakers: CircuitBreakers | None = None,
+    fallback_on_permanent: bool = False,
+    task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
+) -> TurnResult:
+    """Run one turn to its end and return its result.
+
+    `provider` may be an ordered list: a fallback chain (`breakers`, `fallback_on_permanent`
+    then apply; see `FallbackChain`), one run id and one public stream whatever answers.
+
+    Use `turn = await nursery.start(run_turn, request, provider)` to get the `Turn` handle as
+    soon as its actors are running, then iterate `turn.uni_events()` / `turn.run_events()` or
+    await `turn.result()`. `nursery.start` passes no keywords: bind them first,
+    `nursery.start(functools.partial(run_turn, sinks=[...]), request, provider)`, or use
+    `open_turn`, which takes them. With no policy the default `Policy()` applies (deadlines,
+    retries, rescue). `upstream` carries the requests (`rillet.transports.upstream`: HTTP,
+    WebSocket, replay, or the application's own transport); `client` is the HTTP default's
+    httpx client, still the caller's to close. Given neither, the turn makes an HTTP upstream
+    and closes it at the end. `reasoning` and
+    `tool_arguments` opt the public stream into reasoning text and tool arguments.
+    `history=False` keeps no replay history (`uni_events()` / `run_events()` then raise
+    `NoHistoryError`; sinks see everything): a turn then holds only what its sinks have not
+    taken yet, for servers running many turns whose events go out through sinks.
+    Every turn holds one of the process's provider-stream slots (`admission`, by default
+    `shared_admission()`) while it talks to its provider; waiting for one shows as `status`
+    `queued`.
+    `stream=False` sends non-streaming requests (the rescue's) instead of a stream, retried
+    as a stream would be.
+
+    The simplest use needs no iterator: `on_text` is called with each fragment of the answer
+    and `on_thinking` with each fragment of the reasoning, in order, each exactly once, on the
+    turn's task (keep them quick). A retry after a stream broke mid-answer voids what came
+    before: `on_reset(attempt)` is called first, and the fragments after it start the answer
+    over (a display clears what it showed; a buffer empties). Without a retry it is never
+    called. Raises `RuntimeError` naming trio when awaited from asyncio.
+    """
+    require_trio("run_turn")
+    if on_text is not None or on_thinking is not None or on_reset is not None:
+        sinks = [*sinks, FragmentSink(on_text, on_thinking, on_reset)]
+    if not isinstance(provider, Provider):
+        return await run_chain(
+            request,
+            list(provider),
+            sinks=sinks,
+            policy=policy,
+            client=client,
+            limiter=limiter,
+            run_id=run_id,
+            reasoning=reasoning,
+            tool_arguments=tool_arguments,
+            history=history,
+            admission=admission,
+            stream=stream,
+            task_status=task_status,
+            upstream=upstream,
+            breakers=breakers,
+            fallback_on_permanent=fallback_on_permanent,
+        )
+    if breakers is not None or fallback_on_permanent:
+        chain = [
+            name
+            for name, v in (
+                ("breakers", breakers),
+                ("fallback_on_permanent", fallback_on_permanent),
+            )
+            if v
+        ]
+        raise TypeError(f"unexpected options for one provider: {chain}")
+    return await run_one_turn(
+        request,
+        provider,
+        sinks=sinks,
+        policy=policy,
+        client=client,
+        upstream=upstream,
+        limiter=limiter,
+        run_id=run_id,
+        reasoning=reasoning,
+        tool_arguments=tool_arguments,
+        history=history,
+        admission=admission,
+        stream=stream,
+        task_status=task_status,
+    )
+
+
+class TurnOptions(TypedDict, total=False):
+    """`run_turn`'s keyword options, as `open_turn` takes them (a type checker then knows
+    every name and its type: a misspelt option is an error before anything runs)."""
+
+    sinks: Sequence[Sink]
+    policy: Policy | None
+    client: httpx.AsyncClient | None
+    upstream: Upstream | None
+    limiter: RateLimiter | None
+    run_id: str | None
+    reasoning: bool
+    tool_arguments: bool
+    history: bool
+    admission: Admission | None
+    stream: bool
+    on_text: Callable[[str], object] | None
+    on_thinking: Callable[[str], object] | None
+    on_reset: Callable[[int], object] | None
+    breakers: CircuitBreakers | None
+    fallback_on_permanent: bool
+
+
+@asynccontextmanager
+async def open_turn(
+    request: TurnRequest, provider: Provider | Sequence[Provider], **options: Unpack[TurnOptions]
+) -> AsyncIterator[Turn]:
+    """Run a turn for the duration of the block; leaving the block cancels it if it is still
+    running. Takes `run_turn`'s keyword options (`TurnOptions`)."""
+    require_trio("open_turn")
+    async with trio.open_nursery() as nursery:
+        turn: Turn = await nursery.start(_run_turn_with, request, provider, options)
+        try:
+            yield turn
+        finally:
+            if not turn.done:
+                turn.cancel()
+
+
+async def _run_turn_with(
+    request: TurnRequest,
+    provider: Provider | Sequence[Provider],
+    options: TurnOptions,
+    task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    await run_turn(request, provider, task_status=task_status, **options)

@@ -1,0 +1,347 @@
+"""Fallback chains: the next provider answers when one is rate-limited or hopeless.
+
+A chain is an ordered list of providers. A turn that ends `RateLimited`, or that failed
+before any event (streaming and the rescue both hopeless), hands the request to the next
+provider; the public stream says so with a `status` `fallback` naming it, and the result says
+who answered. A permanent request error (a 400, a bad key) is the request's fault, not the
+provider's: it ends the chain unless `fallback_on_permanent` asks otherwise.
+
+Behind the chain, one circuit breaker per (base URL, model), shared by the process: after
+`threshold` hopeless turns in a row (default 5) it opens and the chain skips that provider at
+once; after `cooldown` (default 30 s) it lets one trial through (half-open); a success closes
+it, a failure opens it again.
+"""
+
+from __future__ import annotations
+
+import enum
+import secrets
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+from rillet.transports.upstream._http import default_client
+
+from .._core._errors import FallbackFailed, ProviderError, RilletError
+from .._core._events import UniMessage
+from .._core._markers import AttemptReset
+from .._core._policy import Outcome
+from .._core._runevents import RunEventBuilder, StatusEvent
+from ._runstream import RunStream, StepSink
+from ._turn import Turn, TurnResult, run_one_turn
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import httpx
+
+    from .._core._dialect import Provider
+    from .._core._request import TurnRequest
+
+__all__ = ["BreakerState", "CircuitBreaker", "CircuitBreakers", "run_chain", "shared_breakers"]
+
+
+class BreakerState(enum.Enum):
+    """A circuit breaker's state."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+@attrs.define(eq=False)
+class CircuitBreaker:
+    """One provider's breaker: counts hopeless turns in a row, opens, cools down, retries.
+
+    Attributes:
+        threshold: hopeless turns in a row that open it.
+        cooldown: seconds it stays open before one trial may go through.
+    """
+
+    threshold: int = 5
+    cooldown: float = 30.0
+    failures: int = 0
+    opened_at: float | None = None
+    _trial: bool = False  # a half-open trial is under way
+
+    @property
+    def state(self) -> BreakerState:
+        """Closed, open, or half-open (cooled down: the next turn is a trial)."""
+        if self.opened_at is None:
+            return BreakerState.CLOSED
+        if self._trial or trio.current_time() >= self.opened_at + self.cooldown:
+            return BreakerState.HALF_OPEN
+        return BreakerState.OPEN
+
+    def allow(self) -> bool:
+        """Whether a turn may go to this provider now; a half-open breaker lets one trial
+        through at a time."""
+        state = self.state
+        if state is BreakerState.CLOSED:
+            return True
+        if state is BreakerState.HALF_OPEN and not self._trial:
+            self._trial = True
+            return True
+        return False
+
+    def succeeded(self) -> None:
+        """A turn brought its reply home: close."""
+        self.failures = 0
+        self.opened_at = None
+        self._trial = False
+
+    def failed(self) -> None:
+        """A hopeless turn: count it; open at the threshold, or again after a failed trial."""
+        self.failures += 1
+        if self._trial or self.failures >= self.threshold:
+            self.opened_at = trio.current_time()
+        self._trial = False
+
+    def abandoned(self) -> None:
+        """A turn that ended neither way (cancelled, a permanent error): a trial may go again."""
+        self._trial = False
+
+
+@attrs.define(eq=False)
+class CircuitBreakers:
+    """The breakers of a process, one per (base URL, model), made on first use."""
+
+    threshold: int = 5
+    cooldown: float = 30.0
+    _breakers: dict[tuple[str, str], CircuitBreaker] = attrs.field(factory=dict)
+
+    def get(self, provider: Provider) -> CircuitBreaker:
+        """The breaker for this provider's base URL and model."""
+        key = (provider.base_url.rstrip("/"), provider.model)
+        breaker = self._breakers.get(key)
+        if breaker is None:
+            breaker = self._breakers[key] = CircuitBreaker(self.threshold, self.cooldown)
+        return breaker
+
+
+_SHARED: trio.lowlevel.RunVar[CircuitBreakers] = trio.lowlevel.RunVar("rillet_breakers")
+
+
+def shared_breakers() -> CircuitBreakers:
+    """The process's breakers, used by every chain not given its own (one set per trio run:
+    their times are the run's clock)."""
+    try:
+        return _SHARED.get()
+    except LookupError:
+        breakers = CircuitBreakers()
+        _SHARED.set(breakers)
+        return breakers
+
+
+def _permanent(error: BaseException | None) -> bool:
+    if isinstance(error, FallbackFailed):
+        error = error.stream_error
+    if not isinstance(error, ProviderError) or error.status is None:
+        return False
+    return 400 <= error.status < 500 and error.status not in (408, 429)
+
+
+def _hopeless(result: TurnResult, fallback_on_permanent: bool) -> bool:
+    """Whether the next provider should answer instead."""
+    if result.ok or result.outcome is Outcome.CANCELLED:
+        return False
+    if result.outcome is Outcome.RATE_LIMITED:
+        return True
+    if result.partial:
+        return False
+    return fallback_on_permanent or not _permanent(result.error)
+
+
+@attrs.frozen
+class ChainStep:
+    """What one chained turn gave: the result of the provider that ended it, and its sink."""
+
+    result: TurnResult
+    sink: StepSink
+    requests: int  # sent by every provider the chain asked up to this one
+
+
+async def chain_turn(
+    run: RunStream,
+    request: TurnRequest,
+    providers: Sequence[Provider],
+    *,
+    run_id: str,
+    hold_text: bool = False,
+    breakers: CircuitBreakers | None = None,
+    fallback_on_permanent: bool = False,
+    step: int | None = None,
+    **options: Any,
+) -> ChainStep:
+    """Run one turn into `run`, provider after provider as the chain says. With one
+    provider there is no breaker and no fallback: the turn is simply run."""
+    if not providers:
+        raise ValueError("a chain needs at least one provider")
+    chained = len(providers) > 1
+    breakers = breakers or shared_breakers()
+    builder = run.builder
+    last: ChainStep | None = None
+    spent = 0
+    for number, provider in enumerate(providers):
+        breaker = breakers.get(provider) if chained else None
+        if breaker is not None and not breaker.allow():
+            continue
+        if last is not None or number:
+            await run.emit(
+                [
+                    builder.event(
+                        StatusEvent,
+                        phase="fallback",
+                        attempt=1,
+                        step=step,
+                        provider=provider.label,
+                        model=provider.model,
+                    )
+                ]
+            )
+        sink = run.step_sink(hold_text=hold_text)
+        try:
+            result = await run_one_turn(
+                request,
+                provider,
+                sinks=[sink],
+                run_id=f"{run_id}.{number + 1}",
+                history=False,
+                **options,
+            )
+        except BaseException:
+            if breaker is not None:
+                breaker.abandoned()
+            raise
+        spent += result.requests
+        last = ChainStep(result, sink, spent)
+        hopeless = _hopeless(result, fallback_on_permanent)
+        if breaker is not None:
+            if result.ok:
+                breaker.succeeded()
+            elif hopeless:
+                breaker.failed()
+            else:
+                breaker.abandoned()
+        if not hopeless:
+            return last
+        if number + 1 < len(providers) and (sink.delivered_text or result.events):
+            # what this provider streamed is void: the next one starts afresh
+            await run.emit(
+                [builder.reset(result.attempts + 1)], [AttemptReset(result.attempts + 1)]
+            )
+    if last is None:  # every breaker was open
+        raise CircuitOpen(providers)
+    return last
+
+
+class CircuitOpen(Exception):
+    """Every provider of a chain had its circuit breaker open: nothing was asked."""
+
+    def __init__(self, providers: Sequence[Provider]) -> None:
+        super().__init__(f"every provider's circuit breaker is open ({len(providers)})")
+        self.providers = list(providers)
+
+
+async def run_chain(
+    request: TurnRequest,
+    providers: list[Provider],
+    *,
+    sinks: Sequence[Any] = (),
+    client: httpx.AsyncClient | None = None,
+    run_id: str | None = None,
+    reasoning: bool = False,
+    tool_arguments: bool = False,
+    history: bool = True,
+    breakers: CircuitBreakers | None = None,
+    fallback_on_permanent: bool = False,
+    task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
+    **options: Any,
+) -> TurnResult:
+    """`run_turn` over a fallback chain: one `Turn` handle and one public stream."""
+    if not providers:
+        raise ValueError("a chain needs at least one provider")
+    turn = Turn(run_id or secrets.token_hex(8), request, providers[0], history=history)
+    builder = RunEventBuilder(
+        turn.run_id, trio.current_time, reasoning=reasoning, tool_arguments=tool_arguments
+    )
+    stream = RunStream(builder, sinks, turn._run, turn._uni, history=history)
+    own_client = client is None
+    http = client or default_client()
+    start = trio.current_time()
+    step: ChainStep | None = None
+    status, code = "cancelled", "cancelled"
+    error: BaseException | None = None
+    try:
+        with turn._cancel_scope:
+            await stream.emit([builder.started(providers[0].label, providers[0].model)])
+            task_status.started(turn)
+            try:
+                step = await chain_turn(
+                    stream,
+                    request,
+                    providers,
+                    run_id=turn.run_id,
+                    breakers=breakers,
+                    fallback_on_permanent=fallback_on_permanent,
+                    client=http,
+                    reasoning=reasoning,
+                    tool_arguments=tool_arguments,
+                    **options,
+                )
+            except CircuitOpen as exc:
+                status, code = "error", "circuit_open"
+                error = exc
+            else:
+                done = step.sink.done
+                status, code = (done.status, done.code) if done else ("error", "provider_error")
+                error = step.result.error
+    except Exception as exc:  # a sink's own failure (or an actor's): an error, not a cancel
+        status, code, error = "error", "internal_error", exc
+        raise
+    finally:
+        result = _result(step, status, error, trio.current_time() - start)
+        turn._result = result
+        turn._done.set()
+        try:
+            retry = result.retry_after
+            await stream.finish(
+                builder.close(
+                    status,
+                    code,
+                    attempts=result.attempts,
+                    requests=result.requests,
+                    retry_after=retry,
+                ),
+                # its own failure (a sink's) gives the sinks a cancel's grace, as a turn does
+                cancelled=status == "cancelled" or code == "internal_error",
+            )
+        finally:
+            if own_client:
+                with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_GRACE):
+                    await http.aclose()
+    return result
+
+
+_CLOSE_GRACE = 2.0
+
+
+def _result(
+    step: ChainStep | None, status: str, error: BaseException | None, total: float
+) -> TurnResult:
+    if step is None:
+        outcome = Outcome.CANCELLED if status == "cancelled" else Outcome.INIT_FAILED
+        if error is not None and not isinstance(error, RilletError):
+            outcome = Outcome.FAILED  # the run's own failure (a sink's), not the providers'
+        return TurnResult(
+            message=UniMessage(role="assistant", content_items=[]),
+            outcome=outcome,
+            text="",
+            attempts=0,
+            requests=0,
+            events=0,
+            time_to_first_event=None,
+            total_time=total,
+            error=error,
+        )
+    return attrs.evolve(step.result, total_time=total, requests=step.requests)

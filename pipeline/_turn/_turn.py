@@ -1,0 +1,366 @@
+"""The turn: its actor graph assembled in one nursery, and the handle an application holds.
+
+```
+handler (source actor) --lanes--> grammar --UniEvents--> accumulator --SinkBatch--> sink actors
+  attempts, deadlines,            (_graph)               message, run events,       (one per
+  retries, rescue                                        the two logs               sink)
+```
+
+With the default `Policy(graph="chained")` every actor that never blocks is chained onto the
+task before it: the grammar runs in the handler's decoder, and the accumulator and every sink
+that takes a batch without waiting are called on the handler's task as each batch is decoded;
+only sinks that may wait keep a task behind a bounded channel. `graph="hops"` runs each actor on
+its own task (`_graph.run_hops`). Either way a slow sink blocks the handler, all the way to the
+provider's socket (backpressure): nothing is dropped. The two logs are append-only and read by
+any number of consumers, each at its own pace, from the start.
+
+Without an upstream the turn makes its own (`SchemeUpstream`): HTTP over the caller's
+`client` (or one it makes and closes), WebSocket for `ws://` and `wss://` requests.
+
+Cancelling the caller's scope cancels the turn: the exchange is closed, no task outlives
+the nursery, and the public stream still ends with its one `run.done{status: "cancelled"}`
+(the final events are delivered to the sinks under a short shielded grace period).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+import attrs
+import trio
+from rillet.transports.upstream._http import HttpUpstream
+from rillet.transports.upstream._ws import SchemeUpstream
+
+from .._core._accumulator import Accumulator
+from .._core._dialect import Provider
+from .._core._errors import FallbackFailed, NoHistoryError
+from .._core._events import UniMessage
+from .._core._finish import filtered_stop
+from .._core._markers import Status
+from .._core._policy import Outcome, Policy
+from .._core._request import TurnRequest
+from .._core._runevents import RunEvent, RunEventBuilder
+from ._admission import Admission, shared_admission
+from ._graph import AccumulatorActor, Given, Sink, SinkBatch, UniItem, route_for, run_hops
+from ._handler import Handler
+from ._history import PlainLog, RunHistory, UniHistory
+from ._ratelimit import RateLimiter, shared_limiter
+
+if TYPE_CHECKING:
+    import httpx
+
+    from .._core._upstream import Upstream
+
+__all__ = [
+    "CallbackSink",
+    "Sink",
+    "SinkBatch",
+    "Turn",
+    "TurnResult",
+    "UniItem",
+    "run_one_turn",
+]
+
+T = TypeVar("T")
+_Log = PlainLog  # the plain log (the agent and the fallback chain keep theirs in one)
+_SINK_GRACE = 2.0  # seconds a cancelled turn still gives its sinks for the final events
+_DEFAULT_POLICY = Policy()  # frozen: one for every turn given none (making one costs µs)
+
+
+@attrs.define(eq=False)
+class CallbackSink:
+    """A sink that calls the application's function with each run event (and, if given, each
+    MMSP item). The callbacks are synchronous: they run on the turn's task, so keep them quick."""
+
+    on_run_event: Callable[[RunEvent], object] | None = None
+    on_uni_event: Callable[[UniItem], object] | None = None
+
+    def deliver_nowait(self, batch: SinkBatch) -> bool:
+        """Call the callbacks, in order, on the turn's task."""
+        self._call(batch)
+        return True
+
+    async def deliver(self, batch: SinkBatch) -> None:
+        """Call the callbacks, in order."""
+        self._call(batch)
+
+    def _call(self, batch: SinkBatch) -> None:
+        if self.on_uni_event is not None:
+            for item in batch.uni:
+                self.on_uni_event(item)
+        if self.on_run_event is not None:
+            for event in batch.run:
+                self.on_run_event(event)
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+
+@attrs.frozen
+class TurnResult:
+    """How a turn ended.
+
+    Attributes:
+        message: the assistant message (the `.done` items, usage, finish reason); for a turn
+            that failed, what the last attempt completed.
+        outcome: the one outcome.
+        text: the answer text as delivered (since the last reset).
+        attempts: attempts made, the rescue included (one whose request could not even be
+            built counts too).
+        requests: HTTP requests sent to the provider, streamed attempts and the rescue: what
+            the turn cost (a deterministic failure costs one).
+        events: UniEvents delivered.
+        time_to_first_event: seconds from the start to the first lane event, if one came.
+        total_time: seconds from the start to the end.
+        error: the error that ended the turn (a `FallbackFailed` when the rescue failed too).
+        partial: whether the answer is incomplete: events were delivered, but the turn did
+            not bring a reply home (what `text` holds is a fragment).
+        retry_after: the server-directed wait that ended a RateLimited turn.
+        provider: the provider that answered (in a fallback chain, the one that ended it).
+        provider_finish_reason: the provider's own finish reason as it spelt it
+            (`content_filter`, `SAFETY`, `end_turn`), if it gave one: what the message's
+            `unknown` stands for, such as an answer its content rules cut short.
+    """
+
+    message: UniMessage
+    outcome: Outcome
+    text: str
+    attempts: int
+    requests: int
+    events: int
+    time_to_first_event: float | None
+    total_time: float
+    error: BaseException | None = None
+    partial: bool = False
+    retry_after: float | None = None
+    provider: Provider | None = None
+    provider_finish_reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the reply came home (streamed or rescued)."""
+        return self.outcome.succeeded
+
+    @property
+    def filtered(self) -> bool:
+        """Whether the reply came home cut short by the provider's content rules (its finish
+        reason `unknown`, standing for `content_filter`, `SAFETY`...): the text is incomplete."""
+        return self.ok and filtered_stop(self.message.finish_reason, self.provider_finish_reason)
+
+
+@attrs.define(eq=False)
+class Turn:
+    """A running turn: iterate its events (as many consumers as you like), await its result."""
+
+    run_id: str
+    request: TurnRequest
+    provider: Provider
+    history: bool = True
+    _uni: _Log[UniItem] = attrs.field(factory=_Log)
+    _run: _Log[RunEvent] = attrs.field(factory=_Log)
+    _done: trio.Event = attrs.field(factory=trio.Event)
+    _result: TurnResult | None = None
+    _cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+
+    def uni_events(self) -> AsyncIterator[UniItem]:
+        """The MMSP stream: UniEvents, with an `AttemptReset` where a retry voided what came
+        before it (drop that attempt's fragments). Replays from the start, then follows live."""
+        self._check_history()
+        return self._uni.follow()
+
+    def run_events(self, after: int = 0) -> AsyncIterator[RunEvent]:
+        """The public delivery stream, from `seq` `after + 1`, ending with `run.done`."""
+        self._check_history()
+        return self._run.follow(after)
+
+    def _check_history(self) -> None:
+        if not self.history:
+            raise NoHistoryError(self.run_id)
+
+    async def result(self) -> TurnResult:
+        """Wait for the turn to end; its result."""
+        await self._done.wait()
+        assert self._result is not None
+        return self._result
+
+    def cancel(self) -> None:
+        """Cancel the turn; it still ends with `run.done{status: "cancelled"}`."""
+        self._cancel_scope.cancel()
+
+    @property
+    def done(self) -> bool:
+        """Whether the turn has ended."""
+        return self._done.is_set()
+
+
+async def run_one_turn(
+    request: TurnRequest,
+    provider: Provider,
+    *,
+    sinks: Sequence[Sink] = (),
+    policy: Policy | None = None,
+    client: httpx.AsyncClient | None = None,
+    upstream: Upstream | None = None,
+    limiter: RateLimiter | None = None,
+    run_id: str | None = None,
+    reasoning: bool = False,
+    tool_arguments: bool = False,
+    history: bool = True,
+    admission: Admission | None = None,
+    stream: bool = True,
+    task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
+) -> TurnResult:
+    """Run one turn against one provider to its end (`run_turn` without its chain and
+    callbacks, which it has already attached as a sink)."""
+    policy = policy or _DEFAULT_POLICY
+    slots = admission or shared_admission()
+    # without an upstream, the turn routes by scheme: HTTP over the caller's client (or its
+    # own), WebSocket sessions in the turn's nursery
+    http: HttpUpstream | None = None
+    if upstream is None:
+        http = HttpUpstream() if client is None else HttpUpstream.wrapping(client)
+        upstream = http
+    accumulator = Accumulator()
+    run_id = run_id or secrets.token_hex(8)
+    # no one can read the history of a turn whose handle goes to no one (it is only handed
+    # out through `task_status`): such a turn keeps none, as with `history=False`
+    history = history and task_status is not trio.TASK_STATUS_IGNORED
+    turn = Turn(run_id, request, provider, history=history)
+    if history:  # kept whole, text fragments as spans of the answer's one copy of the text
+        turn._uni = uni = UniHistory(accumulator.answer)
+        turn._run = RunHistory(uni, run_id)
+    builder = RunEventBuilder(  # reads the accumulator's text: it is kept once
+        turn.run_id,
+        trio.lowlevel.current_clock().current_time,  # trio's clock, one call fewer per batch
+        reasoning=reasoning,
+        tool_arguments=tool_arguments,
+        text=accumulator.answer,
+    )
+    handler = Handler(
+        request, provider, upstream, policy, limiter or shared_limiter(), stream=stream
+    )
+    start = trio.current_time()
+    outcome = Outcome.CANCELLED
+    # per sink, how many run events and MMSP items it has been given: what a cancel leaves
+    # undelivered is still owed to it, so its run events stay gapless up to `run.done`
+    given = [Given() for _ in sinks]
+    chained = policy.graph == "chained"
+    opened = [builder.started(provider.label, provider.model)]
+    turn._run.extend(opened)
+    failed: Exception | None = None
+    try:
+        with turn._cancel_scope:
+            async with trio.open_nursery() as nursery:
+                if http is not None:
+                    handler.upstream = SchemeUpstream(http, nursery)
+                routes = [
+                    route_for(sink, sink_given, nursery, policy.channel_size, chained=chained)
+                    for sink, sink_given in zip(sinks, given, strict=True)
+                ]
+                first = SinkBatch(opened, ())
+                for route in routes:
+                    if not route.offer(first):
+                        await route.wait(first)
+                task_status.started(turn)
+                accumulate = AccumulatorActor(
+                    accumulator, builder, turn._uni, turn._run, turn.history, routes, given
+                )
+                if not slots.try_acquire():
+                    if not accumulate.offer([Status("queued", 1)]):
+                        await accumulate.drain()
+                    await slots.acquire()
+                try:
+                    if chained:  # the grammar and the accumulator on the handler's task
+                        streamed = await handler.run(accumulate)
+                    else:
+                        streamed = await run_hops(handler, accumulate, policy.channel_size)
+                finally:
+                    slots.release()
+                for route in routes:
+                    if route.send is not None:
+                        await route.send.aclose()
+            # Only now has every batch reached the logs and the sinks: a cancel that comes
+            # while they still hold some leaves the turn Cancelled, never "completed" with an
+            # `answer.done` for a text its consumers did not get.
+            outcome = streamed
+    except Exception as exc:  # a sink's own failure (or an actor's): an error, not a cancel
+        failed = exc
+        raise
+    finally:
+        error = handler.error
+        if handler.rescue_error is not None:
+            error = FallbackFailed(outcome, handler.error, handler.rescue_error)
+        if outcome.succeeded:
+            error = None
+        if failed is not None:  # whatever the provider did, the run did not end well
+            outcome, error = Outcome.FAILED, failed
+        final = builder.finish(
+            outcome,
+            error,
+            attempts=handler.attempts,
+            requests=handler.requests,
+            retry_after=handler.retry_after,
+            provider_finish=handler.provider_finish,
+        )
+        turn._run.extend(final)
+        turn._run.close()
+        turn._uni.close()
+        turn._result = TurnResult(
+            message=accumulator.message(),
+            outcome=outcome,
+            text=accumulator.text,
+            attempts=handler.attempts,
+            requests=handler.requests,
+            events=handler.events,
+            time_to_first_event=handler.first_event_at,
+            total_time=trio.current_time() - start,
+            error=error,
+            partial=handler.emitted_attempt and not outcome.succeeded,
+            retry_after=handler.retry_after if outcome is Outcome.RATE_LIMITED else None,
+            provider=provider,
+            provider_finish_reason=handler.provider_finish,
+        )
+        turn._done.set()
+        try:
+            # a turn its own failure ended gives its sinks the cancelled turn's grace, not a
+            # wait however long: the sink that raised may never take another batch
+            cut = outcome is Outcome.CANCELLED or failed is not None
+            await _finish_sinks(sinks, turn, given, cancelled=cut)
+        finally:
+            if not history:  # every sink has had its all (or its grace): nothing more is owed
+                for log in (turn._uni, turn._run):
+                    log.forget(log.end)
+            if http is not None:  # closes the client only if it made it
+                with trio.CancelScope(shield=True), trio.move_on_after(_SINK_GRACE):
+                    await http.aclose()
+    return turn._result
+
+
+async def _finish_sinks(
+    sinks: Sequence[Sink], turn: Turn, given: list[Given], *, cancelled: bool
+) -> None:
+    """What each sink is still owed (the final events, and whatever a cancel cut off), then
+    `close`. A turn that ended on its own waits for its sinks however slow (backpressure:
+    nothing is dropped); a cancelled one gives them a shielded grace period. `close` always
+    runs, shielded, within its own grace period. A sink that raises does not keep the others
+    from their end: its error is raised once every sink has had its turn."""
+    grace = trio.current_time() + _SINK_GRACE
+    failure: Exception | None = None
+    for sink, sink_given in zip(sinks, given, strict=True):
+        batch = SinkBatch(turn._run.since(sink_given.run), turn._uni.since(sink_given.uni))
+        try:
+            try:
+                if cancelled:
+                    with trio.CancelScope(shield=True, deadline=grace):
+                        await sink.deliver(batch)
+                else:
+                    await sink.deliver(batch)
+            finally:
+                with trio.CancelScope(shield=True), trio.move_on_after(_SINK_GRACE):
+                    await sink.close()
+        except Exception as exc:
+            failure = failure or exc
+    if failure is not None:
+        raise failure

@@ -1,0 +1,283 @@
+"""OpenAI's Chat Completions request as rillet's turn request: the messages (system and
+developer ones as the system prompt, assistant tool calls, tool results), the tools, the tool
+choice and the generation settings. OpenAI's own sampling and output fields that rillet's turn
+request has no place for (`stop`, `seed`, `top_p`, `response_format`, ...) go, as given, to a
+provider speaking OpenAI's Chat Completions wire (`extra_body`); other dialects do without them."""
+
+from __future__ import annotations
+
+import reprlib
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from ..._core._events import (
+    FinishReason,
+    ImageUrlDone,
+    TextDone,
+    ToolCallDone,
+    ToolResultDone,
+    UniMessage,
+)
+from ..._core._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
+from ._wire import NAME as OPENAI_CHAT
+
+if TYPE_CHECKING:
+    from ..._core._events import ContentItem
+
+__all__ = ["PASSED_ON", "BadRequest", "ChatBody", "chat_request", "decode_chat_body", "shown"]
+
+
+# --- the request ----------------------------------------------------------------------------------
+
+
+class _Function(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    arguments: str | dict[str, Any] = ""
+
+
+class _ToolCall(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    function: _Function
+    type: str = "function"
+
+
+class _Message(msgspec.Struct, frozen=True, kw_only=True):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[_ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class _ToolFunction(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class _Tool(msgspec.Struct, frozen=True, kw_only=True):
+    function: _ToolFunction
+    type: str = "function"
+
+
+class _StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
+    include_usage: bool = False
+
+
+class ChatBody(msgspec.Struct, frozen=True, kw_only=True):
+    """The fields of a Chat Completions request rillet acts on; the others are accepted and
+    left alone."""
+
+    messages: list[_Message]
+    model: str | None = None
+    stream: bool | None = False
+    stream_options: _StreamOptions | None = None
+    tools: list[_Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    reasoning_effort: str | None = None
+    n: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    # passed on as given to a provider of OpenAI's own wire (see `PASSED_ON`)
+    stop: Any = None
+    seed: Any = None
+    top_p: Any = None
+    frequency_penalty: Any = None
+    presence_penalty: Any = None
+    logit_bias: Any = None
+    response_format: Any = None
+    parallel_tool_calls: Any = None
+    user: Any = None
+
+
+decode_chat_body = msgspec.json.Decoder(ChatBody).decode
+"""A request body as a `ChatBody` (raises `msgspec.DecodeError`)."""
+
+PASSED_ON = (
+    "stop",
+    "seed",
+    "top_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+    "response_format",
+    "parallel_tool_calls",
+    "user",
+)
+"""The request's fields sent, as the client gave them, to a provider speaking OpenAI's Chat
+Completions wire, where they mean what the client meant; providers of other wires go without."""
+_EFFORTS: dict[str, ThinkingLevel] = {
+    "none": "none",
+    "minimal": "low",
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "xhigh": "xhigh",
+}
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 60
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict = 2, 3, 3
+_MAX_SHOWN = 80
+
+
+def shown(value: Any) -> str:
+    """A client's value as a refusal quotes it: its repr, cut short (at most 80 characters,
+    two levels deep), so an answer never repeats a large or deeply nested value."""
+    text = _SHOWN.repr(value)
+    return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
+
+
+class BadRequest(ValueError):
+    """What makes a request one rillet cannot run, and the parameter at fault."""
+
+    def __init__(self, message: str, param: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+def _text_of(content: str | list[dict[str, Any]] | None, param: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for part in content:
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise BadRequest("only text parts are accepted here", param)
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _user_items(content: str | list[dict[str, Any]] | None, param: str) -> list[ContentItem]:
+    if content is None or isinstance(content, str):
+        return [TextDone(text=content or "")]
+    items: list[ContentItem] = []
+    for part in content:
+        kind = part.get("type")
+        if kind == "text" and isinstance(part.get("text"), str):
+            items.append(TextDone(text=part["text"]))
+        elif kind == "image_url":
+            image = part.get("image_url")
+            url = image.get("url") if isinstance(image, dict) else image
+            if not isinstance(url, str):
+                raise BadRequest("an image_url part needs a url", param)
+            items.append(ImageUrlDone(image_url=url))
+        else:
+            raise BadRequest(f"content parts of type {shown(kind)} are not supported", param)
+    return items
+
+
+def _arguments(call: _ToolCall, param: str) -> dict[str, Any]:
+    raw = call.function.arguments
+    if isinstance(raw, dict):
+        return raw
+    if not raw.strip():
+        return {}
+    try:
+        value = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        raise BadRequest("tool call arguments must be a JSON object", param) from None
+    except RecursionError:  # nested past the decoder's depth
+        raise BadRequest("tool call arguments are nested too deeply", param) from None
+    if not isinstance(value, dict):
+        raise BadRequest("tool call arguments must be a JSON object", param)
+    return value
+
+
+def _tool_choice(value: str | dict[str, Any] | None) -> ToolChoice | None:
+    if value is None:
+        return None
+    if value in ("auto", "none", "required"):
+        return value  # type: ignore[return-value]
+    if isinstance(value, dict):
+        function = value.get("function")
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            return [function["name"]]
+    raise BadRequest("tool_choice must be auto, none, required or a function", "tool_choice")
+
+
+def chat_request(body: ChatBody) -> TurnRequest:
+    """A Chat Completions request as rillet's turn request: system and developer messages are
+    the system prompt, assistant `tool_calls` are tool call items, `role: "tool"` messages are
+    tool results (consecutive ones in one user message). Raises `BadRequest`."""
+    if body.n not in (None, 1):
+        raise BadRequest("only n=1 is supported", "n")
+    # no dialect's turn brings token log probabilities back: refused as OpenAI refuses them for
+    # a model without them, rather than answered with `logprobs: null` code would then index
+    for name in ("logprobs", "top_logprobs"):
+        if getattr(body, name) not in (None, False):
+            refusal = f"Unsupported parameter: '{name}' is not supported here."
+            raise BadRequest(refusal, name, "unsupported_parameter")
+    system: list[str] = []
+    messages: list[UniMessage] = []
+    # the items of the last message while it holds tool results only: what the next joins (one
+    # list grown in place, so a run of results costs its length, not its square)
+    results: list[ContentItem] | None = None
+    for i, message in enumerate(body.messages):
+        param = f"messages[{i}]"
+        if message.role in ("system", "developer"):
+            system.append(_text_of(message.content, param))
+        elif message.role == "user":
+            said = _user_items(message.content, param)
+            messages.append(UniMessage(role="user", content_items=said))
+            results = said if all(type(item) is ToolResultDone for item in said) else None
+        elif message.role == "assistant":
+            items: list[ContentItem] = []
+            text = _text_of(message.content, param)
+            if text:
+                items.append(TextDone(text=text))
+            for call in message.tool_calls or ():
+                args = _arguments(call, param)
+                items.append(
+                    ToolCallDone(name=call.function.name, arguments=args, tool_call_id=call.id)
+                )
+            if items:
+                finish: FinishReason = "tool_call" if message.tool_calls else "stop"
+                messages.append(
+                    UniMessage(role="assistant", content_items=items, finish_reason=finish)
+                )
+                results = None
+        elif message.role == "tool":
+            if not message.tool_call_id:
+                raise BadRequest("a tool message needs its tool_call_id", param)
+            result = ToolResultDone(
+                text=_text_of(message.content, param), tool_call_id=message.tool_call_id
+            )
+            if results is not None:
+                results.append(result)
+            else:
+                results = [result]
+                messages.append(UniMessage(role="user", content_items=results))
+        else:
+            raise BadRequest(f"unknown role {shown(message.role)}", f"{param}.role")
+    if not messages:
+        raise BadRequest("`messages` holds no user or assistant message", "messages")
+    effort = None
+    if body.reasoning_effort is not None:
+        effort = _EFFORTS.get(body.reasoning_effort)
+        if effort is None:
+            raise BadRequest("unknown reasoning_effort", "reasoning_effort")
+    tools = [
+        ToolSpec(
+            name=tool.function.name,
+            description=tool.function.description or "",
+            parameters=tool.function.parameters,
+        )
+        for tool in body.tools or ()
+        if tool.type == "function"
+    ]
+    passed = {name: value for name in PASSED_ON if (value := getattr(body, name)) is not None}
+    return TurnRequest(
+        messages=messages,
+        system_prompt="\n\n".join(s for s in system if s) or None,
+        tools=tools,
+        tool_choice=_tool_choice(body.tool_choice),
+        max_tokens=body.max_completion_tokens or body.max_tokens,
+        temperature=body.temperature,
+        thinking_level=effort,
+        extra_body={OPENAI_CHAT: passed} if passed else {},
+    )
