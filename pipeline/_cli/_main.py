@@ -1,7 +1,7 @@
 """The `rillet` command line (also `python -m rillet`).
 
 `rillet run "question"` streams the answer to stdout as it arrives; progress and diagnostics go
-to stderr. With `--tools demo` it runs the agent loop (`_cliagent.py`). Exit codes: 0 completed,
+to stderr. With `--tools demo` it runs the agent loop (`_agent.py`). Exit codes: 0 completed,
 1 error (or an answer cut off at the token limit), 2 usage error (unknown option, missing
 argument), 3 approval required (a tool waits for an approval and no one could be asked: stdin is
 not a terminal, or `--no-input`), 130 cancelled (Ctrl-C keeps the partial text and still writes

@@ -20,8 +20,8 @@ from rillet._core._errors import ConfigurationError, MalformedFrameError, Provid
 from rillet._core._sse import DEFAULT_MAX_FRAME, SSEEvent
 
 if TYPE_CHECKING:
-    from rillet._core._lanes import LaneEvent
-    from rillet._core._request import TurnRequest
+    from ._lanes import LaneEvent
+    from ._request import TurnRequest
 
 __all__ = [
     "Dialect",

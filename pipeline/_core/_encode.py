@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from ._errors import SSEEncodeError
+from ._events import UniEvent
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
-    from rillet._core._events import UniEvent
-    from rillet._core._markers import AttemptReset
-    from rillet._core._runevents import Entry
+    from ._markers import AttemptReset
+    from ._runevents import Entry
 
 __all__ = [
     "SSE_DONE",
@@ -155,8 +155,6 @@ def jsonl_lines(items: Sequence[object]) -> bytes:
 def uni_jsonl(items: Sequence[UniEvent | AttemptReset]) -> bytes:
     """An MMSP stream as JSON Lines: each UniEvent as `encode_json` writes it, each
     `AttemptReset` as `{"type":"attempt.reset","attempt":n}`."""
-    from rillet._core._events import UniEvent
-
     if all(type(item) is UniEvent for item in items):
         return _encoder.encode_lines(items)
     lines = []

@@ -1,6 +1,6 @@
 """Run logs on Redis Streams: every server sharing one Redis serves every run's subscribers.
 
-A run is two keys in one hash slot, a hash and a stream (`_redis_log` holds the layout and the
+A run is two keys in one hash slot, a hash and a stream (`_redis_layout` holds the layout and the
 scripts). An append is one Lua call per batch (the run must be open and the seqs must continue
 the stream; `XADD ... MAXLEN ~ max_events` per entry; the TTLs refreshed): atomic and one round
 trip, and Redis itself refuses a duplicate or out-of-order entry id, so a second producer of a

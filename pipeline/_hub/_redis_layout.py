@@ -1,5 +1,5 @@
 """The layout of run logs in Redis: a run's keys, the Lua scripts that create, append to and
-describe a run, and a stream entry read back as an `Entry` (`_redis_hub` uses them).
+describe a run, and a stream entry read back as an `Entry` (`_redis` uses them).
 
 One hash slot per run (the `{<run_id>}` hash tag keeps a run's keys together on a Redis
 Cluster):

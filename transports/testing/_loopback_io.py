@@ -1,5 +1,6 @@
-"""The loopback provider's plumbing (`rillet.transports.testing`): h11 events read from and
-written to one trio socket, the waits of a stalled reply, and a dropped connection."""
+"""The loopback provider's replies and plumbing (`rillet.transports.testing`): a scripted reply
+(`Reply`), h11 events read from and written to one trio socket, the waits of a stalled reply,
+and a dropped connection."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Anthropic Messages API (`POST /v1/messages`), streaming SSE with named events.
-This module builds the requests and reads the body; `_anthropic_stream` decodes the events.
+This module builds the requests and reads the body; `_stream` decodes the events.
 
 One lane per content block, named by the block's index: `text`, `thinking` (its
 `signature_delta` becomes an empty thinking fragment carrying `fidelity {"signature"}`),

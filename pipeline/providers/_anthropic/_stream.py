@@ -1,5 +1,5 @@
 """Anthropic's Messages stream, sans-I/O: the wire shapes of its events and the decoder that turns
-them (or one non-streaming body) into lane events. The request side is `_anthropic`."""
+them (or one non-streaming body) into lane events. The request side is `_dialect`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Gemini API (`POST /v1beta/models/{model}:streamGenerateContent?alt=sse`), SSE `data:` only.
-This module builds the requests and reads error bodies; `_gemini_stream` decodes the stream.
+This module builds the requests and reads error bodies; `_stream` decodes the stream.
 
 Every chunk is a whole `GenerateContentResponse`; only `candidates[0]` is read. Its parts map to
 lanes: text with `thought: true` is thinking, other text is text, and consecutive parts of one

@@ -1,5 +1,5 @@
 """Gemini's stream, sans-I/O: the wire shapes of a `streamGenerateContent` chunk and the decoder
-that turns chunks (or one non-streaming body) into lane events. The request side is `_gemini`."""
+that turns chunks (or one non-streaming body) into lane events. The request side is `_dialect`."""
 
 from __future__ import annotations
 

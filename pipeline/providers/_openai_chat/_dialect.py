@@ -1,6 +1,6 @@
 """OpenAI Chat Completions (`POST {base}/chat/completions`) and every compatible server: the
 request (messages, tools, reasoning effort), what its HTTP errors mean, and the dialect. How its
-stream maps to lane events is `_openai_chat_stream`.
+stream maps to lane events is `_stream`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """OpenAI Chat Completions' wire shapes, sans-I/O: the chunk (and whole completion) structs, their
-usage and errors, and the small readers the stream decoder (`_openai_chat_stream`) uses."""
+usage and errors, and the small readers the stream decoder (`_stream`) uses."""
 
 from __future__ import annotations
 

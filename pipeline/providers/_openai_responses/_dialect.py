@@ -1,5 +1,5 @@
 """OpenAI Responses API (`POST {base}/responses`), streaming SSE with named semantic events.
-This module builds the requests and reads the body; `_openai_responses_stream` decodes events.
+This module builds the requests and reads the body; `_stream` decodes events.
 
 One group per output item, its lane named by the item's `output_index`: a `message` item is text
 (its `phase`, when it has one, rides first as an empty fragment with `fidelity {"phase"}`; the

@@ -1,5 +1,5 @@
 """OpenAI Responses' stream, sans-I/O: the wire shapes of its events and the decoder that turns
-them (or one non-streaming body) into lane events. The request side is `_openai_responses`."""
+them (or one non-streaming body) into lane events. The request side is `_dialect`."""
 
 from __future__ import annotations
 
