@@ -87,13 +87,13 @@ async def _turns(
     return kept
 
 
-def _check(stream: Stream, turns: list[Turn]) -> int:
-    """How many turns brought the stream's reply home, intact."""
+async def _check(stream: Stream, turns: list[Turn]) -> int:
+    """How many turns brought the stream's reply home, intact (every turn has ended)."""
     expected = stream.expected.digest()
     ok = 0
     for turn in turns:
-        result = turn._result
-        if result is not None and result.ok and message_digest(result.message) == expected:
+        result = await turn.result()
+        if result.ok and message_digest(result.message) == expected:
             ok += 1
     return ok
 
@@ -177,7 +177,7 @@ async def _measure(
                 out["top_in_flight"] = _top(first[0], base_snapshot, top)
             out["types_retained"] = _by_type(kept)
         tracemalloc.stop()
-    out["ok"] = _check(stream, kept)
+    out["ok"] = await _check(stream, kept)
     await client.aclose()
     return out
 

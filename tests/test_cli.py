@@ -463,12 +463,12 @@ async def test_every_option_says_its_default_or_is_a_switch(command: str) -> Non
 
 async def test_help_names_every_providers_default_model() -> None:
     from rillet._cli._args import build_parser
-    from rillet.providers._registry import _KINDS
+    from rillet.providers._registry import KINDS
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     model = next(a for a in sub.choices["run"]._actions if "--model" in a.option_strings)
     assert model.help is not None
-    for kind, spec in _KINDS.items():
+    for kind, spec in KINDS.items():
         if spec.model:
             assert re.search(rf"\b{re.escape(kind)} {re.escape(spec.model)}[,;]", model.help), kind
     done = await _rillet("run", "--help")
@@ -598,14 +598,14 @@ async def test_serve_logs_as_json_at_the_level_asked() -> None:
 
 
 async def test_providers_lists_each_default_model_and_masks_keys() -> None:
-    from rillet.providers._registry import _KINDS
+    from rillet.providers._registry import KINDS
 
     done = await _rillet("providers", ANTHROPIC_API_KEY="sk-ant-test-0123456789wxyz")
     assert done.returncode == 0
     lines = done.stdout.decode().splitlines()
     rows = {line.split()[0]: line.split() for line in lines[1:]}
     assert lines[0].split()[:3] == ["provider", "default", "model"]
-    for kind, spec in _KINDS.items():
+    for kind, spec in KINDS.items():
         assert rows[kind][1] == (spec.model or "-")
     assert rows["anthropic"][3] == "…wxyz"
     assert b"0123456789" not in done.stdout

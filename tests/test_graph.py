@@ -43,7 +43,7 @@ from rillet._turn._graph import (
     SinkBatch,
     sink_actor,
 )
-from rillet._turn._turn import _Log
+from rillet._turn._history import PlainLog
 from rillet.providers import OpenAIChatDialect, Provider
 from rillet.transports.testing import openai_text_body, openai_text_stream, split
 from rillet.transports.upstream import MemoryReply, MemoryUpstream
@@ -149,8 +149,8 @@ async def test_markers_always_lead_a_forwarded_batch() -> None:
 
 async def test_the_accumulator_actor_runs_alone_and_feeds_its_sinks() -> None:
     builder = RunEventBuilder("r1", lambda: 0.0)
-    uni: _Log[Any] = _Log()
-    run: _Log[Any] = _Log()
+    uni: PlainLog[Any] = PlainLog()
+    run: PlainLog[Any] = PlainLog()
     sink_send, sink_receive = trio.open_memory_channel[SinkBatch](8)
 
     class Sink:

@@ -184,7 +184,8 @@ async def _retained_per_turn(history: bool, turns: int = 20) -> float:
         finally:
             tracemalloc.stop()
     assert len(kept) == turns
-    assert all(t._result is not None and t._result.text == "".join(MANY) for t in kept)
+    assert all(t.done for t in kept)
+    assert [(await t.result()).text for t in kept] == ["".join(MANY)] * turns
     return (after - before) / turns
 
 

@@ -415,7 +415,7 @@ def test_gemini_reads_read_what_chunks_read(odd: str, crlf: bool) -> None:
 
 @pytest.mark.parametrize("base", ["text", "thinking"])
 def test_gemini_reads_take_the_fast_path(monkeypatch: pytest.MonkeyPatch, base: str) -> None:
-    taken = _taken(monkeypatch, "rillet.providers._gemini._stream:_StreamDecoder._fragments")
+    taken = _taken(monkeypatch, "rillet.providers._gemini._stream:GeminiStreamDecoder._fragments")
     chunks = _GEMINI_TEXT if base == "text" else _GEMINI_THOUGHTS
     data = b"\n\n".join([*chunks, _GEMINI_END]) + b"\n\n"
     assert _fed("gemini", data).grammar.stopped
@@ -431,32 +431,32 @@ def test_the_text_only_shapes_name_every_field_the_chunk_shapes_have() -> None:
     from rillet.providers._openai_chat import _wire as chat
 
     pairs: list[tuple[Any, Any]] = [
-        (chat._MoreText, chat._Delta),
+        (chat._MoreText, chat.Delta),
         (chat._TextChoice, chat._Choice),
-        (chat._TextChunk, chat._Frame),
+        (chat._TextChunk, chat.Frame),
         (ollama._MoreText, ollama._Message),
         (ollama._TextLine, ollama._Frame),
         (ollama._AsciiText, ollama._Message),
         (ollama._AsciiLine, ollama._Frame),
         (chat._MoreFunction, chat._Function),
-        (chat._MoreCall, chat._ToolCall),
-        (chat._MoreArguments, chat._Delta),
+        (chat._MoreCall, chat.ToolCall),
+        (chat._MoreArguments, chat.Delta),
         (chat._ArgumentsChoice, chat._Choice),
-        (chat._ArgumentsChunk, chat._Frame),
-        (chat._MoreReasoningContent, chat._Delta),
-        (chat._MoreReasoning, chat._Delta),
+        (chat._ArgumentsChunk, chat.Frame),
+        (chat._MoreReasoningContent, chat.Delta),
+        (chat._MoreReasoning, chat.Delta),
         (chat._ReasoningContentChoice, chat._Choice),
         (chat._ReasoningChoice, chat._Choice),
-        (chat._ReasoningContentChunk, chat._Frame),
-        (chat._ReasoningChunk, chat._Frame),
+        (chat._ReasoningContentChunk, chat.Frame),
+        (chat._ReasoningChunk, chat.Frame),
         (gemini._MorePart, gemini._Part),
         (gemini._MoreThought, gemini._Part),
         (gemini._MoreContent, gemini._Content),
         (gemini._ThoughtContent, gemini._Content),
         (gemini._MoreCandidate, gemini._Candidate),
         (gemini._ThoughtCandidate, gemini._Candidate),
-        (gemini._MoreChunk, gemini._Chunk),
-        (gemini._ThoughtChunk, gemini._Chunk),
+        (gemini._MoreChunk, gemini.Chunk),
+        (gemini._ThoughtChunk, gemini.Chunk),
     ]
     for narrow, wide in pairs:
         assert set(wide.__struct_fields__) <= set(narrow.__struct_fields__), narrow.__name__

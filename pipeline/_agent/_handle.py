@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import attrs
 import trio
@@ -10,12 +10,9 @@ import trio
 from .._core._conversation import Conversation, PendingApproval
 from .._core._dialect import Provider
 from .._core._events import UniMessage
-from .._core._runevents import RunEvent
-from .._turn._turn import TurnResult, UniItem, _Log
+from .._turn._handle import RunHandle
+from .._turn._turn import TurnResult
 from ._tools import ToolOutput
-
-if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
 
 __all__ = ["Agent", "AgentResult", "AgentStatus"]
 
@@ -66,37 +63,41 @@ class AgentResult:
 
 @attrs.define(eq=False)
 class _Waiting:
+    """A tool call's wait for its approval: set once the host answers, with the answer."""
+
+    pending: PendingApproval
     event: trio.Event = attrs.field(factory=trio.Event)
     approved: bool = False
     reason: str = ""
 
 
 @attrs.define(eq=False)
-class Agent:
+class Agent(RunHandle[AgentResult]):
     """A running agent: iterate its events, answer its approvals, await its result."""
 
-    run_id: str
     conversation: Conversation
-    _run: _Log[RunEvent] = attrs.field(factory=_Log)
-    _uni: _Log[UniItem] = attrs.field(factory=_Log)
-    _done: trio.Event = attrs.field(factory=trio.Event)
-    _result: AgentResult | None = None
-    _cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    _waiting: dict[str, tuple[PendingApproval, _Waiting]] = attrs.field(factory=dict, init=False)
-
-    def run_events(self, after: int = 0) -> AsyncIterator[RunEvent]:
-        """The public stream of the whole run (every step), from `seq` `after + 1`, ending
-        with `run.done`."""
-        return self._run.follow(after)
-
-    def uni_events(self) -> AsyncIterator[UniItem]:
-        """Every step's MMSP stream, one after another (each ends with its own stop)."""
-        return self._uni.follow()
+    _waiting: dict[str, _Waiting] = attrs.field(factory=dict, init=False)
 
     @property
     def pending_approvals(self) -> list[PendingApproval]:
         """The tool calls waiting for the host's answer now."""
-        return [pending for pending, _ in self._waiting.values()]
+        return [w.pending for w in self._waiting.values() if not w.event.is_set()]
+
+    def expect(self, pending: PendingApproval) -> None:
+        """Make an approval answerable (`approve`, `deny`) until `forget`: the agent loop calls
+        it from the moment a host can see the approval's `approval.required`."""
+        self._waiting[pending.approval_id] = _Waiting(pending)
+
+    async def wait_answered(self, approval_id: str) -> tuple[bool, str]:
+        """Wait for the host's answer to an expected approval: whether it approved, and the
+        reason it gave."""
+        waiting = self._waiting[approval_id]
+        await waiting.event.wait()
+        return waiting.approved, waiting.reason
+
+    def forget(self, approval_id: str) -> None:
+        """An approval is no longer answerable: answered, or its wait ended."""
+        self._waiting.pop(approval_id, None)
 
     def approve(self, approval_id: str) -> None:
         """Let a waiting tool call run."""
@@ -107,24 +108,8 @@ class Agent:
         self._answer(approval_id, approved=False, reason=reason)
 
     def _answer(self, approval_id: str, *, approved: bool, reason: str) -> None:
-        entry = self._waiting.pop(approval_id, None)
-        if entry is None:
+        waiting = self._waiting.get(approval_id)
+        if waiting is None or waiting.event.is_set():
             raise ValueError(f"no approval {approval_id!r} is waiting")
-        waiting = entry[1]
         waiting.approved, waiting.reason = approved, reason
         waiting.event.set()
-
-    async def result(self) -> AgentResult:
-        """Wait for the run to end; its result."""
-        await self._done.wait()
-        assert self._result is not None
-        return self._result
-
-    def cancel(self) -> None:
-        """Cancel the run; it still ends with `run.done{status: "cancelled"}`."""
-        self._cancel_scope.cancel()
-
-    @property
-    def done(self) -> bool:
-        """Whether the run has ended."""
-        return self._done.is_set()

@@ -44,9 +44,10 @@ from .._core._runevents import (
     ToolStarted,
 )
 from .._turn._chain import CircuitBreakers, CircuitOpen, chain_turn
+from .._turn._history import PlainLog
 from .._turn._runstream import RunStream
 from .._turn._turn import TurnResult
-from ._handle import Agent, AgentResult, AgentStatus, _Waiting
+from ._handle import Agent, AgentResult, AgentStatus
 from ._tools import Tool, ToolOutput, run_tool, tool
 
 if TYPE_CHECKING:
@@ -54,8 +55,10 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from .._core._policy import Policy
+    from .._core._runevents import RunEvent
     from .._core._upstream import Upstream
     from .._turn._admission import Admission
+    from .._turn._graph import UniItem
     from .._turn._ratelimit import RateLimiter
 
 __all__ = [
@@ -286,11 +289,10 @@ class _Loop:
             decision = self.decisions.get(approval_id)
             reason = ""
             if decision is None:
-                waiting = _Waiting()
                 if self.approvals == "defer":
                     deferred.append(pending)
                 else:  # answerable from the moment a host can see the event
-                    self.agent._waiting[approval_id] = (pending, waiting)
+                    self.agent.expect(pending)
                 try:
                     await self.emit(
                         ApprovalRequired,
@@ -301,10 +303,9 @@ class _Loop:
                     )
                     if self.approvals == "defer":
                         return
-                    await waiting.event.wait()
+                    decision, reason = await self.agent.wait_answered(approval_id)
                 finally:
-                    self.agent._waiting.pop(approval_id, None)
-                decision, reason = waiting.approved, waiting.reason
+                    self.agent.forget(approval_id)
             await self.emit(
                 ApprovalResolved,
                 approval_id=approval_id,
@@ -486,11 +487,16 @@ async def run_agent(
     given = {t.name for t in request.tools}
     specs = [t.spec for t in found.values() if t.name not in given]
     template = msgspec.structs.replace(request, messages=[], tools=[*request.tools, *specs])
-    agent = Agent(run_id or secrets.token_hex(8), conv)
+    run_log: PlainLog[RunEvent] = PlainLog()
+    uni_log: PlainLog[UniItem] = PlainLog()
+    scope = trio.CancelScope()
+    agent = Agent(
+        run_id or secrets.token_hex(8), conv, uni=uni_log, run=run_log, cancel_scope=scope
+    )
     builder = RunEventBuilder(
         agent.run_id, trio.current_time, reasoning=reasoning, tool_arguments=tool_arguments
     )
-    stream = RunStream(builder, sinks, agent._run, agent._uni)
+    stream = RunStream(builder, sinks, run_log, uni_log)
     own_client = client is None
     http = client or default_client()
     options: dict[str, Any] = {
@@ -522,7 +528,7 @@ async def run_agent(
         after_resume=list(request.messages) if conv.pending else [],
     )
     try:
-        with agent._cancel_scope:
+        with scope:
             await stream.emit([builder.started(providers[0].label, providers[0].model)])
             task_status.started(agent)
             try:
@@ -532,7 +538,7 @@ async def run_agent(
                 raise
     finally:
         last = loop.turns[-1] if loop.turns else None
-        agent._result = AgentResult(
+        result = AgentResult(
             status=loop.status,
             code=loop.code,
             text=loop.text,
@@ -545,7 +551,7 @@ async def run_agent(
             provider=last.provider if last is not None else None,
             error=loop.error,
         )
-        agent._done.set()
+        agent.finish(result)
         try:
             attempts = sum(t.attempts for t in loop.turns)
             requests = sum(t.requests for t in loop.turns)
@@ -557,7 +563,7 @@ async def run_agent(
             if own_client:
                 with trio.CancelScope(shield=True), trio.move_on_after(_GRACE):
                     await http.aclose()
-    return agent._result
+    return result
 
 
 @asynccontextmanager

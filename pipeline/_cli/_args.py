@@ -222,9 +222,9 @@ def _command(
 
 
 def _default_models() -> str:
-    from ..providers._registry import _KINDS
+    from ..providers._registry import KINDS
 
-    return ", ".join(f"{kind} {spec.model}" for kind, spec in _KINDS.items() if spec.model)
+    return ", ".join(f"{kind} {spec.model}" for kind, spec in KINDS.items() if spec.model)
 
 
 def _provider_options(p: argparse.ArgumentParser) -> None:

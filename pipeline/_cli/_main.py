@@ -68,11 +68,11 @@ def _provider(args: argparse.Namespace) -> Provider:
 
 def _key_envs(kind: str) -> tuple[str, ...]:
     """The environment variables a kind reads its key from."""
-    from ..providers._registry import _COMPATIBLE, _KINDS
+    from ..providers._registry import COMPATIBLE, KINDS
 
-    spec = _KINDS.get(kind)
+    spec = KINDS.get(kind)
     if spec is None:
-        spec = _COMPATIBLE if kind.lower().startswith(("http://", "https://")) else None
+        spec = COMPATIBLE if kind.lower().startswith(("http://", "https://")) else None
     return spec.key_envs if spec is not None else ()
 
 

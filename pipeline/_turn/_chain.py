@@ -27,6 +27,7 @@ from .._core._events import UniMessage
 from .._core._markers import AttemptReset
 from .._core._policy import Outcome
 from .._core._runevents import RunEventBuilder, StatusEvent
+from ._history import PlainLog
 from ._runstream import RunStream, StepSink
 from ._turn import Turn, TurnResult, run_one_turn
 
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
 
     from .._core._dialect import Provider
     from .._core._request import TurnRequest
+    from .._core._runevents import RunEvent
+    from ._graph import UniItem
 
 __all__ = ["BreakerState", "CircuitBreaker", "CircuitBreakers", "run_chain", "shared_breakers"]
 
@@ -261,11 +264,22 @@ async def run_chain(
     """`run_turn` over a fallback chain: one `Turn` handle and one public stream."""
     if not providers:
         raise ValueError("a chain needs at least one provider")
-    turn = Turn(run_id or secrets.token_hex(8), request, providers[0], history=history)
+    run_log: PlainLog[RunEvent] = PlainLog()
+    uni_log: PlainLog[UniItem] = PlainLog()
+    scope = trio.CancelScope()
+    turn = Turn(
+        run_id or secrets.token_hex(8),
+        request,
+        providers[0],
+        history=history,
+        uni=uni_log,
+        run=run_log,
+        cancel_scope=scope,
+    )
     builder = RunEventBuilder(
         turn.run_id, trio.current_time, reasoning=reasoning, tool_arguments=tool_arguments
     )
-    stream = RunStream(builder, sinks, turn._run, turn._uni, history=history)
+    stream = RunStream(builder, sinks, run_log, uni_log, history=history)
     own_client = client is None
     http = client or default_client()
     start = trio.current_time()
@@ -273,7 +287,7 @@ async def run_chain(
     status, code = "cancelled", "cancelled"
     error: BaseException | None = None
     try:
-        with turn._cancel_scope:
+        with scope:
             await stream.emit([builder.started(providers[0].label, providers[0].model)])
             task_status.started(turn)
             try:
@@ -301,8 +315,7 @@ async def run_chain(
         raise
     finally:
         result = _result(step, status, error, trio.current_time() - start)
-        turn._result = result
-        turn._done.set()
+        turn.finish(result)
         try:
             retry = result.retry_after
             await stream.finish(

@@ -28,7 +28,8 @@ from .._core._runevents import (
     RunStarted,
 )
 from ._graph import Given
-from ._turn import Sink, SinkBatch, UniItem, _Log
+from ._history import PlainLog
+from ._turn import Sink, SinkBatch, UniItem
 
 __all__ = ["RunStream", "StepSink"]
 
@@ -41,8 +42,8 @@ class RunStream:
 
     builder: RunEventBuilder
     sinks: Sequence[Sink]
-    run_log: _Log[RunEvent]
-    uni_log: _Log[UniItem]
+    run_log: PlainLog[RunEvent]
+    uni_log: PlainLog[UniItem]
     history: bool = True
     _given: list[Given] = attrs.field(init=False)
     _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)

@@ -25,7 +25,7 @@ the nursery, and the public stream still ends with its one `run.done{status: "ca
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 import attrs
@@ -35,7 +35,7 @@ from rillet.transports.upstream._ws import SchemeUpstream
 
 from .._core._accumulator import Accumulator
 from .._core._dialect import Provider
-from .._core._errors import FallbackFailed, NoHistoryError
+from .._core._errors import FallbackFailed
 from .._core._events import UniMessage
 from .._core._finish import filtered_stop
 from .._core._markers import Status
@@ -44,6 +44,7 @@ from .._core._request import TurnRequest
 from .._core._runevents import RunEvent, RunEventBuilder
 from ._admission import Admission, shared_admission
 from ._graph import AccumulatorActor, Given, Sink, SinkBatch, UniItem, route_for, run_hops
+from ._handle import RunHandle
 from ._handler import Handler
 from ._history import PlainLog, RunHistory, UniHistory
 from ._ratelimit import RateLimiter, shared_limiter
@@ -64,7 +65,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-_Log = PlainLog  # the plain log (the agent and the fallback chain keep theirs in one)
 _SINK_GRACE = 2.0  # seconds a cancelled turn still gives its sinks for the final events
 _DEFAULT_POLICY = Policy()  # frozen: one for every turn given none (making one costs µs)
 
@@ -151,48 +151,16 @@ class TurnResult:
 
 
 @attrs.define(eq=False)
-class Turn:
-    """A running turn: iterate its events (as many consumers as you like), await its result."""
+class Turn(RunHandle["TurnResult"]):
+    """A running turn: iterate its events (as many consumers as you like), await its result.
 
-    run_id: str
+    Attributes:
+        request: what the turn asked for.
+        provider: who answers (a chain's first provider).
+    """
+
     request: TurnRequest
     provider: Provider
-    history: bool = True
-    _uni: _Log[UniItem] = attrs.field(factory=_Log)
-    _run: _Log[RunEvent] = attrs.field(factory=_Log)
-    _done: trio.Event = attrs.field(factory=trio.Event)
-    _result: TurnResult | None = None
-    _cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-
-    def uni_events(self) -> AsyncIterator[UniItem]:
-        """The MMSP stream: UniEvents, with an `AttemptReset` where a retry voided what came
-        before it (drop that attempt's fragments). Replays from the start, then follows live."""
-        self._check_history()
-        return self._uni.follow()
-
-    def run_events(self, after: int = 0) -> AsyncIterator[RunEvent]:
-        """The public delivery stream, from `seq` `after + 1`, ending with `run.done`."""
-        self._check_history()
-        return self._run.follow(after)
-
-    def _check_history(self) -> None:
-        if not self.history:
-            raise NoHistoryError(self.run_id)
-
-    async def result(self) -> TurnResult:
-        """Wait for the turn to end; its result."""
-        await self._done.wait()
-        assert self._result is not None
-        return self._result
-
-    def cancel(self) -> None:
-        """Cancel the turn; it still ends with `run.done{status: "cancelled"}`."""
-        self._cancel_scope.cancel()
-
-    @property
-    def done(self) -> bool:
-        """Whether the turn has ended."""
-        return self._done.is_set()
 
 
 async def run_one_turn(
@@ -227,10 +195,17 @@ async def run_one_turn(
     # no one can read the history of a turn whose handle goes to no one (it is only handed
     # out through `task_status`): such a turn keeps none, as with `history=False`
     history = history and task_status is not trio.TASK_STATUS_IGNORED
-    turn = Turn(run_id, request, provider, history=history)
+    uni_log: PlainLog[UniItem]
+    run_log: PlainLog[RunEvent]
     if history:  # kept whole, text fragments as spans of the answer's one copy of the text
-        turn._uni = uni = UniHistory(accumulator.answer)
-        turn._run = RunHistory(uni, run_id)
+        uni_log = uni = UniHistory(accumulator.answer)
+        run_log = RunHistory(uni, run_id)
+    else:
+        uni_log, run_log = PlainLog(), PlainLog()
+    scope = trio.CancelScope()
+    turn = Turn(
+        run_id, request, provider, history=history, uni=uni_log, run=run_log, cancel_scope=scope
+    )
     builder = RunEventBuilder(  # reads the accumulator's text: it is kept once
         turn.run_id,
         trio.lowlevel.current_clock().current_time,  # trio's clock, one call fewer per batch
@@ -248,10 +223,10 @@ async def run_one_turn(
     given = [Given() for _ in sinks]
     chained = policy.graph == "chained"
     opened = [builder.started(provider.label, provider.model)]
-    turn._run.extend(opened)
+    run_log.extend(opened)
     failed: Exception | None = None
     try:
-        with turn._cancel_scope:
+        with scope:
             async with trio.open_nursery() as nursery:
                 if http is not None:
                     handler.upstream = SchemeUpstream(http, nursery)
@@ -265,7 +240,7 @@ async def run_one_turn(
                         await route.wait(first)
                 task_status.started(turn)
                 accumulate = AccumulatorActor(
-                    accumulator, builder, turn._uni, turn._run, turn.history, routes, given
+                    accumulator, builder, uni_log, run_log, turn.history, routes, given
                 )
                 if not slots.try_acquire():
                     if not accumulate.offer([Status("queued", 1)]):
@@ -304,10 +279,10 @@ async def run_one_turn(
             retry_after=handler.retry_after,
             provider_finish=handler.provider_finish,
         )
-        turn._run.extend(final)
-        turn._run.close()
-        turn._uni.close()
-        turn._result = TurnResult(
+        run_log.extend(final)
+        run_log.close()
+        uni_log.close()
+        result = TurnResult(
             message=accumulator.message(),
             outcome=outcome,
             text=accumulator.text,
@@ -322,24 +297,29 @@ async def run_one_turn(
             provider=provider,
             provider_finish_reason=handler.provider_finish,
         )
-        turn._done.set()
+        turn.finish(result)
         try:
             # a turn its own failure ended gives its sinks the cancelled turn's grace, not a
             # wait however long: the sink that raised may never take another batch
             cut = outcome is Outcome.CANCELLED or failed is not None
-            await _finish_sinks(sinks, turn, given, cancelled=cut)
+            await _finish_sinks(sinks, run_log, uni_log, given, cancelled=cut)
         finally:
             if not history:  # every sink has had its all (or its grace): nothing more is owed
-                for log in (turn._uni, turn._run):
+                for log in (uni_log, run_log):
                     log.forget(log.end)
             if http is not None:  # closes the client only if it made it
                 with trio.CancelScope(shield=True), trio.move_on_after(_SINK_GRACE):
                     await http.aclose()
-    return turn._result
+    return result
 
 
 async def _finish_sinks(
-    sinks: Sequence[Sink], turn: Turn, given: list[Given], *, cancelled: bool
+    sinks: Sequence[Sink],
+    run_log: PlainLog[RunEvent],
+    uni_log: PlainLog[UniItem],
+    given: list[Given],
+    *,
+    cancelled: bool,
 ) -> None:
     """What each sink is still owed (the final events, and whatever a cancel cut off), then
     `close`. A turn that ended on its own waits for its sinks however slow (backpressure:
@@ -349,7 +329,7 @@ async def _finish_sinks(
     grace = trio.current_time() + _SINK_GRACE
     failure: Exception | None = None
     for sink, sink_given in zip(sinks, given, strict=True):
-        batch = SinkBatch(turn._run.since(sink_given.run), turn._uni.since(sink_given.uni))
+        batch = SinkBatch(run_log.since(sink_given.run), uni_log.since(sink_given.uni))
         try:
             try:
                 if cancelled:

@@ -78,7 +78,7 @@ _GEMINI = _Kind(
 )
 _P = "rillet.providers."
 
-_KINDS: dict[str, _Kind] = {
+KINDS: dict[str, _Kind] = {
     "openai": attrs.evolve(
         _OPENAI, module=_P + "_openai_chat", cls="OpenAIChatDialect", model="gpt-4.1-mini"
     ),
@@ -131,9 +131,9 @@ _KINDS: dict[str, _Kind] = {
 }
 # An OpenAI-compatible server at a URL given as the kind: OpenAI's wire, OpenAI's variables (so
 # OpenAI's key goes only to OpenAI's endpoints), and no default model.
-_COMPATIBLE = attrs.evolve(_KINDS["openai"], model=None, key_required=False)
+COMPATIBLE = attrs.evolve(KINDS["openai"], model=None, key_required=False)
 
-PROVIDER_KINDS = tuple(_KINDS)
+PROVIDER_KINDS = tuple(KINDS)
 """The named kinds `provider_from_env` takes (besides an http(s) URL)."""
 
 
@@ -248,14 +248,14 @@ _WIRE_NAMES = {
     "anthropic-messages": "anthropic",
     "ollama-chat": "ollama",
 }
-DIALECT_NAMES = tuple(sorted({*_KINDS, *_WIRE_NAMES}))
+DIALECT_NAMES = tuple(sorted({*KINDS, *_WIRE_NAMES}))
 """The names `dialect_from_name` takes: every kind, and the wire names recordings use."""
 
 
 def dialect_from_name(name: str) -> Dialect:
     """A fresh dialect for a kind (`"anthropic"`) or a wire name (`"anthropic-messages"`), with
     no endpoint or key: for reading recordings. Raises `ConfigurationError` for an unknown name."""
-    spec = _KINDS.get(_WIRE_NAMES.get(name, name))
+    spec = KINDS.get(_WIRE_NAMES.get(name, name))
     if spec is None:
         raise ConfigurationError(
             name, None, f"unknown dialect {name!r}: use one of {', '.join(DIALECT_NAMES)}"
@@ -288,11 +288,11 @@ def provider_from_env(
         url = _checked_url(kind, kind, None)
         if base_url is not None and _endpoint(base_url) != _endpoint(url):
             raise ConfigurationError(kind, None, "two base URLs: the kind is one, base_url another")
-        spec = _COMPATIBLE
+        spec = COMPATIBLE
         base_url = url
         name = urlsplit(url).netloc
     else:
-        found = _KINDS.get(kind)
+        found = KINDS.get(kind)
         if found is None:
             raise ConfigurationError(
                 kind,
@@ -354,7 +354,7 @@ def describe_providers(env: Mapping[str, str] | None = None) -> list[dict[str, A
     if env is None:
         env = os.environ
     out: list[dict[str, Any]] = []
-    for kind, spec in _KINDS.items():
+    for kind, spec in KINDS.items():
         env_url = _env_base_url(spec, env)
         found = _env_key(spec, env)
         at_default = env_url is None or _endpoint(env_url) == _endpoint(spec.base_url)

@@ -40,7 +40,7 @@ _FINISH_BYTES = 64 * 1024  # and how much of it may still be read (and dropped) 
 
 
 @functools.cache
-def _tls_context() -> ssl.SSLContext:
+def tls_context() -> ssl.SSLContext:
     """One TLS context for every client the turns make: building one costs ~100 ms."""
     return ssl.create_default_context()
 
@@ -63,7 +63,7 @@ def default_client() -> httpx.AsyncClient:
     return httpx.AsyncClient(
         timeout=httpx.Timeout(None),
         follow_redirects=False,
-        verify=_tls_context(),
+        verify=tls_context(),
         trust_env=_proxies_in_environment(),
     )
 

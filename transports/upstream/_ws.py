@@ -25,7 +25,7 @@ import trio
 import trio_websocket
 from rillet._core._upstream import Upstream, UpstreamError
 
-from ._http import _tls_context
+from ._http import tls_context
 from ._memory import MemoryExchange
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ class WebSocketUpstream:
         try:
             if secure:
                 stream = await trio.open_ssl_over_tcp_stream(
-                    host, port, ssl_context=_tls_context(), https_compatible=True
+                    host, port, ssl_context=tls_context(), https_compatible=True
                 )
             else:
                 stream = await trio.open_tcp_stream(host, port)

@@ -58,10 +58,10 @@ from ._stream import (
     BLOCK,
     NAME,
     REDACTED,
-    _decode_message,
-    _StreamDecoder,
-    _usage,
-    _whole_block,
+    AnthropicStreamDecoder,
+    decode_message,
+    raw_usage,
+    whole_block,
 )
 
 __all__ = ["AnthropicDialect"]
@@ -179,18 +179,18 @@ class AnthropicDialect:
 
     def stream_decoder(self) -> StreamDecoder:
         """A fresh decoder for one attempt's events."""
-        return _StreamDecoder()
+        return AnthropicStreamDecoder()
 
     def decode_response(self, body: bytes) -> list[LaneEvent]:
         """A non-streaming Message as the stream the API would have sent."""
-        message = strict_decode(_decode_message, body, NAME)
+        message = strict_decode(decode_message, body, NAME)
         out: list[LaneEvent] = [MessageStart(message.id, message.model)]
         for index, raw in enumerate(message.content):
-            out.extend(_whole_block(index, raw))
+            out.extend(whole_block(index, raw))
         out.append(
             MessageDelta(
                 finish_reason=message.stop_reason,
-                usage=_usage(message.usage) if message.usage is not None else None,
+                usage=raw_usage(message.usage) if message.usage is not None else None,
             )
         )
         out.append(MessageStop())

@@ -148,7 +148,7 @@ _Event = (
     _MessageStart | _BlockStart | _BlockDelta | _BlockStop | _MessageDelta | _MessageStop | _Ping
 ) | _Error
 _decode_event = msgspec.json.Decoder(_Event)
-_decode_message = msgspec.json.Decoder(_Message)
+decode_message = msgspec.json.Decoder(_Message)
 _decode_block = msgspec.json.Decoder(_Block)
 _decode_type = msgspec.json.Decoder(_Type)
 _decode_head = msgspec.json.Decoder(_Head)
@@ -177,7 +177,7 @@ def _kept(block_type: str) -> bool:
     return block_type in ("server_tool_use", "mcp_tool_use") or block_type.endswith("_tool_result")
 
 
-def _usage(u: _Usage) -> RawUsage:
+def raw_usage(u: _Usage) -> RawUsage:
     thinking = None
     if u.output_tokens_details is not None:
         value = u.output_tokens_details.get("thinking_tokens")
@@ -216,7 +216,7 @@ def _kept_lanes(index: int, block: Any) -> list[LaneEvent]:
     ]
 
 
-def _whole_block(index: int, raw: msgspec.Raw) -> list[LaneEvent]:
+def whole_block(index: int, raw: msgspec.Raw) -> list[LaneEvent]:
     """A block of a non-streaming body: its lanes, kept whole, or nothing for another type."""
     head: _Type = strict_decode(_decode_type, raw, NAME)
     if head.type in _BLOCK_KINDS:
@@ -273,7 +273,7 @@ class _Kept:
         self.json: list[str] = []
 
 
-class _StreamDecoder:
+class AnthropicStreamDecoder:
     """One attempt's Messages stream."""
 
     __slots__ = ("_citations", "_done", "_inputs", "_kept", "_kinds", "_quiet", "failed_at")
@@ -321,13 +321,13 @@ class _StreamDecoder:
             # execution: the whole `tool_use` there, its stop reason too, then `message_stop`):
             # each is read whole, as in a non-streaming body
             for index, raw in enumerate(message.content):
-                out += _whole_block(index, raw)
+                out += whole_block(index, raw)
             if message.usage is not None or message.stop_reason is not None:
-                usage = _usage(message.usage) if message.usage is not None else None
+                usage = raw_usage(message.usage) if message.usage is not None else None
                 out.append(MessageDelta(finish_reason=message.stop_reason, usage=usage))
             return out
         if type(event) is _MessageDelta:
-            usage = _usage(event.usage) if event.usage is not None else None
+            usage = raw_usage(event.usage) if event.usage is not None else None
             return [MessageDelta(finish_reason=event.delta.stop_reason, usage=usage)]
         if type(event) is _MessageStop:
             self._done = True

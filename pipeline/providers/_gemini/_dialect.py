@@ -76,14 +76,14 @@ if TYPE_CHECKING:
 
     from ..._core._dialect import StreamDecoder
 
-from ._stream import NAME, _Chunk, _decode_chunk, _retry_delay, _StreamDecoder
+from ._stream import NAME, Chunk, GeminiStreamDecoder, decode_chunk, retry_delay
 
 __all__ = ["GeminiDialect"]
 
 API_VERSION = "v1beta"
 _BUDGETS = {"low": 1024, "medium": 8192, "high": 16384, "xhigh": 24576, "max": 24576}
 _CHOICE_MODES = {"auto": "AUTO", "required": "ANY", "none": "NONE"}
-_decode_chunks = msgspec.json.Decoder(tuple[_Chunk, ...])
+_decode_chunks = msgspec.json.Decoder(tuple[Chunk, ...])
 
 
 # --- requests -------------------------------------------------------------------------------------
@@ -189,7 +189,7 @@ def _retry_after(headers: Mapping[str, str], body: bytes) -> float | None:
                 return seconds
             break
     error = _error_object(body)
-    return None if error is None else _retry_delay(error)
+    return None if error is None else retry_delay(error)
 
 
 def _error_object(body: bytes) -> Any:
@@ -260,7 +260,7 @@ class GeminiDialect:
 
     def stream_decoder(self) -> StreamDecoder:
         """A fresh decoder for one attempt's chunks."""
-        return _StreamDecoder()
+        return GeminiStreamDecoder()
 
     def decode_response(self, body: bytes) -> list[LaneEvent]:
         """A non-streaming `GenerateContentResponse` as the stream the API would have sent;
@@ -271,7 +271,7 @@ class GeminiDialect:
             chunks = (
                 strict_decode(_decode_chunks, body, NAME)
                 if many
-                else (strict_decode(_decode_chunk, body, NAME),)
+                else (strict_decode(decode_chunk, body, NAME),)
             )
         except MalformedFrameError:
             try:
@@ -281,7 +281,7 @@ class GeminiDialect:
                     f"response body is not valid UTF-8 (byte {exc.start})", provider=NAME
                 ) from None
             raise
-        decoder = _StreamDecoder()
+        decoder = GeminiStreamDecoder()
         out: list[LaneEvent] = []
         for chunk in chunks:
             out += decoder.chunk(chunk)

@@ -89,7 +89,7 @@ class _PromptFeedback(msgspec.Struct, frozen=True, rename="camel", gc=False):
     block_reason: str | None = None
 
 
-class _Chunk(msgspec.Struct, frozen=True, rename="camel", gc=False):
+class Chunk(msgspec.Struct, frozen=True, rename="camel", gc=False):
     candidates: tuple[_Candidate, ...] = ()
     usage_metadata: _Usage | None = None
     prompt_feedback: _PromptFeedback | None = None
@@ -98,13 +98,13 @@ class _Chunk(msgspec.Struct, frozen=True, rename="camel", gc=False):
     error: dict[str, Any] | None = None
 
 
-_decode_chunk = msgspec.json.Decoder(_Chunk)
+decode_chunk = msgspec.json.Decoder(Chunk)
 
 
-# A chunk that is only one more fragment of the open text (or thinking) lane: `_Chunk`'s fields
+# A chunk that is only one more fragment of the open text (or thinking) lane: `Chunk`'s fields
 # (and those of its candidates, content and part), each narrowed to the values the fast path of
 # `feed_frames` takes: one part of non-empty text, no signature, call, data, finish or error.
-# What decodes so decodes as a `_Chunk` too and takes that path (`_fragments`).
+# What decodes so decodes as a `Chunk` too and takes that path (`_fragments`).
 
 
 class _MorePart(msgspec.Struct, frozen=True, rename="camel", gc=False):
@@ -191,7 +191,7 @@ def _usage(u: _Usage) -> RawUsage:
     )
 
 
-class _StreamDecoder:
+class GeminiStreamDecoder:
     """One attempt's chunks (also used once for a non-streaming body)."""
 
     __slots__ = (
@@ -228,9 +228,9 @@ class _StreamDecoder:
     def feed(self, frame: SSEEvent | bytes | tuple[str, bytes]) -> list[LaneEvent]:
         data = sse_event(frame)[1]  # (the event's name is not read)
         try:  # the hot path: one call into msgspec; on error, strict_decode types it
-            decoded = _decode_chunk.decode(data)
+            decoded = decode_chunk.decode(data)
         except msgspec.MsgspecError:
-            decoded = strict_decode(_decode_chunk, sse_text(data), NAME)
+            decoded = strict_decode(decode_chunk, sse_text(data), NAME)
         return self.chunk(decoded)
 
     def feed_frames(self, frames: list[Any], out: list[LaneEvent]) -> None:
@@ -239,7 +239,7 @@ class _StreamDecoder:
         no finish reason, error or call streaming in, joins the run of them handed on as one
         `PartRun`; the only other thing
         it carries is the cumulative usage, which is kept for the finish."""
-        decode = _decode_chunk.decode
+        decode = decode_chunk.decode
         # what the fast path needs of the state changes only in `chunk`: read it again after one
         lane = self._fast_lane()
         index = self._index
@@ -266,7 +266,7 @@ class _StreamDecoder:
                 try:
                     chunk = decode(data)
                 except msgspec.MsgspecError:
-                    chunk = strict_decode(_decode_chunk, sse_text(data), NAME)
+                    chunk = strict_decode(decode_chunk, sse_text(data), NAME)
                 if lane is not None and chunk.candidates and chunk.error is None:
                     candidate = chunk.candidates[0]
                     content = candidate.content
@@ -334,7 +334,7 @@ class _StreamDecoder:
         u = self._last_usage
         return [] if u is None else [MessageDelta(usage=_usage(u))]
 
-    def chunk(self, chunk: _Chunk) -> list[LaneEvent]:
+    def chunk(self, chunk: Chunk) -> list[LaneEvent]:
         """The lane events of one decoded chunk."""
         out: list[LaneEvent] = []
         if not self._started and (chunk.response_id or chunk.model_version):
@@ -369,7 +369,7 @@ class _StreamDecoder:
             )
         if chunk.error is not None:
             error = error_from_body(NAME, None, {"error": chunk.error}, in_stream=True)
-            error.retry_after = _retry_delay(chunk.error)
+            error.retry_after = retry_delay(chunk.error)
             out.append(ProviderErrorEvent(error))
         return out
 
@@ -481,7 +481,7 @@ class _StreamDecoder:
         return index
 
 
-def _retry_delay(error: Any) -> float | None:
+def retry_delay(error: Any) -> float | None:
     """The wait an error object's `google.rpc.RetryInfo` detail asks for (`"37s"` -> 37.0)."""
     details = error.get("details") if isinstance(error, dict) else None
     if not isinstance(details, list):

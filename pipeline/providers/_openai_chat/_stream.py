@@ -65,31 +65,31 @@ from rillet._core._lanes import (
 
 from ..._core._dialect import ToolIds, sse_event, sse_text, strict_decode
 from ._wire import (
-    _DETAIL_TYPES,
+    DETAIL_TYPES,
     FIELD_SHAPES,
     NAME,
     STREAM_AUDIO_MIME,
-    _Audio,
-    _b64,
-    _checked,
-    _Chunk,
-    _chunk_error,
-    _ContentPart,
-    _decode_chunk,
-    _decode_frame,
-    _Delta,
-    _Detail,
-    _first_choice,
-    _Frame,
-    _thinking_texts,
-    _ToolCall,
-    _Usage,
-    _usage,
+    Audio,
+    Chunk,
+    ChunkUsage,
+    ContentPart,
+    Delta,
+    Detail,
+    Frame,
+    ToolCall,
     arguments_run,
     arguments_text,
+    b64,
+    checked_detail,
+    chunk_error,
+    decode_chunk,
+    decode_frame,
     event_error,
     field_run,
+    first_choice,
+    raw_usage,
     sniff_audio,
+    thinking_texts,
 )
 
 if TYPE_CHECKING:
@@ -171,17 +171,17 @@ class ChatStreamDecoder:
             self._done = True
             return [ProviderErrorEvent(event_error(data))]
         out: list[LaneEvent] = []
-        chunk: _Frame
+        chunk: Frame
         if self._started:
             try:  # the hot path: one call into msgspec; on error, strict_decode types it
-                chunk = _decode_frame.decode(data)
+                chunk = decode_frame.decode(data)
             except msgspec.MsgspecError:
-                chunk = strict_decode(_decode_frame, sse_text(data), NAME)
+                chunk = strict_decode(decode_frame, sse_text(data), NAME)
         else:
             try:
-                first: _Chunk = _decode_chunk.decode(data)
+                first: Chunk = decode_chunk.decode(data)
             except msgspec.MsgspecError:
-                first = strict_decode(_decode_chunk, sse_text(data), NAME)
+                first = strict_decode(decode_chunk, sse_text(data), NAME)
             if first.id or first.model:
                 self._started = True
                 out.append(MessageStart(first.id or "", first.model or ""))
@@ -192,7 +192,7 @@ class ChatStreamDecoder:
     def feed_frames(self, frames: list[Any], out: list[LaneEvent]) -> None:
         """`feed` on each chunk in turn, with the commonest chunks (one more fragment of the open
         text lane or of the open tool call's arguments) handled inline (`FramesDecoder`)."""
-        decode = _decode_frame.decode
+        decode = decode_frame.decode
         tools = self._tools  # cleared, never replaced
         # the state the fast path reads, kept in locals: only the slow paths change it
         streaming = self._started and not self._done
@@ -235,7 +235,7 @@ class ChatStreamDecoder:
                 try:
                     chunk = decode(data)
                 except msgspec.MsgspecError:
-                    chunk = strict_decode(_decode_frame, sse_text(data), NAME)
+                    chunk = strict_decode(decode_frame, sse_text(data), NAME)
                 choices = chunk.choices
                 if choices:
                     choice = choices[0]
@@ -302,13 +302,13 @@ class ChatStreamDecoder:
         run = arguments_run(frames, key, current[1])
         return None if run is None else PartRun(current[0], "tool_call", run)
 
-    def chunk(self, chunk: _Frame, out: list[LaneEvent]) -> None:
+    def chunk(self, chunk: Frame, out: list[LaneEvent]) -> None:
         """The lane events of one decoded chunk (after its `MessageStart`, if it carries one)."""
-        choice = _first_choice(chunk.choices)
+        choice = first_choice(chunk.choices)
         if choice is not None and choice.delta is not None:
             self.delta(choice.delta, out)
         if chunk.error or chunk.object == "error" or chunk.base_resp is not None:
-            error = _chunk_error(chunk)
+            error = chunk_error(chunk)
             if error is not None:
                 out.append(error)
                 return
@@ -362,7 +362,7 @@ class ChatStreamDecoder:
         self._open.remove((kind, index))
         out.append(PartStop(index, kind))
 
-    def delta(self, delta: _Delta, out: list[LaneEvent]) -> None:
+    def delta(self, delta: Delta, out: list[LaneEvent]) -> None:
         """The lane events of one delta (or one whole message), in wire-field order, but for
         fragments of the open calls beside the start of another field: those go first."""
         content = delta.content
@@ -419,7 +419,7 @@ class ChatStreamDecoder:
             self._lane = self._start("text", out)
         out.append(PartDelta(self._lane, "text", text))
 
-    def _content_parts(self, parts: list[_ContentPart], out: list[LaneEvent]) -> None:
+    def _content_parts(self, parts: list[ContentPart], out: list[LaneEvent]) -> None:
         """A `content` list (Mistral's reasoning models): text chunks are text, thinking chunks
         thinking (sent back in `content`, so `reasoning_field` says so); other types are skipped."""
         for part in parts:
@@ -429,7 +429,7 @@ class ChatStreamDecoder:
                 if part.text:
                     self._text(part.text, out)
             elif part.type == "thinking":
-                for text in _thinking_texts(part.thinking):
+                for text in thinking_texts(part.thinking):
                     self._thinking(_THINK_PART, text, "content", out)
 
     def _thinking(self, field: int, text: str, wire_name: str, out: list[LaneEvent]) -> None:
@@ -442,12 +442,12 @@ class ChatStreamDecoder:
         else:
             out.append(PartDelta(self._lane, "thinking", text))
 
-    def _details(self, details: list[_Detail], out: list[LaneEvent]) -> None:
+    def _details(self, details: list[Detail], out: list[LaneEvent]) -> None:
         for detail in details:
             kind = detail.type
-            if kind not in _DETAIL_TYPES:
+            if kind not in DETAIL_TYPES:
                 continue  # a type added later
-            _checked(detail)
+            checked_detail(detail)
             fragments: list[tuple[str, dict[str, Any] | None]] = []
             if kind == "reasoning.text":
                 if detail.text:
@@ -485,7 +485,7 @@ class ChatStreamDecoder:
         self._lane = self._start("thinking", out)
         self._think_fid = None
 
-    def _continue(self, calls: list[_ToolCall]) -> bool:
+    def _continue(self, calls: list[ToolCall]) -> bool:
         """Whether every fragment goes on with an open call (as `_tool_calls` keys them), none
         starting one."""
         tools = self._tools
@@ -501,7 +501,7 @@ class ChatStreamDecoder:
                 return False
         return True
 
-    def _tool_calls(self, calls: list[_ToolCall], out: list[LaneEvent]) -> None:
+    def _tool_calls(self, calls: list[ToolCall], out: list[LaneEvent]) -> None:
         if self._field != _TOOLS:
             self._switch(_TOOLS, out)
         tools = self._tools
@@ -533,8 +533,8 @@ class ChatStreamDecoder:
             self._tool_seen = True
             out.append(PartDelta(lane, "tool_call", arguments or ""))
 
-    def _audio(self, audio: _Audio, out: list[LaneEvent]) -> None:
-        data = _b64(audio.data) if audio.data else b""
+    def _audio(self, audio: Audio, out: list[LaneEvent]) -> None:
+        data = b64(audio.data) if audio.data else b""
         if self._field != _AUDIO:
             self._switch(_AUDIO, out)
             mime = sniff_audio(data) if data else STREAM_AUDIO_MIME
@@ -548,7 +548,7 @@ class ChatStreamDecoder:
                 self._transcript_lane = self._start("text", out)
             out.append(PartDelta(self._transcript_lane, "text", audio.transcript))
 
-    def finish(self, reason: str | None, usage: _Usage | None, out: list[LaneEvent]) -> None:
+    def finish(self, reason: str | None, usage: ChunkUsage | None, out: list[LaneEvent]) -> None:
         """The finish reason and/or usage of a chunk (a finish reason closes every lane)."""
         if reason == "error":
             out.append(
@@ -575,20 +575,20 @@ class ChatStreamDecoder:
         if reason is not None or usage is not None:
             out.append(
                 MessageDelta(
-                    finish_reason=reason, usage=_usage(usage) if usage is not None else None
+                    finish_reason=reason, usage=raw_usage(usage) if usage is not None else None
                 )
             )
 
 
 def decode_completion(body: bytes) -> list[LaneEvent]:
     """A non-streaming completion as the lane events of the stream the API would have sent."""
-    completion: _Chunk = strict_decode(_decode_chunk, body, NAME)
-    error = _chunk_error(completion)
+    completion: Chunk = strict_decode(decode_chunk, body, NAME)
+    error = chunk_error(completion)
     if error is not None:
         return [error]
     decoder = ChatStreamDecoder()
     out: list[LaneEvent] = [MessageStart(completion.id or "", completion.model or "")]
-    choice = _first_choice(completion.choices)
+    choice = first_choice(completion.choices)
     reason = None
     if choice is not None:
         if choice.message is not None:

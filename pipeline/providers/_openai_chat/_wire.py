@@ -41,15 +41,15 @@ def arguments_text(arguments: str | dict[str, Any]) -> str:
     return msgspec.json.encode(arguments).decode("utf-8")
 
 
-class _ToolCall(msgspec.Struct, frozen=True, gc=False):
+class ToolCall(msgspec.Struct, frozen=True, gc=False):
     index: int | None = None
     id: str | None = None
     function: _Function | None = None
 
 
-class _Detail(msgspec.Struct, frozen=True, gc=False):
+class Detail(msgspec.Struct, frozen=True, gc=False):
     """A `reasoning_details` entry. Its fields are read loosely and checked for the known types
-    only (`_checked`), so an entry of another type is skipped whatever it holds."""
+    only (`checked_detail`), so an entry of another type is skipped whatever it holds."""
 
     type: str = ""
     text: Any = None
@@ -61,10 +61,10 @@ class _Detail(msgspec.Struct, frozen=True, gc=False):
     index: Any = None
 
 
-_DETAIL_TYPES = frozenset({"reasoning.text", "reasoning.summary", "reasoning.encrypted"})
+DETAIL_TYPES = frozenset({"reasoning.text", "reasoning.summary", "reasoning.encrypted"})
 
 
-def _checked(detail: _Detail) -> _Detail:
+def checked_detail(detail: Detail) -> Detail:
     """A known detail, its fields checked: strings (or null), and an integer index."""
     for value in (detail.text, detail.summary, detail.signature, detail.data, detail.id):
         if value is not None and type(value) is not str:
@@ -78,13 +78,13 @@ def _checked(detail: _Detail) -> _Detail:
     return detail
 
 
-class _Audio(msgspec.Struct, frozen=True, gc=False):
+class Audio(msgspec.Struct, frozen=True, gc=False):
     id: str | None = None
     data: str | None = None
     transcript: str | None = None
 
 
-class _ContentPart(msgspec.Struct, frozen=True, gc=False):
+class ContentPart(msgspec.Struct, frozen=True, gc=False):
     """One chunk of a `content` list (Mistral's reasoning models): `{"type": "text", "text"}` or
     `{"type": "thinking", "thinking": [{"type": "text", "text"}]}`. The fields are read loosely
     and checked for the known types only, so a chunk of another type is skipped whatever it
@@ -95,22 +95,22 @@ class _ContentPart(msgspec.Struct, frozen=True, gc=False):
     thinking: Any = None
 
 
-class _Delta(msgspec.Struct, frozen=True, gc=False):
+class Delta(msgspec.Struct, frozen=True, gc=False):
     """A streamed `delta`, and also a non-streaming `message` (same fields, whole values)."""
 
-    content: str | list[_ContentPart] | None = None
+    content: str | list[ContentPart] | None = None
     refusal: str | None = None  # OpenAI's words when the model refuses, in place of `content`
     reasoning_content: str | None = None
     reasoning: str | None = None
-    reasoning_details: list[_Detail] | None = None
-    tool_calls: list[_ToolCall] | None = None
-    audio: _Audio | None = None
+    reasoning_details: list[Detail] | None = None
+    tool_calls: list[ToolCall] | None = None
+    audio: Audio | None = None
 
 
 class _Choice(msgspec.Struct, frozen=True, gc=False):
     index: int | None = None
-    delta: _Delta | None = None
-    message: _Delta | None = None
+    delta: Delta | None = None
+    message: Delta | None = None
     finish_reason: str | None = None
 
 
@@ -122,7 +122,7 @@ class _CompletionDetails(msgspec.Struct, frozen=True, gc=False):
     reasoning_tokens: int | None = None
 
 
-class _Usage(msgspec.Struct, frozen=True, gc=False):
+class ChunkUsage(msgspec.Struct, frozen=True, gc=False):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     total_tokens: int | None = None
@@ -134,17 +134,17 @@ class _Usage(msgspec.Struct, frozen=True, gc=False):
 class _Groq(msgspec.Struct, frozen=True, gc=False):
     """Groq's `x_groq`: where it reports usage (same fields) instead of a top-level `usage`."""
 
-    usage: _Usage | None = None
+    usage: ChunkUsage | None = None
 
 
-class _Frame(msgspec.Struct, frozen=True, gc=False):
+class Frame(msgspec.Struct, frozen=True, gc=False):
     """A streamed chunk as read once the message has started (its id and model, the same in
     every chunk, are skipped rather than decoded); also an error body (`error`, vLLM's
     `object`)."""
 
     object: str | None = None
     choices: list[_Choice] | None = None
-    usage: _Usage | None = None
+    usage: ChunkUsage | None = None
     x_groq: _Groq | None = None
     error: Any = None
     message: str | None = None
@@ -153,20 +153,20 @@ class _Frame(msgspec.Struct, frozen=True, gc=False):
     base_resp: Any = None  # MiniMax's status, in every chunk: an error when its code is not 0
 
 
-class _Chunk(_Frame, frozen=True, gc=False):
+class Chunk(Frame, frozen=True, gc=False):
     """A streamed chunk before the message has started, or a whole completion."""
 
     id: str | None = None
     model: str | None = None
 
 
-_decode_chunk = msgspec.json.Decoder(_Chunk)
-_decode_frame = msgspec.json.Decoder(_Frame)
+decode_chunk = msgspec.json.Decoder(Chunk)
+decode_frame = msgspec.json.Decoder(Frame)
 
 
-# A chunk that is only one more fragment of choice 0's text: `_Frame`'s fields (and those of its
+# A chunk that is only one more fragment of choice 0's text: `Frame`'s fields (and those of its
 # choices and delta), each narrowed to the values the stream decoder's fast path takes (no
-# finish, no usage, no error, no field but `content`). What decodes so decodes as a `_Frame`
+# finish, no usage, no error, no field but `content`). What decodes so decodes as a `Frame`
 # too and takes that path, so a read of such chunks needs no check of its own but one
 # (`object`, which is no error).
 
@@ -184,7 +184,7 @@ class _MoreText(msgspec.Struct, frozen=True, gc=False):
 class _TextChoice(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     index: Literal[0] | None = None
     delta: _MoreText
-    message: _Delta | None = None
+    message: Delta | None = None
     finish_reason: Literal[""] | None = None
 
 
@@ -312,7 +312,7 @@ def field_run(
     return run
 
 
-def _usage(u: _Usage) -> RawUsage:
+def raw_usage(u: ChunkUsage) -> RawUsage:
     cached = None
     if u.prompt_tokens_details is not None:
         cached = u.prompt_tokens_details.cached_tokens
@@ -331,7 +331,7 @@ def _usage(u: _Usage) -> RawUsage:
     )
 
 
-def _chunk_error(chunk: _Frame) -> ProviderErrorEvent | None:
+def chunk_error(chunk: Frame) -> ProviderErrorEvent | None:
     """The in-stream error a chunk reports, if it reports one."""
     if chunk.error:
         return ProviderErrorEvent(
@@ -360,14 +360,14 @@ def sniff_audio(data: bytes) -> str:
     return STREAM_AUDIO_MIME
 
 
-def _b64(text: str) -> bytes:
+def b64(text: str) -> bytes:
     try:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise MalformedFrameError(f"audio data is not base64: {exc}", text, provider=NAME) from None
 
 
-def _thinking_texts(thinking: Any) -> list[str]:
+def thinking_texts(thinking: Any) -> list[str]:
     """The texts of a thinking chunk's `thinking` (a list of text chunks, or a plain string)."""
     if type(thinking) is str:
         return [thinking] if thinking else []
@@ -391,7 +391,7 @@ def _thinking_texts(thinking: Any) -> list[str]:
     return texts
 
 
-def _first_choice(choices: list[_Choice] | None) -> _Choice | None:
+def first_choice(choices: list[_Choice] | None) -> _Choice | None:
     """Choice 0 (with `n > 1` several choices share the stream; only the first is read)."""
     if not choices:
         return None

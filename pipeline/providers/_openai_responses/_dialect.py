@@ -60,8 +60,8 @@ if TYPE_CHECKING:
 
     from ..._core._dialect import StreamDecoder
 
-from ._items import NAME, _close_item, _item, _open_item, _refuses
-from ._stream import _decode_response, _finish, _Response, _StreamDecoder
+from ._items import NAME, close_item, decode_item, holds_refusal, open_item
+from ._stream import ResponseBody, ResponsesStreamDecoder, decode_response_body, finish_events
 
 __all__ = ["OpenAIResponsesDialect"]
 
@@ -244,23 +244,23 @@ class OpenAIResponsesDialect:
 
     def stream_decoder(self) -> StreamDecoder:
         """A fresh decoder for one attempt's events."""
-        return _StreamDecoder()
+        return ResponsesStreamDecoder()
 
     def decode_response(self, body: bytes) -> list[LaneEvent]:
         """A non-streaming Response object as the stream the API would have sent."""
-        response: _Response = strict_decode(_decode_response, body, NAME)
+        response: ResponseBody = strict_decode(decode_response_body, body, NAME)
         out: list[LaneEvent] = [MessageStart(response.id, response.model)]
         tool_seen = refused = False
         for index, raw in enumerate(response.output):
-            item = _item(raw)
+            item = decode_item(raw)
             if item is None:
                 continue
-            kind = _open_item(index, item, out)
+            kind = open_item(index, item, out)
             if kind is not None:
                 tool_seen = tool_seen or kind == "tool_call"
-                refused = refused or _refuses(item)
-                _close_item(index, kind, item, streamed=False, out=out)
-        return out + _finish(response, response.status, tool_seen, refused)
+                refused = refused or holds_refusal(item)
+                close_item(index, kind, item, streamed=False, out=out)
+        return out + finish_events(response, response.status, tool_seen, refused)
 
     def error_from_response(
         self, status: int, headers: Mapping[str, str], body: bytes

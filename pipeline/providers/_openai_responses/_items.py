@@ -49,7 +49,7 @@ class _Item(msgspec.Struct, frozen=True):
 
 
 _decode_item = msgspec.json.Decoder(_Item)
-_decode_type = msgspec.json.Decoder(_Type)
+decode_type = msgspec.json.Decoder(_Type)
 
 _ITEM_KINDS: dict[str, LaneKind] = {
     "message": "text",
@@ -58,16 +58,16 @@ _ITEM_KINDS: dict[str, LaneKind] = {
 }
 
 
-def _item(raw: msgspec.Raw) -> _Item | None:
+def decode_item(raw: msgspec.Raw) -> _Item | None:
     """An output item of a type we stream, decoded; None (undecoded) for any other type."""
-    head: _Type = strict_decode(_decode_type, raw, NAME)
+    head: _Type = strict_decode(decode_type, raw, NAME)
     if head.type not in _ITEM_KINDS:
         return None
     item: _Item = strict_decode(_decode_item, raw, NAME)
     return item
 
 
-def _open_item(index: int, item: _Item, out: list[LaneEvent]) -> LaneKind | None:
+def open_item(index: int, item: _Item, out: list[LaneEvent]) -> LaneKind | None:
     """Open the lane of an output item (a tool call with its header fragment); None for items
     we do not stream."""
     kind = _ITEM_KINDS.get(item.type)
@@ -96,7 +96,7 @@ def _reasoning_fidelity(item: _Item) -> dict[str, Any] | None:
     return fidelity or None
 
 
-def _close_item(
+def close_item(
     index: int, kind: LaneKind, item: _Item, *, streamed: bool, out: list[LaneEvent]
 ) -> None:
     """Close an item's lane at its done event: its whole value first when no delta carried it,
@@ -126,11 +126,11 @@ def _said(item: _Item) -> list[_Text]:
     return [p for p in item.content or () if p.type == "output_text" or p.type == "refusal"]
 
 
-def _refuses(item: _Item) -> bool:
+def holds_refusal(item: _Item) -> bool:
     """Whether a message item holds a refusal part (the model declined)."""
     return item.type == "message" and any(p.type == "refusal" for p in item.content or ())
 
 
-def _is_call(raw: msgspec.Raw) -> bool:
-    head: _Type = strict_decode(_decode_type, raw, NAME)
+def is_call(raw: msgspec.Raw) -> bool:
+    head: _Type = strict_decode(decode_type, raw, NAME)
     return head.type == "function_call"

@@ -31,12 +31,12 @@ from ..._core._dialect import (
 from .._error_body import error_from_body
 from ._items import (
     NAME,
-    _close_item,
-    _decode_type,
-    _is_call,
-    _item,
-    _open_item,
-    _refuses,
+    close_item,
+    decode_item,
+    decode_type,
+    holds_refusal,
+    is_call,
+    open_item,
 )
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ class _IncompleteDetails(msgspec.Struct, frozen=True, gc=False):
     reason: str | None = None
 
 
-class _Response(msgspec.Struct, frozen=True):
+class ResponseBody(msgspec.Struct, frozen=True):
     id: str = ""
     model: str = ""
     status: str | None = None
@@ -79,7 +79,7 @@ class _Response(msgspec.Struct, frozen=True):
 
 
 class _Created(msgspec.Struct, frozen=True, tag="response.created"):
-    response: _Response
+    response: ResponseBody
 
 
 class _ItemAdded(msgspec.Struct, frozen=True, tag="response.output_item.added"):
@@ -133,15 +133,15 @@ class _ArgumentsDelta(
 
 
 class _Completed(msgspec.Struct, frozen=True, tag="response.completed"):
-    response: _Response
+    response: ResponseBody
 
 
 class _Incomplete(msgspec.Struct, frozen=True, tag="response.incomplete"):
-    response: _Response
+    response: ResponseBody
 
 
 class _Failed(msgspec.Struct, frozen=True, tag="response.failed"):
-    response: _Response
+    response: ResponseBody
 
 
 class _Error(msgspec.Struct, frozen=True, tag="error"):
@@ -168,7 +168,7 @@ _HANDLED: tuple[type[msgspec.Struct], ...] = (
 _decode_event: msgspec.json.Decoder[Any] = msgspec.json.Decoder(
     functools.reduce(operator.or_, _HANDLED)
 )
-_decode_response = msgspec.json.Decoder(_Response)
+decode_response_body = msgspec.json.Decoder(ResponseBody)
 # The event types we read; every other one (documented events that carry nothing we stream,
 # hosted-tool progress, types added later) is skipped by its name, without decoding its data.
 _HANDLED_TYPES = frozenset(str(t.__struct_config__.tag) for t in _HANDLED)
@@ -208,15 +208,15 @@ def _error_event(error: Any, in_stream: bool = True) -> ProviderErrorEvent:
     )
 
 
-def _finish(
-    response: _Response, status: str | None, tool_seen: bool, refused: bool
+def finish_events(
+    response: ResponseBody, status: str | None, tool_seen: bool, refused: bool
 ) -> list[LaneEvent]:
     """The end of a reply: its terminal status (`completed`, `incomplete`, `failed`) and the
     final Response object's usage. A completed reply that refused ends as `refusal`: the
     provider's rules stopped the answer."""
     reason: str | None = None
     if status == "completed":
-        tool_seen = tool_seen or any(_is_call(raw) for raw in response.output)
+        tool_seen = tool_seen or any(is_call(raw) for raw in response.output)
         reason = "tool_call" if tool_seen else "refusal" if refused else "completed"
     elif status == "incomplete":
         details = response.incomplete_details
@@ -227,7 +227,7 @@ def _finish(
     return [MessageDelta(finish_reason=reason, usage=usage), MessageStop()]
 
 
-class _StreamDecoder:
+class ResponsesStreamDecoder:
     """One attempt's Responses events."""
 
     __slots__ = (
@@ -301,8 +301,8 @@ class _StreamDecoder:
         if kind is _ItemAdded:
             self._items_seen = True
             out: list[LaneEvent] = []
-            item = _item(event.item)
-            lane = None if item is None else _open_item(event.output_index, item, out)
+            item = decode_item(event.item)
+            lane = None if item is None else open_item(event.output_index, item, out)
             if lane is not None:
                 self._kinds[event.output_index] = lane
                 self._tool_seen = self._tool_seen or lane == "tool_call"
@@ -341,9 +341,9 @@ class _StreamDecoder:
             else:
                 whole = self._whole(event.response)
             status = "completed" if kind is _Completed else "incomplete"
-            return whole + _finish(event.response, status, self._tool_seen, self._refused)
+            return whole + finish_events(event.response, status, self._tool_seen, self._refused)
         if kind is _Failed:
-            return _finish(event.response, "failed", self._tool_seen, self._refused)
+            return finish_events(event.response, "failed", self._tool_seen, self._refused)
         assert kind is _Error
         return [
             _error_event(
@@ -429,7 +429,7 @@ class _StreamDecoder:
         if data == "[DONE]":
             return True
         try:
-            head = _decode_type.decode(data)
+            head = decode_type.decode(data)
         except msgspec.MsgspecError:
             return False
         return head.type not in _HANDLED_TYPES
@@ -437,21 +437,21 @@ class _StreamDecoder:
     def _item_done(self, event: _ItemDone) -> list[LaneEvent]:
         index = event.output_index
         out: list[LaneEvent] = []
-        item = _item(event.item)
+        item = decode_item(event.item)
         if item is None:
             return out  # a hosted tool's item...: nothing we stream
         lane = self._kinds.pop(index, None)
         self._lone.pop(index, None)
         self._orphans.pop(index, None)  # its item holds its arguments whole
         if lane is None:  # a done item whose added event never came: the whole item now
-            lane = _open_item(index, item, out)
+            lane = open_item(index, item, out)
             if lane is None:
                 return out
             self._tool_seen = self._tool_seen or lane == "tool_call"
         streamed = index in self._streamed
         self._streamed.discard(index)
-        self._refused = self._refused or _refuses(item)
-        _close_item(index, lane, item, streamed=streamed, out=out)
+        self._refused = self._refused or holds_refusal(item)
+        close_item(index, lane, item, streamed=streamed, out=out)
         return out
 
     def _orphan(self, index: int, delta: str) -> list[LaneEvent]:
@@ -461,34 +461,34 @@ class _StreamDecoder:
         self._orphans.setdefault(index, []).append(delta)
         return [Ping()]
 
-    def _claimed(self, response: _Response) -> list[LaneEvent]:
+    def _claimed(self, response: ResponseBody) -> list[LaneEvent]:
         """At the end, the calls whose arguments came without their item: each whole from the
         final output, where it is; else its arguments alone, which the grammar refuses (a call
         with no name)."""
         out: list[LaneEvent] = []
         for index, arguments in sorted(self._orphans.items()):
             raw = response.output[index] if 0 <= index < len(response.output) else None
-            item = None if raw is None else _item(raw)
+            item = None if raw is None else decode_item(raw)
             if item is not None and item.type == "function_call":
                 self._tool_seen = True
-                _open_item(index, item, out)
-                _close_item(index, "tool_call", item, streamed=False, out=out)
+                open_item(index, item, out)
+                close_item(index, "tool_call", item, streamed=False, out=out)
             else:
                 out.append(PartDelta(index, "tool_call", "".join(arguments)))
         self._orphans.clear()
         return out
 
-    def _whole(self, response: _Response) -> list[LaneEvent]:
+    def _whole(self, response: ResponseBody) -> list[LaneEvent]:
         """A final Response's output items, each opened and closed whole (the calls whose
         arguments came without their item among them, if they are)."""
         out: list[LaneEvent] = []
         for index, raw in enumerate(response.output):
-            item = _item(raw)
-            lane = None if item is None else _open_item(index, item, out)
+            item = decode_item(raw)
+            lane = None if item is None else open_item(index, item, out)
             if item is not None and lane is not None:
                 self._tool_seen = self._tool_seen or lane == "tool_call"
-                self._refused = self._refused or _refuses(item)
-                _close_item(index, lane, item, streamed=False, out=out)
+                self._refused = self._refused or holds_refusal(item)
+                close_item(index, lane, item, streamed=False, out=out)
                 if lane == "tool_call":
                     self._orphans.pop(index, None)
         return out + self._claimed(response)
