@@ -44,6 +44,7 @@ from .._core._runevents import RunEvent, RunEventBuilder
 if TYPE_CHECKING:
     from .._core._policy import Outcome
     from ._handler import Handler
+    from ._history import PlainLog
 
 __all__ = [
     "AccumulatorActor",
@@ -52,6 +53,7 @@ __all__ = [
     "Sink",
     "SinkBatch",
     "UniItem",
+    "finish_sinks",
     "route_for",
     "run_hops",
     "sink_actor",
@@ -60,6 +62,7 @@ __all__ = [
 T = TypeVar("T")
 T_in = TypeVar("T_in", contravariant=True)
 UniItem = UniEvent | AttemptReset
+SINK_GRACE = 2.0  # seconds a cancelled run still gives its sinks for the final events
 
 
 @attrs.frozen
@@ -331,6 +334,41 @@ class Given:
         """The sink has taken `batch`."""
         self.run += len(batch.run)
         self.uni += len(batch.uni)
+
+
+async def finish_sinks(
+    sinks: Sequence[Sink],
+    run_log: PlainLog[RunEvent],
+    uni_log: PlainLog[UniItem],
+    given: Sequence[Given],
+    *,
+    cancelled: bool,
+) -> None:
+    """What each sink is still owed from the logs (the final events, and whatever a cancel cut
+    off), then its `close`: the end of a turn's and of a run's delivery alike. A run that ended
+    on its own waits for its sinks however slow (backpressure: nothing is dropped); a cancelled
+    one gives them a shielded grace period. `close` always runs, shielded, within its own grace
+    period. A sink that raises does not keep the others from their end: its error is raised
+    once every sink has had its turn."""
+    grace = trio.current_time() + SINK_GRACE
+    failure: Exception | None = None
+    for sink, sink_given in zip(sinks, given, strict=True):
+        batch = SinkBatch(run_log.since(sink_given.run), uni_log.since(sink_given.uni))
+        try:
+            try:
+                if cancelled:
+                    with trio.CancelScope(shield=True, deadline=grace):
+                        await sink.deliver(batch)
+                else:
+                    await sink.deliver(batch)
+                sink_given.took(batch)
+            finally:
+                with trio.CancelScope(shield=True), trio.move_on_after(SINK_GRACE):
+                    await sink.close()
+        except Exception as exc:
+            failure = failure or exc
+    if failure is not None:
+        raise failure
 
 
 @attrs.define(eq=False)

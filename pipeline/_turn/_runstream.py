@@ -27,13 +27,10 @@ from .._core._runevents import (
     RunEventBuilder,
     RunStarted,
 )
-from ._graph import Given
+from ._graph import Given, Sink, SinkBatch, UniItem, finish_sinks
 from ._history import PlainLog
-from ._turn import Sink, SinkBatch, UniItem
 
 __all__ = ["RunStream", "StepSink"]
-
-_SINK_GRACE = 2.0  # seconds a cancelled run still gives its sinks for the final events
 
 
 @attrs.define(eq=False)
@@ -108,26 +105,12 @@ class RunStream:
         self.run_log.extend(runs)
         self.run_log.close()
         self.uni_log.close()
-        grace = trio.current_time() + _SINK_GRACE
-        failure: Exception | None = None
-        for sink, given in zip(self.sinks, self._given, strict=True):
-            batch = SinkBatch(self.run_log.since(given.run), self.uni_log.since(given.uni))
-            try:
-                try:
-                    if cancelled:
-                        with trio.CancelScope(shield=True, deadline=grace):
-                            await sink.deliver(batch)
-                    else:
-                        await sink.deliver(batch)
-                    given.took(batch)
-                finally:
-                    with trio.CancelScope(shield=True), trio.move_on_after(_SINK_GRACE):
-                        await sink.close()
-            except Exception as exc:
-                failure = failure or exc
-        self._forget()
-        if failure is not None:
-            raise failure
+        try:
+            await finish_sinks(
+                self.sinks, self.run_log, self.uni_log, self._given, cancelled=cancelled
+            )
+        finally:
+            self._forget()
 
     def step_sink(self, *, hold_text: bool = False) -> StepSink:
         """A sink for one turn of this run; with `hold_text` its answer text is kept back

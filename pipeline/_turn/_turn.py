@@ -43,7 +43,17 @@ from .._core._policy import Outcome, Policy
 from .._core._request import TurnRequest
 from .._core._runevents import RunEvent, RunEventBuilder
 from ._admission import Admission, shared_admission
-from ._graph import AccumulatorActor, Given, Sink, SinkBatch, UniItem, route_for, run_hops
+from ._graph import (
+    SINK_GRACE,
+    AccumulatorActor,
+    Given,
+    Sink,
+    SinkBatch,
+    UniItem,
+    finish_sinks,
+    route_for,
+    run_hops,
+)
 from ._handle import RunHandle
 from ._handler import Handler
 from ._history import PlainLog, RunHistory, UniHistory
@@ -65,7 +75,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-_SINK_GRACE = 2.0  # seconds a cancelled turn still gives its sinks for the final events
 _DEFAULT_POLICY = Policy()  # frozen: one for every turn given none (making one costs µs)
 
 
@@ -302,45 +311,12 @@ async def run_one_turn(
             # a turn its own failure ended gives its sinks the cancelled turn's grace, not a
             # wait however long: the sink that raised may never take another batch
             cut = outcome is Outcome.CANCELLED or failed is not None
-            await _finish_sinks(sinks, run_log, uni_log, given, cancelled=cut)
+            await finish_sinks(sinks, run_log, uni_log, given, cancelled=cut)
         finally:
             if not history:  # every sink has had its all (or its grace): nothing more is owed
                 for log in (uni_log, run_log):
                     log.forget(log.end)
             if http is not None:  # closes the client only if it made it
-                with trio.CancelScope(shield=True), trio.move_on_after(_SINK_GRACE):
+                with trio.CancelScope(shield=True), trio.move_on_after(SINK_GRACE):
                     await http.aclose()
     return result
-
-
-async def _finish_sinks(
-    sinks: Sequence[Sink],
-    run_log: PlainLog[RunEvent],
-    uni_log: PlainLog[UniItem],
-    given: list[Given],
-    *,
-    cancelled: bool,
-) -> None:
-    """What each sink is still owed (the final events, and whatever a cancel cut off), then
-    `close`. A turn that ended on its own waits for its sinks however slow (backpressure:
-    nothing is dropped); a cancelled one gives them a shielded grace period. `close` always
-    runs, shielded, within its own grace period. A sink that raises does not keep the others
-    from their end: its error is raised once every sink has had its turn."""
-    grace = trio.current_time() + _SINK_GRACE
-    failure: Exception | None = None
-    for sink, sink_given in zip(sinks, given, strict=True):
-        batch = SinkBatch(run_log.since(sink_given.run), uni_log.since(sink_given.uni))
-        try:
-            try:
-                if cancelled:
-                    with trio.CancelScope(shield=True, deadline=grace):
-                        await sink.deliver(batch)
-                else:
-                    await sink.deliver(batch)
-            finally:
-                with trio.CancelScope(shield=True), trio.move_on_after(_SINK_GRACE):
-                    await sink.close()
-        except Exception as exc:
-            failure = failure or exc
-    if failure is not None:
-        raise failure
