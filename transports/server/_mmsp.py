@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import msgspec
-import trio
 from rillet._core._encode import SSE_DONE, sse_data
 from rillet._core._errors import (
     FallbackFailed,
@@ -23,20 +21,19 @@ from rillet._core._errors import (
 )
 from rillet._core._events import UniEvent, UniMessage, encode_json
 from rillet._core._markers import AttemptReset
-from rillet._core._policy import Outcome, Policy
+from rillet._core._policy import Outcome
 from rillet._core._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
-from rillet._turn._api import run_turn
-from rillet._turn._turn import SinkBatch, Turn, TurnResult, UniItem
 
-from ._log import log_run_end, log_run_start
-from ._replies import GONE, CloseConnection, ErrorReply, to_json
+from ._replies import ErrorReply, to_json
 from ._shared import Shared
-from ._streamed import HeldHead, end_stream, until_gone
+from ._streamed import HeldHead
+from ._wireturn import run_wire_turn
 
 if TYPE_CHECKING:
+    import trio
     from rillet._core._dialect import Provider
+    from rillet._turn._turn import Turn, TurnResult, UniItem
 
-    from ._capacity import Ticket
     from ._http11 import HttpConnection, Request
 
 __all__ = ["Mmsp", "mmsp_error"]
@@ -80,24 +77,6 @@ def _stream_request(body: _StreamBody) -> TurnRequest:
         temperature=config.temperature,
         thinking_level=config.thinking_level,
     )
-
-
-@attrs.define(eq=False)
-class ChannelSink:
-    """Hands a turn's MMSP items to the connection that streams them (backpressure: a client
-    that reads slowly slows its own turn, nobody else's)."""
-
-    send: trio.MemorySendChannel[list[UniItem]]
-
-    async def deliver(self, batch: SinkBatch) -> None:
-        """Hand the batch's MMSP items on (waiting while the connection is behind)."""
-        if batch.uni:
-            with contextlib.suppress(*GONE):  # the response is over; the turn is cancelled
-                await self.send.send(list(batch.uni))
-
-    async def close(self) -> None:
-        """The turn is over: end the channel."""
-        await self.send.aclose()
 
 
 @attrs.define(eq=False)
@@ -145,55 +124,17 @@ class Mmsp:
             raise ErrorReply(400, "InvalidRequestError", str(exc)) from None
         provider = self.shared.provider(body.model, mmsp=True)
         ticket = self.shared.reserve(request, mmsp=True)
-        try:
-            await self._mmsp_turn(http, turn_request, provider, ticket)
-        finally:
-            self.shared.admission.release(ticket)
-
-    async def _mmsp_turn(
-        self, http: HttpConnection, turn_request: TurnRequest, provider: Provider, ticket: Ticket
-    ) -> None:
-        """Wait for a slot (while the client stays), then stream the turn."""
-        admit = functools.partial(self.shared.admission.admit, ticket)
-        queued = not self.shared.admission.try_admit(ticket)
-        if queued and not await until_gone(http, admit, waiting=True):
-            raise CloseConnection
-        policy = self.shared.config.policy or Policy()
-        send, receive = trio.open_memory_channel[list[UniItem]](policy.channel_size)
-        self.shared.metrics.streams_started += 1
-        self.shared.metrics.serving(provider)
-        completed = False
-        async with trio.open_nursery() as nursery:
-            turn: Turn = await nursery.start(
-                functools.partial(
-                    run_turn,
-                    turn_request,
-                    provider,
-                    sinks=[ChannelSink(send)],
-                    policy=policy,
-                    client=self.shared.client,
-                    admission=self.shared.streams,
-                    history=False,  # the stream is written from the sink's channel
-                )
-            )
-            log_run_start(turn.run_id, provider, "stream")
-            try:
-                pump = functools.partial(self._pump_mmsp, http, turn, receive, provider)
-                completed = await until_gone(http, pump)
-            finally:
-                if not completed:
-                    turn.cancel()
-        result = await turn.result()
-        self.shared.metrics.finished(result)
-        log_run_end(turn.run_id, provider, "stream", result)
-        await end_stream(http, completed, self.shared.limits.close_timeout)
+        pump = functools.partial(self._pump_mmsp, http, provider)
+        await run_wire_turn(
+            self.shared, http, ticket, turn_request, provider, pump, log_as="stream"
+        )
 
     async def _pump_mmsp(
         self,
         http: HttpConnection,
+        provider: Provider,
         turn: Turn,
         receive: trio.MemoryReceiveChannel[list[UniItem]],
-        provider: Provider,
     ) -> None:
         """Stream the turn's UniEvents as MMSP does. The head waits for the first event (or the
         turn's end) up to one heartbeat, so a request refused upstream gets an HTTP error

@@ -1,22 +1,25 @@
-"""What the other protocols' endpoints share (OpenAI's Chat Completions, the AI SDK's UI message
-stream): the provider a model name routes to, and a turn run behind the admission while its
-connection is watched, its items handed to the wire's own pump."""
+"""What the served wires' endpoints share (MMSP's stream, OpenAI's Chat Completions, the AI SDK's
+UI message stream): the provider a model name routes to, and a turn run behind the admission
+while its connection is watched, its items handed through a channel (`ChannelSink`) to the
+wire's own pump."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from typing import TYPE_CHECKING
 
+import attrs
 import trio
 from rillet._core._errors import RilletError
 from rillet._core._policy import Policy
 from rillet._turn._api import run_turn
-from rillet._turn._turn import Turn, UniItem
+from rillet._turn._turn import SinkBatch, Turn, UniItem
 from rillet.providers._registry import provider_from_env
 
-from ._mmsp import ChannelSink
-from ._replies import CloseConnection, ErrorReply
+from ._log import log_run_end, log_run_start
+from ._replies import GONE, CloseConnection, ErrorReply
 from ._streamed import end_stream, until_gone
 
 if TYPE_CHECKING:
@@ -29,9 +32,27 @@ if TYPE_CHECKING:
     from ._http11 import HttpConnection
     from ._shared import Shared
 
-__all__ = ["ModelNotFound", "route_model", "run_wire_turn"]
+__all__ = ["ChannelSink", "ModelNotFound", "route_model", "run_wire_turn"]
 
 logger = logging.getLogger("rillet.transports.server")
+
+
+@attrs.define(eq=False)
+class ChannelSink:
+    """Hands a turn's MMSP items to the connection that streams them (backpressure: a client
+    that reads slowly slows its own turn, nobody else's)."""
+
+    send: trio.MemorySendChannel[list[UniItem]]
+
+    async def deliver(self, batch: SinkBatch) -> None:
+        """Hand the batch's MMSP items on (waiting while the connection is behind)."""
+        if batch.uni:
+            with contextlib.suppress(*GONE):  # the response is over; the turn is cancelled
+                await self.send.send(list(batch.uni))
+
+    async def close(self) -> None:
+        """The turn is over: end the channel."""
+        await self.send.aclose()
 
 
 class ModelNotFound(Exception):
@@ -70,9 +91,13 @@ async def run_wire_turn(
     pump: Callable[[Turn, trio.MemoryReceiveChannel[list[UniItem]]], Awaitable[None]],
     *,
     whole: bool = False,
+    log_as: str | None = None,
 ) -> None:
     """Wait for a slot (while the client stays), run the turn with the server's policy, and let
     `pump` write it; a client that leaves cancels the turn. The ticket is released here.
+
+    `log_as`: the route's name in the run's start and end log lines and the provider metrics
+    (MMSP's `stream`); without it the turn is counted but not logged.
 
     `whole`: the reply is one response sent when the turn ends, so no head goes out before it
     that an SSE comment could follow: a client that closes is probed with a `100 Continue`,
@@ -85,6 +110,8 @@ async def run_wire_turn(
         policy = shared.config.policy or Policy()
         send, receive = trio.open_memory_channel[list[UniItem]](policy.channel_size)
         shared.metrics.streams_started += 1
+        if log_as is not None:
+            shared.metrics.serving(provider)
         completed = False
         async with trio.open_nursery() as nursery:
             turn: Turn = await nursery.start(
@@ -99,13 +126,18 @@ async def run_wire_turn(
                     history=False,
                 )
             )
+            if log_as is not None:
+                log_run_start(turn.run_id, provider, log_as)
             try:
                 body = functools.partial(pump, turn, receive)
                 completed = await until_gone(http, body, waiting=whole)
             finally:
                 if not completed:
                     turn.cancel()
-        shared.metrics.finished(await turn.result())
+        result = await turn.result()
+        shared.metrics.finished(result)
+        if log_as is not None:
+            log_run_end(turn.run_id, provider, log_as, result)
         await end_stream(http, completed, shared.limits.close_timeout)
     finally:
         shared.admission.release(ticket)
