@@ -46,6 +46,7 @@ become the typed error; a bare `finish_reason: "error"` is a `ProviderError`.
 
 from __future__ import annotations
 
+import enum
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -98,12 +99,35 @@ if TYPE_CHECKING:
 __all__ = ["NAME", "ChatStreamDecoder", "decode_completion", "sniff_audio"]
 
 
-# Field codes: which wire field the open group came from (_THINK_PART: a thinking chunk of a
-# `content` list).
-_NONE, _RC, _R, _DETAILS, _CONTENT, _TOOLS, _AUDIO, _THINK_PART = range(8)
+class Field(enum.IntEnum):
+    """Which wire field the open group came from (an int, so comparing costs what an int's
+    does on the hot path)."""
+
+    NONE = 0  # no group is open
+    REASONING_CONTENT = 1  # `reasoning_content` (DeepSeek, vLLM, llama.cpp)
+    REASONING = 2  # `reasoning` (OpenRouter, newer vLLM)
+    DETAILS = 3  # `reasoning_details`
+    CONTENT = 4  # `content` as a string, or a text part of a `content` list
+    TOOLS = 5  # `tool_calls`
+    AUDIO = 6  # `audio`
+    THINK_PART = 7  # a thinking part of a `content` list
+
+
+class End(enum.IntFlag):
+    """What of a reply's end came: its finish reason, its usage, or both (`WHOLE`)."""
+
+    NONE = 0
+    FINISH = 1
+    USAGE = 2
+    WHOLE = 3
+
+
+# module constants: one global load each on the hot path, not a class attribute lookup
+_NONE, _RC, _R, _DETAILS = Field.NONE, Field.REASONING_CONTENT, Field.REASONING, Field.DETAILS
+_CONTENT, _TOOLS, _AUDIO, _THINK_PART = Field.CONTENT, Field.TOOLS, Field.AUDIO, Field.THINK_PART
 _PAUSE = 8  # reads read chunk by chunk after one that was not all more of its field
 # the one-lane fields whose reads may be all more of them (`field_run`): wire name, lane kind
-_FIELD_RUNS: dict[int, tuple[str, LaneKind]] = {
+_FIELD_RUNS: dict[Field, tuple[str, LaneKind]] = {
     _CONTENT: ("content", "text"),
     _RC: ("reasoning_content", "thinking"),
     _R: ("reasoning", "thinking"),
@@ -151,7 +175,7 @@ class ChatStreamDecoder:
         self._refused = False  # a `refusal` came: the model declined
         self._started = False
         self._done = False  # `[DONE]` came: nothing after it is read
-        self._ended = 0  # what of the end came: 1 a finish reason, 2 usage (`close`)
+        self._ended = End.NONE  # what of the end came (`close` reads it)
         self._ids = ToolIds()
         self.failed_at = 0  # the frame `feed_frames` failed on
         self._pause = 0  # reads to go before a read is tried as one run again (`_run`)
@@ -286,7 +310,7 @@ class ChatStreamDecoder:
             self.failed_at = at
             raise
 
-    def _run(self, frames: list[Any], field: int, lane: int) -> PartRun | None:
+    def _run(self, frames: list[Any], field: Field, lane: int) -> PartRun | None:
         """A read whose chunks are all more of the field streaming now (text, reasoning, the
         arguments of the call streaming now) as one run, decoded with shapes that admit
         nothing else; None for any other read."""
@@ -323,14 +347,14 @@ class ChatStreamDecoder:
         """The body's clean end. `[DONE]` is the stream's own end; without it, a reply whose
         finish reason and usage both came is whole too (some servers never send `[DONE]`, so
         asking again would get the same bytes), and what else is cut off is a truncation."""
-        if not self._done and self._ended == 3:
+        if not self._done and self._ended == End.WHOLE:
             self._done = True
             return [MessageStop()]
         return []
 
     # --- groups -----------------------------------------------------------------------------------
 
-    def _switch(self, field: int, out: list[LaneEvent]) -> None:
+    def _switch(self, field: Field, out: list[LaneEvent]) -> None:
         """Another wire field starts: close every lane of the current one."""
         for kind, index in self._open:
             out.append(PartStop(index, kind))
@@ -432,7 +456,7 @@ class ChatStreamDecoder:
                 for text in thinking_texts(part.thinking):
                     self._thinking(_THINK_PART, text, "content", out)
 
-    def _thinking(self, field: int, text: str, wire_name: str, out: list[LaneEvent]) -> None:
+    def _thinking(self, field: Field, text: str, wire_name: str, out: list[LaneEvent]) -> None:
         """A reasoning fragment; a group's first carries the wire field it came in, if one."""
         if self._field != field:
             self._switch(field, out)
@@ -569,9 +593,9 @@ class ChatStreamDecoder:
         else:
             reason = None
         if reason is not None:
-            self._ended |= 1
+            self._ended |= End.FINISH
         if usage is not None:
-            self._ended |= 2
+            self._ended |= End.USAGE
         if reason is not None or usage is not None:
             out.append(
                 MessageDelta(
