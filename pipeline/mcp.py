@@ -17,8 +17,8 @@ except ImportError as exc:  # pragma: no cover - the extra is installed wherever
         "rillet.mcp needs the mcp extra: pip install 'rillet[mcp]'", name=exc.name
     ) from exc
 
+from ._core._errors import RunEventGap as RunEventGap
 from ._mcp._client import RunEventDispatcher as RunEventDispatcher
-from ._mcp._client import RunEventGap as RunEventGap
 from ._mcp._client import RunEvents as RunEvents
 from ._mcp._server import CORRELATION_ID_KEY as CORRELATION_ID_KEY
 from ._mcp._server import LAST_SEQ_KEY as LAST_SEQ_KEY

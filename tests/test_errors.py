@@ -55,10 +55,42 @@ KEY = "sk-ant-api03-TOPSECRET-0123456789abcdefWXYZ"
         (ServerError, ProviderError),
         (InvalidRequestError, ProviderError),
         (AuthenticationError, ProviderError),
+        (errors.UpstreamError, RilletError),
+        (errors.ContextWindowExceeded, RilletError),
+        (errors.HubError, RilletError),
+        (errors.UnknownRun, errors.HubError),
+        (errors.RunExists, errors.HubError),
+        (errors.AppendConflict, errors.HubError),
+        (errors.HubUnavailable, errors.HubError),
+        (errors.CursorInvalid, errors.HubError),
+        (errors.CursorExpired, errors.HubError),
+        (errors.SubscriberDropped, errors.HubError),
+        (errors.RunEventGap, RilletError),
     ],
 )
 def test_the_error_tree(cls: type[BaseException], parent: type[BaseException]) -> None:
     assert issubclass(cls, parent)
+
+
+def test_every_error_of_the_library_is_defined_in_the_errors_module() -> None:
+    """One module holds the tree; only the server's own refusals live with the server."""
+    import rillet.mcp
+    import rillet.redis
+    import rillet.transports.server
+
+    def below(cls: type[BaseException]) -> list[type[BaseException]]:
+        return [c for sub in cls.__subclasses__() for c in (sub, *below(sub))]
+
+    server = {"ServerConfigError", "WorkerFailed"}
+    # (`__module__` names the public module each is exported from: look them up in `_errors`)
+    elsewhere = sorted(
+        cls.__name__
+        for cls in below(RilletError)
+        if cls.__name__ not in server and getattr(errors, cls.__name__, None) is not cls
+    )
+    assert elsewhere == []
+    for name in server:
+        assert issubclass(getattr(rillet.transports.server, name), RilletError)
 
 
 def test_every_listed_error_is_a_rillet_error() -> None:

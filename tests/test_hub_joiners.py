@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
-from rillet._hub._hub import Hub, SubscriberDropped
+from rillet._core._errors import SubscriberDropped
+from rillet._hub._hub import Hub
 from rillet._hub._redis import RedisHub, open_redis_hub
 
 from .test_redis_hub import deltas, done, new_run, read_to_end, redis_server, redis_url  # noqa: F401

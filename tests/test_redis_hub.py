@@ -26,21 +26,19 @@ import coredis
 import httpx
 import pytest
 import trio
-from rillet._core._events import encode_json
-from rillet._core._request import TurnRequest, user
-from rillet._core._runevents import AnswerDelta, RunDone, RunEvent
-from rillet._hub._hub import (
+from rillet._core._errors import (
     AppendConflict,
     CursorExpired,
     CursorInvalid,
-    Entry,
     HubError,
     HubUnavailable,
     RunExists,
     SubscriberDropped,
-    Subscription,
     UnknownRun,
 )
+from rillet._core._events import encode_json
+from rillet._core._request import TurnRequest, user
+from rillet._core._runevents import AnswerDelta, RunDone, RunEvent
 from rillet._hub._redis import RedisHub, RedisHubSink, open_redis_hub
 from rillet._turn._api import run_turn
 from rillet._turn._turn import SinkBatch, TurnResult
@@ -53,6 +51,8 @@ from .test_server_ws import connect, receive_all
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
     from pathlib import Path
+
+    from rillet._hub._hub import Entry, Subscription
 
 # coredis 6.9 leaves the memory streams of a connection attempt that failed unclosed: a
 # ResourceWarning when they are collected, expected wherever Redis is down on purpose here.

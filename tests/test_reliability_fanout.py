@@ -19,10 +19,11 @@ import msgspec
 import pytest
 import trio
 import trio.testing
+from rillet._core._errors import SubscriberDropped
 from rillet._core._markers import AttemptReset
 from rillet._core._policy import Outcome
 from rillet._core._runevents import RunDone, StatusEvent, decode_run_event
-from rillet._hub._hub import Hub, MemoryRunLog, SubscriberDropped
+from rillet._hub._hub import Hub, MemoryRunLog
 from rillet._turn._api import run_turn
 from rillet._turn._ratelimit import RateLimiter
 from rillet.transports.server import Limits

@@ -29,10 +29,10 @@ import msgspec
 import trio
 from rillet.transports.upstream._http import default_client
 
-from .._core._budget import ContextBudget, ContextWindowExceeded
+from .._core._budget import ContextBudget
 from .._core._conversation import Conversation, PendingApproval
 from .._core._dialect import Provider
-from .._core._errors import ToolCallArgumentParseError
+from .._core._errors import ContextWindowExceeded, ToolCallArgumentParseError
 from .._core._events import ToolCallDone, ToolResultDone, UniMessage
 from .._core._request import TurnRequest
 from .._core._runevents import (

@@ -45,7 +45,7 @@ def serve_cli(
     """`rillet serve`: the server's settings from the command line, served until Ctrl-C or
     SIGTERM; the exit code. `provider_of` makes the upstream provider from the arguments."""
     from .._core._dialect import Secret
-    from .._hub._hub import HubUnavailable
+    from .._core._errors import HubUnavailable
 
     if args.workers > 1 and args.redis is None:
         raise CliError(

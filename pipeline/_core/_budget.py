@@ -19,12 +19,12 @@ import attrs
 import msgspec
 
 from ._conversation import exchanges
-from ._errors import RilletError
+from ._errors import ContextWindowExceeded
 
 if TYPE_CHECKING:
     from ._request import TurnRequest
 
-__all__ = ["ContextBudget", "ContextWindowExceeded", "estimate_chars"]
+__all__ = ["ContextBudget", "estimate_chars"]
 
 _encode = msgspec.json.encode
 
@@ -32,18 +32,6 @@ _encode = msgspec.json.encode
 def estimate_chars(text: str) -> int:
     """Tokens in `text`, roughly: one per four characters (a plain, provider-neutral guess)."""
     return math.ceil(len(text) / 4)
-
-
-class ContextWindowExceeded(RilletError):
-    """What must be sent (instructions, the current question and its tool evidence) does not
-    fit the context budget; nothing was sent."""
-
-    code = "context_window_exceeded"
-
-    def __init__(self, required: int, available: int) -> None:
-        super().__init__(f"the prompt needs about {required} tokens, the budget allows {available}")
-        self.required = required
-        self.available = available
 
 
 @attrs.frozen

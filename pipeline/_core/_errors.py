@@ -19,14 +19,29 @@ RilletError
 ├── TransportError             the connection failed: connect, read, reset (remote)
 ├── TurnTimeout                a deadline blew: initial-event, per-event, total, or the rescue's
 ├── FallbackFailed             streaming was hopeless and the rescue failed too (carries both)
-└── ProviderError              an error the provider reported, in the stream or as a status
-    │                              (a quota code such as insufficient_quota: this class itself)
-    ├── RateLimitError             429, rate_limit_error, RESOURCE_EXHAUSTED
-    ├── OverloadedError            529, overloaded_error, UNAVAILABLE
-    ├── ServerError                500/502/504, api_error, server_error, INTERNAL
-    ├── InvalidRequestError        400, invalid_request_error, INVALID_ARGUMENT
-    └── AuthenticationError        401/403, authentication_error, permission_error
+├── ProviderError              an error the provider reported, in the stream or as a status
+│   │                              (a quota code such as insufficient_quota: this class itself)
+│   ├── RateLimitError             429, rate_limit_error, RESOURCE_EXHAUSTED
+│   ├── OverloadedError            529, overloaded_error, UNAVAILABLE
+│   ├── ServerError                500/502/504, api_error, server_error, INTERNAL
+│   ├── InvalidRequestError        400, invalid_request_error, INVALID_ARGUMENT
+│   └── AuthenticationError        401/403, authentication_error, permission_error
+├── UpstreamError              a transport could not carry an exchange (remote; the handler
+│                                  makes it a TransportError for the provider)
+├── ContextWindowExceeded      what must be sent does not fit the context budget (local)
+├── HubError                   the hub refused a subscription or an append
+│   ├── UnknownRun                 no such run, or forgotten after its retention
+│   ├── RunExists                  a run with this id is already open
+│   ├── AppendConflict             a second producer appended to the same run
+│   ├── HubUnavailable             the hub's storage (Redis) cannot be reached
+│   ├── CursorInvalid              a resume cursor that is malformed or names another run
+│   ├── CursorExpired              a resume cursor older than what the log keeps
+│   └── SubscriberDropped          a subscriber fell further behind than its buffer
+└── RunEventGap                an MCP call's run events have a gap that cannot be bridged
 ```
+
+The server's own refusals (`ServerConfigError`, `WorkerFailed`) derive from `RilletError` too
+but live with the server (`rillet.transports.server`), since the core knows nothing of serving.
 
 The names of the stream errors are MMSP's, so a consumer of either library catches the same
 class. No error message ever contains a credential: messages are built from facts the provider
@@ -42,13 +57,19 @@ from typing import Any
 import msgspec
 
 __all__ = [
+    "AppendConflict",
     "AuthenticationError",
     "ConfigurationError",
+    "ContextWindowExceeded",
+    "CursorExpired",
+    "CursorInvalid",
     "EmptyResponseError",
     "FallbackFailed",
     "FrameEncodingError",
     "FrameError",
     "FrameTooLarge",
+    "HubError",
+    "HubUnavailable",
     "IncompleteStreamError",
     "InvalidRequestError",
     "MalformedFrameError",
@@ -57,15 +78,20 @@ __all__ = [
     "ProviderError",
     "RateLimitError",
     "RilletError",
+    "RunEventGap",
+    "RunExists",
     "SSEEncodeError",
     "ServerError",
     "StreamError",
     "StreamProtocolError",
+    "SubscriberDropped",
     "ToolCallArgumentParseError",
     "TransportError",
     "TurnTimeout",
+    "UnknownRun",
     "UnsupportedContentError",
     "UnsupportedOperationError",
+    "UpstreamError",
     "past_context",
     "preview",
 ]
@@ -588,3 +614,129 @@ def causes(error: BaseException) -> list[BaseException]:
 NOT_TLS_REASONS = frozenset({"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "RECORD_LAYER_FAILURE"})
 """The TLS layer's reasons for an answer to the handshake that is not TLS at all (a plain-HTTP
 server on an `https://` URL)."""
+
+
+# --- the transport's own failures -------------------------------------------------------------
+
+
+class UpstreamError(RilletError):
+    """The transport could not carry the exchange: a connection refused, reset or cut off, a
+    protocol the peer broke, before any reply was read (as httpx's `TransportError` is an
+    `HTTPError`). Transport-shaped: the handler retries it, as the `TransportError` it makes
+    of it for the provider.
+
+    Attributes:
+        kind: what failed, short and safe to log (`ConnectError`, `ReadError`...).
+    """
+
+    def __init__(self, kind: str, detail: str = "") -> None:
+        self.kind = kind
+        super().__init__(f"{kind}: {detail}" if detail else kind)
+
+
+# --- what a local rule refused ----------------------------------------------------------------
+
+
+class ContextWindowExceeded(RilletError):
+    """What must be sent (instructions, the current question and its tool evidence) does not
+    fit the context budget; nothing was sent."""
+
+    code = "context_window_exceeded"
+
+    def __init__(self, required: int, available: int) -> None:
+        super().__init__(f"the prompt needs about {required} tokens, the budget allows {available}")
+        self.required = required
+        self.available = available
+
+
+# --- the hub's refusals -----------------------------------------------------------------------
+
+
+class HubError(RilletError):
+    """A subscription or append the hub refused."""
+
+
+class UnknownRun(HubError):
+    """No such run (never existed, or forgotten after its retention)."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__("unknown run")
+
+
+class RunExists(HubError):
+    """A run with this id is already open."""
+
+
+class AppendConflict(HubError):
+    """The log already holds these seqs: another producer is appending to the same run.
+
+    Attributes:
+        run_id: the run.
+        seq: the first seq refused.
+    """
+
+    def __init__(self, run_id: str, seq: int) -> None:
+        self.run_id = run_id
+        self.seq = seq
+        super().__init__(f"run {run_id} already has seq {seq}: a second producer for this run")
+
+
+class HubUnavailable(HubError):
+    """The hub's storage cannot be reached (a Redis outage): nothing was appended or read."""
+
+
+class CursorInvalid(HubError):
+    """A resume cursor that is malformed, names another run, or lies past the last event."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"invalid cursor: {reason}")
+
+
+class CursorExpired(HubError):
+    """A resume cursor older than what the log still keeps: resuming would leave a gap.
+
+    Attributes:
+        first_kept: the oldest seq still kept.
+    """
+
+    def __init__(self, first_kept: int) -> None:
+        self.first_kept = first_kept
+        super().__init__(f"cursor expired: the log keeps events from seq {first_kept}")
+
+
+class SubscriberDropped(HubError):
+    """The subscriber fell further behind than its buffer; resume from `last_seq`.
+
+    Attributes:
+        reason: a short code (`fell_behind`).
+        last_seq: the last seq it was given.
+    """
+
+    def __init__(self, reason: str, last_seq: int) -> None:
+        self.reason = reason
+        self.last_seq = last_seq
+        super().__init__(f"subscriber dropped ({reason}); resume after seq {last_seq}")
+
+
+# --- MCP --------------------------------------------------------------------------------------
+
+
+class RunEventGap(RilletError):
+    """A call's run events have a gap the dispatcher cannot bridge.
+
+    Attributes:
+        correlation_id: the call's id.
+        missing: the first `seq` that never came.
+        waiting: how many later events were waiting for it.
+    """
+
+    def __init__(self, correlation_id: str, missing: int, waiting: int) -> None:
+        self.correlation_id = correlation_id
+        self.missing = missing
+        self.waiting = waiting
+        super().__init__(
+            f"run events of {correlation_id}: seq {missing} never came "
+            f"({waiting} later events waiting)"
+        )

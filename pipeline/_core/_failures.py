@@ -31,13 +31,19 @@ from typing import TYPE_CHECKING
 from ._errors import (
     NOT_TLS_REASONS,
     UNCURABLE_CODES,
+    AppendConflict,
     AuthenticationError,
     ConfigurationError,
+    ContextWindowExceeded,
+    CursorExpired,
+    CursorInvalid,
     EmptyResponseError,
     FallbackFailed,
     FrameEncodingError,
     FrameError,
     FrameTooLarge,
+    HubError,
+    HubUnavailable,
     IncompleteStreamError,
     InvalidRequestError,
     MalformedFrameError,
@@ -46,15 +52,20 @@ from ._errors import (
     ProviderError,
     RateLimitError,
     RilletError,
+    RunEventGap,
+    RunExists,
     ServerError,
     SSEEncodeError,
     StreamError,
     StreamProtocolError,
+    SubscriberDropped,
     ToolCallArgumentParseError,
     TransportError,
     TurnTimeout,
+    UnknownRun,
     UnsupportedContentError,
     UnsupportedOperationError,
+    UpstreamError,
     causes,
 )
 from ._policy import Shape
@@ -102,6 +113,17 @@ ERROR_SHAPES: Mapping[type[RilletError], Shape] = {
     ServerError: T,  # in-stream server errors (F17)
     InvalidRequestError: P,  # in-stream invalid request (F17)
     AuthenticationError: P,
+    UpstreamError: T,  # the transport's own failure; the handler makes it a TransportError
+    ContextWindowExceeded: P,  # nothing was sent: the same prompt would not fit again
+    HubError: P,  # the hub's refusals are no attempt's
+    UnknownRun: P,
+    RunExists: P,
+    AppendConflict: P,
+    HubUnavailable: P,
+    CursorInvalid: P,
+    CursorExpired: P,
+    SubscriberDropped: P,
+    RunEventGap: P,
 }
 """The shape of each error class (its own, before any cause)."""
 

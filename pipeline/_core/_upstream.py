@@ -22,25 +22,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from ._errors import UpstreamError
+
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Mapping
 
     from ._dialect import HttpRequest
 
-__all__ = ["Exchange", "Upstream", "UpstreamError", "upstream_error"]
-
-
-class UpstreamError(Exception):
-    """The transport could not carry the exchange: a connection refused, reset or cut off, a
-    protocol the peer broke. Transport-shaped: the handler retries it.
-
-    Attributes:
-        kind: what failed, short and safe to log (`ConnectError`, `ReadError`...).
-    """
-
-    def __init__(self, kind: str, detail: str = "") -> None:
-        self.kind = kind
-        super().__init__(f"{kind}: {detail}" if detail else kind)
+__all__ = ["Exchange", "Upstream", "upstream_error"]
 
 
 class Exchange(Protocol):

@@ -43,7 +43,14 @@ from typing import TYPE_CHECKING, Protocol
 import attrs
 import trio
 
-from .._core._errors import RilletError
+from .._core._errors import (
+    CursorExpired,
+    CursorInvalid,
+    HubError,
+    RunExists,
+    SubscriberDropped,
+    UnknownRun,
+)
 from .._core._events import encode_json
 from .._core._runevents import Entry, RunDone, RunEvent
 
@@ -53,92 +60,16 @@ if TYPE_CHECKING:
     from .._turn._graph import Sink, SinkBatch
 
 __all__ = [
-    "AppendConflict",
-    "CursorExpired",
-    "CursorInvalid",
     "Entry",
     "Hub",
-    "HubError",
     "HubSink",
-    "HubUnavailable",
     "MemoryRunLog",
-    "RunExists",
     "RunHub",
     "RunLog",
     "RunState",
-    "SubscriberDropped",
     "Subscription",
-    "UnknownRun",
     "parse_cursor",
 ]
-
-
-class HubError(RilletError):
-    """A subscription or append the hub refused."""
-
-
-class UnknownRun(HubError):
-    """No such run (never existed, or forgotten after its retention)."""
-
-    def __init__(self, run_id: str) -> None:
-        self.run_id = run_id
-        super().__init__("unknown run")
-
-
-class RunExists(HubError):
-    """A run with this id is already open."""
-
-
-class AppendConflict(HubError):
-    """The log already holds these seqs: another producer is appending to the same run.
-
-    Attributes:
-        run_id: the run.
-        seq: the first seq refused.
-    """
-
-    def __init__(self, run_id: str, seq: int) -> None:
-        self.run_id = run_id
-        self.seq = seq
-        super().__init__(f"run {run_id} already has seq {seq}: a second producer for this run")
-
-
-class HubUnavailable(HubError):
-    """The hub's storage cannot be reached (a Redis outage): nothing was appended or read."""
-
-
-class CursorInvalid(HubError):
-    """A resume cursor that is malformed, names another run, or lies past the last event."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-        super().__init__(f"invalid cursor: {reason}")
-
-
-class CursorExpired(HubError):
-    """A resume cursor older than what the log still keeps: resuming would leave a gap.
-
-    Attributes:
-        first_kept: the oldest seq still kept.
-    """
-
-    def __init__(self, first_kept: int) -> None:
-        self.first_kept = first_kept
-        super().__init__(f"cursor expired: the log keeps events from seq {first_kept}")
-
-
-class SubscriberDropped(HubError):
-    """The subscriber fell further behind than its buffer; resume from `last_seq`.
-
-    Attributes:
-        reason: a short code (`fell_behind`).
-        last_seq: the last seq it was given.
-    """
-
-    def __init__(self, reason: str, last_seq: int) -> None:
-        self.reason = reason
-        self.last_seq = last_seq
-        super().__init__(f"subscriber dropped ({reason}); resume after seq {last_seq}")
 
 
 def parse_cursor(run_id: str, raw: str | None) -> int:

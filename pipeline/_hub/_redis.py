@@ -42,22 +42,20 @@ import trio
 from coredis.exceptions import RedisError, ResponseError
 from coredis.retry import NoRetryPolicy
 
-from .._core._events import encode_json
-from .._core._runevents import RunDone
-from . import _redis_layout as layout
-from ._hub import (
+from .._core._errors import (
     AppendConflict,
     CursorExpired,
     CursorInvalid,
-    Entry,
     HubError,
     HubUnavailable,
     RunExists,
-    RunState,
     SubscriberDropped,
-    Subscription,
     UnknownRun,
 )
+from .._core._events import encode_json
+from .._core._runevents import RunDone
+from . import _redis_layout as layout
+from ._hub import Entry, RunState, Subscription
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence

@@ -22,7 +22,7 @@ import attrs
 import msgspec
 from mcp_types import CallToolResult, ProgressNotification
 
-from .._core._errors import RilletError
+from .._core._errors import RilletError, RunEventGap
 from .._core._runevents import RunDone, RunEvent, decode_run_event
 from ._server import CORRELATION_ID_KEY, LAST_SEQ_KEY, RUN_EVENT_KEY, RUN_EVENTS_KEY
 
@@ -32,26 +32,7 @@ if TYPE_CHECKING:
     from mcp import Client
     from mcp_types import RequestParamsMeta
 
-__all__ = ["RunEventDispatcher", "RunEventGap", "RunEvents"]
-
-
-class RunEventGap(RilletError):
-    """A call's run events have a gap the dispatcher cannot bridge.
-
-    Attributes:
-        correlation_id: the call's id.
-        missing: the first `seq` that never came.
-        waiting: how many later events were waiting for it.
-    """
-
-    def __init__(self, correlation_id: str, missing: int, waiting: int) -> None:
-        self.correlation_id = correlation_id
-        self.missing = missing
-        self.waiting = waiting
-        super().__init__(
-            f"run events of {correlation_id}: seq {missing} never came "
-            f"({waiting} later events waiting)"
-        )
+__all__ = ["RunEventDispatcher", "RunEvents"]
 
 
 @attrs.define(eq=False)

@@ -46,7 +46,7 @@ import attrs
 import trio
 
 from .._core._dialect import Provider
-from .._core._errors import OverloadedError, ProviderError, RilletError, TurnTimeout
+from .._core._errors import OverloadedError, ProviderError, RilletError, TurnTimeout, UpstreamError
 from .._core._failures import error_shape, retry_reason
 from .._core._markers import (
     AttemptOpen,
@@ -61,7 +61,7 @@ from .._core._markers import (
 from .._core._policy import Outcome, Policy, Shape, backoff_delay
 from .._core._reads import Replay, read_reply
 from .._core._request import TurnRequest
-from .._core._upstream import Exchange, Upstream, UpstreamError, upstream_error
+from .._core._upstream import Exchange, Upstream, upstream_error
 from .._core._wire import HEAD_BYTES, WireDecoder
 from ._hedge import open_hedged
 from ._ratelimit import RateLimiter

@@ -23,8 +23,8 @@ import attrs
 import trio
 
 from .._core._dialect import HttpRequest
-from .._core._errors import RilletError
-from .._core._upstream import Exchange, Upstream, UpstreamError, upstream_error
+from .._core._errors import RilletError, UpstreamError
+from .._core._upstream import Exchange, Upstream, upstream_error
 from .._core._wire import WireDecoder
 
 __all__ = ["Opened", "open_hedged"]

@@ -27,7 +27,8 @@ from ..providers._error_body import provider_error
 
 if TYPE_CHECKING:
     from .._core._dialect import Provider
-    from .._core._upstream import Exchange, UpstreamError
+    from .._core._errors import UpstreamError
+    from .._core._upstream import Exchange
 
 __all__ = [
     "Failure",

@@ -20,7 +20,8 @@ import msgspec
 import trio
 import trio_websocket
 from rillet._core._encode import SSE_HEARTBEAT, SSE_RETRY, sse_run_events, ws_text_frames
-from rillet._hub._hub import CursorExpired, Entry, SubscriberDropped, Subscription
+from rillet._core._errors import CursorExpired, SubscriberDropped
+from rillet._hub._hub import Entry, Subscription
 
 from ._capacity import subscriber
 from ._http11 import ConnectionStream

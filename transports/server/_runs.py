@@ -25,6 +25,7 @@ import msgspec
 import trio
 from rillet._agent._demo_tools import toolset
 from rillet._agent._loop import Agent, run_agent
+from rillet._core._errors import CursorExpired, CursorInvalid, HubError, HubUnavailable, UnknownRun
 from rillet._core._events import UniMessage
 from rillet._core._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest, user
 from rillet._core._runevents import (
@@ -34,15 +35,7 @@ from rillet._core._runevents import (
     RunEvent,
     StatusEvent,
 )
-from rillet._hub._hub import (
-    CursorExpired,
-    CursorInvalid,
-    HubError,
-    HubUnavailable,
-    Subscription,
-    UnknownRun,
-    parse_cursor,
-)
+from rillet._hub._hub import Subscription, parse_cursor
 from rillet._turn._api import run_turn
 from rillet._turn._turn import Sink, SinkBatch, Turn, TurnResult
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import attrs
 import httpx
 import trio
-from rillet._core._upstream import UpstreamError
+from rillet._core._errors import UpstreamError
 
 from ._pool_path import PoolPath
 

@@ -23,7 +23,8 @@ from urllib.parse import urlsplit
 import attrs
 import trio
 import trio_websocket
-from rillet._core._upstream import Upstream, UpstreamError
+from rillet._core._errors import UpstreamError
+from rillet._core._upstream import Upstream
 
 from ._http import tls_context
 from ._memory import MemoryExchange
