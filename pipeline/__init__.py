@@ -9,6 +9,7 @@ server, replay and the loopback test provider in `rillet.transports`; the Redis 
 `rillet.redis`.
 """
 
+import typing as _typing
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
@@ -35,7 +36,6 @@ from ._core._errors import ContextWindowExceeded as ContextWindowExceeded
 from ._core._errors import CursorExpired as CursorExpired
 from ._core._errors import CursorInvalid as CursorInvalid
 from ._core._errors import EmptyResponseError as EmptyResponseError
-from ._core._errors import FallbackFailed as FallbackFailed
 from ._core._errors import FrameEncodingError as FrameEncodingError
 from ._core._errors import FrameError as FrameError
 from ._core._errors import FrameTooLarge as FrameTooLarge
@@ -48,6 +48,7 @@ from ._core._errors import NoHistoryError as NoHistoryError
 from ._core._errors import OverloadedError as OverloadedError
 from ._core._errors import ProviderError as ProviderError
 from ._core._errors import RateLimitError as RateLimitError
+from ._core._errors import RescueFailed as RescueFailed
 from ._core._errors import RilletError as RilletError
 from ._core._errors import RunExists as RunExists
 from ._core._errors import ServerError as ServerError
@@ -199,7 +200,6 @@ __all__ = [
     "Entry",
     "EventItem",
     "Exchange",
-    "FallbackFailed",
     "FinishReason",
     "FrameEncodingError",
     "FrameError",
@@ -239,6 +239,7 @@ __all__ = [
     "RateLimiter",
     "RawUsage",
     "ReasoningDelta",
+    "RescueFailed",
     "RilletError",
     "RunDone",
     "RunEvent",
@@ -310,3 +311,17 @@ __all__ = [
 ]
 
 _fixup_module_metadata(__name__, globals())
+
+if _typing.TYPE_CHECKING:  # the old name as type checkers see it: no catch-all `__getattr__`
+    FallbackFailed = RescueFailed
+else:
+
+    def __getattr__(name: str) -> type[RescueFailed]:
+        """`FallbackFailed`, `RescueFailed`'s old name, for one release: the same class (so
+        `except FallbackFailed` still catches it), with a warning the first time."""
+        if name == "FallbackFailed":
+            from ._core._deprecated import renamed
+
+            renamed("rillet.FallbackFailed", "rillet.RescueFailed")
+            return RescueFailed
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

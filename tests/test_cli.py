@@ -170,7 +170,7 @@ async def test_a_refused_connection_names_host_cause_and_attempts() -> None:
 
     url = refused_url()
     host = url.split("//", 1)[1].rstrip("/")
-    done = await _run_cli(["run", "hi", "--retries", "1", "--no-fallback"], url)
+    done = await _run_cli(["run", "hi", "--retries", "1", "--no-rescue"], url)
     assert done.returncode == 1
     last = done.stderr.decode().strip().splitlines()[-1]
     assert last.startswith(f"rillet: cannot connect to {host}: connection refused (2 attempts)")
@@ -182,7 +182,7 @@ async def test_an_https_url_to_a_plain_http_server_says_the_handshake_failed() -
     async with open_loopback_provider(script) as provider:
         url = provider.url.replace("http://", "https://")
         host = url.split("//", 1)[1].rstrip("/")
-        done = await _run_cli(["run", "hi", "--retries", "0", "--no-fallback"], url)
+        done = await _run_cli(["run", "hi", "--retries", "0", "--no-rescue"], url)
     assert done.returncode == 1
     assert done.stderr.decode().strip().splitlines() == [
         f"rillet: cannot connect to {host}: the TLS handshake failed: the server does not speak"
@@ -208,7 +208,7 @@ async def test_a_500_names_the_status_the_attempts_and_the_message() -> None:
     boom = b'{"error": {"message": "upstream failed", "type": "server_error"}}'
     script = [Reply(status=500, chunks=(boom,), content_type="application/json")] * 2
     async with open_loopback_provider(script) as provider:
-        done = await _run_cli(["run", "hi", "--retries", "1", "--no-fallback"], provider.url)
+        done = await _run_cli(["run", "hi", "--retries", "1", "--no-rescue"], provider.url)
     assert done.returncode == 1
     last = done.stderr.decode().strip().splitlines()[-1]
     assert last == "rillet: provider error 500 after 2 attempts: upstream failed"
@@ -218,7 +218,7 @@ async def test_a_500_names_the_status_the_attempts_and_the_message() -> None:
 async def test_debug_anywhere_on_the_line_adds_the_traceback(where: str) -> None:
     from rillet.transports.testing import refused_url
 
-    args = ["run", "hi", "--retries", "0", "--no-fallback"]
+    args = ["run", "hi", "--retries", "0", "--no-rescue"]
     args = ["--debug", *args] if where == "before" else [*args, "--debug"]
     done = await _run_cli(args, refused_url())
     assert done.returncode == 1

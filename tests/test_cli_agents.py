@@ -208,7 +208,7 @@ async def test_on_a_terminal_the_approval_is_a_y_n_question(answer: bytes, ran: 
 async def test_fallback_answers_when_the_first_provider_is_down() -> None:
     script = [Reply(chunks=(openai_text_stream(ANSWER),))]
     async with open_loopback_provider(script) as provider:
-        cmd = [sys.executable, "-m", "rillet", "run", "hi", "--retries", "0", "--no-fallback"]
+        cmd = [sys.executable, "-m", "rillet", "run", "hi", "--retries", "0", "--no-rescue"]
         cmd += ["--provider", f"{refused_url()}/v1", "--model", "m"]
         cmd += ["--fallback", f"{provider.url}/v1:backup-model", "--output", "jsonl"]
         done = await trio.run_process(
@@ -226,7 +226,7 @@ async def test_fallback_chains_an_agent_run_too() -> None:
     script = tool_then_answer("get_weather", {"city": "Paris"})
     async with open_loopback_provider(script) as provider:
         cmd = [sys.executable, "-m", "rillet", "run", "hi", "--retries", "0", "--tools", "demo"]
-        cmd += ["--provider", f"{refused_url()}/v1", "--model", "m", "--no-fallback"]
+        cmd += ["--provider", f"{refused_url()}/v1", "--model", "m", "--no-rescue"]
         cmd += ["--fallback", f"{provider.url}/v1:backup-model"]
         done = await trio.run_process(
             cmd, stdin=b"", capture_stdout=True, capture_stderr=True, check=False, env=_env()

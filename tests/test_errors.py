@@ -239,7 +239,7 @@ def test_turn_errors_carry_their_facts() -> None:
     assert (timeout.provider, timeout.deadline, timeout.seconds) == ("gemini", "per-event", 2.5)
     assert "per-event" in str(timeout)
     stream_error, rescue_error = OverloadedError("x"), ServerError("x")
-    failed = errors.FallbackFailed("failed", stream_error, rescue_error)
+    failed = errors.RescueFailed("failed", stream_error, rescue_error)
     assert failed.stream_error is stream_error
     assert failed.rescue_error is rescue_error
     assert failed.stream_outcome == "failed"

@@ -14,11 +14,11 @@ import trio
 from rillet import (
     AuthenticationError,
     EmptyResponseError,
-    FallbackFailed,
     IncompleteStreamError,
     InvalidRequestError,
     Outcome,
     RateLimitError,
+    RescueFailed,
     ServerError,
     StreamProtocolError,
     ToolCallArgumentParseError,
@@ -94,7 +94,7 @@ def test_a_certificate_that_does_not_verify_says_why() -> None:
 
 
 def test_the_same_failure_in_stream_and_rescue_is_said_once() -> None:
-    error = FallbackFailed(Outcome.INIT_FAILED, _refused(), _refused())
+    error = RescueFailed(Outcome.INIT_FAILED, _refused(), _refused())
     line = explain(error, PROVIDER, attempts=5)
     assert line.count("cannot connect") == 1
     assert "(5 attempts)" in line
@@ -102,7 +102,7 @@ def test_the_same_failure_in_stream_and_rescue_is_said_once() -> None:
 
 def test_a_different_rescue_failure_is_said_after_the_streams() -> None:
     rescue = ServerError("openai-chat", "down for maintenance", status=503)
-    line = explain(FallbackFailed(Outcome.INIT_FAILED, _refused(), rescue), PROVIDER, attempts=5)
+    line = explain(RescueFailed(Outcome.INIT_FAILED, _refused(), rescue), PROVIDER, attempts=5)
     first, second = line.split("; the non-streaming retry failed too: ")
     assert first.startswith("cannot connect to")
     assert second == "provider error 503: down for maintenance"

@@ -38,7 +38,7 @@ from .agent_support import (
 from .test_agent import _calls, get_weather
 
 clock = pytest.fixture(name="loop_clock")(loop_clock)
-QUICK = Policy(rate_limit_retries=0, transport_retries=0, fallback=False)
+QUICK = Policy(rate_limit_retries=0, transport_retries=0, rescue=False)
 
 
 async def test_the_breaker_opens_cools_down_and_closes_in_virtual_time(

@@ -286,7 +286,7 @@ async def test_the_providers_own_finish_reason_reaches_the_result(
     assert (streamed[3], streamed[-1]) == ("The qu", "content_filter")
     whole = MemoryReply([openai_text_body("Half", finish_reason="content_filter")])
     rescued = await events_of(graph, [MemoryReply(split(CUT, 5), headers=SSE)] * 4 + [whole])
-    assert rescued[2] is Outcome.FALLBACK_TO_NON_STREAMING
+    assert rescued[2] is Outcome.RESCUED
     assert (rescued[3], rescued[-1]) == ("Half", "content_filter")
     plain = await events_of(graph, [MemoryReply(split(OK, 7), headers=SSE)])
     assert plain[-1] == "stop"

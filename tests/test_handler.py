@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import pytest
 import trio
 from rillet import (
-    FallbackFailed,
+    RescueFailed,
     TurnTimeout,
 )
 from rillet._core._policy import Outcome
@@ -101,7 +101,7 @@ async def test_f03_silence_times_out_twice_then_the_rescue_answers(
     check(
         run,
         at=[0.0, 120.1, 240.1],
-        outcome=Outcome.FALLBACK_TO_NON_STREAMING,
+        outcome=Outcome.RESCUED,
         saw=expect("start", "D", "usage", "done", END_OK),
         text=RESCUE_TEXT,
         ended=240.1,
@@ -126,7 +126,7 @@ async def test_f03_rescue_hangs_event_timeout_at_the_total_deadline(
         ended=300.0,
     )
     error = run.result.error
-    assert isinstance(error, FallbackFailed)
+    assert isinstance(error, RescueFailed)
     assert isinstance(error.stream_error, TurnTimeout)
     assert error.stream_error.deadline == "initial-event"
     assert isinstance(error.rescue_error, TurnTimeout)
@@ -136,7 +136,7 @@ async def test_f03_rescue_hangs_event_timeout_at_the_total_deadline(
 async def test_f03_without_rescue_event_timeout_at_the_second_cut(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    run = await play([SILENT], rescue=rescue_ok(), pol=policy(fallback=False))
+    run = await play([SILENT], rescue=rescue_ok(), pol=policy(rescue=False))
     check(
         run,
         at=[0.0, 120.1],
@@ -188,7 +188,7 @@ async def test_f05_comments_are_no_events(autojump_clock: trio.testing.MockClock
     check(
         run,
         at=[0.0, 120.1, 240.1],
-        outcome=Outcome.FALLBACK_TO_NON_STREAMING,
+        outcome=Outcome.RESCUED,
         saw=expect("start", "D", "usage", "done", END_OK),
         text=RESCUE_TEXT,
     )
@@ -222,7 +222,7 @@ async def test_f06_total_deadline_then_the_rescue_answers(
     check(
         run,
         at=[0.0, 300.0],
-        outcome=Outcome.FALLBACK_TO_NON_STREAMING,
+        outcome=Outcome.RESCUED,
         saw=expect("start", "D*5", "reset", "D", "usage", "done", END_OK),
         text=RESCUE_TEXT,
         ended=310.0,
@@ -249,7 +249,7 @@ async def test_f06_rescue_hangs_total_timeout_at_its_own_deadline(
 async def test_f06_without_rescue_total_timeout_keeps_the_partial_text(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    run = await play([slow_drip()], pol=policy(fallback=False))
+    run = await play([slow_drip()], pol=policy(rescue=False))
     check(
         run,
         at=[0.0],
@@ -282,7 +282,7 @@ async def test_f07_always_truncated_spends_the_budget_then_rescues(
     check(
         run,
         at=[0.0, 0.1, 0.3, 0.7, 0.7],
-        outcome=Outcome.FALLBACK_TO_NON_STREAMING,
+        outcome=Outcome.RESCUED,
         saw=expect("start", *["D*3", "reset"] * 4, "D", "usage", "done", END_OK),
         text=RESCUE_TEXT,
         ended=0.7,
@@ -299,7 +299,7 @@ async def test_f07_backoff_jitter_stays_within_90_to_100_percent(
     nominal = [0.1, 0.2, 0.4]
     assert delays == pytest.approx([d * (1 - 0.1 * u) for d in nominal], abs=1e-9)
     assert all(0.9 * d <= got <= d for got, d in zip(delays, nominal, strict=True))
-    assert run.result.outcome is Outcome.FALLBACK_TO_NON_STREAMING
+    assert run.result.outcome is Outcome.RESCUED
 
 
 async def test_f08_eof_before_any_event_is_retried_without_reset(

@@ -10,10 +10,10 @@ import msgspec
 import pytest
 import trio
 from rillet import (
-    FallbackFailed,
     FrameError,
     FrameTooLarge,
     MalformedFrameError,
+    RescueFailed,
 )
 from rillet._core._events import UniEvent
 from rillet._core._policy import Outcome
@@ -68,7 +68,7 @@ async def test_f21_html_to_a_streaming_request_is_a_frame_error_then_rescued(
     check(
         run,
         at=[0.0, 0.1, 0.3, 0.7, 0.7],
-        outcome=Outcome.FALLBACK_TO_NON_STREAMING,
+        outcome=Outcome.RESCUED,
         saw=expect("start", "D", "usage", "done", END_OK),
         text=RESCUE_TEXT,
     )
@@ -89,7 +89,7 @@ async def test_f21_html_then_ok_completes(autojump_clock: trio.testing.MockClock
 async def test_f21_html_always_without_rescue_is_init_failed_with_a_frame_error(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    run = await play([HTML], pol=policy(fallback=False))
+    run = await play([HTML], pol=policy(rescue=False))
     check(
         run,
         at=[0.0, 0.1, 0.3, 0.7],
@@ -124,7 +124,7 @@ async def test_f22_a_frame_of_the_wrong_shape_is_never_skipped_nor_streamed_agai
     check(
         run,
         at=[0.0, 0.0],  # the rescue, at once: a second streamed request would get it again
-        outcome=Outcome.FALLBACK_TO_NON_STREAMING,
+        outcome=Outcome.RESCUED,
         saw=expect("start", "D", "reset", "D", "usage", "done", END_OK),
         text=RESCUE_TEXT,
     )
@@ -143,7 +143,7 @@ async def test_f22_the_frame_error_names_the_provider_and_the_frame(
     autojump_clock: trio.testing.MockClock, bad: bytes, at: list[float], saw: list[str]
 ) -> None:
     broken = Answer(body=[ROLE, OK[1], bad + OK[2], *OK[3:]])
-    run = await play([broken], pol=policy(fallback=False))
+    run = await play([broken], pol=policy(rescue=False))
     check(run, at=at, outcome=Outcome.FAILED, saw=saw, text=FRAGMENTS[0])
     error = run.result.error
     assert isinstance(error, MalformedFrameError)
@@ -285,7 +285,7 @@ async def test_f26_an_oversized_line_is_permanent_and_the_rest_is_unread(
 async def test_f26_the_frame_error_is_bounded_and_typed(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    run = await play([oversized_sse()], pol=policy(fallback=False, max_frame=CAP))
+    run = await play([oversized_sse()], pol=policy(rescue=False, max_frame=CAP))
     assert run.result.outcome is Outcome.FAILED
     error = run.result.error
     assert isinstance(error, FrameTooLarge)
@@ -332,7 +332,7 @@ async def test_f26_the_rescue_body_has_its_own_cap(
         text="",
     )
     error = run.result.error
-    assert isinstance(error, FallbackFailed)
+    assert isinstance(error, RescueFailed)
     assert isinstance(error.rescue_error, FrameTooLarge)
     assert error.rescue_error.provider == "openai-chat"
 

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 import pytest
 import trio
 from rillet import (
-    FallbackFailed,
     IncompleteStreamError,
     MalformedFrameError,
+    RescueFailed,
     TurnTimeout,
 )
 from rillet._core._markers import AttemptReset
@@ -84,7 +84,7 @@ async def test_f39_a_fourth_transport_failure_goes_to_the_rescue(
     check(
         run,
         at=[0.0, 0.1, 1.1, 1.3, 2.3, 2.7, 2.7],
-        outcome=Outcome.FALLBACK_TO_NON_STREAMING,
+        outcome=Outcome.RESCUED,
         saw=expect("start", "D", "usage", "done", END_OK),
         text=RESCUE_TEXT,
     )
@@ -136,7 +136,7 @@ async def test_f41_ten_consecutive_timeouts_end_streaming(
         check(
             run,
             at=[*F41_TIMES, 1292.7],
-            outcome=Outcome.FALLBACK_TO_NON_STREAMING,
+            outcome=Outcome.RESCUED,
             saw=expect("start", "D", "reset", "D", "usage", "done", END_OK),
             text=RESCUE_TEXT,
             ended=1292.7,
@@ -164,7 +164,7 @@ async def test_f42_the_total_deadline_cuts_a_backoff_short(
     check(
         run,
         at=[0.0, 180.1, 300.0],
-        outcome=Outcome.FALLBACK_TO_NON_STREAMING,
+        outcome=Outcome.RESCUED,
         saw=expect("start", "D", "reset", "D", "reset", "D", "usage", "done", END_OK),
         text=RESCUE_TEXT,
         ended=300.0,
@@ -186,7 +186,7 @@ async def test_f42_rescue_hangs_total_timeout_at_420(
         ended=420.0,
     )
     error = run.result.error
-    assert isinstance(error, FallbackFailed)
+    assert isinstance(error, RescueFailed)
     assert isinstance(error.stream_error, TurnTimeout)
     assert error.stream_error.deadline == "total"
 
@@ -194,7 +194,7 @@ async def test_f42_rescue_hangs_total_timeout_at_420(
 async def test_f42_without_rescue_total_timeout_at_300(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    run = await play(f42_answers(), pol=policy(fallback=False))
+    run = await play(f42_answers(), pol=policy(rescue=False))
     check(
         run,
         at=[0.0, 180.1],
@@ -250,7 +250,7 @@ async def test_d4_the_initial_event_deadline_starts_after_the_limiter_wait(
 ) -> None:
     run = await play(
         [SILENT],
-        pol=policy(requests_per_minute=6, fallback=False),
+        pol=policy(requests_per_minute=6, rescue=False),
         limiter=await drained(6),
     )
     # sent at 10.0 (after the wait), cut at 130.0; the bucket has refilled by the retry
@@ -300,7 +300,7 @@ async def test_a_slow_consumer_is_backpressure_not_a_stall(
 
 async def test_d1_a_stall_spends_a_transport_retry(autojump_clock: trio.testing.MockClock) -> None:
     run = await play(
-        [partial(1, HANG)], rescue=rescue_ok(), pol=policy(total_timeout=3600.0, fallback=False)
+        [partial(1, HANG)], rescue=rescue_ok(), pol=policy(total_timeout=3600.0, rescue=False)
     )
     # every attempt brings a delta, so the timeout limit is 10: the 3 retries run out first
     check(
@@ -316,7 +316,7 @@ async def test_d1_a_stall_spends_a_transport_retry(autojump_clock: trio.testing.
 async def test_d2_a_spent_budget_without_rescue_fails_with_the_last_partial_text(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    run = await play([partial(3)], pol=policy(fallback=False))
+    run = await play([partial(3)], pol=policy(rescue=False))
     check(
         run,
         at=[0.0, 0.1, 0.3, 0.7],
@@ -370,7 +370,7 @@ async def test_f22_the_frame_error_names_the_byte_offset(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     broken = Answer(body=[ROLE, OK[1], BAD_FRAMES[0] + OK[2], *OK[3:]])
-    run = await play([broken], pol=policy(fallback=False, transport_retries=0))
+    run = await play([broken], pol=policy(rescue=False, transport_retries=0))
     error = run.result.error
     assert isinstance(error, MalformedFrameError)
     assert error.offset == len(ROLE) + len(OK[1])  # where the bad frame starts

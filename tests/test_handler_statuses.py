@@ -11,7 +11,7 @@ import msgspec
 import pytest
 import trio
 from rillet import (
-    FallbackFailed,
+    RescueFailed,
     TransportError,
 )
 from rillet._core._policy import Outcome
@@ -89,7 +89,7 @@ async def test_f10_always_refused_rescue_too_is_init_failed_with_both_errors(
         text="",
     )
     error = run.result.error
-    assert isinstance(error, FallbackFailed)
+    assert isinstance(error, RescueFailed)
     assert isinstance(error.stream_error, TransportError)
     assert error.stream_error.kind == "ConnectError"
     assert isinstance(error.rescue_error, TransportError)
@@ -132,7 +132,7 @@ async def test_f12_always_500_rescues_with_a_non_streaming_request(
     check(
         run,
         at=[0.0, 0.1, 0.3, 0.7, 0.7],
-        outcome=Outcome.FALLBACK_TO_NON_STREAMING,
+        outcome=Outcome.RESCUED,
         saw=expect("start", "D", "usage", "done", END_OK),
         text=RESCUE_TEXT,
     )
@@ -151,7 +151,7 @@ async def test_f12_always_500_rescue_fails_too_is_init_failed_with_both_errors(
         text="",
     )
     error = run.result.error
-    assert isinstance(error, FallbackFailed)
+    assert isinstance(error, RescueFailed)
     assert error.stream_outcome is Outcome.INIT_FAILED
     assert getattr(error.stream_error, "status", None) == 500
     assert getattr(error.rescue_error, "status", None) == 500

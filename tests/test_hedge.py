@@ -111,7 +111,7 @@ async def test_when_neither_delivers_the_first_requests_ending_is_the_attempts(
     silent = MemoryReply([b""], headers=SSE, delay=30.0)  # an empty body, late
     cut = MemoryReply([], headers=SSE, delay=0.0)  # ends at once, no event
     upstream = MemoryUpstream([silent, cut, reply()])
-    result = await turn(upstream, hedge_after=1.0, fallback=False)
+    result = await turn(upstream, hedge_after=1.0, rescue=False)
     assert result.outcome is Outcome.COMPLETED
     assert result.attempts == 2  # the race's attempt was retried
     assert all(e.closed for e in upstream.exchanges)

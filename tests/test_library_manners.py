@@ -57,7 +57,7 @@ def _broken_then_whole() -> list[Reply]:
 
 def test_outcomes_print_their_names_and_keep_their_order() -> None:
     assert str(Outcome.COMPLETED) == "Completed"
-    assert f"{Outcome.FALLBACK_TO_NON_STREAMING}" == "FallbackToNonStreaming"
+    assert f"{Outcome.RESCUED}" == "Rescued"
     assert f"{Outcome.TOTAL_TIMEOUT:>14}" == "  TotalTimeout"
     assert repr(Outcome.INIT_FAILED) == "<Outcome.INIT_FAILED: 5>"
     assert int(Outcome.COMPLETED) == 0
@@ -78,7 +78,7 @@ async def test_a_completed_answer_after_a_retry_is_not_partial() -> None:
 async def test_an_answer_that_broke_off_is_partial() -> None:
     stream = openai_text_stream(FRAGMENTS)
     script = [Reply(chunks=split(stream, 40), drop_after_bytes=len(stream) // 2)]
-    policy = Policy(transport_retries=0, fallback=False)
+    policy = Policy(transport_retries=0, rescue=False)
     async with open_loopback_provider(script) as provider:
         result = await run_turn(REQUEST, _chat(provider.url), policy=policy)
     assert not result.ok

@@ -29,7 +29,7 @@ import httpx
 import msgspec
 import pytest
 import trio
-from rillet import FallbackFailed
+from rillet import RescueFailed
 from rillet._core._dialect import Provider, Secret
 from rillet._core._events import UniEvent, UniMessage
 from rillet._core._policy import Policy
@@ -61,7 +61,7 @@ SERVER_KEY = "interop-server-key-0123456789"
 
 # one attempt, no rescue: a failure is the turn's own error, the same both ways
 ONE_ATTEMPT = Policy(
-    transport_retries=0, rate_limit_retries=0, fallback=False, backoff_base=0.01, random=lambda: 0.0
+    transport_retries=0, rate_limit_retries=0, rescue=False, backoff_base=0.01, random=lambda: 0.0
 )
 CHAT_FOLDERS = ("anthropic-messages", "gemini", "ollama-chat", "openai-chat", "openai-responses")
 
@@ -296,7 +296,7 @@ async def _reference(loopback: LoopbackProvider, case: Case) -> Reference:
         result = await t.result()
     assert all(isinstance(item, UniEvent) for item in items), "one attempt: no reset"
     error = result.error
-    if isinstance(error, FallbackFailed):
+    if isinstance(error, RescueFailed):
         error = error.stream_error or error.rescue_error
     sent = [r for r in loopback.requests if r.path.startswith(f"/ref/{case.folder}/{case.name}/")]
     assert len(sent) == 1, case.model

@@ -262,7 +262,7 @@ async def test_an_abnormal_close_is_retried_and_the_retry_completes() -> None:
 
 
 async def test_a_close_on_every_attempt_ends_as_a_transport_error() -> None:
-    fast = Policy(random=lambda: 0.0, backoff_base=0.01, transport_retries=1, fallback=False)
+    fast = Policy(random=lambda: 0.0, backoff_base=0.01, transport_retries=1, rescue=False)
     async with realtime_server(lambda n: messages("text"), cut=lambda n: 3) as server:
         with trio.fail_after(20):
             result = await run_turn(
@@ -295,9 +295,7 @@ async def test_a_silent_server_hits_the_initial_deadline(
 ) -> None:
     autojump_clock.autojump_threshold = 0.05  # real sockets, virtual deadlines
     silent = [b'{"type": "session.created", "session": {}}']  # then nothing
-    policy = Policy(
-        initial_event_timeout=5, transport_retries=0, fallback=False, random=lambda: 0.0
-    )
+    policy = Policy(initial_event_timeout=5, transport_retries=0, rescue=False, random=lambda: 0.0)
     async with realtime_server(lambda n: silent) as server:
         result = await run_turn(
             REQUEST, provider(server.base_url), policy=policy, limiter=RateLimiter()

@@ -123,7 +123,7 @@ def test_outcomes_are_ordered_by_severity() -> None:
         Outcome.RATE_LIMITED,
         Outcome.FAILED,
         Outcome.INIT_FAILED,
-        Outcome.FALLBACK_TO_NON_STREAMING,
+        Outcome.RESCUED,
         Outcome.CANCELLED,
     ]
     assert sorted(Outcome) == order
@@ -133,7 +133,7 @@ def test_outcomes_are_ordered_by_severity() -> None:
 def test_only_a_reply_brought_home_succeeded() -> None:
     assert {o for o in Outcome if o.succeeded} == {
         Outcome.COMPLETED,
-        Outcome.FALLBACK_TO_NON_STREAMING,
+        Outcome.RESCUED,
     }
 
 
@@ -143,7 +143,7 @@ def test_the_default_policy_is_the_design() -> None:
     assert (p.max_consecutive_timeouts, p.max_empty_timeouts) == (10, 2)
     assert (p.transport_retries, p.backoff_base, p.backoff_max, p.jitter) == (3, 0.1, 10, 0.1)
     assert (p.rate_limit_retries, p.retry_after_default, p.retry_after_max) == (5, 5, 60)
-    assert p.fallback
+    assert p.rescue
     assert (p.requests_per_minute, p.limiter_max_wait) == (0, 30)
     assert (p.channel_size, p.max_frame) == (64, 32 * 1024 * 1024)
     assert 0.0 <= p.random() < 1.0

@@ -316,7 +316,7 @@ def test_the_handlers_defaults_table_is_policys_defaults() -> None:
     (limited,) = [v for k, v in rows.items() if k.startswith("rate-limit retries")]
     assert limited.startswith(f"{p.rate_limit_retries}, ")
     assert f"else {p.retry_after_default:g} s; at most {p.retry_after_max:g} s" in limited
-    assert p.fallback
+    assert p.rescue
     assert rows["rescue"] == "one non-streaming request when streaming is hopeless"
     assert p.requests_per_minute == 0
     assert rows["proactive limiter"].startswith("off;")

@@ -30,7 +30,7 @@ fed and then closed as its callers do, which must give the baseline's events exa
 
 Every rewrite is fed in seeded cuts and in one read (`cuts` in fine cuts only).
 
-And what must fail, with the fallback off so the requests count streamed attempts:
+And what must fail, with the rescue off so the requests count streamed attempts:
 `wrong-shape` (a known field of a known event given the wrong shape, `"choices": 5`) and
 `wrong-shape-inside` (the same deeper in: a block's or item's `type`, a choice's `delta`): a
 `MalformedFrameError` with a bounded text preview, one request (with the rescue on, at most the
@@ -136,7 +136,7 @@ NEGATIVES: dict[
     "bad-utf8": (_frames_of(lib.bad_utf8_line), FrameEncodingError, 4),
     "cut-before-terminal": (_frames_of(lib.cut_before_terminal), IncompleteStreamError, 4),
 }
-"""Each rewrite that must fail: the error, and how many requests the rules allow (fallback off:
+"""Each rewrite that must fail: the error, and how many requests the rules allow (rescue off:
 one, or one and the 3 transport retries)."""
 
 
@@ -309,7 +309,7 @@ async def _refusal_failures(rel: str, variant: str) -> list[str]:
         return []  # nothing to rewrite so (no such field, no terminal marker to cut before)
     seed = zlib.crc32(f"{rel}|{variant}".encode())
     pieces = lib.cut_points(body, seed, min(len(body) // 512, 40), 8)
-    result, sent = await _run(rel, pieces, Policy(fallback=False))
+    result, sent = await _run(rel, pieces, Policy(rescue=False))
     failed = result.outcome in (Outcome.FAILED, Outcome.INIT_FAILED)
     if not (isinstance(result.error, error) and failed and sent == requests):
         return [f"{variant}: {result.outcome.name}, {result.error!r}, {sent} requests"]

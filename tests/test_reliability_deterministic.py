@@ -17,10 +17,10 @@ import msgspec
 import pytest
 import trio
 from rillet import (
-    FallbackFailed,
     FrameTooLarge,
     MalformedFrameError,
     ProviderError,
+    RescueFailed,
 )
 from rillet._core._policy import Outcome
 from rillet.frames import DEFAULT_MAX_FRAME
@@ -242,7 +242,7 @@ async def test_f54_the_wrong_shape_gets_one_streamed_request_then_the_rescue(
     check(
         run,
         at=[0.0, 0.0],  # the rescue at once, no backoff: never a 2nd streamed attempt
-        outcome=Outcome.FALLBACK_TO_NON_STREAMING,
+        outcome=Outcome.RESCUED,
         saw=expect("start", "D", "reset", *RESCUE_SEEN, END_OK),
         text=RESCUE_TEXT,
     )
@@ -255,7 +255,7 @@ async def test_f54_without_the_rescue_the_wrong_shape_costs_one_request(
     autojump_clock: trio.testing.MockClock, dialect: str
 ) -> None:
     speaks, broken = wrong_shape_stream(dialect)
-    run = await play([broken, Answer(body=OK)], dialect=speaks, pol=policy(fallback=False))
+    run = await play([broken, Answer(body=OK)], dialect=speaks, pol=policy(rescue=False))
     check(
         run,
         at=[0.0],
@@ -279,7 +279,7 @@ async def test_f54_after_a_transport_retry_the_wrong_shape_still_goes_to_the_res
     check(
         run,
         at=[0.0, 0.1, 0.1],  # a 500 is retried; the wrong shape is not
-        outcome=Outcome.FALLBACK_TO_NON_STREAMING,
+        outcome=Outcome.RESCUED,
         saw=expect("start", "D", "reset", *RESCUE_SEEN, END_OK),
         text=RESCUE_TEXT,
     )
@@ -299,7 +299,7 @@ async def test_f54_a_failed_rescue_after_the_wrong_shape_keeps_both_errors(
         text=FRAGMENTS[0],
     )
     error = run.result.error
-    assert isinstance(error, FallbackFailed)
+    assert isinstance(error, RescueFailed)
     assert isinstance(error.stream_error, MalformedFrameError)
     assert isinstance(error.rescue_error, ProviderError)
 
@@ -312,7 +312,7 @@ async def test_f54_an_ndjson_line_of_the_wrong_shape_costs_one_streamed_request(
     run = await play(
         [Answer(body=[lines[0], wrong, *lines[1:]], content_type=NDJSON_TYPE)],
         dialect=OllamaDialect(),
-        pol=policy(fallback=False),
+        pol=policy(rescue=False),
     )
     check(
         run,
@@ -348,7 +348,7 @@ async def test_f54_the_wrong_shape_over_loopback_never_streams_twice(
     check_loop(
         run,
         at=[0.0, 0.0],
-        outcome=Outcome.FALLBACK_TO_NON_STREAMING,
+        outcome=Outcome.RESCUED,
         saw=expect("start", "D", "reset", *RESCUE_SEEN, END_OK),
         text=RESCUE_TEXT,
     )

@@ -407,7 +407,7 @@ async def test_an_ollama_error_of_no_type_is_judged_by_what_it_says(
     broken = Answer(
         body=[lines[0], msgspec.json.encode({"error": said}) + b"\n"], content_type=NDJSON_TYPE
     )
-    run = await play([broken], dialect=OllamaDialect(), pol=policy(fallback=False))
+    run = await play([broken], dialect=OllamaDialect(), pol=policy(rescue=False))
     assert run.result.outcome is Outcome.FAILED
     assert run_done(run).requests == requests
     if requests == 1:

@@ -486,7 +486,7 @@ async def test_s03_a_deeply_nested_frame_is_a_frame_error_never_streamed_again(
     check(
         run,
         at=[0.0, 0.0],
-        outcome=Outcome.FALLBACK_TO_NON_STREAMING,
+        outcome=Outcome.RESCUED,
         saw=expect("start", "D", "reset", "D", "usage", "done", END_OK),
         text=RESCUE_TEXT,
     )

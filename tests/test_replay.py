@@ -23,7 +23,7 @@ async def _replay(path: Path, dialect: object, **options: object) -> list[str]:
             TurnRequest(messages=[user("replay")]),
             provider,
             client=client,
-            policy=Policy(transport_retries=0, fallback=False),
+            policy=Policy(transport_retries=0, rescue=False),
         )
     assert result.outcome is Outcome.COMPLETED
     assert transport.requests == 1

@@ -289,7 +289,7 @@ async def test_f12_always_500_then_the_rescue_over_loopback(
     check_loop(
         run,
         at=[0.0, 0.1, 0.3, 0.7, 0.7],
-        outcome=Outcome.FALLBACK_TO_NON_STREAMING,
+        outcome=Outcome.RESCUED,
         saw=expect("start", "D", "usage", "done", END_OK),
         text=RESCUE_TEXT,
     )

@@ -117,7 +117,7 @@ async def test_an_upstream_error_ends_a_turn_as_a_transport_error() -> None:
         REQUEST,
         provider(),
         upstream=Refusing(),  # type: ignore[arg-type]
-        policy=policy(transport_retries=0, fallback=False),
+        policy=policy(transport_retries=0, rescue=False),
         limiter=RateLimiter(),
     )
     assert result.outcome is Outcome.INIT_FAILED
@@ -162,7 +162,7 @@ async def test_the_rescue_goes_through_the_upstream_too(
     result = await run_turn(
         REQUEST, provider(), upstream=upstream, policy=policy(transport_retries=0)
     )
-    assert result.outcome is Outcome.FALLBACK_TO_NON_STREAMING
+    assert result.outcome is Outcome.RESCUED
     assert result.text == "Rescued."
     assert json.loads(upstream.requests[1].body).get("stream") in (None, False)
 
@@ -170,7 +170,7 @@ async def test_the_rescue_goes_through_the_upstream_too(
 async def test_replay_as_an_upstream_matches_replay_through_httpx() -> None:
     path = FIXTURES / "anthropic-messages" / "tool_use.sse"
     prov = Provider(AnthropicDialect(), "http://replay.invalid", "replay")
-    fast = Policy(transport_retries=0, fallback=False)
+    fast = Policy(transport_retries=0, rescue=False)
     direct = await run_turn(
         REQUEST, prov, upstream=ReplayTransport(path, chunk_size=7), policy=fast
     )

@@ -17,9 +17,9 @@ import msgspec
 import pytest
 from rillet import (
     AuthenticationError,
-    FallbackFailed,
     InvalidRequestError,
     ProviderError,
+    RescueFailed,
     ServerError,
 )
 from rillet._core._policy import Outcome
@@ -177,7 +177,7 @@ async def test_json_of_the_wrong_shape_goes_once_to_the_rescue(
     check_loop(
         run,
         at=[0.0, 0.0],
-        outcome=Outcome.FALLBACK_TO_NON_STREAMING,
+        outcome=Outcome.RESCUED,
         saw=expect("start", *WHOLE, END_OK),
         text=RESCUE_TEXT,
     )
@@ -188,7 +188,7 @@ async def test_an_html_page_to_a_streaming_request_is_still_a_frame_error(
 ) -> None:
     page = Reply(chunks=(b"<html><body>Gateway</body></html>",), content_type="text/html")
     run = await loop_turn(rescue_after(page))
-    assert run.result.outcome is Outcome.FALLBACK_TO_NON_STREAMING
+    assert run.result.outcome is Outcome.RESCUED
     assert len(run.server.requests) == 5  # F21: as a stream cut short (F07), then the rescue
 
 
@@ -268,7 +268,7 @@ async def test_a_minimax_failure_of_its_own_is_asked_again_as_it_says(
     # 1000 "unknown error": "Please retry your requests later"
     run = await loop_turn(always(Reply(chunks=(sse(minimax_error(1000, "unknown error")),))))
     failed = run.result.error
-    assert isinstance(failed, FallbackFailed)
+    assert isinstance(failed, RescueFailed)
     assert isinstance(failed.stream_error, ServerError)
     assert len(run.server.requests) == 5  # the transport ladder, then the rescue
 
@@ -294,7 +294,7 @@ async def test_an_error_event_in_a_chat_stream_is_that_error(
     body = b"event: error\ndata: " + data + b"\n\ndata: [DONE]\n\n"
     run = await loop_turn(always(Reply(chunks=(body,))))
     failed = run.result.error
-    if isinstance(failed, FallbackFailed):
+    if isinstance(failed, RescueFailed):
         failed = failed.stream_error
     assert type(failed) is error
     assert isinstance(failed, ProviderError)

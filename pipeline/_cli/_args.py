@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import textwrap
 from pathlib import Path
 
@@ -25,6 +26,24 @@ class _Formatter(argparse.HelpFormatter):
 
     def _split_lines(self, text: str, width: int) -> list[str]:
         return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
+class _OldNoRescue(argparse._StoreTrueAction):
+    """`--no-fallback`, `--no-rescue`'s old name, for one release: the same switch, and one
+    line on stderr saying so."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        print(
+            "rillet: --no-fallback is deprecated and goes in the next release: use --no-rescue",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, True)
 
 
 def _number(text: str, kind: type[float] | type[int], least: float, what: str) -> float:
@@ -282,10 +301,12 @@ def _policy_options(p: argparse.ArgumentParser) -> None:
         help="retries after 429/503/529, waiting as the provider says (default: %(default)s)",
     )
     p.add_argument(
-        "--no-fallback",
+        "--no-rescue",
         action="store_true",
-        help="no non-streaming rescue when streaming is hopeless",
+        help="turn off the rescue: the one non-streaming request to this provider when "
+        "streaming is hopeless (other providers to try are --fallback's chain)",
     )
+    p.add_argument("--no-fallback", action=_OldNoRescue, dest="no_rescue", help=argparse.SUPPRESS)
     p.add_argument(
         "--rpm",
         type=_amount,
@@ -318,8 +339,8 @@ def _agent_options(p: argparse.ArgumentParser) -> None:
         "--fallback",
         default=None,
         metavar="PROVIDER[:MODEL],...",
-        help="providers to try in order when the first fails, e.g. anthropic,openai:gpt-4o "
-        "(each with its own key from the environment). Default: none",
+        help="the chain: providers to try in order when the first fails, e.g. "
+        "anthropic,openai:gpt-4o (each with its own key from the environment). Default: none",
     )
 
 
@@ -352,6 +373,6 @@ def policy_from(args: argparse.Namespace) -> Policy:
         total_timeout=args.total_timeout,
         transport_retries=args.retries,
         rate_limit_retries=args.rate_limit_retries,
-        fallback=not args.no_fallback,
+        rescue=not args.no_rescue,
         requests_per_minute=args.rpm,
     )

@@ -67,10 +67,11 @@ def configure_logging(level: str, fmt: str) -> None:
 def log_run_end(result: TurnResult, provider: Provider) -> None:
     """The one INFO line a finished run leaves: who answered, how it ended, how long it took."""
     first = result.time_to_first_event
+    outcome = result.outcome.label.title().replace("_", "")  # as it has always been spelt here
     fields = {
         "provider": provider.label,
         "model": provider.model,
-        "outcome": str(result.outcome),
+        "outcome": outcome,
         "duration_s": round(result.total_time, 3),
         "first_event_s": round(first, 3) if first is not None else None,
         "attempts": result.attempts,
@@ -79,7 +80,7 @@ def log_run_end(result: TurnResult, provider: Provider) -> None:
         "run ended: provider %s, model %s, outcome %s, %.3f s, first event %s, %d attempt(s)",
         provider.label,
         provider.model,
-        result.outcome,
+        outcome,
         result.total_time,
         f"{first:.3f} s" if first is not None else "never",
         result.attempts,

@@ -353,7 +353,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                 request,
                 provider,
                 _Output(args.output),
-                Policy(transport_retries=0, fallback=False),
+                Policy(transport_retries=0, rescue=False),
                 client=client,
             )
 

@@ -2,7 +2,7 @@
 
 A dialect is the sans-I/O knowledge of one provider's wire: how to build its request, how each
 frame it streams maps to lane events, how its non-streaming body maps to lane events (the same
-stream the provider would have sent, each item in one piece: the fallback rescue uses it), and
+stream the provider would have sent, each item in one piece: the rescue uses it), and
 how its error bodies map to our typed errors (`_error_body`). No provider SDK: wire JSON is
 decoded once with msgspec into typed Structs whose unknown fields are ignored.
 """

@@ -18,7 +18,7 @@ RilletError
 │   └── ToolCallArgumentParseError a closed tool call whose arguments are not a JSON object
 ├── TransportError             the connection failed: connect, read, reset (remote)
 ├── TurnTimeout                a deadline blew: initial-event, per-event, total, or the rescue's
-├── FallbackFailed             streaming was hopeless and the rescue failed too (carries both)
+├── RescueFailed               streaming was hopeless and the rescue failed too (carries both)
 ├── ProviderError              an error the provider reported, in the stream or as a status
 │   │                              (a quota code such as insufficient_quota: this class itself)
 │   ├── RateLimitError             429, rate_limit_error, RESOURCE_EXHAUSTED
@@ -64,7 +64,6 @@ __all__ = [
     "CursorExpired",
     "CursorInvalid",
     "EmptyResponseError",
-    "FallbackFailed",
     "FrameEncodingError",
     "FrameError",
     "FrameTooLarge",
@@ -77,6 +76,7 @@ __all__ = [
     "OverloadedError",
     "ProviderError",
     "RateLimitError",
+    "RescueFailed",
     "RilletError",
     "RunEventGap",
     "RunExists",
@@ -441,8 +441,9 @@ class TurnTimeout(RilletError):
         super().__init__(f"{provider}: no event within the {deadline} deadline ({seconds:g} s)")
 
 
-class FallbackFailed(RilletError):
-    """Streaming was hopeless and the non-streaming rescue failed too.
+class RescueFailed(RilletError):
+    """Streaming was hopeless and the non-streaming rescue failed too (`rillet.RescueFailed`,
+    its old name, still names it for one release).
 
     Attributes:
         stream_outcome: the outcome streaming ended with (an `Outcome`).

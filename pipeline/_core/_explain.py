@@ -22,13 +22,13 @@ from ._errors import (
     AuthenticationError,
     ConfigurationError,
     EmptyResponseError,
-    FallbackFailed,
     FrameError,
     IncompleteStreamError,
     InvalidRequestError,
     OverloadedError,
     ProviderError,
     RateLimitError,
+    RescueFailed,
     StreamError,
     ToolCallArgumentParseError,
     TransportError,
@@ -146,7 +146,7 @@ def explain(
     `key_hint` names where the key came from (`OPENAI_API_KEY`, `--api-key`), for the advice on
     an authentication failure. `quote=False` leaves the provider's own message out (the
     server's logs: a provider's 401 body is never passed on, not even masked)."""
-    if isinstance(error, FallbackFailed):
+    if isinstance(error, RescueFailed):
         first = explain(
             error.stream_error, provider, attempts=attempts, key_hint=key_hint, quote=quote
         )

@@ -38,7 +38,6 @@ from ._errors import (
     CursorExpired,
     CursorInvalid,
     EmptyResponseError,
-    FallbackFailed,
     FrameEncodingError,
     FrameError,
     FrameTooLarge,
@@ -51,6 +50,7 @@ from ._errors import (
     OverloadedError,
     ProviderError,
     RateLimitError,
+    RescueFailed,
     RilletError,
     RunEventGap,
     RunExists,
@@ -106,7 +106,7 @@ ERROR_SHAPES: Mapping[type[RilletError], Shape] = {
     ToolCallArgumentParseError: P,  # arguments that do not parse (F44)
     TransportError: T,  # connect, read, reset (F09, F10)
     TurnTimeout: Shape.STALL,  # a deadline between events (F03-F05)
-    FallbackFailed: P,  # a turn's end, never an attempt's
+    RescueFailed: P,  # a turn's end, never an attempt's
     ProviderError: T,  # an in-stream error of no known type
     RateLimitError: R,  # in-stream rate limits (F17)
     OverloadedError: T,  # in-stream overloaded (F17); as a status, 503/529 are rate limits

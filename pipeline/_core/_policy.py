@@ -14,13 +14,17 @@ from __future__ import annotations
 import contextvars
 import datetime
 import enum
+import inspect
 import math
 import random
 import time
 from collections.abc import Callable, Mapping
 from email.utils import parsedate_to_datetime
+from typing import TYPE_CHECKING, Any
 
 import attrs
+
+from ._deprecated import renamed
 
 __all__ = ["Outcome", "Policy", "Shape", "backoff_delay", "default_graph", "retry_after"]
 
@@ -34,9 +38,11 @@ test suite runs the turn's tests under both graphs with it)."""
 class Outcome(enum.IntEnum):
     """How a turn ended: exactly one per turn, ordered by severity.
 
-    Completed < TotalTimeout < EventTimeout < RateLimited < Failed < InitFailed <
-    FallbackToNonStreaming < Cancelled. Failed is a permanent error after the first event;
-    InitFailed, an error ending a turn whose attempts never produced an event.
+    Completed < TotalTimeout < EventTimeout < RateLimited < Failed < InitFailed < Rescued <
+    Cancelled. Failed is a permanent error after the first event; InitFailed, an error ending
+    a turn whose attempts never produced an event; Rescued, a reply the non-streaming rescue
+    brought home after streaming was hopeless. `FALLBACK_TO_NON_STREAMING` is Rescued's old
+    name, kept for one release (an alias of the same member; it cannot warn).
     """
 
     COMPLETED = 0
@@ -45,8 +51,9 @@ class Outcome(enum.IntEnum):
     RATE_LIMITED = 3
     FAILED = 4
     INIT_FAILED = 5
-    FALLBACK_TO_NON_STREAMING = 6
+    RESCUED = 6
     CANCELLED = 7
+    FALLBACK_TO_NON_STREAMING = 6  # Rescued's old name, for one release
 
     def __str__(self) -> str:
         """Its name as the docs spell it (`Completed`, `TotalTimeout`), not its number: what
@@ -59,7 +66,17 @@ class Outcome(enum.IntEnum):
     @property
     def succeeded(self) -> bool:
         """Whether the turn brought a reply home (streamed or rescued)."""
-        return self in (Outcome.COMPLETED, Outcome.FALLBACK_TO_NON_STREAMING)
+        return self in (Outcome.COMPLETED, Outcome.RESCUED)
+
+    @property
+    def label(self) -> str:
+        """Its name in snake case as metrics, logs and MCP results carry it (`completed`,
+        `total_timeout`). Rescued keeps the label it had before it was renamed,
+        `fallback_to_non_streaming`, so dashboards and alerts keyed on it go on matching."""
+        return _LABELS[self]
+
+
+_LABELS = {o: o.name.lower() for o in Outcome} | {Outcome.RESCUED: "fallback_to_non_streaming"}
 
 
 class Shape(enum.Enum):
@@ -134,7 +151,8 @@ class Policy:
         rate_limit_retries: retries for rate-limit-shaped failures (a separate budget).
         retry_after_default: the wait when the server names none (or an invalid one).
         retry_after_max: a longer server-directed wait ends the turn RateLimited at once.
-        fallback: whether a hopeless stream gets one non-streaming rescue request.
+        rescue: whether a hopeless stream gets one non-streaming rescue request
+            (`fallback`, its old name, is still read and taken for one release).
         requests_per_minute: the proactive token bucket per base URL (0 = off).
         limiter_max_wait: the longest an attempt waits for a token before sending anyway.
         channel_size: the capacity of each bounded channel between actors (1..1024).
@@ -167,7 +185,7 @@ class Policy:
     rate_limit_retries: int = attrs.field(default=5, validator=_check_count)
     retry_after_default: float = attrs.field(default=5.0, validator=_check_wait)
     retry_after_max: float = attrs.field(default=60.0, validator=_check_wait)
-    fallback: bool = True
+    rescue: bool = True
     requests_per_minute: float = attrs.field(default=0.0, validator=_check_rate)
     limiter_max_wait: float = attrs.field(default=30.0, validator=_check_wait)
     channel_size: int = attrs.field(default=64, validator=_check_channel)
@@ -177,6 +195,25 @@ class Policy:
     max_body: int = attrs.field(default=16 * 1024 * 1024, validator=_check_size)
     random: Callable[[], float] = attrs.field(default=random.random, eq=False, repr=False)
     wall_clock: Callable[[], float] = attrs.field(default=time.time, eq=False, repr=False)
+
+    if not TYPE_CHECKING:  # type checkers see the fields' own `__init__`, without the old name
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            if "fallback" in kwargs:
+                renamed("Policy(fallback=...)", "Policy(rescue=...)")
+                # it wins over `rescue`: `attrs.evolve(policy, fallback=...)` passes both
+                kwargs["rescue"] = kwargs.pop("fallback")
+            self.__attrs_init__(*args, **kwargs)
+
+    @property
+    def fallback(self) -> bool:
+        """`rescue`'s old name, kept for one release (it warns once)."""
+        renamed("Policy.fallback", "Policy.rescue")
+        return self.rescue
+
+
+if not TYPE_CHECKING:  # `help(Policy)` and `inspect.signature` show the fields, not `**kwargs`
+    Policy.__init__.__signature__ = inspect.signature(Policy.__attrs_init__)
 
 
 def backoff_delay(policy: Policy, retry: int) -> float:

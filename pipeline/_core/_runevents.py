@@ -24,7 +24,7 @@ import msgspec
 
 from ._errors import (
     EmptyResponseError,
-    FallbackFailed,
+    RescueFailed,
     RilletError,
     StreamProtocolError,
     ToolCallArgumentParseError,
@@ -249,7 +249,7 @@ def safe_code(outcome: Outcome, error: BaseException | None) -> str:
         return "timeout"
     if outcome is Outcome.RATE_LIMITED:
         return "rate_limited"
-    if isinstance(error, FallbackFailed):
+    if isinstance(error, RescueFailed):
         error = error.stream_error
     if error is not None and not isinstance(error, RilletError):
         return "internal_error"  # a sink's or an actor's own failure, not the provider's

@@ -157,7 +157,7 @@ async def _serve_turn(
     structured: dict[str, Any] = {
         "run_id": run_id,
         "correlation_id": correlation,
-        "outcome": result.outcome.name.lower(),
+        "outcome": result.outcome.label,
         "code": code,
         "attempts": result.attempts,
     }

@@ -22,7 +22,7 @@ import attrs
 import trio
 from rillet.transports.upstream._http import default_client
 
-from .._core._errors import FallbackFailed, ProviderError, RilletError
+from .._core._errors import ProviderError, RescueFailed, RilletError
 from .._core._events import UniMessage
 from .._core._markers import AttemptReset
 from .._core._policy import Outcome
@@ -137,7 +137,7 @@ def shared_breakers() -> CircuitBreakers:
 
 
 def _permanent(error: BaseException | None) -> bool:
-    if isinstance(error, FallbackFailed):
+    if isinstance(error, RescueFailed):
         error = error.stream_error
     if not isinstance(error, ProviderError) or error.status is None:
         return False

@@ -466,7 +466,7 @@ class Handler:
         return Outcome.FAILED if self._ever_event else Outcome.INIT_FAILED
 
     def _may_rescue(self, failure: Failure, outcome: Outcome) -> bool:
-        if not self.policy.fallback or failure.no_retry:
+        if not self.policy.rescue or failure.no_retry:
             return False
         if failure.shape is Shape.PERMANENT:
             return False
@@ -554,12 +554,12 @@ class Handler:
             self.first_event_at = trio.current_time() - self._start
         if not self._hops:
             await self._send(out, events)
-            return Outcome.FALLBACK_TO_NON_STREAMING
+            return Outcome.RESCUED
         # checked here, whole: the grammar downstream passes the events through, owing the reset
         await self._put(out, [cast("Item", AttemptOpen(self.attempts))])
         await self._send(out, events)
         self._judged(None, await out.settle(close=False))
-        return Outcome.FALLBACK_TO_NON_STREAMING
+        return Outcome.RESCUED
 
 
 async def _finish(exchange: Exchange) -> None:

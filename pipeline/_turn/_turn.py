@@ -35,7 +35,7 @@ from rillet.transports.upstream._ws import SchemeUpstream
 
 from .._core._accumulator import Accumulator
 from .._core._dialect import Provider
-from .._core._errors import FallbackFailed
+from .._core._errors import RescueFailed
 from .._core._events import UniMessage
 from .._core._finish import filtered_stop
 from .._core._markers import Status
@@ -123,7 +123,7 @@ class TurnResult:
         events: UniEvents delivered.
         time_to_first_event: seconds from the start to the first lane event, if one came.
         total_time: seconds from the start to the end.
-        error: the error that ended the turn (a `FallbackFailed` when the rescue failed too).
+        error: the error that ended the turn (a `RescueFailed` when the rescue failed too).
         partial: whether the answer is incomplete: events were delivered, but the turn did
             not bring a reply home (what `text` holds is a fragment).
         retry_after: the server-directed wait that ended a RateLimited turn.
@@ -275,7 +275,7 @@ async def run_one_turn(
     finally:
         error = handler.error
         if handler.rescue_error is not None:
-            error = FallbackFailed(outcome, handler.error, handler.rescue_error)
+            error = RescueFailed(outcome, handler.error, handler.rescue_error)
         if outcome.succeeded:
             error = None
         if failed is not None:  # whatever the provider did, the run did not end well

@@ -604,7 +604,7 @@ async def test_l5_a_retry_storm_is_exact_and_held_by_the_limiter(
         assert turn.result.requests == 6
     start = trio.current_time()
     for turn in await storm([status(500)], turns, policy(), RateLimiter(), rescue_ok()):
-        assert turn.result.outcome is Outcome.FALLBACK_TO_NON_STREAMING
+        assert turn.result.outcome is Outcome.RESCUED
         times = [t - start for t in turn.fake.times]
         assert times == pytest.approx([0, 0.1, 0.3, 0.7, 0.7], abs=1e-6)
         assert [s.stream for s in turn.fake.sent] == [True] * 4 + [False]  # 4, then the rescue

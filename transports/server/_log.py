@@ -30,7 +30,7 @@ access = logging.getLogger("rillet.transports.server.access")
 _MAX_PATH = 200
 
 # outcomes that are no provider's failure: nothing to explain
-_QUIET = frozenset({Outcome.COMPLETED, Outcome.FALLBACK_TO_NON_STREAMING, Outcome.CANCELLED})
+_QUIET = frozenset({Outcome.COMPLETED, Outcome.RESCUED, Outcome.CANCELLED})
 
 
 def log_request(

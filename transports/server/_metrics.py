@@ -188,7 +188,7 @@ class Metrics:
 
 def outcome_label(result: TurnResult) -> str:
     """A turn's outcome as a label and a log field: `completed`, `total_timeout`, `failed`."""
-    return result.outcome.name.lower()
+    return result.outcome.label
 
 
 def _origin(url: str) -> str:

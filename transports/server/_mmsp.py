@@ -11,10 +11,10 @@ import attrs
 import msgspec
 from rillet._core._encode import SSE_DONE, sse_data
 from rillet._core._errors import (
-    FallbackFailed,
     FrameError,
     InvalidRequestError,
     ProviderError,
+    RescueFailed,
     StreamError,
     TransportError,
     TurnTimeout,
@@ -203,7 +203,7 @@ def mmsp_error(
     asking again may help).
     """
     error = result.error
-    if isinstance(error, FallbackFailed):
+    if isinstance(error, RescueFailed):
         error = error.stream_error or error.rescue_error
     if result.outcome is Outcome.CANCELLED:
         return {"type": "Cancelled", "message": "the turn was cancelled"}, 503, []

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import msgspec
 from rillet._core._encode import SSE_DONE, sse_json
-from rillet._core._errors import EmptyResponseError, FallbackFailed, past_context
+from rillet._core._errors import EmptyResponseError, RescueFailed, past_context
 from rillet._core._events import (
     FinishReason,
     TextDelta,
@@ -128,7 +128,7 @@ def _context_full(result: TurnResult) -> bool:
     """Whether the provider refused the conversation as longer than the model's context window
     (`past_context`), the rescue's refusal included."""
     error = result.error
-    if isinstance(error, FallbackFailed):
+    if isinstance(error, RescueFailed):
         error = error.stream_error or error.rescue_error
     return past_context(error)
 
