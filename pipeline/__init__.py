@@ -1,7 +1,7 @@
 """rillet: stream LLM responses from many providers through one checked trio pipeline.
 
 Everything a host uses is here: the turn (`run_turn`, `open_turn`, `TurnRequest`, `Policy`), the
-agent loop (`run_agent`, `open_agent`, `tool`, `Conversation`, `ContextBudget`), fallback
+agent loop (`run_agent`, `open_agent`, `tool`, `Conversation`, `ContextBudget`), the chain's
 breakers and admission, the three vocabularies (lane events, MMSP's UniEvents, the public run
 events), the grammar and the accumulator, the hub that fans run events out, and every typed
 error. Provider dialects and the registry are in `rillet.providers`; frame codecs, sinks, the

@@ -237,15 +237,15 @@ async def test_fallback_chains_an_agent_run_too() -> None:
     assert [json.loads(r.body)["model"] for r in requests] == ["backup-model"] * 2
 
 
-def test_fallback_names_a_model_after_the_last_colon_of_a_url() -> None:
-    from rillet._cli._agent import parse_fallback
+def test_the_chain_names_a_model_after_the_last_colon_of_a_url() -> None:
+    from rillet._cli._agent import parse_chain
 
-    assert parse_fallback("anthropic,openai:gpt-4o") == [("anthropic", None), ("openai", "gpt-4o")]
-    assert parse_fallback("http://127.0.0.1:8000/v1:m, http://h:8000") == [
+    assert parse_chain("anthropic,openai:gpt-4o") == [("anthropic", None), ("openai", "gpt-4o")]
+    assert parse_chain("http://127.0.0.1:8000/v1:m, http://h:8000") == [
         ("http://127.0.0.1:8000/v1", "m"),
         ("http://h:8000", None),
     ]
-    assert parse_fallback(" , ") == []
+    assert parse_chain(" , ") == []
 
 
 async def test_help_documents_the_new_options_and_exit_3() -> None:

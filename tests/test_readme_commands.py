@@ -118,7 +118,7 @@ def check_approval_without_input(done: Done, requests: list[RecordedRequest]) ->
 def check_fallback(done: Done, requests: list[RecordedRequest]) -> None:
     assert done.stdout.decode() == fixture_text(ANTHROPIC_TEXT) + "\n"
     paths = [r.path for r in requests]
-    assert paths[-1] == "/v1/messages"  # anthropic, the first fallback, answered
+    assert paths[-1] == "/v1/messages"  # anthropic, the chain's next provider, answered
     assert set(paths[:-1]) == {"/v1/chat/completions"}  # openai failed first, retries and all
     assert "gpt-4o-mini" not in {b.get("model") for b in bodies(requests)}  # never needed
 

@@ -14,17 +14,22 @@ from typing import TYPE_CHECKING, cast
 import attrs
 import pytest
 import rillet
-from rillet import Outcome, Policy, RescueFailed
+import trio
+from rillet import Outcome, Policy, RescueFailed, run_agent, run_turn
 from rillet._core import _deprecated
+from rillet.transports.testing import open_loopback_provider, status_reply
 
+from .agent_support import LIMIT, QUESTION, loop_clock, provider_at, text_reply
 from .handler_support import END_TIMEOUT, SILENT, check, expect, play, rescue_ok
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    import trio.testing
     from rillet import TurnResult
     from rillet.providers import Provider
+
+
+clock = pytest.fixture(name="loop_clock")(loop_clock)
 
 
 @pytest.fixture(autouse=True)
@@ -147,6 +152,37 @@ def test_a_rescued_run_is_logged_and_counted_as_before(caplog: pytest.LogCapture
     assert record.fields["outcome"] == "FallbackToNonStreaming"  # type: ignore[attr-defined]
     assert "outcome FallbackToNonStreaming," in record.getMessage()
     assert str(Outcome.RESCUED) == "Rescued"  # what a person prints is the new word
+
+
+@pytest.mark.parametrize("entry", ["run_turn", "run_agent"])
+async def test_fallback_on_permanent_is_chain_on_permanent_and_warns_once(
+    loop_clock: trio.testing.MockClock, entry: str
+) -> None:
+    quick = Policy(rate_limit_retries=0, transport_retries=0, rescue=False)
+    said: list[str] = []
+    for old in (True, True, False):
+        async with (
+            open_loopback_provider([status_reply(400)]) as first,
+            open_loopback_provider([text_reply("Second.")]) as second,
+        ):
+            chain = [provider_at(first), provider_at(second)]
+            with warnings.catch_warnings(record=True) as caught, trio.fail_after(LIMIT):
+                warnings.simplefilter("always")
+                if entry == "run_turn":
+                    turn = await run_turn(QUESTION, chain, policy=quick, fallback_on_permanent=old)
+                    ok = turn.ok
+                else:
+                    agent = await run_agent(
+                        QUESTION, chain, policy=quick, fallback_on_permanent=old
+                    )
+                    ok = agent.status == "completed"
+            said += [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
+        assert ok is old  # a 400 goes down the chain only when asked, by either name
+        assert len(second.requests) == (1 if old else 0)
+    assert said == [
+        f"{entry}(fallback_on_permanent=...) is deprecated and goes in the next release: use "
+        f"{entry}(chain_on_permanent=...)"
+    ]
 
 
 def test_no_fallback_is_no_rescue_with_a_line_on_stderr(

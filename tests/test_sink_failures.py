@@ -52,7 +52,7 @@ class RaisingActor:
 
 
 async def turn_with(sinks: list[object], *, chain: bool) -> None:
-    """A turn of one provider, or of a fallback chain of one (its run stream feeds the sinks)."""
+    """A turn of one provider, or of a chain of one (its run stream feeds the sinks)."""
     words = [f"{n} " for n in range(20)]
     async with open_loopback_provider([text_reply(words, chunk_delay=0.001)]) as loopback:
         provider = chat_provider(loopback.url)

@@ -2,7 +2,7 @@
 
 ```
            ┌───────────── one run: one run id, one gapless seq ──────────────┐
-request ─► │ step n: budget ─► turn (fallback chain) ─► tool_call? ── no ──► answer
+request ─► │ step n: budget ─► turn (provider chain) ─► tool_call? ── no ──► answer
            │                                              │ yes               │
            │   tools run concurrently in the agent's nursery (approval first  │
            │   where a tool needs it) ─► results into the conversation ─► n+1 │
@@ -31,6 +31,7 @@ from rillet.transports.upstream._http import default_client
 
 from .._core._budget import ContextBudget
 from .._core._conversation import Conversation, PendingApproval
+from .._core._deprecated import renamed
 from .._core._dialect import Provider
 from .._core._errors import ContextWindowExceeded, ToolCallArgumentParseError
 from .._core._events import ToolCallDone, ToolResultDone, UniMessage
@@ -396,7 +397,8 @@ class AgentOptions(StepOptions, total=False):
     tool_arguments: bool
     tool_results: bool
     breakers: CircuitBreakers | None
-    fallback_on_permanent: bool
+    chain_on_permanent: bool
+    fallback_on_permanent: bool | None  # chain_on_permanent's old name, for one release
     thread_limiter: trio.CapacityLimiter | None
     reset_tool_choice: bool
 
@@ -432,7 +434,8 @@ async def run_agent(
     tool_arguments: bool = False,
     tool_results: bool = False,
     breakers: CircuitBreakers | None = None,
-    fallback_on_permanent: bool = False,
+    chain_on_permanent: bool = False,
+    fallback_on_permanent: bool | None = None,
     thread_limiter: trio.CapacityLimiter | None = None,
     reset_tool_choice: bool = True,
     task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED,
@@ -442,8 +445,10 @@ async def run_agent(
 
     `request` holds the new messages (appended to `conversation`, a new one by default) and
     the generation settings; `tools` are `Tool`s or plain functions (made tools with `tool`).
-    `provider` may be a fallback chain. Use `agent = await nursery.start(run_agent, ...)` for
-    the `Agent` handle (events, approvals, result), or `open_agent`.
+    `provider` may be a chain (`chain_on_permanent` as for `run_turn`; `fallback_on_permanent`,
+    its old name, is still taken for one release and warns once). Use
+    `agent = await nursery.start(run_agent, ...)` for the `Agent` handle (events, approvals,
+    result), or `open_agent`.
 
     Approvals: `ask` waits for `agent.approve(id)` / `agent.deny(id, reason)`; `defer` ends
     the run `approval_required` with the calls in `result.pending` (answer them in a later
@@ -459,6 +464,9 @@ async def run_agent(
     (`reset_tool_choice=False` keeps it on every step). The other keywords (`StepOptions`:
     `policy`, `limiter`, `admission`...) go to each step's `run_turn`.
     """
+    if fallback_on_permanent is not None:
+        renamed("run_agent(fallback_on_permanent=...)", "run_agent(chain_on_permanent=...)")
+        chain_on_permanent = fallback_on_permanent
     if max_steps < 1:
         raise ValueError("max_steps must be at least 1")
     if delivery is None:
@@ -504,7 +512,7 @@ async def run_agent(
         "reasoning": reasoning,
         "tool_arguments": tool_arguments,
         "breakers": breakers,
-        "fallback_on_permanent": fallback_on_permanent,
+        "chain_on_permanent": chain_on_permanent,
         **turn_options,
     }
     loop = _Loop(

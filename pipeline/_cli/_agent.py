@@ -45,7 +45,7 @@ __all__ = [
     "answer_approvals",
     "ask_on_tty",
     "call_signature",
-    "parse_fallback",
+    "parse_chain",
     "run_agent_cli",
 ]
 
@@ -224,7 +224,7 @@ async def run_agent_cli(
     return result
 
 
-def parse_fallback(spec: str | None) -> list[tuple[str, str | None]]:
+def parse_chain(spec: str | None) -> list[tuple[str, str | None]]:
     """`--fallback PROVIDER[:MODEL],...` as (provider, model) pairs. A URL keeps its port:
     `http://host:8000/v1:model` names the model after the last colon. `ValueError` for a
     list that names no provider."""

@@ -337,6 +337,7 @@ def _agent_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--fallback",
+        dest="chain",
         default=None,
         metavar="PROVIDER[:MODEL],...",
         help="the chain: providers to try in order when the first fails, e.g. "

@@ -240,13 +240,14 @@ def _report(result: TurnResult, provider: Provider, *, key_hint: str | None, deb
     print(f"rillet: {line}", file=sys.stderr, flush=True)
 
 
-def _fallbacks(spec: str | None) -> list[Provider]:
-    """The `--fallback` chain, each provider configured from the environment."""
+def _chain_after(spec: str | None) -> list[Provider]:
+    """The rest of the chain, as `--fallback` names it: each provider configured from the
+    environment."""
     from ..providers._registry import ConfigurationError, provider_from_env
-    from ._agent import parse_fallback
+    from ._agent import parse_chain
 
     chain: list[Provider] = []
-    for kind, model in parse_fallback(spec):
+    for kind, model in parse_chain(spec):
         try:
             chain.append(provider_from_env(kind, model=model))
         except ConfigurationError as exc:
@@ -260,7 +261,7 @@ def _fallbacks(spec: str | None) -> list[Provider]:
 def _cmd_run(args: argparse.Namespace) -> int:
     configure_from(args)
     provider = _provider(args)
-    chain = [provider, *_fallbacks(args.fallback)]
+    chain = [provider, *_chain_after(args.chain)]
     request = _request(args)
     output = _Output(args.output, args.show_reasoning, args.no_stream)
     if args.tools is not None:

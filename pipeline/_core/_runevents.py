@@ -399,7 +399,7 @@ class RunEventBuilder:
         return kind(**self._env(), **fields)
 
     def adopt(self, event: RunEvent) -> RunEvent:
-        """Another run's event (an agent step's, a fallback provider's) as this run's next
+        """Another run's event (an agent step's, a chain's next provider's) as this run's next
         one: run id, `seq` and `elapsed_ms` are this run's, and the text it carries counts
         (`answer.delta` appends, `attempt.reset` voids)."""
         kind = type(event)

@@ -1,7 +1,7 @@
 """Admission: how many provider streams the process runs at once (32 by default).
 
 Every turn holds one slot for as long as it talks to its provider (its attempts, waits and
-rescue), whether a host started it alone, in a fallback chain or as an agent's step; a turn
+rescue), whether a host started it alone, in a chain or as an agent's step; a turn
 that finds no free slot says so (`status` `queued`) and waits its turn, cancel-aware.
 """
 

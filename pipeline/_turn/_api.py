@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 import trio
 
+from .._core._deprecated import renamed
 from .._core._dialect import Provider
 from ._callbacks import FragmentSink, require_trio
 from ._chain import run_chain
@@ -52,13 +53,16 @@ async def run_turn(
     on_thinking: Callable[[str], object] | None = None,
     on_reset: Callable[[int], object] | None = None,
     breakers: CircuitBreakers | None = None,
-    fallback_on_permanent: bool = False,
+    chain_on_permanent: bool = False,
+    fallback_on_permanent: bool | None = None,
     task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
 ) -> TurnResult:
     """Run one turn to its end and return its result.
 
-    `provider` may be an ordered list: a fallback chain (`breakers`, `fallback_on_permanent`
-    then apply; see `FallbackChain`), one run id and one public stream whatever answers.
+    `provider` may be an ordered list: a chain (`breakers`, `chain_on_permanent` then apply;
+    see `rillet.CircuitBreakers`), one run id and one public stream whatever answers.
+    `chain_on_permanent` hands a permanent request error (a 400, a bad key) to the next provider
+    too; `fallback_on_permanent`, its old name, is still taken for one release and warns once.
 
     Use `turn = await nursery.start(run_turn, request, provider)` to get the `Turn` handle as
     soon as its actors are running, then iterate `turn.uni_events()` / `turn.run_events()` or
@@ -87,6 +91,9 @@ async def run_turn(
     called. Raises `RuntimeError` naming trio when awaited from asyncio.
     """
     require_trio("run_turn")
+    if fallback_on_permanent is not None:
+        renamed("run_turn(fallback_on_permanent=...)", "run_turn(chain_on_permanent=...)")
+        chain_on_permanent = fallback_on_permanent
     if on_text is not None or on_thinking is not None or on_reset is not None:
         sinks = [*sinks, FragmentSink(on_text, on_thinking, on_reset)]
     if not isinstance(provider, Provider):
@@ -106,14 +113,14 @@ async def run_turn(
             task_status=task_status,
             upstream=upstream,
             breakers=breakers,
-            fallback_on_permanent=fallback_on_permanent,
+            chain_on_permanent=chain_on_permanent,
         )
-    if breakers is not None or fallback_on_permanent:
+    if breakers is not None or chain_on_permanent:
         chain = [
             name
             for name, v in (
                 ("breakers", breakers),
-                ("fallback_on_permanent", fallback_on_permanent),
+                ("chain_on_permanent", chain_on_permanent),
             )
             if v
         ]
@@ -155,7 +162,8 @@ class TurnOptions(TypedDict, total=False):
     on_thinking: Callable[[str], object] | None
     on_reset: Callable[[int], object] | None
     breakers: CircuitBreakers | None
-    fallback_on_permanent: bool
+    chain_on_permanent: bool
+    fallback_on_permanent: bool | None  # chain_on_permanent's old name, for one release
 
 
 @asynccontextmanager

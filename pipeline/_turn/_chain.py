@@ -1,10 +1,11 @@
-"""Fallback chains: the next provider answers when one is rate-limited or hopeless.
+"""Provider chains: the next provider answers when one is rate-limited or hopeless.
 
 A chain is an ordered list of providers. A turn that ends `RateLimited`, or that failed
 before any event (streaming and the rescue both hopeless), hands the request to the next
-provider; the public stream says so with a `status` `fallback` naming it, and the result says
+provider; the public stream says so with a `status` `fallback` naming it (the wire's word, as
+the command line's `--fallback` is), and the result says
 who answered. A permanent request error (a 400, a bad key) is the request's fault, not the
-provider's: it ends the chain unless `fallback_on_permanent` asks otherwise.
+provider's: it ends the chain unless `chain_on_permanent` asks otherwise.
 
 Behind the chain, one circuit breaker per (base URL, model), shared by the process: after
 `threshold` hopeless turns in a row (default 5) it opens and the chain skips that provider at
@@ -144,7 +145,7 @@ def _permanent(error: BaseException | None) -> bool:
     return 400 <= error.status < 500 and error.status not in (408, 429)
 
 
-def _hopeless(result: TurnResult, fallback_on_permanent: bool) -> bool:
+def _hopeless(result: TurnResult, chain_on_permanent: bool) -> bool:
     """Whether the next provider should answer instead."""
     if result.ok or result.outcome is Outcome.CANCELLED:
         return False
@@ -152,7 +153,7 @@ def _hopeless(result: TurnResult, fallback_on_permanent: bool) -> bool:
         return True
     if result.partial:
         return False
-    return fallback_on_permanent or not _permanent(result.error)
+    return chain_on_permanent or not _permanent(result.error)
 
 
 @attrs.frozen
@@ -172,12 +173,12 @@ async def chain_turn(
     run_id: str,
     hold_text: bool = False,
     breakers: CircuitBreakers | None = None,
-    fallback_on_permanent: bool = False,
+    chain_on_permanent: bool = False,
     step: int | None = None,
     **options: Any,
 ) -> ChainStep:
     """Run one turn into `run`, provider after provider as the chain says. With one
-    provider there is no breaker and no fallback: the turn is simply run."""
+    provider there is no breaker and no next provider: the turn is simply run."""
     if not providers:
         raise ValueError("a chain needs at least one provider")
     chained = len(providers) > 1
@@ -218,7 +219,7 @@ async def chain_turn(
             raise
         spent += result.requests
         last = ChainStep(result, sink, spent)
-        hopeless = _hopeless(result, fallback_on_permanent)
+        hopeless = _hopeless(result, chain_on_permanent)
         if breaker is not None:
             if result.ok:
                 breaker.succeeded()
@@ -257,11 +258,11 @@ async def run_chain(
     tool_arguments: bool = False,
     history: bool = True,
     breakers: CircuitBreakers | None = None,
-    fallback_on_permanent: bool = False,
+    chain_on_permanent: bool = False,
     task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
     **options: Any,
 ) -> TurnResult:
-    """`run_turn` over a fallback chain: one `Turn` handle and one public stream."""
+    """`run_turn` over a chain: one `Turn` handle and one public stream."""
     if not providers:
         raise ValueError("a chain needs at least one provider")
     run_log: PlainLog[RunEvent] = PlainLog()
@@ -297,7 +298,7 @@ async def run_chain(
                     providers,
                     run_id=turn.run_id,
                     breakers=breakers,
-                    fallback_on_permanent=fallback_on_permanent,
+                    chain_on_permanent=chain_on_permanent,
                     client=http,
                     reasoning=reasoning,
                     tool_arguments=tool_arguments,

@@ -1,4 +1,4 @@
-"""One public run made of several turns: an agent's steps, a fallback chain's providers.
+"""One public run made of several turns: an agent's steps, a chain's providers.
 
 Each turn runs as it always does, with its own run-event builder, and hands its batches to a
 `StepSink`. The sink adopts them into the run's one stream (`RunEventBuilder.adopt`: the run's

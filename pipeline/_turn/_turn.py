@@ -127,7 +127,7 @@ class TurnResult:
         partial: whether the answer is incomplete: events were delivered, but the turn did
             not bring a reply home (what `text` holds is a fragment).
         retry_after: the server-directed wait that ended a RateLimited turn.
-        provider: the provider that answered (in a fallback chain, the one that ended it).
+        provider: the provider that answered (in a chain, the one that ended it).
         provider_finish_reason: the provider's own finish reason as it spelt it
             (`content_filter`, `SAFETY`, `end_turn`), if it gave one: what the message's
             `unknown` stands for, such as an answer its content rules cut short.

@@ -3,7 +3,7 @@ SSE events, a usage chunk on `stream_options.include_usage`, `data: [DONE]`) or 
 `chat.completion`), tool calls both ways, errors in OpenAI's `{"error": {...}}` shape.
 
 Behind it is the same turn as everywhere: the server's policy (deadlines, retries, rescue,
-fallback chains) and its admission. `docs/decisions.md` ("Other protocols' wires") says how the
+chains) and its admission. `docs/decisions.md` ("Other protocols' wires") says how the
 finish reasons, usage, reasoning and a reset are mapped."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fallback chains and the circuit breaker: the next provider answers a turn that ended
+"""Provider chains and the circuit breaker: the next provider answers a turn that ended
 rate-limited or hopeless before any event, a permanent request error does not fall back unless
 asked, and a breaker per (base URL, model) opens after consecutive hopeless turns, lets one
 trial through after its cooldown and closes on a success. The breaker's states in virtual
@@ -149,7 +149,7 @@ async def test_a_permanent_request_error_falls_back_only_when_asked(
                 [provider_at(first), provider_at(second)],
                 policy=QUICK,
                 breakers=CircuitBreakers(),
-                fallback_on_permanent=asked,
+                chain_on_permanent=asked,
             )
     assert result.ok is asked
     assert len(second.requests) == (1 if asked else 0)
