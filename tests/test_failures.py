@@ -41,10 +41,15 @@ from rillet._core._failures import (
     http_shape,
     status_shape,
 )
-from rillet._core._policy import Shape
+from rillet._core._policy import FailureClass
 from rillet.providers._error_body import error_from_body
 
-T, R, P, W = Shape.TRANSPORT, Shape.RATE_LIMIT, Shape.PERMANENT, Shape.WRONG_SHAPE
+T, R, P, W = (
+    FailureClass.TRANSPORT,
+    FailureClass.RATE_LIMIT,
+    FailureClass.PERMANENT,
+    FailureClass.WRONG_SHAPE,
+)
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "reliability.md"
 
 
@@ -82,7 +87,7 @@ RULE_STATUSES = {
 
 
 @pytest.mark.parametrize(("status", "shape"), sorted(RULE_STATUSES.items()))
-def test_the_statuses_follow_the_rules(status: int, shape: Shape) -> None:
+def test_the_statuses_follow_the_rules(status: int, shape: FailureClass) -> None:
     assert status_shape(status) is shape
 
 
@@ -121,12 +126,12 @@ def decode_error(decoder: msgspec.json.Decoder[object], data: bytes) -> Exceptio
     raise AssertionError("decoded")
 
 
-CASES: list[tuple[str, BaseException, Shape]] = [
+CASES: list[tuple[str, BaseException, FailureClass]] = [
     ("connect/read error", TransportError("p", "ReadError"), T),
     ("EOF before the terminal marker", IncompleteStreamError("p", ("finish_reason",)), T),
-    ("a stall", TurnTimeout("p", "per-event", 180), Shape.STALL),
-    ("no first event", TurnTimeout("p", "initial-event", 120), Shape.STALL),
-    ("the total deadline", TurnTimeout("p", "total", 300), Shape.TOTAL),
+    ("a stall", TurnTimeout("p", "per-event", 180), FailureClass.STALL),
+    ("no first event", TurnTimeout("p", "initial-event", 120), FailureClass.STALL),
+    ("the total deadline", TurnTimeout("p", "total", 300), FailureClass.TOTAL),
     ("in-stream overloaded", OverloadedError("p", in_stream=True), T),
     ("in-stream server error", ServerError("p", in_stream=True), T),
     ("in-stream error of no known type", ProviderError("p", in_stream=True), T),
@@ -162,7 +167,9 @@ CASES: list[tuple[str, BaseException, Shape]] = [
 
 
 @pytest.mark.parametrize(("name", "error", "shape"), CASES, ids=[c[0] for c in CASES])
-def test_every_cause_follows_the_rules(name: str, error: BaseException, shape: Shape) -> None:
+def test_every_cause_follows_the_rules(
+    name: str, error: BaseException, shape: FailureClass
+) -> None:
     assert error_shape(error) is shape
 
 
@@ -189,7 +196,7 @@ def test_every_quota_code_is_permanent_for_every_provider_error() -> None:
     ],
 )
 def test_an_http_answer_takes_its_status_unless_the_body_or_the_header_says_otherwise(
-    status: int, body: dict[str, object], should: str, shape: Shape
+    status: int, body: dict[str, object], should: str, shape: FailureClass
 ) -> None:
     error = error_from_body("p", status, msgspec.json.encode(body))
     assert http_shape(status, error, should) is shape
@@ -230,7 +237,7 @@ REACHED = (
     ],
 )
 def test_a_request_too_large_for_the_limit_itself_is_never_waited_for(
-    status: int | None, error: dict[str, object], code: str, shape: Shape
+    status: int | None, error: dict[str, object], code: str, shape: FailureClass
 ) -> None:
     """A rate limit the request alone exceeds: the same request gets the same answer however
     long it waits, so it is permanent (and carries `request_too_large`), not a rate limit."""
@@ -314,15 +321,15 @@ def test_an_http_quota_error_is_a_plain_provider_error_with_its_code() -> None:
 _ROW = re.compile(r"^\| `(\w+)`(?: \(([^)]*)\))? \| (\w[\w -]*?) \|", re.M)
 _WORDS = {
     "transport": T,
-    "stall": Shape.STALL,
-    "total": Shape.TOTAL,
+    "stall": FailureClass.STALL,
+    "total": FailureClass.TOTAL,
     "rate limit": R,
     "permanent": P,
     "wrong shape": W,
 }
 
 
-def documented() -> dict[tuple[str, str | None], Shape]:
+def documented() -> dict[tuple[str, str | None], FailureClass]:
     """The rows of docs/reliability.md's failure table: (class, cause) -> shape."""
     text = DOCS.read_text(encoding="utf-8")
     start = text.index("## The failure taxonomy")
@@ -357,7 +364,7 @@ def test_the_page_shows_every_cause_with_its_shape() -> None:
     ],
 )
 def test_an_in_stream_error_that_names_a_status_is_shaped_as_that_status(
-    body: dict[str, object], shape: Shape
+    body: dict[str, object], shape: FailureClass
 ) -> None:
     error = error_from_body("p", None, body, in_stream=True)
     assert error.in_stream
@@ -374,7 +381,7 @@ def test_an_in_stream_error_that_names_a_status_is_shaped_as_that_status(
     ],
 )
 def test_tgis_error_type_beside_a_string_error_types_it(
-    error_type: str, cls: type[ProviderError], shape: Shape
+    error_type: str, cls: type[ProviderError], shape: FailureClass
 ) -> None:
     body = {"error": "Input validation error: grammar is not supported", "error_type": error_type}
     error = error_from_body("tgi", None, body, in_stream=True)

@@ -31,7 +31,7 @@ from rillet import (
 )
 from rillet._core._explain import explain
 from rillet._core._failures import http_shape
-from rillet._core._policy import Outcome, Shape
+from rillet._core._policy import FailureClass, Outcome
 from rillet.providers import Provider, Secret
 from rillet.providers._ollama import OllamaDialect
 
@@ -435,6 +435,6 @@ def test_a_model_too_big_for_the_machine_is_refused_not_retried() -> None:
     assert said.startswith("the model does not fit in the server's memory (500): model requires")
     assert said.endswith("— pick a smaller one (--model)")
     assert error.provider_message.startswith("model requires more system memory")
-    assert http_shape(500, error) is Shape.PERMANENT
+    assert http_shape(500, error) is FailureClass.PERMANENT
     other = OllamaDialect().error_from_response(500, {}, b'{"error":"llama runner crashed"}')
-    assert http_shape(500, other) is Shape.TRANSPORT
+    assert http_shape(500, other) is FailureClass.TRANSPORT

@@ -15,7 +15,7 @@ from rillet import (
 )
 from rillet._core._failures import error_shape
 from rillet._core._lanes import MessageDelta
-from rillet._core._policy import Outcome, Shape
+from rillet._core._policy import FailureClass, Outcome
 from rillet.providers._openai_responses._dialect import OpenAIResponsesDialect
 
 from .openai_responses_support import (
@@ -411,7 +411,7 @@ def test_a_failed_response_whose_code_names_the_request_is_a_refused_request(
     decoder = WireDecoder(OpenAIResponsesDialect(), clock=lambda: 0)
     with pytest.raises(ProviderError) as info:
         decoder.feed(data)
-    permanent = error_shape(info.value) is Shape.PERMANENT
+    permanent = error_shape(info.value) is FailureClass.PERMANENT
     assert permanent is (typed == "InvalidRequestError")
 
 

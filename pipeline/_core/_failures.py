@@ -1,7 +1,7 @@
 """The failure taxonomy: for every error and every HTTP status, the ladder that handles it.
 
 One table, consulted by the handler for every attempt that fails, so that no two places can
-disagree about what is retried. The shapes (`Shape`, in `_policy`):
+disagree about what is retried. The failure classes (`FailureClass`, in `_policy`):
 
 - transport (`TRANSPORT`, and `STALL` for a deadline between events): the bytes did not arrive
   whole (connect or read error, reset, EOF before the terminal marker, a frame that is not
@@ -68,7 +68,7 @@ from ._errors import (
     UpstreamError,
     causes,
 )
-from ._policy import Shape
+from ._policy import FailureClass
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -86,9 +86,14 @@ __all__ = [
     "status_shape",
 ]
 
-T, R, P, W = Shape.TRANSPORT, Shape.RATE_LIMIT, Shape.PERMANENT, Shape.WRONG_SHAPE
+T, R, P, W = (
+    FailureClass.TRANSPORT,
+    FailureClass.RATE_LIMIT,
+    FailureClass.PERMANENT,
+    FailureClass.WRONG_SHAPE,
+)
 
-ERROR_SHAPES: Mapping[type[RilletError], Shape] = {
+ERROR_SHAPES: Mapping[type[RilletError], FailureClass] = {
     RilletError: P,  # an error of ours we did not foresee: never paid for twice
     FrameError: T,  # bytes that cannot be framed (a non-stream Content-Type, F21)
     FrameTooLarge: P,  # the same frame would come back (F26)
@@ -105,7 +110,7 @@ ERROR_SHAPES: Mapping[type[RilletError], Shape] = {
     EmptyResponseError: P,  # a reply of thinking only (F45)
     ToolCallArgumentParseError: P,  # arguments that do not parse (F44)
     TransportError: T,  # connect, read, reset (F09, F10)
-    TurnTimeout: Shape.STALL,  # a deadline between events (F03-F05)
+    TurnTimeout: FailureClass.STALL,  # a deadline between events (F03-F05)
     RescueFailed: P,  # a turn's end, never an attempt's
     ProviderError: T,  # an in-stream error of no known type
     RateLimitError: R,  # in-stream rate limits (F17)
@@ -131,9 +136,9 @@ PERMANENT_CODES = UNCURABLE_CODES
 """Provider error codes that no retry or wait cures: the account must change first (F55), or
 the request must shrink (`request_too_large`)."""
 
-CAUSE_SHAPES: Mapping[tuple[type[RilletError], str], Shape] = {
+CAUSE_SHAPES: Mapping[tuple[type[RilletError], str], FailureClass] = {
     (MalformedFrameError, "not_json"): T,  # cut short or corrupted on the way (F22)
-    (TurnTimeout, "total"): Shape.TOTAL,  # the turn's total deadline (F06)
+    (TurnTimeout, "total"): FailureClass.TOTAL,  # the turn's total deadline (F06)
     (TransportError, "tls_refused"): P,  # a certificate refused, a server speaking no TLS
     (TransportError, "unsendable"): P,  # a request the client itself will not send as it is
     (TransportError, "not_http"): P,  # a server that answers in something else (TLS, SSH)
@@ -141,7 +146,7 @@ CAUSE_SHAPES: Mapping[tuple[type[RilletError], str], Shape] = {
 }
 """Causes that outrank their class's shape."""
 
-STATUS_SHAPES: Mapping[int, Shape] = {
+STATUS_SHAPES: Mapping[int, FailureClass] = {
     400: P,
     401: P,
     403: P,
@@ -161,7 +166,7 @@ STATUS_SHAPES: Mapping[int, Shape] = {
 (a 3xx not followed, another 4xx) permanent (D6)."""
 
 
-def status_shape(status: int) -> Shape:
+def status_shape(status: int) -> FailureClass:
     """The shape an HTTP error status names."""
     shape = STATUS_SHAPES.get(status)
     if shape is not None:
@@ -215,7 +220,7 @@ def _tls_refused(error: BaseException) -> bool:
     )
 
 
-def error_shape(error: BaseException) -> Shape:
+def error_shape(error: BaseException) -> FailureClass:
     """The shape of an attempt that ended with `error` (raised while streaming or sending)."""
     if not isinstance(error, RilletError):
         return T
@@ -237,7 +242,7 @@ def error_shape(error: BaseException) -> Shape:
     return P  # not reached: every RilletError has RilletError in its hierarchy
 
 
-def http_shape(status: int, error: ProviderError, should_retry: str = "") -> Shape:
+def http_shape(status: int, error: ProviderError, should_retry: str = "") -> FailureClass:
     """The shape of an HTTP error answer: its status, unless the body's code is a permanent one;
     then `x-should-retry: true` sends a permanent one down the transport ladder."""
     cause = cause_of(error)
@@ -245,8 +250,8 @@ def http_shape(status: int, error: ProviderError, should_retry: str = "") -> Sha
         shape = CAUSE_SHAPES[ProviderError, cause]
     else:
         shape = status_shape(status)
-    if should_retry == "true" and shape is Shape.PERMANENT:
-        shape = Shape.TRANSPORT
+    if should_retry == "true" and shape is FailureClass.PERMANENT:
+        shape = FailureClass.TRANSPORT
     return shape
 
 

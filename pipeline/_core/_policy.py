@@ -26,7 +26,7 @@ import attrs
 
 from ._deprecated import renamed
 
-__all__ = ["Outcome", "Policy", "Shape", "backoff_delay", "default_graph", "retry_after"]
+__all__ = ["FailureClass", "Outcome", "Policy", "backoff_delay", "default_graph", "retry_after"]
 
 default_graph: contextvars.ContextVar[str] = contextvars.ContextVar(
     "default_graph", default="chained"
@@ -79,7 +79,7 @@ class Outcome(enum.IntEnum):
 _LABELS = {o: o.name.lower() for o in Outcome} | {Outcome.RESCUED: "fallback_to_non_streaming"}
 
 
-class Shape(enum.Enum):
+class FailureClass(enum.Enum):
     """What kind of failure an attempt ended with: it decides the ladder that handles it."""
 
     TRANSPORT = "transport"  # connect/read errors, 5xx, 408, truncation, a frame not JSON

@@ -12,7 +12,7 @@ on the provider: until the first lane event, `initial_event_timeout` from sendin
 deadline. A send blocked by a slow consumer is backpressure, not silence: the time it spends
 blocked moves the per-event and total deadlines by as much.
 
-An attempt that fails is classified (`Shape`) by the failure taxonomy (`_failures`, the one
+An attempt that fails is classified (`FailureClass`) by the failure taxonomy (`_failures`, the one
 table of what is retried) and handled by its ladder:
 
 - permanent (4xx, grammar breaches, invalid tool arguments, quota errors, a frame over the cap):
@@ -58,7 +58,7 @@ from .._core._markers import (
     Status,
     Verdict,
 )
-from .._core._policy import Outcome, Policy, Shape, backoff_delay
+from .._core._policy import FailureClass, Outcome, Policy, backoff_delay
 from .._core._reads import Replay, read_reply
 from .._core._request import TurnRequest
 from .._core._upstream import Exchange, Upstream, upstream_error
@@ -165,7 +165,7 @@ class Handler:
         error = failure.error
         return (
             adapt is not None
-            and failure.shape is Shape.PERMANENT
+            and failure.shape is FailureClass.PERMANENT
             and isinstance(error, ProviderError)
             and bool(adapt(self.provider, error))
         )
@@ -418,9 +418,9 @@ class Handler:
     async def _next(self, failure: Failure, out: Outlet) -> Outcome | None:
         """None to retry (after any wait), or the outcome that ends streaming."""
         policy = self.policy
-        if failure.shape is Shape.PERMANENT or failure.shape is Shape.WRONG_SHAPE:
+        if failure.shape is FailureClass.PERMANENT or failure.shape is FailureClass.WRONG_SHAPE:
             return self._failed()  # the same request would get the same answer
-        if failure.shape is Shape.RATE_LIMIT:
+        if failure.shape is FailureClass.RATE_LIMIT:
             wait = failure.error.retry_after if isinstance(failure.error, ProviderError) else None
             wait = wait if wait is not None else policy.retry_after_default
             now = trio.current_time()
@@ -440,9 +440,9 @@ class Handler:
             return None
         if failure.no_retry:
             return self._failed()
-        if failure.shape is Shape.TOTAL:
+        if failure.shape is FailureClass.TOTAL:
             return Outcome.TOTAL_TIMEOUT
-        if failure.shape is Shape.STALL:
+        if failure.shape is FailureClass.STALL:
             self._timeouts += 1
             limit = (
                 policy.max_consecutive_timeouts if self._ever_event else policy.max_empty_timeouts
@@ -450,7 +450,7 @@ class Handler:
             if self._timeouts >= limit:
                 return Outcome.EVENT_TIMEOUT
         if self._transport_used >= policy.transport_retries:
-            return Outcome.EVENT_TIMEOUT if failure.shape is Shape.STALL else self._failed()
+            return Outcome.EVENT_TIMEOUT if failure.shape is FailureClass.STALL else self._failed()
         delay = backoff_delay(policy, self._transport_used)
         self._transport_used += 1
         reason = retry_reason(failure.error)
@@ -468,7 +468,7 @@ class Handler:
     def _may_rescue(self, failure: Failure, outcome: Outcome) -> bool:
         if not self.policy.rescue or failure.no_retry:
             return False
-        if failure.shape is Shape.PERMANENT:
+        if failure.shape is FailureClass.PERMANENT:
             return False
         return outcome is not Outcome.RATE_LIMITED
 
@@ -488,7 +488,7 @@ class Handler:
             if judged is not None:
                 failure = judged  # an error status: its header, body hint and x-should-retry
             elif isinstance(error, TurnTimeout):
-                failure = Failure(Shape.STALL, error)
+                failure = Failure(FailureClass.STALL, error)
             elif isinstance(error, RilletError):
                 failure = self._failure_of(error, 0)
             else:  # pragma: no cover - the rescue records only rillet's errors

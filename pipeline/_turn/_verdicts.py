@@ -21,7 +21,7 @@ import trio
 
 from .._core._errors import REDIRECT, FrameError, ProviderError, RilletError, TransportError
 from .._core._failures import http_shape
-from .._core._policy import Policy, Shape, retry_after
+from .._core._policy import FailureClass, Policy, retry_after
 from .._core._reads import read_bounded
 from ..providers._error_body import provider_error
 
@@ -48,7 +48,7 @@ _STREAM_TYPES = {"sse": ("text/event-stream",), "ndjson": ("ndjson", "json", "te
 class Failure:
     """How one attempt ended, when it did not complete."""
 
-    shape: Shape
+    shape: FailureClass
     error: BaseException
     status: int | None = None
     headers: Mapping[str, str] = attrs.field(factory=dict)
