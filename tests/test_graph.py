@@ -85,9 +85,9 @@ def texts(batches: list[Batch]) -> list[Any]:
 
 
 async def test_the_grammar_actor_checks_lanes_into_uni_events_on_its_channels() -> None:
-    from rillet._turn._graph import Settle, Verdict
+    from rillet._turn._graph import GrammarVerdict, Settle
 
-    verdict = Verdict()
+    verdict = GrammarVerdict()
     out, _ = await grammar_on_channels(
         [
             [AttemptOpen(1)],
@@ -106,9 +106,9 @@ async def test_the_grammar_actor_checks_lanes_into_uni_events_on_its_channels() 
 
 
 async def test_the_grammar_actor_reports_a_breach_and_owes_the_reset() -> None:
-    from rillet._turn._graph import Settle, Verdict
+    from rillet._turn._graph import GrammarVerdict, Settle
 
-    first, second = Verdict(), Verdict()
+    first, second = GrammarVerdict(), GrammarVerdict()
     breach = [MessageStart(), PartStart(index=0, kind="text"), PartDelta(0, "text", "x"),
               PartDelta(7, "text", "lane never opened")]  # fmt: skip
     out, _ = await grammar_on_channels(

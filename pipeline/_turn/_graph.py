@@ -101,12 +101,13 @@ class Settle(msgspec.Struct, frozen=True, gc=False):
     closes too); the grammar's verdict goes back in `verdict`."""
 
     close: bool
-    verdict: Verdict
+    verdict: GrammarVerdict
 
 
 @attrs.define(eq=False)
-class Verdict:
-    """The grammar's word on one attempt: its first error, and how many UniEvents it released."""
+class GrammarVerdict:
+    """The grammar actor's word on one attempt (a `Verdict`): its first error, and how many
+    UniEvents it released."""
 
     error: RilletError | None = None
     emitted: int = 0
@@ -146,10 +147,10 @@ class ChannelOutlet:
             await self.send.send(self._owed[0])
             del self._owed[0]
 
-    async def settle(self, *, close: bool) -> Verdict:
+    async def settle(self, *, close: bool) -> GrammarVerdict:
         """End the attempt; the grammar's verdict on it."""
         await self.drain()
-        verdict = Verdict()
+        verdict = GrammarVerdict()
         await self.send.send([cast("Any", Settle(close, verdict))])
         await verdict.done.wait()
         self.failed = False
@@ -399,7 +400,7 @@ class AccumulatorActor:
         reads them, and only their strings (the source may send `DeltaRun`s)."""
         return bool(self.routes) or self.history
 
-    async def settle(self, *, close: bool) -> Verdict:
+    async def settle(self, *, close: bool) -> GrammarVerdict:
         """Never called: the grammar runs in the source (`grammar_downstream` is False)."""
         raise NotImplementedError
 

@@ -65,7 +65,7 @@ from .._core._upstream import Exchange, Upstream, upstream_error
 from .._core._wire import HEAD_BYTES, WireDecoder
 from ._hedge import open_hedged
 from ._ratelimit import RateLimiter
-from ._verdicts import (
+from ._reply_errors import (
     Failure,
     check_content_type,
     scrubbed,

@@ -1,4 +1,4 @@
-"""What one attempt's reply says when it is not a stream to read: the handler's verdicts.
+"""What one attempt's reply says when it is not a stream to read: the error it carries.
 
 An error status is read into the dialect's typed error (its body bounded in time and bytes; a
 redirect is named by where it points, never followed),
@@ -7,7 +7,7 @@ none, D5) and its class on the ladders (`http_shape`, `x-should-retry`); a strea
 the wrong Content-Type is a frame error (one labelled JSON may be the whole reply); a
 transport's failure becomes the provider's `TransportError`. Every error is scrubbed of the
 turn's own credential, should a provider echo it back. The handler (`_handler`) decides what
-each verdict costs: a retry, a wait, the rescue, or the end.
+each such failure costs: a retry, a wait, the rescue, or the end.
 """
 
 from __future__ import annotations
