@@ -16,6 +16,7 @@ loop ends when a step finishes other than `tool_call`, or after `max_steps` mode
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 import secrets
@@ -45,6 +46,7 @@ from .._core._runevents import (
     ToolStarted,
 )
 from .._turn._chain import CircuitBreakers, CircuitOpen, chain_turn
+from .._turn._handle import open_run
 from .._turn._history import PlainLog
 from .._turn._runstream import RunStream
 from .._turn._turn import TurnResult
@@ -582,19 +584,5 @@ async def open_agent(
 ) -> AsyncIterator[Agent]:
     """Run an agent for the duration of the block; leaving the block cancels it if it is
     still running. Takes `run_agent`'s keyword options (`AgentOptions`)."""
-    async with trio.open_nursery() as nursery:
-        agent: Agent = await nursery.start(_run_agent_with, request, provider, options)
-        try:
-            yield agent
-        finally:
-            if not agent.done:
-                agent.cancel()
-
-
-async def _run_agent_with(
-    request: TurnRequest,
-    provider: Provider | Sequence[Provider],
-    options: AgentOptions,
-    task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    await run_agent(request, provider, task_status=task_status, **options)
+    async with open_run(functools.partial(run_agent, request, provider, **options)) as agent:
+        yield agent

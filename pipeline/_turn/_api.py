@@ -6,6 +6,7 @@ single turns), so neither of those imports the other's caller.
 
 from __future__ import annotations
 
+import functools
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, TypedDict
 
@@ -15,6 +16,7 @@ from .._core._deprecated import renamed
 from .._core._dialect import Provider
 from ._callbacks import FragmentSink, require_trio
 from ._chain import run_chain
+from ._handle import open_run
 from ._turn import Turn, TurnResult, run_one_turn
 
 if TYPE_CHECKING:
@@ -173,19 +175,5 @@ async def open_turn(
     """Run a turn for the duration of the block; leaving the block cancels it if it is still
     running. Takes `run_turn`'s keyword options (`TurnOptions`)."""
     require_trio("open_turn")
-    async with trio.open_nursery() as nursery:
-        turn: Turn = await nursery.start(_run_turn_with, request, provider, options)
-        try:
-            yield turn
-        finally:
-            if not turn.done:
-                turn.cancel()
-
-
-async def _run_turn_with(
-    request: TurnRequest,
-    provider: Provider | Sequence[Provider],
-    options: TurnOptions,
-    task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    await run_turn(request, provider, task_status=task_status, **options)
+    async with open_run(functools.partial(run_turn, request, provider, **options)) as turn:
+        yield turn

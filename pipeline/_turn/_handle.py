@@ -8,7 +8,8 @@ or calls `cancel()` (as starlette's `HTTPConnection` is the base of `Request` an
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Generic, TypeVar
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import attrs
 import trio
@@ -19,9 +20,9 @@ from ._graph import UniItem
 from ._history import PlainLog
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Awaitable, Callable
 
-__all__ = ["RunHandle"]
+__all__ = ["RunHandle", "open_run"]
 
 R = TypeVar("R")
 
@@ -83,3 +84,17 @@ class RunHandle(Generic[R]):
     def done(self) -> bool:
         """Whether the run has ended."""
         return self._done.is_set()
+
+
+@asynccontextmanager
+async def open_run(start: Callable[..., Awaitable[object]]) -> AsyncIterator[Any]:
+    """`start(task_status=...)` run in a nursery of its own for the block, its handle yielded
+    once it runs; leaving the block cancels the run if it is still running (`open_turn` and
+    `open_agent` are this over `run_turn` and `run_agent`)."""
+    async with trio.open_nursery() as nursery:
+        handle: RunHandle[Any] = await nursery.start(start)
+        try:
+            yield handle
+        finally:
+            if not handle.done:
+                handle.cancel()
