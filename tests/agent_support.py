@@ -39,7 +39,7 @@ LIMIT = 3600.0  # virtual seconds: beyond every scripted wait, never reached by 
 
 def loop_clock() -> trio.testing.MockClock:
     """Virtual time that jumps only after 20 ms of real idleness: bytes in flight on loopback
-    are never mistaken for a quiet moment (see tests/test_turn_loopback.py)."""
+    are never mistaken for a quiet moment (see tests/turn/test_turn_loopback.py)."""
     return trio.testing.MockClock(autojump_threshold=0.02)
 
 

@@ -24,7 +24,7 @@ from rillet.transports.testing import (
     sse,
 )
 
-from .test_cli_agents import ANSWER, calls
+from .cli.test_cli_agents import ANSWER, calls
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence

@@ -203,7 +203,7 @@ async def check_mcp(code: str, tmp_path: Path) -> None:
 
 async def check_openai_sdk(code: str, tmp_path: Path) -> None:
     """The OpenAI SDK, pointed at a rillet server, streams the server provider's answer."""
-    from .test_openai_interop import sdk_python
+    from .server.test_openai_interop import sdk_python
 
     python = sdk_python()  # skips, saying why, when the SDK's virtualenv cannot be made
     async with open_loopback_provider(provider_reply) as provider:

@@ -29,6 +29,7 @@ from rillet.transports.testing import (
     status_reply,
 )
 
+from .cli.test_cli_agents import ANSWER, tool_messages
 from .readme_support import (
     ANTHROPIC_TEXT,
     FIXTURES,
@@ -45,7 +46,6 @@ from .readme_support import (
     sections,
     server_process,
 )
-from .test_cli_agents import ANSWER, tool_messages
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -153,15 +153,16 @@ def _openai_fails(request: RecordedRequest, number: int) -> Reply:
 
 # each line of the README's ```sh blocks: its check (and the provider's script), or why not here
 COMMANDS: dict[str, tuple[Check, Script] | str] = {
-    "make demo": "runs until Ctrl-C; tests/test_cli.py runs `rillet demo --keep-serving`",
+    "make demo": "runs until Ctrl-C; tests/cli/test_cli.py runs `rillet demo --keep-serving`",
     "make test": "the whole suite, this file included",
     "pip install rillet": "installs from the package index",
     "pip install 'rillet[redis]'": "installs from the package index",
     "pip install 'rillet[mcp]'": "installs from the package index",
     "pip install 'rillet[metrics]'": "installs from the package index",
     'rillet run "weather in Paris?" --tools demo': (check_weather_tool, provider_reply),
-    'rillet run "delete notes.txt" --tools demo': "asks on a terminal: tests/test_cli_agents.py "
-    "answers it on a pty",
+    'rillet run "delete notes.txt" --tools demo': (
+        "asks on a terminal: tests/cli/test_cli_agents.py answers it on a pty"
+    ),
     'rillet run "delete notes.txt" --tools demo --no-input --output jsonl': (
         check_approval_without_input,
         provider_reply,
@@ -184,13 +185,13 @@ COMMANDS: dict[str, tuple[Check, Script] | str] = {
         check_fallback,
         _openai_fails,
     ),
-    "rillet serve": "runs until Ctrl-C; tests/test_server.py serves the same config",
+    "rillet serve": "runs until Ctrl-C; tests/server/test_server.py serves the same config",
     "rillet replay tests/fixtures/providers/anthropic-messages/tool_use.sse": (
         check_replay,
         provider_reply,
     ),
     "rillet providers": (check_providers, provider_reply),
-    "rillet demo": "takes seconds of paced turns; tests/test_cli.py runs it to completion",
+    "rillet demo": "takes seconds of paced turns; tests/cli/test_cli.py runs it to completion",
     "rillet bench": "the benchmarks (make bench), never part of the suite",
     "rillet --version": (check_version, provider_reply),
 }

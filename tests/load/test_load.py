@@ -62,7 +62,7 @@ from ..fault_support import (
     words,
 )
 from ..handler_support import FakeProvider, openai_events, policy, provider_for, rescue_ok, status
-from ..test_redis_hub import redis_server  # noqa: F401 - the session fixture
+from ..hub.test_redis_hub import redis_server  # noqa: F401 - the session fixture
 from ._provider import fragments
 from ._support import open_fds, percentile, provider_process, rss, tasks, ticking
 
@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from ..fault_support import Site
-    from ..test_redis_hub import RedisServer
+    from ..hub.test_redis_hub import RedisServer
 
 pytestmark = pytest.mark.load
 

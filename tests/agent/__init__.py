@@ -1,0 +1,1 @@
+"""Tests of the agent loop: steps, tools, approvals, delivery modes."""

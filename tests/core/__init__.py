@@ -1,0 +1,2 @@
+"""Tests of the sans-I/O core: vocabularies, grammar, accumulator, frame codecs, encoders,
+errors, policy."""

@@ -1,0 +1,1 @@
+"""Tests of the dialects: each provider's wire, its recordings, the registry."""
