@@ -28,6 +28,7 @@ from ._errors import (
     RilletError,
     StreamProtocolError,
     ToolCallArgumentParseError,
+    UpstreamError,
 )
 from ._events import (
     TextDelta,
@@ -251,8 +252,12 @@ def safe_code(outcome: Outcome, error: BaseException | None) -> str:
         return "rate_limited"
     if isinstance(error, RescueFailed):
         error = error.stream_error
-    if error is not None and not isinstance(error, RilletError):
-        return "internal_error"  # a sink's or an actor's own failure, not the provider's
+    # a sink's or an actor's own failure, not the provider's: a bare UpstreamError too, since
+    # the handler makes a TransportError of every one a provider's transport raises
+    if error is not None and (
+        not isinstance(error, RilletError) or isinstance(error, UpstreamError)
+    ):
+        return "internal_error"
     if isinstance(error, EmptyResponseError):
         return "empty_response"
     if isinstance(error, ToolCallArgumentParseError):

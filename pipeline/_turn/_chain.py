@@ -23,7 +23,7 @@ import attrs
 import trio
 from rillet.transports.upstream._http import default_client
 
-from .._core._errors import ProviderError, RescueFailed, RilletError
+from .._core._errors import ProviderError, RescueFailed, RilletError, UpstreamError
 from .._core._events import UniMessage
 from .._core._markers import AttemptReset
 from .._core._policy import Outcome
@@ -345,8 +345,12 @@ def _result(
 ) -> TurnResult:
     if step is None:
         outcome = Outcome.CANCELLED if status == "cancelled" else Outcome.INIT_FAILED
-        if error is not None and not isinstance(error, RilletError):
-            outcome = Outcome.FAILED  # the run's own failure (a sink's), not the providers'
+        # the run's own failure (a sink's), not the providers': a bare UpstreamError too, which
+        # the handler makes a TransportError whenever it comes from a provider's transport
+        if error is not None and (
+            not isinstance(error, RilletError) or isinstance(error, UpstreamError)
+        ):
+            outcome = Outcome.FAILED
         return TurnResult(
             message=UniMessage(role="assistant", content_items=[]),
             outcome=outcome,
