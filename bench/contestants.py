@@ -29,18 +29,17 @@ from typing import IO, TYPE_CHECKING, Any
 import httpx
 import msgspec
 from rillet import (
-    Accumulator,
     Policy,
     TextDone,
     ThinkingDone,
     ToolCallDone,
     TurnRequest,
     UniMessage,
-    WireDecoder,
     open_turn,
     run_turn,
     user,
 )
+from rillet.lowlevel import Accumulator, WireDecoder
 from rillet.providers import Provider, Secret
 from rillet.transports.sinks import JSONLSink
 

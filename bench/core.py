@@ -22,7 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from rillet import Accumulator, WireDecoder
+from rillet.lowlevel import Accumulator, WireDecoder
 
 from .contestants import dialect_of, limit_loop, message_digest
 from .wire import STREAM_KINDS, build_stream

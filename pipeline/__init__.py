@@ -2,9 +2,10 @@
 
 Everything a host uses is here: the turn (`run_turn`, `open_turn`, `TurnRequest`, `Policy`), the
 agent loop (`run_agent`, `open_agent`, `tool`, `Conversation`, `ContextBudget`), the chain's
-breakers and admission, the three vocabularies (lane events, MMSP's UniEvents, the public run
-events), the grammar and the accumulator, the hub that fans run events out, and every typed
-error. Provider dialects and the registry are in `rillet.providers`; frame codecs, sinks, the
+breakers and admission, MMSP's UniEvents and the public run events, the hub that fans run events
+out, and every typed error. Provider dialects and the registry are in `rillet.providers`; what
+code extending rillet builds on (the lane events, the grammar, the wire decoder, the accumulator,
+the handler's markers, the upstream protocol) in `rillet.lowlevel`; frame codecs, sinks, the
 server, replay and the loopback test provider in `rillet.transports`; the Redis hub in
 `rillet.redis`.
 """
@@ -13,6 +14,7 @@ import typing as _typing
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
+from . import lowlevel as lowlevel
 from ._agent._loop import Agent as Agent
 from ._agent._loop import AgentOptions as AgentOptions
 from ._agent._loop import AgentResult as AgentResult
@@ -24,7 +26,6 @@ from ._agent._tools import Tool as Tool
 from ._agent._tools import ToolOutput as ToolOutput
 from ._agent._tools import ToolStatus as ToolStatus
 from ._agent._tools import tool as tool
-from ._core._accumulator import Accumulator as Accumulator
 from ._core._budget import ContextBudget as ContextBudget
 from ._core._budget import estimate_chars as estimate_chars
 from ._core._conversation import Conversation as Conversation
@@ -88,23 +89,6 @@ from ._core._events import UsageMetadata as UsageMetadata
 from ._core._events import decode_uni_event as decode_uni_event
 from ._core._events import decode_uni_message as decode_uni_message
 from ._core._events import encode_json as encode_json
-from ._core._finish import map_finish_reason as map_finish_reason
-from ._core._grammar import Grammar as Grammar
-from ._core._lanes import LaneEvent as LaneEvent
-from ._core._lanes import LaneKind as LaneKind
-from ._core._lanes import MessageDelta as MessageDelta
-from ._core._lanes import MessageStart as MessageStart
-from ._core._lanes import MessageStop as MessageStop
-from ._core._lanes import PartDelta as PartDelta
-from ._core._lanes import PartRun as PartRun
-from ._core._lanes import PartStart as PartStart
-from ._core._lanes import PartStop as PartStop
-from ._core._lanes import Ping as Ping
-from ._core._lanes import ProviderErrorEvent as ProviderErrorEvent
-from ._core._lanes import RawUsage as RawUsage
-from ._core._markers import AttemptReset as AttemptReset
-from ._core._markers import DeltaRun as DeltaRun
-from ._core._markers import Status as Status
 from ._core._policy import Outcome as Outcome
 from ._core._policy import Policy as Policy
 from ._core._public import fixup_module_metadata as _fixup_module_metadata
@@ -129,9 +113,6 @@ from ._core._runevents import ToolCompleted as ToolCompleted
 from ._core._runevents import ToolStarted as ToolStarted
 from ._core._runevents import UsageEvent as UsageEvent
 from ._core._runevents import decode_run_event as decode_run_event
-from ._core._upstream import Exchange as Exchange
-from ._core._upstream import Upstream as Upstream
-from ._core._wire import WireDecoder as WireDecoder
 from ._hub._hub import Entry as Entry
 from ._hub._hub import Hub as Hub
 from ._hub._hub import HubSink as HubSink
@@ -158,6 +139,30 @@ from ._turn._turn import Turn as Turn
 from ._turn._turn import TurnResult as TurnResult
 from ._turn._turn import UniItem as UniItem
 
+if _typing.TYPE_CHECKING:
+    # moved to `rillet.lowlevel`: still here for type checkers for one release (`__getattr__`)
+    from .lowlevel import Accumulator as Accumulator
+    from .lowlevel import AttemptReset as AttemptReset
+    from .lowlevel import DeltaRun as DeltaRun
+    from .lowlevel import Exchange as Exchange
+    from .lowlevel import Grammar as Grammar
+    from .lowlevel import LaneEvent as LaneEvent
+    from .lowlevel import LaneKind as LaneKind
+    from .lowlevel import MessageDelta as MessageDelta
+    from .lowlevel import MessageStart as MessageStart
+    from .lowlevel import MessageStop as MessageStop
+    from .lowlevel import PartDelta as PartDelta
+    from .lowlevel import PartRun as PartRun
+    from .lowlevel import PartStart as PartStart
+    from .lowlevel import PartStop as PartStop
+    from .lowlevel import Ping as Ping
+    from .lowlevel import ProviderErrorEvent as ProviderErrorEvent
+    from .lowlevel import RawUsage as RawUsage
+    from .lowlevel import Status as Status
+    from .lowlevel import Upstream as Upstream
+    from .lowlevel import WireDecoder as WireDecoder
+    from .lowlevel import map_finish_reason as map_finish_reason
+
 try:
     __version__: str = _version("rillet")
     """The installed distribution's version (`rillet --version` prints it)."""
@@ -166,7 +171,6 @@ except _PackageNotFoundError:  # pragma: no cover - only a source tree that was 
 
 __all__ = [
     "DEFAULT_STREAMS",
-    "Accumulator",
     "Admission",
     "Agent",
     "AgentOptions",
@@ -177,7 +181,6 @@ __all__ = [
     "AppendConflict",
     "ApprovalRequired",
     "ApprovalResolved",
-    "AttemptReset",
     "AttemptResetEvent",
     "AuthenticationError",
     "BreakerState",
@@ -192,19 +195,16 @@ __all__ = [
     "CursorExpired",
     "CursorInvalid",
     "DeltaItem",
-    "DeltaRun",
     "DoneItem",
     "EmbeddingDelta",
     "EmbeddingDone",
     "EmptyResponseError",
     "Entry",
     "EventItem",
-    "Exchange",
     "FinishReason",
     "FrameEncodingError",
     "FrameError",
     "FrameTooLarge",
-    "Grammar",
     "Hub",
     "HubError",
     "HubSink",
@@ -216,28 +216,16 @@ __all__ = [
     "InlineThinkingDelta",
     "InlineThinkingDone",
     "InvalidRequestError",
-    "LaneEvent",
-    "LaneKind",
     "MalformedFrameError",
     "MemoryRunLog",
-    "MessageDelta",
-    "MessageStart",
-    "MessageStop",
     "NoHistoryError",
     "Outcome",
     "OverloadedError",
-    "PartDelta",
-    "PartRun",
-    "PartStart",
-    "PartStop",
     "PendingApproval",
-    "Ping",
     "Policy",
     "ProviderError",
-    "ProviderErrorEvent",
     "RateLimitError",
     "RateLimiter",
-    "RawUsage",
     "ReasoningDelta",
     "RescueFailed",
     "RilletError",
@@ -252,7 +240,6 @@ __all__ = [
     "ServerError",
     "Sink",
     "SinkBatch",
-    "Status",
     "StatusEvent",
     "StepOptions",
     "StreamError",
@@ -289,17 +276,13 @@ __all__ = [
     "UnknownRun",
     "UnsupportedContentError",
     "UnsupportedOperationError",
-    "Upstream",
-    "UpstreamError",
     "UsageEvent",
     "UsageMetadata",
-    "WireDecoder",
     "decode_run_event",
     "decode_uni_event",
     "decode_uni_message",
     "encode_json",
     "estimate_chars",
-    "map_finish_reason",
     "open_agent",
     "open_turn",
     "run_agent",
@@ -312,16 +295,47 @@ __all__ = [
 
 _fixup_module_metadata(__name__, globals())
 
+# The names that moved to `rillet.lowlevel`: `rillet.X` still finds them for one release.
+_MOVED_TO_LOWLEVEL = frozenset(
+    {
+        "Accumulator",
+        "AttemptReset",
+        "DeltaRun",
+        "Exchange",
+        "Grammar",
+        "LaneEvent",
+        "LaneKind",
+        "MessageDelta",
+        "MessageStart",
+        "MessageStop",
+        "PartDelta",
+        "PartRun",
+        "PartStart",
+        "PartStop",
+        "Ping",
+        "ProviderErrorEvent",
+        "RawUsage",
+        "Status",
+        "Upstream",
+        "WireDecoder",
+        "map_finish_reason",
+    }
+)
+
 if _typing.TYPE_CHECKING:  # the old name as type checkers see it: no catch-all `__getattr__`
     FallbackFailed = RescueFailed
 else:
 
-    def __getattr__(name: str) -> type[RescueFailed]:
-        """`FallbackFailed`, `RescueFailed`'s old name, for one release: the same class (so
-        `except FallbackFailed` still catches it), with a warning the first time."""
-        if name == "FallbackFailed":
-            from ._core._deprecated import renamed
+    def __getattr__(name: str) -> object:
+        """The old names, for one release, each with a warning the first time: `FallbackFailed`
+        (`RescueFailed`, the same class, so `except FallbackFailed` still catches it) and the
+        names that moved to `rillet.lowlevel` (the same objects)."""
+        from ._core._deprecated import renamed
 
+        if name == "FallbackFailed":
             renamed("rillet.FallbackFailed", "rillet.RescueFailed")
             return RescueFailed
+        if name in _MOVED_TO_LOWLEVEL:
+            renamed(f"rillet.{name}", f"rillet.lowlevel.{name}")
+            return getattr(lowlevel, name)
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

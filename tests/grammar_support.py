@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rillet import (
+from rillet import UniEvent, encode_json
+from rillet.lowlevel import (
     Grammar,
     LaneEvent,
     MessageDelta,
@@ -14,8 +15,6 @@ from rillet import (
     PartStart,
     PartStop,
     RawUsage,
-    UniEvent,
-    encode_json,
 )
 
 USAGE = RawUsage(cached_tokens=0, prompt_tokens=10, thoughts_tokens=None, response_tokens=5)

@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import tomllib
+import warnings
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import pytest
 import rillet
+import rillet.lowlevel
+from rillet._core import _deprecated
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -58,7 +61,14 @@ def _defines(obj: object) -> bool:
 
 def test_the_modules_are_found() -> None:
     names = {m.__name__ for m in PUBLIC}
-    public = {"rillet", "rillet.frames", "rillet.providers", "rillet.transports", "rillet.redis"}
+    public = {
+        "rillet",
+        "rillet.frames",
+        "rillet.lowlevel",
+        "rillet.providers",
+        "rillet.transports",
+        "rillet.redis",
+    }
     assert public <= names
     assert "rillet.transports.server" in names
     assert any(_is_private(m.__name__) for m in MODULES)
@@ -177,12 +187,66 @@ def test_the_check_for_leaks_sees_a_private_class() -> None:
 
 
 def test_the_core_is_exported() -> None:
-    for name in ("Grammar", "Accumulator", "UniEvent", "UniMessage", "WireDecoder", "RilletError"):
+    for name in ("UniEvent", "UniMessage", "RilletError"):
         assert name in rillet.__all__
+    for name in ("Grammar", "Accumulator", "WireDecoder", "LaneEvent", "AttemptReset", "Upstream"):
+        assert name in rillet.lowlevel.__all__
+        assert name not in rillet.__all__
     for name in ("Hub", "RunHub", "Subscription", "AnswerDelta", "RunDone", "UniItem"):
         assert name in rillet.__all__
     assert rillet.Turn.__module__ == "rillet"
     assert rillet.TurnResult.__module__ == "rillet"
+
+
+MOVED = sorted(rillet._MOVED_TO_LOWLEVEL)
+
+
+def test_the_moved_names_are_the_lowlevel_module() -> None:
+    assert sorted(rillet.lowlevel.__all__) == MOVED
+    assert rillet.lowlevel.Grammar.__module__ == "rillet.lowlevel"
+    assert rillet.lowlevel.map_finish_reason.__module__ == "rillet.lowlevel"
+
+
+@pytest.mark.parametrize("name", MOVED)
+def test_a_moved_name_still_resolves_and_warns_once(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_deprecated, "warned", set())  # as in a process that never looked it up
+    message = (
+        f"rillet.{name} is deprecated and goes in the next release: use rillet.lowlevel.{name}"
+    )
+    with pytest.warns(DeprecationWarning, match=re.escape(message)) as record:
+        found = getattr(rillet, name)
+    assert [str(w.message) for w in record] == [message]
+    assert record[0].filename == __file__  # the warning points at the caller's line
+    assert found is getattr(rillet.lowlevel, name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert getattr(rillet, name) is found  # the second look-up is silent
+
+
+def test_from_rillet_import_a_moved_name_still_works(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_deprecated, "warned", set())
+    with pytest.warns(DeprecationWarning, match=r"rillet\.Grammar is deprecated") as record:
+        from rillet import Grammar
+    assert len(record) == 1
+    assert Grammar is rillet.lowlevel.Grammar
+
+
+@pytest.mark.parametrize("name", ["NoSuchName", "Dialect", "lowlevel_"])
+def test_an_unknown_name_still_raises_attribute_error(name: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(AttributeError, match=name):
+            getattr(rillet, name)
+        assert not hasattr(rillet, name)
+
+
+def test_dir_lists_the_public_names_and_not_the_moved_ones() -> None:
+    listed = set(dir(rillet))
+    assert set(rillet.__all__) <= listed
+    assert "lowlevel" in listed
+    assert listed.isdisjoint(MOVED)
 
 
 def test_structs_decode_after_their_module_was_renamed() -> None:

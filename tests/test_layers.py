@@ -250,6 +250,7 @@ def test_the_root_holds_only_public_entry_modules() -> None:
         "__main__.py",
         "asyncio.py",
         "frames.py",
+        "lowlevel.py",
         "mcp.py",
         "redis.py",
     ]

@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import trio
-from rillet import RilletError, TurnRequest, UniEvent, WireDecoder, encode_json, user
+from rillet import RilletError, TurnRequest, UniEvent, encode_json, user
 from rillet._core._policy import Policy
 from rillet._turn._api import run_turn
 from rillet._turn._ratelimit import RateLimiter
+from rillet.lowlevel import WireDecoder
 from rillet.providers import Provider, Secret
 from rillet.transports.testing import Reply, open_loopback_provider, split
 

@@ -6,19 +6,10 @@ from __future__ import annotations
 import hashlib
 
 from rillet import (
-    Accumulator,
     EmbeddingDone,
     EventItem,
-    Grammar,
     InlineDataDelta,
     InlineDataDone,
-    LaneEvent,
-    MessageDelta,
-    MessageStop,
-    PartDelta,
-    PartStart,
-    PartStop,
-    RawUsage,
     TextDelta,
     TextDone,
     ThinkingDelta,
@@ -30,6 +21,17 @@ from rillet import (
     UsageMetadata,
 )
 from rillet._core._events import delta_event, stop_event
+from rillet.lowlevel import (
+    Accumulator,
+    Grammar,
+    LaneEvent,
+    MessageDelta,
+    MessageStop,
+    PartDelta,
+    PartStart,
+    PartStop,
+    RawUsage,
+)
 
 USAGE = UsageMetadata(cached_tokens=1, prompt_tokens=2, thoughts_tokens=3, response_tokens=4)
 

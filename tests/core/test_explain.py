@@ -25,13 +25,13 @@ from rillet import (
     TransportError,
     TurnRequest,
     TurnTimeout,
-    WireDecoder,
     run_turn,
     user,
 )
 from rillet._core._arguments import parse_arguments
 from rillet._core._dialect import Provider, Secret
 from rillet._core._explain import explain, mask_keys
+from rillet.lowlevel import WireDecoder
 from rillet.providers._error_body import error_from_body
 from rillet.providers._gemini._dialect import GeminiDialect
 from rillet.providers._ollama import OllamaDialect

@@ -9,7 +9,8 @@ frame's bytes. The error always names the provider and the frame's index.
 from __future__ import annotations
 
 import pytest
-from rillet import MalformedFrameError, WireDecoder
+from rillet import MalformedFrameError
+from rillet.lowlevel import WireDecoder
 from rillet.providers import dialect_from_name
 
 GOOD = [

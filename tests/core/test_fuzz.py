@@ -35,7 +35,6 @@ from rillet import (
     ServerError,
     StreamProtocolError,
     ToolCallArgumentParseError,
-    WireDecoder,
 )
 from rillet._core._dialect import Provider, Secret
 from rillet._core._events import TextDone, ToolCallDone, UniEvent
@@ -53,6 +52,7 @@ from rillet._core._lanes import (
     RawUsage,
 )
 from rillet.frames import NDJSONDecoder, SSEDecoder
+from rillet.lowlevel import WireDecoder
 from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 from rillet.transports.server import Limits, ServerConfig, serve
 from rillet.transports.testing import open_loopback_provider

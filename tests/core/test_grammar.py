@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 import rillet._core._arguments as arguments_module
-from rillet import (
+from rillet import StreamProtocolError, ToolCallArgumentParseError, UniEvent
+from rillet.lowlevel import (
     Grammar,
     LaneEvent,
     LaneKind,
@@ -20,9 +21,6 @@ from rillet import (
     PartDelta,
     PartStart,
     PartStop,
-    StreamProtocolError,
-    ToolCallArgumentParseError,
-    UniEvent,
 )
 
 from ..grammar_support import (

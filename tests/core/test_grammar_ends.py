@@ -14,28 +14,30 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rillet import (
     EmptyResponseError,
-    Grammar,
     IncompleteStreamError,
+    OverloadedError,
+    ServerError,
+    StreamProtocolError,
+    ToolCallArgumentParseError,
+    UniEvent,
+    UsageMetadata,
+)
+from rillet._core._events import TextDelta, TextDone, ThinkingDone, ToolCallDone
+from rillet.lowlevel import (
+    Grammar,
     LaneEvent,
     LaneKind,
     MessageDelta,
     MessageStart,
     MessageStop,
-    OverloadedError,
     PartDelta,
     PartStart,
     PartStop,
     Ping,
     ProviderErrorEvent,
     RawUsage,
-    ServerError,
-    StreamProtocolError,
-    ToolCallArgumentParseError,
-    UniEvent,
-    UsageMetadata,
     map_finish_reason,
 )
-from rillet._core._events import TextDelta, TextDone, ThinkingDone, ToolCallDone
 
 from ..grammar_support import (
     END,

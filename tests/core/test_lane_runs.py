@@ -10,7 +10,8 @@ import random
 from typing import Any
 
 import pytest
-from rillet import (
+from rillet import RilletError, encode_json
+from rillet.lowlevel import (
     Grammar,
     LaneEvent,
     LaneKind,
@@ -20,8 +21,6 @@ from rillet import (
     PartRun,
     PartStart,
     PartStop,
-    RilletError,
-    encode_json,
 )
 
 _KINDS: tuple[LaneKind, ...] = ("text", "thinking", "tool_call")

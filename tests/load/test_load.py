@@ -29,7 +29,6 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from rillet import Accumulator, WireDecoder
 from rillet._core._dialect import Provider, Secret
 from rillet._core._policy import Outcome, Policy
 from rillet._core._request import TurnRequest, user
@@ -47,6 +46,7 @@ from rillet._turn._api import run_turn
 from rillet._turn._ratelimit import RateLimiter
 from rillet._turn._turn import CallbackSink, SinkBatch
 from rillet.frames import SSEDecoder
+from rillet.lowlevel import Accumulator, WireDecoder
 from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 from rillet.transports.server import Limits
 

@@ -10,16 +10,9 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from rillet import (
-    MalformedFrameError,
-    TextDone,
-    ToolCallDone,
-    TurnRequest,
-    UniMessage,
-    WireDecoder,
-    user,
-)
+from rillet import MalformedFrameError, TextDone, ToolCallDone, TurnRequest, UniMessage, user
 from rillet._core._policy import Outcome
+from rillet.lowlevel import WireDecoder
 from rillet.providers import Provider, Secret
 from rillet.providers._anthropic._dialect import AnthropicDialect
 

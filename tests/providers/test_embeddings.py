@@ -19,10 +19,10 @@ from rillet import (
     TurnRequest,
     UniMessage,
     UsageMetadata,
-    WireDecoder,
     user,
 )
 from rillet._core._events import delta_event, stop_event
+from rillet.lowlevel import WireDecoder
 from rillet.providers import Provider, Secret
 from rillet.providers._embeddings import (
     GeminiEmbeddingsDialect,

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rillet import RilletError, WireDecoder
+from rillet import RilletError
 from rillet.frames import SSEDecoder
+from rillet.lowlevel import WireDecoder
 from rillet.providers import dialect_from_name
 
 from bench.wire import STREAM_KINDS, build_stream

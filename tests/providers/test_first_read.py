@@ -14,12 +14,12 @@ from rillet import (
     RilletError,
     TurnRequest,
     UniEvent,
-    WireDecoder,
     encode_json,
     run_turn,
     user,
 )
 from rillet._core._wire import HEAD_BYTES, HEAD_PIECE
+from rillet.lowlevel import WireDecoder
 from rillet.providers import (
     AnthropicDialect,
     Dialect,

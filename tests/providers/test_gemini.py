@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 from rillet import (
-    Accumulator,
     AuthenticationError,
     ImageUrlDone,
     InlineDataDone,
@@ -24,9 +23,9 @@ from rillet import (
     ToolSpec,
     TurnRequest,
     UniMessage,
-    WireDecoder,
     user,
 )
+from rillet.lowlevel import Accumulator, WireDecoder
 from rillet.providers import Provider
 from rillet.providers._gemini._dialect import GeminiDialect
 

@@ -8,13 +8,9 @@ import json
 from typing import Any
 
 import pytest
-from rillet import (
-    FrameEncodingError,
-    MalformedFrameError,
-    MessageStop,
-    WireDecoder,
-)
+from rillet import FrameEncodingError, MalformedFrameError
 from rillet.frames import SSEEvent
+from rillet.lowlevel import MessageStop, WireDecoder
 from rillet.providers._gemini._dialect import GeminiDialect
 
 from ..gemini_support import (

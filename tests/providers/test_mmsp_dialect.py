@@ -17,8 +17,6 @@ from rillet import (
     InlineDataDone,
     MalformedFrameError,
     OverloadedError,
-    PartStart,
-    PartStop,
     ProviderError,
     RateLimitError,
     ServerError,
@@ -36,12 +34,12 @@ from rillet import (
     UniEvent,
     UniMessage,
     UsageMetadata,
-    WireDecoder,
     encode_json,
     user,
 )
 from rillet._core._events import EmbeddingDelta, EmbeddingDone, delta_event, stop_event
 from rillet.frames import SSEEvent
+from rillet.lowlevel import PartStart, PartStop, WireDecoder
 from rillet.providers import Provider, Secret
 from rillet.providers._mmsp import (
     MMSPDialect,

@@ -14,7 +14,6 @@ from rillet import (
     ImageUrlDone,
     InvalidRequestError,
     MalformedFrameError,
-    MessageStop,
     ProviderError,
     RateLimitError,
     ServerError,
@@ -26,12 +25,12 @@ from rillet import (
     TurnRequest,
     UniMessage,
     UnsupportedContentError,
-    WireDecoder,
     user,
 )
 from rillet._core._explain import explain
 from rillet._core._failures import http_shape
 from rillet._core._policy import FailureClass, Outcome
+from rillet.lowlevel import MessageStop, WireDecoder
 from rillet.providers import Provider, Secret
 from rillet.providers._ollama import OllamaDialect
 

@@ -23,9 +23,9 @@ from rillet import (
     ToolSpec,
     TurnRequest,
     UniMessage,
-    WireDecoder,
     user,
 )
+from rillet.lowlevel import WireDecoder
 from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 
 from ..openai_chat_support import (

@@ -8,16 +8,9 @@ import json
 from typing import Any
 
 import pytest
-from rillet import (
-    MalformedFrameError,
-    TextDone,
-    ThinkingDone,
-    TurnRequest,
-    UniMessage,
-    WireDecoder,
-    user,
-)
+from rillet import MalformedFrameError, TextDone, ThinkingDone, TurnRequest, UniMessage, user
 from rillet._core._lanes import MessageDelta
+from rillet.lowlevel import WireDecoder
 from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 from rillet.providers._openai_chat._stream import ChatStreamDecoder
 

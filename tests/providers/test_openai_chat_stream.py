@@ -9,14 +9,11 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from rillet import (
-    RateLimitError,
-    UniEvent,
-    WireDecoder,
-)
+from rillet import RateLimitError, UniEvent
 from rillet._core._policy import Outcome, Policy
 from rillet._turn._api import run_turn
 from rillet._turn._ratelimit import RateLimiter
+from rillet.lowlevel import WireDecoder
 from rillet.providers import Provider, Secret
 from rillet.providers._openai_chat._dialect import OpenAIChatDialect, sniff_audio
 from rillet.transports.testing import Reply, open_loopback_provider

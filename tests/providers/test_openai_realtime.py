@@ -23,11 +23,11 @@ from rillet import (
     RateLimiter,
     TransportError,
     TurnRequest,
-    WireDecoder,
     run_turn,
     user,
 )
 from rillet._core._request import ToolSpec
+from rillet.lowlevel import WireDecoder
 from rillet.providers import OpenAIRealtimeDialect, Provider, Secret, provider_from_env
 from rillet.transports.upstream import open_websocket_upstream
 

@@ -7,15 +7,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
-from rillet import (
-    MalformedFrameError,
-    ProviderError,
-    RateLimitError,
-    WireDecoder,
-)
+from rillet import MalformedFrameError, ProviderError, RateLimitError
 from rillet._core._failures import error_shape
 from rillet._core._lanes import MessageDelta
 from rillet._core._policy import FailureClass, Outcome
+from rillet.lowlevel import WireDecoder
 from rillet.providers._openai_responses._dialect import OpenAIResponsesDialect
 
 from ..openai_responses_support import (

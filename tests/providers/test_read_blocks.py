@@ -20,8 +20,9 @@ import random
 from typing import Any
 
 import pytest
-from rillet import RilletError, WireDecoder
+from rillet import RilletError
 from rillet.frames import SSEDecoder
+from rillet.lowlevel import WireDecoder
 from rillet.providers import dialect_from_name
 
 READ_SIZES = (1, 5, 37, 200, 1 << 20)

@@ -61,10 +61,10 @@ from rillet import (
     RilletError,
     TurnRequest,
     TurnResult,
-    WireDecoder,
     run_turn,
     user,
 )
+from rillet.lowlevel import WireDecoder
 from rillet.providers import Provider, dialect_from_name
 from rillet.transports.replay import content_type_for
 

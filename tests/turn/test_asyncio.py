@@ -20,7 +20,6 @@ import rillet.asyncio
 import uvicorn
 from rillet import (
     AnswerDelta,
-    AttemptReset,
     Outcome,
     RunDone,
     RunStarted,
@@ -33,6 +32,7 @@ from rillet import (
 from rillet._turn._guest import GuestRun, guest_run
 from rillet.asyncio import TurnStream, run_in_trio, stream_turn
 from rillet.frames import SSEDecoder, encode_sse
+from rillet.lowlevel import AttemptReset
 from rillet.providers import OpenAIChatDialect, Provider
 from rillet.transports.testing import Reply, openai_text_stream, status_reply
 from starlette.applications import Starlette

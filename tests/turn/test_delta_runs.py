@@ -15,13 +15,13 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from rillet import DeltaRun, LaneKind, WireDecoder
 from rillet._core._events import TextDelta, ThinkingDelta, ToolCallDelta, UniEvent
 from rillet._core._grammar import Grammar
 from rillet._core._policy import Outcome
 from rillet._turn._api import run_turn
 from rillet._turn._graph import AccumulatorActor
 from rillet._turn._ratelimit import RateLimiter
+from rillet.lowlevel import DeltaRun, LaneKind, WireDecoder
 from rillet.providers import AnthropicDialect, Provider, Secret
 from rillet.transports.testing import Reply, Script, open_loopback_provider
 

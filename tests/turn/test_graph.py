@@ -11,8 +11,6 @@ import pytest
 import trio
 import trio.testing
 from rillet import (
-    Accumulator,
-    AttemptReset,
     Outcome,
     Policy,
     RateLimiter,
@@ -44,6 +42,7 @@ from rillet._turn._graph import (
     sink_actor,
 )
 from rillet._turn._history import PlainLog
+from rillet.lowlevel import Accumulator, AttemptReset
 from rillet.providers import OpenAIChatDialect, Provider
 from rillet.transports.testing import openai_text_body, openai_text_stream, split
 from rillet.transports.upstream import MemoryReply, MemoryUpstream

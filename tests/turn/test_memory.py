@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 import trio.testing
-from rillet import Accumulator
 from rillet._core._events import (
     TextDelta,
     TextDone,
@@ -28,6 +27,7 @@ from rillet._turn._api import open_turn, run_turn
 from rillet._turn._graph import AccumulatorActor
 from rillet._turn._history import PlainLog, RunHistory, UniHistory
 from rillet._turn._turn import CallbackSink, Turn, UniItem
+from rillet.lowlevel import Accumulator
 
 from ..handler_support import (
     FRAGMENTS,

@@ -32,7 +32,6 @@ from rillet import (
     ProviderError,
     RilletError,
     ToolCallArgumentParseError,
-    WireDecoder,
     encode_json,
 )
 from rillet._core._arguments import MAX_ARGUMENT_DEPTH
@@ -47,6 +46,7 @@ from rillet._core._events import (
 )
 from rillet._core._policy import Outcome
 from rillet._core._request import TurnRequest, user
+from rillet.lowlevel import WireDecoder
 from rillet.providers._anthropic._dialect import AnthropicDialect
 from rillet.providers._embeddings import OpenAIEmbeddingsDialect
 from rillet.providers._gemini._dialect import GeminiDialect
