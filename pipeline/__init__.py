@@ -276,6 +276,7 @@ __all__ = [
     "UnknownRun",
     "UnsupportedContentError",
     "UnsupportedOperationError",
+    "UpstreamError",
     "UsageEvent",
     "UsageMetadata",
     "decode_run_event",

@@ -366,3 +366,20 @@ def test_a_bare_upstream_error_ends_a_run_as_its_own_failure() -> None:
     assert safe_code(Outcome.FAILED, RuntimeError("sink")) == "internal_error"
     transport = errors.TransportError("openai", "ReadError")
     assert safe_code(Outcome.INIT_FAILED, transport) == "provider_error"
+
+
+def test_rillet_exports_every_error() -> None:
+    """Every error of the tree is public from `rillet` (the MCP client's from `rillet.mcp`, the
+    `mcp` extra's module)."""
+    import rillet
+    import rillet.mcp
+
+    public = {*rillet.__all__, *rillet.mcp.__all__}
+    missing = [
+        name
+        for name in errors.__all__
+        if isinstance(getattr(errors, name), type)
+        and issubclass(getattr(errors, name), RilletError)
+        and name not in public
+    ]
+    assert missing == []
