@@ -297,31 +297,7 @@ __all__ = [
 _fixup_module_metadata(__name__, globals())
 
 # The names that moved to `rillet.lowlevel`: `rillet.X` still finds them for one release.
-_MOVED_TO_LOWLEVEL = frozenset(
-    {
-        "Accumulator",
-        "AttemptReset",
-        "DeltaRun",
-        "Exchange",
-        "Grammar",
-        "LaneEvent",
-        "LaneKind",
-        "MessageDelta",
-        "MessageStart",
-        "MessageStop",
-        "PartDelta",
-        "PartRun",
-        "PartStart",
-        "PartStop",
-        "Ping",
-        "ProviderErrorEvent",
-        "RawUsage",
-        "Status",
-        "Upstream",
-        "WireDecoder",
-        "map_finish_reason",
-    }
-)
+_MOVED_TO_LOWLEVEL = frozenset(lowlevel.__all__)
 
 if _typing.TYPE_CHECKING:  # the old name as type checkers see it: no catch-all `__getattr__`
     FallbackFailed = RescueFailed
