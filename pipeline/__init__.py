@@ -127,10 +127,11 @@ from ._turn._admission import shared_admission as shared_admission
 from ._turn._api import TurnOptions as TurnOptions
 from ._turn._api import open_turn as open_turn
 from ._turn._api import run_turn as run_turn
-from ._turn._chain import BreakerState as BreakerState
-from ._turn._chain import CircuitBreaker as CircuitBreaker
-from ._turn._chain import CircuitBreakers as CircuitBreakers
-from ._turn._chain import shared_breakers as shared_breakers
+from ._turn._breakers import BreakerState as BreakerState
+from ._turn._breakers import CircuitBreaker as CircuitBreaker
+from ._turn._breakers import CircuitBreakers as CircuitBreakers
+from ._turn._breakers import shared_breakers as shared_breakers
+from ._turn._options import RunOptions as RunOptions
 from ._turn._ratelimit import RateLimiter as RateLimiter
 from ._turn._turn import CallbackSink as CallbackSink
 from ._turn._turn import Sink as Sink
@@ -234,6 +235,7 @@ __all__ = [
     "RunExists",
     "RunHub",
     "RunLog",
+    "RunOptions",
     "RunStarted",
     "RunState",
     "SSEEncodeError",

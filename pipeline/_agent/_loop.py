@@ -45,9 +45,11 @@ from .._core._runevents import (
     ToolCompleted,
     ToolStarted,
 )
-from .._turn._chain import CircuitBreakers, CircuitOpen, chain_turn
+from .._turn._callbacks import FragmentSink
+from .._turn._chain import CircuitOpen, chain_turn
 from .._turn._handle import open_run
 from .._turn._history import PlainLog
+from .._turn._options import RunOptions
 from .._turn._runstream import RunStream
 from .._turn._turn import TurnResult
 from ._handle import Agent, AgentResult, AgentStatus
@@ -61,6 +63,7 @@ if TYPE_CHECKING:
     from .._core._runevents import RunEvent
     from .._core._upstream import Upstream
     from .._turn._admission import Admission
+    from .._turn._breakers import CircuitBreakers
     from .._turn._graph import UniItem
     from .._turn._ratelimit import RateLimiter
 
@@ -89,7 +92,7 @@ class _Loop:
     providers: list[Provider]
     tools: dict[str, Tool]
     template: TurnRequest
-    turn_options: dict[str, Any]
+    options: RunOptions
     max_steps: int
     approvals: Literal["ask", "defer"]
     decisions: Mapping[str, bool]
@@ -152,7 +155,7 @@ class _Loop:
                     run_id=f"{self.agent.run_id}.{step}",
                     hold_text=self.buffered,
                     step=step,
-                    **self.turn_options,
+                    options=self.options,
                 )
             except CircuitOpen as exc:
                 return self.end("error", "circuit_open", exc)
@@ -366,9 +369,9 @@ class _Loop:
 
 
 class StepOptions(TypedDict, total=False):
-    """The `run_turn` options `run_agent` passes on to every step (the rest of `run_turn`'s
-    are the agent's own keywords, or set by the loop): named and typed, so a misspelt option
-    is a type error before anything runs."""
+    """The `run_turn` keywords `run_agent` takes as they are and passes on to every step
+    (with `client`, `reasoning`, `tool_arguments`, `breakers` and `chain_on_permanent`, which
+    say something of the agent's own stream too)."""
 
     policy: Policy | None
     upstream: Upstream | None
@@ -383,6 +386,7 @@ class StepOptions(TypedDict, total=False):
 class AgentOptions(StepOptions, total=False):
     """`run_agent`'s keyword options, as `open_agent` takes them."""
 
+    options: RunOptions | None
     tools: Sequence[Tool | Callable[..., Any]]
     conversation: Conversation | None
     max_steps: int
@@ -440,8 +444,16 @@ async def run_agent(
     fallback_on_permanent: bool | None = None,
     thread_limiter: trio.CapacityLimiter | None = None,
     reset_tool_choice: bool = True,
+    options: RunOptions | None = None,
+    policy: Policy | None = None,
+    upstream: Upstream | None = None,
+    limiter: RateLimiter | None = None,
+    admission: Admission | None = None,
+    stream: bool = True,
+    on_text: Callable[[str], object] | None = None,
+    on_thinking: Callable[[str], object] | None = None,
+    on_reset: Callable[[int], object] | None = None,
     task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED,
-    **turn_options: Unpack[StepOptions],
 ) -> AgentResult:
     """Run an agent to its end: model steps, tool runs, until the model answers.
 
@@ -463,12 +475,32 @@ async def run_agent(
     `tool_arguments` / `tool_results` opt the public stream into a tool's arguments and result
     text. A `tool_choice` that forces a call (`required`, or names) holds until a step calls a
     tool; later steps send `auto`, so a model that obeys it can still answer
-    (`reset_tool_choice=False` keeps it on every step). The other keywords (`StepOptions`:
-    `policy`, `limiter`, `admission`...) go to each step's `run_turn`.
+    (`reset_tool_choice=False` keeps it on every step). `options` (a `RunOptions`) or the
+    keywords that are its fields (`client`, `reasoning`, `tool_arguments`, `breakers`,
+    `chain_on_permanent`, `policy`, `upstream`, `limiter`, `admission`, `stream`; one or the
+    other) go to every step, as `run_turn` takes them; the agent keeps its own history, so
+    `history` does not apply. `on_text`, `on_thinking` and `on_reset` are called as
+    `run_turn` calls them, for every step's text the public stream shows.
     """
     if fallback_on_permanent is not None:
         renamed("run_agent(fallback_on_permanent=...)", "run_agent(chain_on_permanent=...)")
         chain_on_permanent = fallback_on_permanent
+    opts = RunOptions.merged(
+        options,
+        {
+            "client": client,
+            "reasoning": reasoning,
+            "tool_arguments": tool_arguments,
+            "breakers": breakers,
+            "chain_on_permanent": chain_on_permanent,
+            "policy": policy,
+            "upstream": upstream,
+            "limiter": limiter,
+            "admission": admission,
+            "stream": stream,
+        },
+    )
+    reasoning, tool_arguments = opts.reasoning, opts.tool_arguments
     if max_steps < 1:
         raise ValueError("max_steps must be at least 1")
     if delivery is None:
@@ -506,24 +538,20 @@ async def run_agent(
     builder = RunEventBuilder(
         agent.run_id, trio.current_time, reasoning=reasoning, tool_arguments=tool_arguments
     )
-    stream = RunStream(builder, sinks, run_log, uni_log)
-    own_client = client is None
-    http = client or default_client()
-    options: dict[str, Any] = {
-        "client": http,
-        "reasoning": reasoning,
-        "tool_arguments": tool_arguments,
-        "breakers": breakers,
-        "chain_on_permanent": chain_on_permanent,
-        **turn_options,
-    }
+    if on_text is not None or on_thinking is not None or on_reset is not None:
+        sinks = [*sinks, FragmentSink(on_text, on_thinking, on_reset)]
+    run_stream = RunStream(builder, sinks, run_log, uni_log)
+    own: httpx.AsyncClient | None = None  # one client for every step
+    if opts.client is None and opts.upstream is None:
+        own = default_client()
+        opts = opts.replace(client=own)
     loop = _Loop(
         agent=agent,
-        stream=stream,
+        stream=run_stream,
         providers=providers,
         tools=found,
         template=template,
-        turn_options=options,
+        options=opts,
         max_steps=max_steps,
         approvals=approvals,
         decisions=decisions or {},
@@ -539,7 +567,7 @@ async def run_agent(
     )
     try:
         with scope:
-            await stream.emit([builder.started(providers[0].label, providers[0].model)])
+            await run_stream.emit([builder.started(providers[0].label, providers[0].model)])
             task_status.started(agent)
             try:
                 await loop.run()
@@ -565,14 +593,14 @@ async def run_agent(
         try:
             attempts = sum(t.attempts for t in loop.turns)
             requests = sum(t.requests for t in loop.turns)
-            await stream.finish(
+            await run_stream.finish(
                 builder.close(loop.status, loop.code, attempts=attempts, requests=requests),
                 cancelled=loop.status == "cancelled" or loop.code == "internal_error",
             )
         finally:
-            if own_client:
+            if own is not None:
                 with trio.CancelScope(shield=True), trio.move_on_after(_GRACE):
-                    await http.aclose()
+                    await own.aclose()
     return result
 
 

@@ -17,6 +17,7 @@ from .._core._dialect import Provider
 from ._callbacks import FragmentSink, require_trio
 from ._chain import run_chain
 from ._handle import open_run
+from ._options import RunOptions
 from ._turn import Turn, TurnResult, run_one_turn
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from .._core._request import TurnRequest
     from .._core._upstream import Upstream
     from ._admission import Admission
-    from ._chain import CircuitBreakers
+    from ._breakers import CircuitBreakers
     from ._graph import Sink
     from ._ratelimit import RateLimiter
 
@@ -41,19 +42,20 @@ async def run_turn(
     provider: Provider | Sequence[Provider],
     *,
     sinks: Sequence[Sink] = (),
+    options: RunOptions | None = None,
+    run_id: str | None = None,
+    on_text: Callable[[str], object] | None = None,
+    on_thinking: Callable[[str], object] | None = None,
+    on_reset: Callable[[int], object] | None = None,
     policy: Policy | None = None,
     client: httpx.AsyncClient | None = None,
     upstream: Upstream | None = None,
     limiter: RateLimiter | None = None,
-    run_id: str | None = None,
+    admission: Admission | None = None,
+    stream: bool = True,
     reasoning: bool = False,
     tool_arguments: bool = False,
     history: bool = True,
-    admission: Admission | None = None,
-    stream: bool = True,
-    on_text: Callable[[str], object] | None = None,
-    on_thinking: Callable[[str], object] | None = None,
-    on_reset: Callable[[int], object] | None = None,
     breakers: CircuitBreakers | None = None,
     chain_on_permanent: bool = False,
     fallback_on_permanent: bool | None = None,
@@ -61,41 +63,56 @@ async def run_turn(
 ) -> TurnResult:
     """Run one turn to its end and return its result.
 
-    `provider` may be an ordered list: a chain (`breakers`, `chain_on_permanent` then apply;
-    see `rillet.CircuitBreakers`), one run id and one public stream whatever answers.
-    `chain_on_permanent` hands a permanent request error (a 400, a bad key) to the next provider
-    too; `fallback_on_permanent`, its old name, is still taken for one release and warns once.
-
     Use `turn = await nursery.start(run_turn, request, provider)` to get the `Turn` handle as
     soon as its actors are running, then iterate `turn.uni_events()` / `turn.run_events()` or
     await `turn.result()`. `nursery.start` passes no keywords: bind them first,
     `nursery.start(functools.partial(run_turn, sinks=[...]), request, provider)`, or use
-    `open_turn`, which takes them. With no policy the default `Policy()` applies (deadlines,
-    retries, rescue). `upstream` carries the requests (`rillet.transports.upstream`: HTTP,
-    WebSocket, replay, or the application's own transport); `client` is the HTTP default's
-    httpx client, still the caller's to close. Given neither, the turn makes an HTTP upstream
-    and closes it at the end. `reasoning` and
-    `tool_arguments` opt the public stream into reasoning text and tool arguments.
-    `history=False` keeps no replay history (`uni_events()` / `run_events()` then raise
-    `NoHistoryError`; sinks see everything): a turn then holds only what its sinks have not
-    taken yet, for servers running many turns whose events go out through sinks.
-    Every turn holds one of the process's provider-stream slots (`admission`, by default
-    `shared_admission()`) while it talks to its provider; waiting for one shows as `status`
-    `queued`.
-    `stream=False` sends non-streaming requests (the rescue's) instead of a stream, retried
-    as a stream would be.
+    `open_turn`, which takes them. Raises `RuntimeError` naming trio when awaited from asyncio.
 
     The simplest use needs no iterator: `on_text` is called with each fragment of the answer
     and `on_thinking` with each fragment of the reasoning, in order, each exactly once, on the
     turn's task (keep them quick). A retry after a stream broke mid-answer voids what came
     before: `on_reset(attempt)` is called first, and the fragments after it start the answer
     over (a display clears what it showed; a buffer empties). Without a retry it is never
-    called. Raises `RuntimeError` naming trio when awaited from asyncio.
+    called.
+
+    Args:
+        request: the messages, tools and generation settings.
+        provider: one provider, or an ordered list of them: a chain, one run id and one public
+            stream whatever answers (`breakers` and `chain_on_permanent` then apply).
+        sinks: where the run's events go as they come (`rillet.transports.sinks`, or your own).
+        options: how the run reaches its providers, as one `RunOptions` (its fields are the
+            keywords from `policy` on; give one or the other, not both).
+        run_id: the run's id in its events; a random one when None.
+        on_text: called with each fragment of the answer.
+        on_thinking: called with each fragment of the reasoning.
+        on_reset: called with the attempt number when a retry voids what came before.
+        policy: see `RunOptions`; as are `client`, `upstream`, `limiter`, `admission`,
+            `stream`, `reasoning`, `tool_arguments`, `history`, `breakers` and
+            `chain_on_permanent`.
+        fallback_on_permanent: `chain_on_permanent`'s old name, taken for one release; warns.
+        task_status: for `nursery.start`: the `Turn` handle once its actors run.
     """
     require_trio("run_turn")
     if fallback_on_permanent is not None:
         renamed("run_turn(fallback_on_permanent=...)", "run_turn(chain_on_permanent=...)")
         chain_on_permanent = fallback_on_permanent
+    opts = RunOptions.merged(
+        options,
+        {
+            "policy": policy,
+            "client": client,
+            "upstream": upstream,
+            "limiter": limiter,
+            "admission": admission,
+            "stream": stream,
+            "reasoning": reasoning,
+            "tool_arguments": tool_arguments,
+            "history": history,
+            "breakers": breakers,
+            "chain_on_permanent": chain_on_permanent,
+        },
+    )
     if on_text is not None or on_thinking is not None or on_reset is not None:
         sinks = [*sinks, FragmentSink(on_text, on_thinking, on_reset)]
     if not isinstance(provider, Provider):
@@ -103,45 +120,12 @@ async def run_turn(
             request,
             list(provider),
             sinks=sinks,
-            policy=policy,
-            client=client,
-            limiter=limiter,
             run_id=run_id,
-            reasoning=reasoning,
-            tool_arguments=tool_arguments,
-            history=history,
-            admission=admission,
-            stream=stream,
+            options=opts,
             task_status=task_status,
-            upstream=upstream,
-            breakers=breakers,
-            chain_on_permanent=chain_on_permanent,
         )
-    if breakers is not None or chain_on_permanent:
-        chain = [
-            name
-            for name, v in (
-                ("breakers", breakers),
-                ("chain_on_permanent", chain_on_permanent),
-            )
-            if v
-        ]
-        raise TypeError(f"unexpected options for one provider: {chain}")
     return await run_one_turn(
-        request,
-        provider,
-        sinks=sinks,
-        policy=policy,
-        client=client,
-        upstream=upstream,
-        limiter=limiter,
-        run_id=run_id,
-        reasoning=reasoning,
-        tool_arguments=tool_arguments,
-        history=history,
-        admission=admission,
-        stream=stream,
-        task_status=task_status,
+        request, provider, sinks=sinks, run_id=run_id, options=opts, task_status=task_status
     )
 
 
@@ -150,6 +134,7 @@ class TurnOptions(TypedDict, total=False):
     every name and its type: a misspelt option is an error before anything runs)."""
 
     sinks: Sequence[Sink]
+    options: RunOptions | None
     policy: Policy | None
     client: httpx.AsyncClient | None
     upstream: Upstream | None

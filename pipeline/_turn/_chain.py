@@ -7,15 +7,12 @@ the command line's `--fallback` is), and the result says
 who answered. A permanent request error (a 400, a bad key) is the request's fault, not the
 provider's: it ends the chain unless `chain_on_permanent` asks otherwise.
 
-Behind the chain, one circuit breaker per (base URL, model), shared by the process: after
-`threshold` hopeless turns in a row (default 5) it opens and the chain skips that provider at
-once; after `cooldown` (default 30 s) it lets one trial through (half-open); a success closes
-it, a failure opens it again.
+Behind the chain, one circuit breaker per (base URL, model) (`_breakers`) skips a provider that
+keeps failing.
 """
 
 from __future__ import annotations
 
-import enum
 import secrets
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +25,9 @@ from .._core._events import UniMessage
 from .._core._markers import AttemptReset
 from .._core._policy import Outcome
 from .._core._runevents import RunEventBuilder, StatusEvent
+from ._breakers import shared_breakers
 from ._history import PlainLog
+from ._options import DEFAULT_OPTIONS, RunOptions
 from ._runstream import RunStream, StepSink
 from ._turn import Turn, TurnResult, run_one_turn
 
@@ -42,99 +41,7 @@ if TYPE_CHECKING:
     from .._core._runevents import RunEvent
     from ._graph import UniItem
 
-__all__ = ["BreakerState", "CircuitBreaker", "CircuitBreakers", "run_chain", "shared_breakers"]
-
-
-class BreakerState(enum.Enum):
-    """A circuit breaker's state."""
-
-    CLOSED = "closed"
-    OPEN = "open"
-    HALF_OPEN = "half_open"
-
-
-@attrs.define(eq=False)
-class CircuitBreaker:
-    """One provider's breaker: counts hopeless turns in a row, opens, cools down, retries.
-
-    Attributes:
-        threshold: hopeless turns in a row that open it.
-        cooldown: seconds it stays open before one trial may go through.
-    """
-
-    threshold: int = 5
-    cooldown: float = 30.0
-    failures: int = 0
-    opened_at: float | None = None
-    _trial: bool = False  # a half-open trial is under way
-
-    @property
-    def state(self) -> BreakerState:
-        """Closed, open, or half-open (cooled down: the next turn is a trial)."""
-        if self.opened_at is None:
-            return BreakerState.CLOSED
-        if self._trial or trio.current_time() >= self.opened_at + self.cooldown:
-            return BreakerState.HALF_OPEN
-        return BreakerState.OPEN
-
-    def allow(self) -> bool:
-        """Whether a turn may go to this provider now; a half-open breaker lets one trial
-        through at a time."""
-        state = self.state
-        if state is BreakerState.CLOSED:
-            return True
-        if state is BreakerState.HALF_OPEN and not self._trial:
-            self._trial = True
-            return True
-        return False
-
-    def succeeded(self) -> None:
-        """A turn brought its reply home: close."""
-        self.failures = 0
-        self.opened_at = None
-        self._trial = False
-
-    def failed(self) -> None:
-        """A hopeless turn: count it; open at the threshold, or again after a failed trial."""
-        self.failures += 1
-        if self._trial or self.failures >= self.threshold:
-            self.opened_at = trio.current_time()
-        self._trial = False
-
-    def abandoned(self) -> None:
-        """A turn that ended neither way (cancelled, a permanent error): a trial may go again."""
-        self._trial = False
-
-
-@attrs.define(eq=False)
-class CircuitBreakers:
-    """The breakers of a process, one per (base URL, model), made on first use."""
-
-    threshold: int = 5
-    cooldown: float = 30.0
-    _breakers: dict[tuple[str, str], CircuitBreaker] = attrs.field(factory=dict)
-
-    def get(self, provider: Provider) -> CircuitBreaker:
-        """The breaker for this provider's base URL and model."""
-        key = (provider.base_url.rstrip("/"), provider.model)
-        breaker = self._breakers.get(key)
-        if breaker is None:
-            breaker = self._breakers[key] = CircuitBreaker(self.threshold, self.cooldown)
-        return breaker
-
-
-_SHARED: trio.lowlevel.RunVar[CircuitBreakers] = trio.lowlevel.RunVar("rillet_breakers")
-
-
-def shared_breakers() -> CircuitBreakers:
-    """The process's breakers, used by every chain not given its own (one set per trio run:
-    their times are the run's clock)."""
-    try:
-        return _SHARED.get()
-    except LookupError:
-        breakers = CircuitBreakers()
-        _SHARED.set(breakers)
-        return breakers
+__all__ = ["ChainStep", "CircuitOpen", "chain_turn", "run_chain"]
 
 
 def _permanent(error: BaseException | None) -> bool:
@@ -172,17 +79,18 @@ async def chain_turn(
     *,
     run_id: str,
     hold_text: bool = False,
-    breakers: CircuitBreakers | None = None,
-    chain_on_permanent: bool = False,
     step: int | None = None,
-    **options: Any,
+    options: RunOptions = DEFAULT_OPTIONS,
 ) -> ChainStep:
     """Run one turn into `run`, provider after provider as the chain says. With one
     provider there is no breaker and no next provider: the turn is simply run."""
     if not providers:
         raise ValueError("a chain needs at least one provider")
     chained = len(providers) > 1
-    breakers = breakers or shared_breakers()
+    breakers = options.breakers or shared_breakers()
+    chain_on_permanent = options.chain_on_permanent
+    # each provider's turn keeps no history (the chain's stream does) and is no chain itself
+    each = options.replace(history=False, breakers=None, chain_on_permanent=False)
     builder = run.builder
     last: ChainStep | None = None
     spent = 0
@@ -210,8 +118,7 @@ async def chain_turn(
                 provider,
                 sinks=[sink],
                 run_id=f"{run_id}.{number + 1}",
-                history=False,
-                **options,
+                options=each,
             )
         except BaseException:
             if breaker is not None:
@@ -252,19 +159,14 @@ async def run_chain(
     providers: list[Provider],
     *,
     sinks: Sequence[Any] = (),
-    client: httpx.AsyncClient | None = None,
     run_id: str | None = None,
-    reasoning: bool = False,
-    tool_arguments: bool = False,
-    history: bool = True,
-    breakers: CircuitBreakers | None = None,
-    chain_on_permanent: bool = False,
+    options: RunOptions = DEFAULT_OPTIONS,
     task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
-    **options: Any,
 ) -> TurnResult:
     """`run_turn` over a chain: one `Turn` handle and one public stream."""
     if not providers:
         raise ValueError("a chain needs at least one provider")
+    history = options.history
     run_log: PlainLog[RunEvent] = PlainLog()
     uni_log: PlainLog[UniItem] = PlainLog()
     scope = trio.CancelScope()
@@ -278,11 +180,16 @@ async def run_chain(
         cancel_scope=scope,
     )
     builder = RunEventBuilder(
-        turn.run_id, trio.current_time, reasoning=reasoning, tool_arguments=tool_arguments
+        turn.run_id,
+        trio.current_time,
+        reasoning=options.reasoning,
+        tool_arguments=options.tool_arguments,
     )
     stream = RunStream(builder, sinks, run_log, uni_log, history=history)
-    own_client = client is None
-    http = client or default_client()
+    own: httpx.AsyncClient | None = None  # one client for every provider the chain asks
+    if options.client is None and options.upstream is None:
+        own = default_client()
+        options = options.replace(client=own)
     start = trio.current_time()
     step: ChainStep | None = None
     status, code = "cancelled", "cancelled"
@@ -297,12 +204,7 @@ async def run_chain(
                     request,
                     providers,
                     run_id=turn.run_id,
-                    breakers=breakers,
-                    chain_on_permanent=chain_on_permanent,
-                    client=http,
-                    reasoning=reasoning,
-                    tool_arguments=tool_arguments,
-                    **options,
+                    options=options,
                 )
             except CircuitOpen as exc:
                 status, code = "error", "circuit_open"
@@ -331,9 +233,9 @@ async def run_chain(
                 cancelled=status == "cancelled" or code == "internal_error",
             )
         finally:
-            if own_client:
+            if own is not None:
                 with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_GRACE):
-                    await http.aclose()
+                    await own.aclose()
     return result
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import attrs
 import trio
@@ -42,7 +42,7 @@ from .._core._markers import Status
 from .._core._policy import Outcome, Policy
 from .._core._request import TurnRequest
 from .._core._runevents import RunEvent, RunEventBuilder
-from ._admission import Admission, shared_admission
+from ._admission import shared_admission
 from ._graph import (
     SINK_GRACE,
     AccumulatorActor,
@@ -57,12 +57,8 @@ from ._graph import (
 from ._handle import RunHandle
 from ._handler import Handler
 from ._history import PlainLog, RunHistory, UniHistory
-from ._ratelimit import RateLimiter, shared_limiter
-
-if TYPE_CHECKING:
-    import httpx
-
-    from .._core._upstream import Upstream
+from ._options import DEFAULT_OPTIONS, RunOptions
+from ._ratelimit import shared_limiter
 
 __all__ = [
     "CallbackSink",
@@ -177,33 +173,31 @@ async def run_one_turn(
     provider: Provider,
     *,
     sinks: Sequence[Sink] = (),
-    policy: Policy | None = None,
-    client: httpx.AsyncClient | None = None,
-    upstream: Upstream | None = None,
-    limiter: RateLimiter | None = None,
     run_id: str | None = None,
-    reasoning: bool = False,
-    tool_arguments: bool = False,
-    history: bool = True,
-    admission: Admission | None = None,
-    stream: bool = True,
+    options: RunOptions = DEFAULT_OPTIONS,
     task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
 ) -> TurnResult:
     """Run one turn against one provider to its end (`run_turn` without its chain and
     callbacks, which it has already attached as a sink)."""
-    policy = policy or _DEFAULT_POLICY
-    slots = admission or shared_admission()
+    if options.breakers is not None or options.chain_on_permanent:
+        named = [n for n in ("breakers", "chain_on_permanent") if getattr(options, n)]
+        raise TypeError(f"unexpected options for one provider: {named}")
+    policy = options.policy or _DEFAULT_POLICY
+    slots = options.admission or shared_admission()
+    reasoning, tool_arguments = options.reasoning, options.tool_arguments
     # without an upstream, the turn routes by scheme: HTTP over the caller's client (or its
     # own), WebSocket sessions in the turn's nursery
+    upstream = options.upstream
     http: HttpUpstream | None = None
     if upstream is None:
+        client = options.client
         http = HttpUpstream() if client is None else HttpUpstream.wrapping(client)
         upstream = http
     accumulator = Accumulator()
     run_id = run_id or secrets.token_hex(8)
     # no one can read the history of a turn whose handle goes to no one (it is only handed
     # out through `task_status`): such a turn keeps none, as with `history=False`
-    history = history and task_status is not trio.TASK_STATUS_IGNORED
+    history = options.history and task_status is not trio.TASK_STATUS_IGNORED
     uni_log: PlainLog[UniItem]
     run_log: PlainLog[RunEvent]
     if history:  # kept whole, text fragments as spans of the answer's one copy of the text
@@ -223,7 +217,12 @@ async def run_one_turn(
         text=accumulator.answer,
     )
     handler = Handler(
-        request, provider, upstream, policy, limiter or shared_limiter(), stream=stream
+        request,
+        provider,
+        upstream,
+        policy,
+        options.limiter or shared_limiter(),
+        stream=options.stream,
     )
     start = trio.current_time()
     outcome = Outcome.CANCELLED

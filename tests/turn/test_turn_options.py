@@ -1,7 +1,8 @@
 """`open_turn` and `stream_turn` take `run_turn`'s keyword options by name and type
 (`TurnOptions`), `open_agent` takes `run_agent`'s (`AgentOptions`), and `run_agent` names the
 ones it passes on to each step (`StepOptions`): a type checker catches a misspelt option before
-anything runs, and the lists cannot drift from the functions."""
+anything runs, and the lists cannot drift from the functions. The keywords that say how a run
+reaches its providers are the fields of one `RunOptions`, which both entry points take whole."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
-from rillet import AgentOptions, StepOptions, TurnOptions, run_agent, run_turn
+from rillet import AgentOptions, RunOptions, StepOptions, TurnOptions, run_agent, run_turn
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -48,9 +50,26 @@ def test_the_agent_options_are_run_agents_keywords_and_the_step_options_run_turn
     for name, annotation in agent.items():
         assert _spelt(options[name]) == _spelt(annotation), name
     turn = _keywords(run_turn)
-    assert not set(steps) & set(agent)  # each option has one meaning
-    for name, annotation in steps.items():
-        assert _spelt(annotation) == _spelt(turn[name]), name
+    for name, annotation in steps.items():  # each option has one meaning
+        assert _spelt(annotation) == _spelt(turn[name]) == _spelt(agent[name]), name
+
+
+def test_every_run_option_is_a_keyword_of_both_entry_points_with_its_type() -> None:
+    fields = {f.name: f for f in attrs.fields(RunOptions)}
+    turn, agent = _keywords(run_turn), _keywords(run_agent)
+    for name, field in fields.items():
+        assert _spelt(turn[name]) == _spelt(field.type), name
+        assert inspect.signature(run_turn).parameters[name].default == field.default, name
+        if name != "history":  # an agent keeps its own run's history
+            assert _spelt(agent[name]) == _spelt(field.type), name
+            assert inspect.signature(run_agent).parameters[name].default == field.default, name
+    assert "options" in turn
+    assert "options" in agent
+    assert "options" in TurnOptions.__annotations__
+    assert "options" in AgentOptions.__annotations__
+    assert RunOptions.__doc__ is not None
+    for name in fields:  # one docstring lists each field
+        assert f"        {name}: " in RunOptions.__doc__, name
 
 
 @pytest.mark.slow
