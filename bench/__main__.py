@@ -1,5 +1,6 @@
-"""`python -m bench [core|pipeline|peers|ttfd|firstbyte|turns|memory|fanout|redis|workers|all]`:
-rillet against the limit and against what users would pick instead, side by side.
+"""`python -m bench [COMMAND]`, COMMAND one of core, pipeline, peers, ttfd, firstbyte, turns,
+memory, fanout, redis, workers, gateway or all: rillet against the limit and against what
+users would pick instead, side by side.
 
 - core: each stream kind's sans-I/O decode in one task against the limit loop;
 - pipeline: the limit loops, rillet's core, `run_turn` and `open_turn` + JSONL sink on every
@@ -15,8 +16,10 @@ rillet against the limit and against what users would pick instead, side by side
 - fanout, redis: the fan-out and Redis benchmarks of bench/fanout.py and bench/redis_hub.py,
   when those modules are there;
 - workers: deliveries/s with 1 and 2 server processes on one port (bench/workers.py);
+- gateway: K paced streams through `rillet serve`, a bare trio pass-through and LiteLLM's proxy:
+  server CPU per chunk, added latency, peak RSS (bench/gateway.py);
 - all (the default): core, pipeline and peers (interleaved), ttfd, firstbyte, turns, memory,
-  and fanout / redis / workers with `--fanout` / `--redis` / `--workers`.
+  gateway, and fanout / redis / workers with `--fanout` / `--redis` / `--workers`.
 
 Figures go to bench/out/results.json and the marked sections of bench/RESULTS.md (targets
 judged from them), and charts to bench/charts/. A progress line runs on stderr.
@@ -336,6 +339,15 @@ def _workers(run: RunState) -> None:
     )
 
 
+def _gateway(run: RunState) -> None:
+    from .gateway import gateway_markdown, run_gateway
+
+    a = run.args
+    ks = a.gateway_ks or ([10, 100] if a.quick else None)
+    section = run_gateway(ks, repeats=a.rounds or (1 if a.quick else 3), progress=_progress)
+    run.record("gateway", section, {"gateway": gateway_markdown(section)})
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse the command line and run the chosen benchmarks."""
     parser = argparse.ArgumentParser(
@@ -354,6 +366,7 @@ def main(argv: list[str] | None = None) -> None:
         "fanout",
         "redis",
         "workers",
+        "gateway",
         "all",
     )
     parser.add_argument("command", nargs="?", default="all", choices=commands)
@@ -382,6 +395,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--workers", action="store_true", help="all: run the workers benchmark (1 and 2 processes)"
     )
+    parser.add_argument(
+        "--gateway-ks",
+        type=lambda s: [int(x) for x in s.split(",")],
+        help="gateway: concurrent streams per window (10,100,300,500,1000)",
+    )
     parser.add_argument("--no-write", action="store_true", help="print only; write no files")
     parser.add_argument("--no-charts", action="store_true", help="do not redraw the charts")
     args = parser.parse_args(argv)
@@ -403,6 +421,8 @@ def main(argv: list[str] | None = None) -> None:
         _turns(run)
     if c in ("memory", "all"):
         _memory(run)
+    if c in ("gateway", "all"):
+        _gateway(run)
     if c == "fanout" or (c == "all" and args.fanout):
         _fanout(run)
     if c == "redis" or (c == "all" and args.redis):

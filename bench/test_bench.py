@@ -256,3 +256,29 @@ def test_memory_measures_every_figure_and_judges_the_retained_bytes() -> None:
     assert plain["memory a finished turn keeps, 500 events, history=False"].margin == (
         "over by 8.0 KiB"
     )
+
+
+def test_the_gateway_upstream_answers_every_client_whole_and_paced() -> None:
+    from .gateway import answer_chunks, run_client, spawn_upstream, stop
+
+    assert len(answer_chunks(5)) == 5 + 3  # role, fragments, finish with usage, [DONE]
+    upstream, port = spawn_upstream(chunks=5, rate=100.0)
+    try:
+        figures = run_client(port, streams=4, stagger=0.05, chunks=5, timeout=10)
+    finally:
+        stop(upstream)
+    assert figures["complete"] == 4
+    assert figures["refused"] == 0
+    assert 0.005 < figures["ttft_p50"] < 1.0  # the first fragment is paced, not sent at once
+
+
+def test_the_largest_k_is_the_last_one_under_50_ms_with_every_stream_whole() -> None:
+    from .gateway import largest_k
+
+    rows = [
+        {"gateway": "rillet", "k": 10, "added_ttft_p99_ms": 5.0, "incomplete": 0},
+        {"gateway": "rillet", "k": 100, "added_ttft_p99_ms": 40.0, "incomplete": 0},
+        {"gateway": "rillet", "k": 300, "added_ttft_p99_ms": 60.0, "incomplete": 0},
+        {"gateway": "passthrough", "k": 10, "added_ttft_p99_ms": 1.0, "incomplete": 2},
+    ]
+    assert largest_k(rows) == {"rillet": 100, "passthrough": None}

@@ -64,6 +64,7 @@ from rillet.transports.server._workers import supervise
 from rillet.transports.testing import openai_text_stream
 
 from .fanout_load import SO_TIMESTAMPNS, kernel_arrival, raise_fd_limit
+from .procstat import machine_busy, process_cpu, rank
 from .redis_hub import local_redis
 
 if TYPE_CHECKING:
@@ -247,8 +248,8 @@ def _client(spec: dict[str, Any]) -> dict[str, Any]:
     time.sleep(max(0.0, t0 - time.monotonic()))
     window = time.monotonic()
     cpu = _cpu()
-    servers = sum(_proc_cpu(pid) for pid in spec["pids"])
-    busy = _machine_busy()
+    servers = sum(process_cpu(pid) for pid in spec["pids"])
+    busy = machine_busy()
     poller = select.epoll()
     delivered = 0
     done = 0
@@ -299,8 +300,8 @@ def _client(spec: dict[str, Any]) -> dict[str, Any]:
                 sock.close()
                 del socks[fd]
     cpu = _cpu() - cpu
-    servers = sum(_proc_cpu(pid) for pid in spec["pids"]) - servers
-    busy = _machine_busy() - busy
+    servers = sum(process_cpu(pid) for pid in spec["pids"]) - servers
+    busy = machine_busy() - busy
     window = time.monotonic() - window
     for sock in socks.values():
         sock.close()
@@ -313,8 +314,8 @@ def _client(spec: dict[str, Any]) -> dict[str, Any]:
         "cpu": cpu / window,  # shares of one core
         "server_cpu": servers / window,
         "machine_cpu": busy / window,
-        "p50": _rank(delays, 0.50),
-        "p99": _rank(delays, 0.99),
+        "p50": rank(delays, 0.50),
+        "p99": rank(delays, 0.99),
         "max": delays[-1] if delays else math.nan,
         "fewest": min(finished_counts, default=0),  # -1: one ended without `run.done`
         "most": max(finished_counts, default=0),
@@ -333,33 +334,7 @@ def _stamp_arrivals(socks: Iterable[socket.socket]) -> bool:
     return True
 
 
-def _rank(ordered: list[float], p: float) -> float:
-    if not ordered:
-        return math.nan
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(p * len(ordered)) - 1))]
-
-
 # --- the orchestration (this process, the supervisor) --------------------------------------------
-
-
-def _machine_busy() -> float:
-    """Seconds of CPU time the whole machine has spent busy so far, every core and process
-    (`/proc/stat`: all but idle and iowait); NaN where there is no `/proc/stat`."""
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    except OSError:
-        return math.nan
-    ticks = [int(f) for f in fields]
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def _proc_cpu(pid: int) -> float:
-    """User+system seconds of a process so far (0 once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _line(stream: trio.abc.ReceiveStream) -> bytes:
