@@ -44,6 +44,18 @@ class ChannelSink:
 
     send: trio.MemorySendChannel[list[UniItem]]
 
+    def deliver_nowait(self, batch: SinkBatch) -> bool:
+        """Hand the batch's MMSP items on from the turn's own task when the channel has room
+        (no sink task between the turn and the connection); False when it is full."""
+        if batch.uni:
+            try:
+                self.send.send_nowait(list(batch.uni))
+            except trio.WouldBlock:
+                return False
+            except GONE:  # the response is over; the turn is cancelled
+                pass
+        return True
+
     async def deliver(self, batch: SinkBatch) -> None:
         """Hand the batch's MMSP items on (waiting while the connection is behind)."""
         if batch.uni:
