@@ -43,12 +43,13 @@ demo: $(STAMP)
 PEERS := bench/.venv-peers
 PEERS_STAMP := $(PEERS)/.installed
 
-$(PEERS_STAMP): bench/peers-requirements.txt
+$(PEERS_STAMP): bench/peers-requirements.txt bench/litellm-proxy-requirements.txt
 	test -x $(PEERS)/bin/python || $(PY) -m venv $(PEERS)
 	@if $(PEERS)/bin/python -m pip install -q -r bench/peers-requirements.txt; then \
-	  $(PEERS)/bin/python -m pip install -q 'litellm[proxy]==1.110.2' \
-	    || $(PEERS)/bin/python -m pip install -q 'litellm==1.110.2' \
+	  $(PEERS)/bin/python -m pip install -q 'litellm==1.110.2' \
 	    || echo "bench: litellm could not be installed; its row will say not available"; \
+	  $(PEERS)/bin/python -m pip install -q -r bench/litellm-proxy-requirements.txt \
+	    || echo "bench: LiteLLM's proxy could not be installed; its gateway row will say so"; \
 	  touch $(PEERS_STAMP); \
 	else echo "bench: the peers could not be installed; their rows will say not available"; fi
 

@@ -274,6 +274,8 @@ def litellm_command(upstream_port: int, port: int, config: Path) -> list[str] | 
         "      api_key: sk-bench\n"
         "litellm_settings:\n"
         "  drop_params: true\n"
+        "general_settings:\n"
+        "  master_key: sk-bench-master-key-0123456789\n"
     )
     return [str(binary), "--config", str(config), "--port", str(port), "--host", "127.0.0.1"]
 
@@ -289,7 +291,8 @@ def run_client(
     raise_fd_limit(streams + 256)
     request = (
         b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
-        b"content-type: application/json\r\nauthorization: Bearer sk-bench\r\n"
+        b"content-type: application/json\r\n"
+        b"authorization: Bearer sk-bench-master-key-0123456789\r\n"
         b"content-length: %d\r\n\r\n%s" % (len(_REQUEST_BODY), _REQUEST_BODY)
     )
     last_token = b"w%d " % (chunks - 1)
@@ -450,8 +453,10 @@ def _window(
         cmd = litellm_command(upstream_port, port, Path(f"/tmp/rillet-bench-litellm-{port}.yaml"))
         if cmd is None:
             return {"error": "not available (bench/.venv-peers has no litellm proxy)"}
+        env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
         proc = subprocess.Popen(
             cmd,
+            env=env,
             cwd=_ROOT,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
