@@ -75,6 +75,11 @@ def _positive(text: str) -> int:
     return int(_number(text, int, 1, "a whole number, 1 or more"))
 
 
+def _non_negative(text: str) -> int:
+    """A count that may be none at all: 0 or more."""
+    return int(_number(text, int, 0, "a whole number, 0 or more"))
+
+
 def _amount(text: str) -> float:
     """A temperature, a rate or a pause: 0 or more."""
     return _number(text, float, 0.0, "a number, 0 or more")
@@ -214,6 +219,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="provider kinds a model name `kind/model` may route to on /v1/chat/completions "
         "and /v1/ui/chat (e.g. anthropic,gemini; their keys come from the environment). "
         "Default: none, only the server's own provider answers",
+    )
+    serve.add_argument(
+        "--max-streams",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="provider streams running at once in each server process; past it runs wait in "
+        "the queue (default: 32)",
+    )
+    serve.add_argument(
+        "--max-queued",
+        type=_non_negative,
+        default=None,
+        metavar="N",
+        help="runs waiting for a stream; past it clients get 429 with Retry-After (default: 64)",
+    )
+    serve.add_argument(
+        "--max-per-client",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="runs one client may hold running or queued, so no client takes the whole "
+        "server (default: 16)",
     )
     _log_options(serve, default="info")  # a server's operator reads its runs and requests
 

@@ -10,6 +10,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import trio
 
 from .._core._errors import RilletError
@@ -19,6 +20,8 @@ from ._exits import EXIT_CANCELLED, EXIT_OK, EXIT_USAGE, CliError
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
+
+    from rillet.transports.server import Limits
 
     from .._core._dialect import Provider
 
@@ -37,6 +40,27 @@ def route_kinds(text: str) -> tuple[str, ...]:
             f"use some of {', '.join(PROVIDER_KINDS)}",
         )
     return kinds
+
+
+def serve_limits(args: argparse.Namespace) -> Limits:
+    """The server's limits with the command line's `--max-streams`, `--max-queued` and
+    `--max-per-client`: what is not given keeps its default, and the cap on runs started and
+    not finished grows to hold every stream and every queued run the options allow."""
+    from rillet.transports.server import Limits
+
+    limits = Limits()
+    changes: dict[str, int] = {}
+    if args.max_streams is not None:
+        changes["max_streams"] = args.max_streams
+    if args.max_queued is not None:
+        changes["max_queued"] = args.max_queued
+    if args.max_per_client is not None:
+        changes["max_runs_per_client"] = args.max_per_client
+    limits = attrs.evolve(limits, **changes)
+    room = limits.max_streams + limits.max_queued
+    if room > limits.max_active_runs:
+        limits = attrs.evolve(limits, max_active_runs=room)
+    return limits
 
 
 def serve_cli(
@@ -75,6 +99,7 @@ def serve_cli(
         tools=args.tools,
         route_kinds=route_kinds(args.route),
         workers=args.workers,
+        limits=serve_limits(args),
     )
     try:
         config.check()  # before the nursery: its refusal is one line, not an exception group
