@@ -180,8 +180,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="address to bind (default: 127.0.0.1; any other needs --server-key)",
     )
     serve.add_argument("--port", type=_port, default=8787, help="port (default: 8787; 0: any)")
-    serve.add_argument(
-        "--server-key", default=None, help="key clients must send to start runs (default: none)"
+    keys = serve.add_mutually_exclusive_group()
+    keys.add_argument(
+        "--server-key-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="a file holding the key clients must send to start runs (its trailing newline "
+        "stripped; default: $RILLET_SERVER_KEY, else none)",
+    )
+    keys.add_argument(
+        "--server-key",
+        default=None,
+        help="the key itself (default: none); every local user can read a command line: "
+        "prefer --server-key-file or $RILLET_SERVER_KEY",
     )
     serve.add_argument(
         "--show-reasoning", action="store_true", help="send the model's reasoning to the page"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import os
 import signal
 import sys
 from typing import TYPE_CHECKING, Any
@@ -19,13 +20,17 @@ from ._exits import EXIT_CANCELLED, EXIT_OK, EXIT_USAGE, CliError
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
+    from pathlib import Path
 
     from rillet.transports.server import Limits
 
     from .._core._dialect import Provider
 
-__all__ = ["route_kinds", "serve_cli"]
+__all__ = ["KEY_VARIABLE", "route_kinds", "serve_cli", "server_key"]
+
+KEY_VARIABLE = "RILLET_SERVER_KEY"
+"""The environment variable `serve` reads the server key from."""
 
 
 def route_kinds(text: str) -> tuple[str, ...]:
@@ -63,6 +68,43 @@ def serve_limits(args: argparse.Namespace) -> Limits:
     return limits
 
 
+def server_key(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
+    """The key clients must send, from `--server-key-file`, `--server-key` or
+    `RILLET_SERVER_KEY` (in that order), or None. A key on the command line is used with one
+    line on stderr saying why not to: every local user reads it in `/proc/PID/cmdline`. An
+    empty or unreadable file (or an empty variable) is a one-line error: the server must not
+    start open when a key was meant.
+
+    Args:
+        args: the parsed command line (`server_key_file`, `server_key`).
+        environ: the environment to read `RILLET_SERVER_KEY` from.
+    """
+    path: Path | None = args.server_key_file
+    if path is not None:
+        try:
+            key = path.read_text(encoding="utf-8").rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8"
+            raise CliError(f"--server-key-file {path}: cannot read it ({reason})") from None
+        if not key:
+            raise CliError(f"--server-key-file {path}: the file holds no key")
+        return key
+    if args.server_key is not None:
+        print(
+            "rillet: warning: a key given with --server-key is visible to every local user "
+            f"(/proc/PID/cmdline): use --server-key-file PATH or {KEY_VARIABLE}",
+            file=sys.stderr,
+            flush=True,
+        )
+        if not args.server_key:
+            raise CliError("--server-key: the key is empty")
+        return str(args.server_key)
+    from_env = environ.get(KEY_VARIABLE)
+    if from_env is not None and not from_env:
+        raise CliError(f"{KEY_VARIABLE} is set but empty", "set the key, or unset it")
+    return from_env
+
+
 def serve_cli(
     args: argparse.Namespace, provider_of: Callable[[argparse.Namespace], Provider]
 ) -> int:
@@ -85,8 +127,9 @@ def serve_cli(
         from rillet.transports.server import ServerConfig, WorkerFailed, serve
     except ImportError:  # pragma: no cover - the server ships with the package
         raise CliError("the server is not available in this installation") from None
+    given = server_key(args, os.environ)
     provider = provider_of(args)
-    key = Secret(args.server_key) if args.server_key else None
+    key = Secret(given) if given is not None else None
     config = ServerConfig(
         host=args.host,
         port=args.port,

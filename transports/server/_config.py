@@ -98,7 +98,10 @@ class ServerConfig:
         host: the address to bind; anything but loopback needs `api_key`.
         port: the port (0: any free one).
         api_key: the key clients must send (`Authorization: Bearer`) to start runs and to use
-            the MMSP endpoints; None leaves them open (loopback only).
+            the MMSP endpoints, and which may cancel any run or answer its approvals; None
+            leaves them open (loopback only). `rillet serve` reads it from
+            `--server-key-file PATH` or `RILLET_SERVER_KEY`, and warns when it is given with
+            `--server-key`, where every local user can read it.
         models: the model ids offered (`/v1/models`); the first is the default. Empty: the
             provider's own model.
         policy: the turns' policy (None: the default policy).
@@ -155,8 +158,8 @@ class ServerConfig:
         if not self.loopback and self.api_key is None:
             raise ServerConfigError(
                 f"refusing to serve on {self.host!r} without a server key: anyone who can reach "
-                "it could spend the provider's credit. Set api_key (--server-key) or bind to "
-                "127.0.0.1."
+                "it could spend the provider's credit. Set api_key (--server-key-file or "
+                "RILLET_SERVER_KEY) or bind to 127.0.0.1."
             )
         if self.workers < 1:
             raise ServerConfigError(f"workers must be at least 1, not {self.workers}")
