@@ -211,3 +211,8 @@ async def raw_exchange(url: str, request: bytes, *, until_close: bool = True) ->
             if not until_close:
                 break
     return bytes(received)
+
+
+def act(run: dict[str, str]) -> dict[str, str]:
+    """The header that acts on a run (cancels it, answers its approvals): its act token."""
+    return {"authorization": f"Bearer {run['act_token']}"}

@@ -169,7 +169,7 @@ COMMANDS: dict[str, tuple[Check, Script] | str] = {
     ),
     "rillet serve --tools demo": "test_serve_tools_demo_and_the_curl_line_answer_an_approval",
     "curl -X POST localhost:8787/v1/runs/$RUN/approvals/$APPROVAL -H "
-    '"authorization: Bearer $TOKEN" -H "content-type: application/json" -d '
+    '"authorization: Bearer $ACT_TOKEN" -H "content-type: application/json" -d '
     "'{\"approve\": true}'": "test_serve_tools_demo_and_the_curl_line_answer_an_approval",
     "python -m rillet.mcp --provider anthropic": "the MCP example in tests/test_readme.py starts "
     "exactly this server",
@@ -251,7 +251,7 @@ async def test_serve_tools_demo_and_the_curl_line_answer_an_approval(tmp_path: P
                 approval = await _approval_id(client, run)
                 port = url.rsplit(":", 1)[1]
                 line = curl.replace("localhost:8787", f"127.0.0.1:{port}")
-                env.update(RUN=run["run_id"], APPROVAL=approval, TOKEN=run["token"])
+                env.update(RUN=run["run_id"], APPROVAL=approval, ACT_TOKEN=run["act_token"])
                 first, again = [
                     await trio.run_process(["sh", "-c", line], capture_stdout=True, env=env)
                     for _ in range(2)

@@ -222,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="runs (POST /v1/runs without tools of their own) are agent runs with these "
         "tools; approvals are answered at POST /v1/runs/{id}/approvals/{approval_id} with the "
-        "run's token (default: none, a run is one turn)",
+        "run's act token (default: none, a run is one turn)",
     )
     serve.add_argument(
         "--route",

@@ -117,7 +117,7 @@ class RunState:
         self.cost = 0  # what its entries are estimated to hold in memory (`_cost`)
         self.done_at: float | None = None
         self.subscribers: set[Subscription] = set()
-        self.access: bytes | None = None  # the digest of its readers' token, if one was given
+        self.access: bytes | None = None  # what its server checks tokens against, if given
         self._changed = trio.Event()
         # subscribers waiting in `next_batch` with nothing left to read, and their tasks
         self.parked: dict[Subscription, trio.lowlevel.Task] = {}
@@ -522,9 +522,9 @@ class RunHub(Protocol):
     subscribers: int
 
     async def open_run(self, run_id: str, *, access: bytes | None = None) -> Sink:
-        """Open a new run and return the sink that appends its events. `access` (the digest of
-        its readers' token) is kept with the run for `access`. Raises `RunExists`,
-        `HubUnavailable`."""
+        """Open a new run and return the sink that appends its events. `access` (what the
+        server checks its readers' and actors' tokens against) is kept with the run for
+        `access`. Raises `RunExists`, `HubUnavailable`."""
         ...
 
     async def follow(

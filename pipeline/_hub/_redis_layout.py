@@ -4,8 +4,8 @@ describe a run, and a stream entry read back as an `Entry` (`_redis` uses them).
 One hash slot per run (the `{<run_id>}` hash tag keeps a run's keys together on a Redis
 Cluster):
 
-- `rillet:{<run_id>}:run`, a hash: `state` (`open`, then `done`) and `access` (the hex digest
-  of the run's reader token, so any server can authorize the run's readers).
+- `rillet:{<run_id>}:run`, a hash: `state` (`open`, then `done`) and `access` (hex: the digests
+  of the run's read and act tokens, so any server can authorize the run's readers and actors).
 - `rillet:{<run_id>}:log`, the stream. Entry `<seq>-0` holds the event's JSON, encoded once, in
   field `e`: an SSE `Last-Event-ID` is a stream cursor, and Redis itself refuses a duplicate or
   out-of-order entry id.

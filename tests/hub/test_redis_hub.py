@@ -552,7 +552,7 @@ async def test_a_run_started_on_one_server_streams_over_sse_from_the_other(redis
             async with connect(f"{ws_base}/v1/runs/{run['run_id']}/ws?token={run['token']}") as ws:
                 received = await receive_all(ws)
             cancel = await two.delete(
-                f"/v1/runs/{run['run_id']}", headers={"authorization": f"Bearer {run['token']}"}
+                f"/v1/runs/{run['run_id']}", headers={"authorization": f"Bearer {run['act_token']}"}
             )
     assert started.status_code == 201
     assert part.seqs + rest.seqs == whole.seqs == list(range(1, len(whole.seqs) + 1))

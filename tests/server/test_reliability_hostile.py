@@ -31,6 +31,7 @@ from rillet.transports.server._routing import connection_cap
 
 from ..server_support import (
     Served,
+    act,
     chat_provider,
     kind,
     raw_exchange,
@@ -166,7 +167,7 @@ async def test_s17_past_the_connection_cap_a_connection_gets_503_and_is_closed(
                     refused.append(await read_all(extra))
             for stream in held:  # their streams end: the cap frees itself
                 await stream.aclose()
-            await served.client.delete(f"/v1/runs/{run['run_id']}?token={run['token']}")
+            await served.client.delete(f"/v1/runs/{run['run_id']}", headers=act(run))
             while (await served.client.get("/metrics.json")).json()["connections"] > 1:  # noqa: ASYNC110
                 await trio.sleep(0.1)  # the server counts connections; it has no event
             metrics = (await served.client.get("/metrics.json")).json()
@@ -349,7 +350,7 @@ async def test_s20_150_concurrent_slow_runs_all_get_their_first_event() -> None:
             deltas = [await first_delta(served, run["run_id"]) for run in runs]
             open_upstream = served.loopback.open_connections
             for run in runs:
-                await served.client.delete(f"/v1/runs/{run['run_id']}?token={run['token']}")
+                await served.client.delete(f"/v1/runs/{run['run_id']}", headers=act(run))
     assert open_upstream == 150  # every run streaming at once, none waiting for a connection
     assert all(delta.delta == "Hello" for delta in deltas)
 
@@ -386,11 +387,11 @@ async def test_s21_no_client_takes_the_whole_capacity_and_the_rest_queue_then_42
             await served.wait_for(queued["run_id"], 1)
             first = decode_run_event(served.log(queued["run_id"])[0])
             held = a[0].json()
-            await served.client.delete(f"/v1/runs/{held['run_id']}?token={held['token']}")
+            await served.client.delete(f"/v1/runs/{held['run_id']}", headers=act(held))
             await first_delta(served, queued["run_id"])  # admitted: started, then its reply
             admitted = [decode_run_event(data) for data in served.log(queued["run_id"])]
             cancel = d.json()
-            await served.client.delete(f"/v1/runs/{cancel['run_id']}?token={cancel['token']}")
+            await served.client.delete(f"/v1/runs/{cancel['run_id']}", headers=act(cancel))
             await served.wait_for(cancel["run_id"])
             cancelled = [decode_run_event(data) for data in served.log(cancel["run_id"])]
     assert [r.status_code for r in a] == [201, 201, 429]
@@ -642,7 +643,7 @@ async def test_s25_a_client_that_half_closes_in_the_queue_gets_its_whole_stream(
                 while b"\r\n\r\n" not in answer:  # the probe's answer, while still queued
                     answer += await stream.receive_some()
                 cancelled = await served.client.delete(
-                    f"/v1/runs/{run['run_id']}", headers={"authorization": f"Bearer {run['token']}"}
+                    f"/v1/runs/{run['run_id']}", headers=act(run)
                 )
                 answer += await read_all(stream)
     assert cancelled.status_code == 202

@@ -27,6 +27,7 @@ from rillet.transports.testing import (
 
 from ..server_support import (
     PROVIDER_KEY,
+    act,
     chat_provider,
     raw_exchange,
     read_sse,
@@ -232,7 +233,7 @@ async def test_keep_alive_answers_requests_in_turn_on_one_connection() -> None:
     assert answer.count(b'{"status":"ok"}') == 3
 
 
-async def test_a_run_can_be_cancelled_with_its_token() -> None:
+async def test_a_run_can_be_cancelled_with_its_act_token() -> None:
     script = [text_reply([f"{n} " for n in range(200)], chunk_delay=0.01)]
     with trio.fail_after(5):
         async with serving(script) as served:
@@ -240,9 +241,7 @@ async def test_a_run_can_be_cancelled_with_its_token() -> None:
             wrong = await served.client.delete(
                 f"/v1/runs/{run['run_id']}", headers={"authorization": "Bearer nope"}
             )
-            cancel = await served.client.delete(
-                f"/v1/runs/{run['run_id']}", headers={"authorization": f"Bearer {run['token']}"}
-            )
+            cancel = await served.client.delete(f"/v1/runs/{run['run_id']}", headers=act(run))
             stream = await read_sse(served.client, run["events_url"])
     assert wrong.status_code == 404
     assert cancel.status_code == 202
@@ -271,8 +270,7 @@ async def test_a_run_cancelled_with_batches_in_flight_still_ends_gapless_with_ru
         async with serving(script, hub=SlowHub()) as served:
             run = await served.start()
             await served.wait_for(run["run_id"], 20)
-            auth = {"authorization": f"Bearer {run['token']}"}
-            await served.client.delete(f"/v1/runs/{run['run_id']}", headers=auth)
+            await served.client.delete(f"/v1/runs/{run['run_id']}", headers=act(run))
             stream = await read_sse(served.client, run["events_url"])
     assert stream.seqs == list(range(1, len(stream.seqs) + 1))
     done = stream.run_events[-1]

@@ -70,14 +70,14 @@ async def test_approving_lets_the_call_run_and_a_second_answer_is_refused() -> N
     async with serving(tool_then_answer("delete_file", {"path": "a.txt"}), tools="demo") as s:
         run = await s.start("tidy up")
         approval_id = await approval_of(s, run)
-        reply = await answer(s, run, approval_id, run["token"], approve=True)
+        reply = await answer(s, run, approval_id, run["act_token"], approve=True)
         assert reply.status_code == 200, reply.text
         assert reply.json() == {
             "run_id": run["run_id"],
             "approval_id": approval_id,
             "decision": "approved",
         }
-        again = await answer(s, run, approval_id, run["token"], approve=False)
+        again = await answer(s, run, approval_id, run["act_token"], approve=False)
         stream = await read_sse(s.client, run["events_url"])
         requests = list(s.loopback.requests)
     assert again.status_code == 409
@@ -92,7 +92,7 @@ async def test_denying_tells_the_model_the_reason() -> None:
     async with serving(tool_then_answer("delete_file", {"path": "a.txt"}), tools="demo") as s:
         run = await s.start("tidy up")
         approval_id = await approval_of(s, run)
-        reply = await answer(s, run, approval_id, run["token"], approve=False, reason="keep it")
+        reply = await answer(s, run, approval_id, run["act_token"], approve=False, reason="keep it")
         assert reply.status_code == 200
         stream = await read_sse(s.client, run["events_url"])
         requests = list(s.loopback.requests)
@@ -109,10 +109,10 @@ async def test_a_wrong_token_or_another_runs_token_is_404_and_changes_nothing() 
         wrong = await answer(s, run, approval_id, "not-the-token", approve=True)
         foreign = await answer(s, run, approval_id, other["token"], approve=True)
         missing = await s.client.post(answer_url(run, approval_id), json={"approve": True})
-        unknown = await answer(s, run, "apr_000000000000", run["token"], approve=True)
-        still = await answer(s, run, approval_id, run["token"], approve=False)
+        unknown = await answer(s, run, "apr_000000000000", run["act_token"], approve=True)
+        still = await answer(s, run, approval_id, run["act_token"], approve=False)
         await s.client.delete(
-            f"/v1/runs/{other['run_id']}", headers={"authorization": f"Bearer {other['token']}"}
+            f"/v1/runs/{other['run_id']}", headers={"authorization": f"Bearer {other['act_token']}"}
         )
     assert wrong.status_code == foreign.status_code == missing.status_code == 404
     assert wrong.content == foreign.content == missing.content  # nothing tells them apart
@@ -124,13 +124,13 @@ async def test_a_bad_body_is_400_and_leaves_the_approval_waiting() -> None:
     async with serving(tool_then_answer("delete_file", {"path": "a.txt"}), tools="demo") as s:
         run = await s.start("tidy up")
         approval_id = await approval_of(s, run)
-        headers = {"authorization": f"Bearer {run['token']}"}
+        headers = {"authorization": f"Bearer {run['act_token']}"}
         url = answer_url(run, approval_id)
         no_field = await s.client.post(url, json={"reason": "x"}, headers=headers)
         not_bool = await s.client.post(url, json={"approve": "yes"}, headers=headers)
-        long = await answer(s, run, approval_id, run["token"], approve=False, reason="x" * 1001)
+        long = await answer(s, run, approval_id, run["act_token"], approve=False, reason="x" * 1001)
         wrong_method = await s.client.get(url, headers=headers)
-        ok = await answer(s, run, approval_id, run["token"], approve=True)
+        ok = await answer(s, run, approval_id, run["act_token"], approve=True)
     assert no_field.status_code == not_bool.status_code == long.status_code == 400
     assert wrong_method.status_code == 405
     assert ok.status_code == 200
@@ -140,7 +140,7 @@ async def test_cancelling_an_agent_run_waiting_for_approval_ends_it() -> None:
     async with serving(tool_then_answer("delete_file", {"path": "a.txt"}), tools="demo") as s:
         run = await s.start("tidy up")
         await approval_of(s, run)
-        headers = {"authorization": f"Bearer {run['token']}"}
+        headers = {"authorization": f"Bearer {run['act_token']}"}
         cancelled = await s.client.delete(f"/v1/runs/{run['run_id']}", headers=headers)
         stream = await read_sse(s.client, run["events_url"])
     assert cancelled.status_code == 202

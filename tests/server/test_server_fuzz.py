@@ -45,7 +45,7 @@ from rillet._core._dialect import Secret
 from rillet.transports.server import Limits
 
 from ..fuzz_cases import KEY, MAX_BODY, TEMPLATES, Case, Context, close_frame, make_case
-from ..server_support import serving, text_reply
+from ..server_support import act, serving, text_reply
 from .test_reliability_hostile import open_fds
 
 if TYPE_CHECKING:
@@ -528,7 +528,7 @@ async def test_no_request_breaks_the_server(
             health = await served.client.get("/healthz")
             health_s = time.perf_counter() - started
             for run in live:
-                await served.client.delete(f"/v1/runs/{run['run_id']}?token={run['token']}")
+                await served.client.delete(f"/v1/runs/{run['run_id']}", headers=act(run))
             metrics = await settle(served)
             await trio.sleep(0.1)  # the last connections' tasks end after their counts
             tasks_after, fds_after = task_count(), open_fds()

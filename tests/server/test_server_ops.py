@@ -289,7 +289,7 @@ async def test_a_cancelled_run_is_not_logged_as_a_failure(caplog: pytest.LogCapt
         async with serving([Reply(stall_headers=True)]) as served:
             run = await served.start()
             await served.loopback.wait_for_requests(1)
-            headers = {"authorization": f"Bearer {run['token']}"}
+            headers = {"authorization": f"Bearer {run['act_token']}"}
             cancel = await served.client.delete(f"/v1/runs/{run['run_id']}", headers=headers)
             samples = await scrape_until(served, ended(1))
     assert cancel.status_code == 202
@@ -403,7 +403,7 @@ async def test_a_run_cancelled_while_queued_ends_cancelled_without_a_request(
             await served.start()
             queued = await served.start()
             await served.loopback.wait_for_requests(1)
-            headers = {"authorization": f"Bearer {queued['token']}"}
+            headers = {"authorization": f"Bearer {queued['act_token']}"}
             cancel = await served.client.delete(f"/v1/runs/{queued['run_id']}", headers=headers)
             samples = await scrape_until(
                 served, lambda s: value(s, "rillet_runs_total", outcome="cancelled") == 1

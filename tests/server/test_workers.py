@@ -346,7 +346,8 @@ def test_a_cancel_reaching_the_other_worker_cancels_the_run(two: Served) -> None
         first = _events(b, path, limit=3)  # it streams (on worker 1, a connection now gone)
     other, _ = _on(two.url, 1)
     with closing(other):
-        cancelled = other.delete(f"/v1/runs/{run['run_id']}", params={"token": run["token"]})
+        auth = {"authorization": f"Bearer {run['act_token']}"}
+        cancelled = other.delete(f"/v1/runs/{run['run_id']}", headers=auth)
         assert cancelled.status_code == 202, cancelled.text
         assert cancelled.json() == {"run_id": run["run_id"]}
         rest = _events(other, path, last_event_id=first[-1][0])
@@ -358,13 +359,20 @@ def test_a_cancel_reaching_the_other_worker_cancels_the_run(two: Served) -> None
     assert len(deltas) < CHUNKS
 
 
-def test_a_cancel_with_a_wrong_token_on_the_other_worker_is_not_found(two: Served) -> None:
+def test_a_cancel_with_a_wrong_or_read_token_on_the_other_worker_is_not_found(
+    two: Served,
+) -> None:
     a, _ = _on(two.url, 0)
     b, _ = _on(two.url, 1)
     with closing(a), closing(b):
         run = _start(a)
-        refused = b.delete(f"/v1/runs/{run['run_id']}", params={"token": "not-the-token"})
-        assert refused.status_code == 404
+        url = f"/v1/runs/{run['run_id']}"
+        refused = [
+            b.delete(url, params={"token": "not-the-token"}),
+            b.delete(url, params={"token": run["token"]}),  # the read token reads, no more
+            b.delete(url, headers={"authorization": f"Bearer {run['token']}"}),
+        ]
+        assert [r.status_code for r in refused] == [404] * 3
         _whole(_events(a, _path(run["events_url"])))  # not cancelled
 
 
@@ -477,7 +485,9 @@ async def test_an_approval_answered_on_another_server_reaches_the_run(
                     path = f"/v1/runs/{run['run_id']}/events?token={run['token']}"
                     approval_id = (await _first(two, path, "approval.required"))["approval_id"]
                     url = f"/v1/runs/{run['run_id']}/approvals/{approval_id}"
-                    auth = {"authorization": f"Bearer {run['token']}"}
+                    auth = {"authorization": f"Bearer {run['act_token']}"}
+                    reader = {"authorization": f"Bearer {run['token']}"}
+                    read_only = await two.post(url, json={"approve": True}, headers=reader)
                     approved = await two.post(url, json={"approve": True}, headers=auth)
                     again = await two.post(url, json={"approve": False}, headers=auth)
                     stranger = await two.post(
@@ -493,7 +503,8 @@ async def test_an_approval_answered_on_another_server_reaches_the_run(
     }
     assert again.status_code == 409
     assert again.json()["error"]["type"] == "approval_not_waiting"
-    assert stranger.status_code == 404
+    assert stranger.status_code == read_only.status_code == 404
+    assert stranger.content == read_only.content
     kinds = [json.loads(e.data)["type"] for e in whole.events]
     assert "tool.completed" in kinds
     assert kinds[-1] == "run.done"

@@ -5,9 +5,11 @@ Endpoints:
 
 - `GET /`: the live page (`static/index.html`).
 - `POST /v1/runs`: start a run (`{"prompt"}` or `{"messages", ...}`); the server key when one is
-  configured; answers 201 `{"run_id", "token", "events_url", "ws_url"}`. The token reads that
-  run only. `DELETE /v1/runs/{id}` (with the token) cancels it, on any server sharing its Redis
-  (handed to the one that runs it).
+  configured; answers 201 `{"run_id", "token", "act_token", "events_url", "ws_url"}`. The
+  token (also in the URLs) reads that run only; the act token, in this response only, acts on
+  it: `DELETE /v1/runs/{id}` with it (`Authorization: Bearer`, or the server key) cancels the
+  run, on any server sharing its Redis (handed to the one that runs it), and its approvals are
+  answered with it.
 - `GET /v1/runs/{id}/events`: the run events as SSE, `id: <run_id>:<seq>`, resumable by
   `Last-Event-ID` (which wins) or `?after=<seq>`; a comment every `heartbeat` seconds of
   silence; 204 when the cursor is already at the end of a finished run (an EventSource then
@@ -24,12 +26,12 @@ Endpoints:
 Logs (`rillet.transports.server`, never a handler of its own): a line per request (`.access`),
 per run start and end, and a warning with the cause in words of every provider failure.
 
-Security: the server key is compared in constant time; a run's token reads only that run, and an
-unknown run and a wrong token get the same bytes; provider keys, provider messages (but for an
-invalid request's, with the key scrubbed) and request headers never reach a response or a log
-line; bodies over `max_body` get 413, subscribers over the per-run or per-client limit 429 (WS
-1008), a request head not complete within `head_timeout` a closed connection. A server bound to
-loopback answers only requests whose `Host` is a loopback name (DNS rebinding), and any
+Security: the server key is compared in constant time; a run's read token reads only that run and
+acts on nothing, and an unknown run and a wrong token get the same bytes; provider keys, provider
+messages (but for an invalid request's, with the key scrubbed) and request headers never reach a
+response or a log line; bodies over `max_body` get 413, subscribers over the per-run or per-client
+limit 429 (WS 1008), a request head not complete within `head_timeout` a closed connection. A server
+bound to loopback answers only requests whose `Host` is a loopback name (DNS rebinding), and any
 state-changing request or WebSocket whose `Origin` is another site is refused (403).
 
 Capacity is explicit (`Limits`): a cap on connections, a write deadline, a process-wide

@@ -1,11 +1,18 @@
 """The runs API: starting a run (`POST /v1/runs`), which then goes on in the server's nursery
-whoever watches; cancelling it; who may read it (its token); following it from a cursor,
-counted against the subscriber limits; and forgetting it after the hub has.
+whoever watches; cancelling it; who may read it (its read token) and who may act on it (its act
+token, or the server key); following it from a cursor, counted against the subscriber limits;
+and forgetting it after the hub has.
+
+Reading and acting are different rights. The read token is in the events URL, which lands in
+browser history, proxy logs and `Referer`s: it reads the run and nothing else. Cancelling and
+answering approvals take the act token, which only the response that started the run carries,
+as `Authorization: Bearer` (never from a query), or the server key; a read token there gets the
+same 404 as an unknown run.
 
 Agent runs (`AgentRuns`): a run started on a server configured with a tool set (`tools`) runs
 the agent loop with those tools, its events in the same run log as a turn's; its
 approvals are answered over HTTP (`POST /v1/runs/{id}/approvals/{approval_id}`, with the run's
-read token), and one no one answers within `approval_timeout` is denied, so a run never waits
+act token), and one no one answers within `approval_timeout` is denied, so a run never waits
 for ever holding its provider-stream slot.
 """
 
@@ -62,10 +69,12 @@ _RUN_ID = re.compile(r"[0-9a-f]{1,64}")
 
 @attrs.define(eq=False)
 class RunRecord:
-    """A run: who may read it (`access`: its token's digest, which the hub shares with other
-    servers), and its turn while this server runs it."""
+    """A run: who may read it and who may act on it (`access`: the digests of its read token
+    and of its act token, which the hub shares with other servers), and its turn while this
+    server runs it."""
 
     token: str
+    act: str = ""
     turn: Turn | None = None
     agent: Agent | None = None  # an agent run's, while it runs (`AgentRuns`)
     waiting: trio.CancelScope | None = None  # its wait for admission, while queued
@@ -73,7 +82,21 @@ class RunRecord:
 
     @access.default
     def _digest(self) -> bytes:
-        return token_digest(self.token)
+        return token_digest(self.token) + (token_digest(self.act) if self.act else b"")
+
+    @property
+    def read_access(self) -> bytes:
+        """The read token's digest."""
+        return self.access[:DIGEST_SIZE]
+
+    @property
+    def act_access(self) -> bytes | None:
+        """The act token's digest; None for a run kept without one."""
+        act = self.access[DIGEST_SIZE:]
+        return act if len(act) == DIGEST_SIZE else None
+
+
+DIGEST_SIZE = 32  # bytes of a token's digest
 
 
 def token_digest(token: str) -> bytes:
@@ -187,8 +210,9 @@ class Runs:
         self.agents = AgentRuns(self)
 
     async def start_run(self, http: HttpConnection, request: Request, _: str) -> None:
-        """`POST /v1/runs`: 201 with the run's id, token and URLs once its turn runs (or it
-        is queued)."""
+        """`POST /v1/runs`: 201 with the run's id, its read token (`token`, also in the URLs),
+        its act token (`act_token`, here only) and URLs once its turn runs (or it is
+        queued)."""
         self.shared.require_key(request)
         body: _RunBody = await self.shared.read_json(
             http, request, _decode_run_body, "invalid_request"
@@ -200,7 +224,7 @@ class Runs:
         provider = self.shared.provider(body.model, mmsp=False)
         ticket = self.shared.reserve(request, mmsp=False)
         run_id = secrets.token_hex(12)
-        record = RunRecord(token=secrets.token_urlsafe(24))
+        record = RunRecord(token=secrets.token_urlsafe(24), act=secrets.token_urlsafe(24))
         try:
             try:
                 inner = await self.shared.hub.open_run(run_id, access=record.access)
@@ -224,6 +248,7 @@ class Runs:
         answer = {
             "run_id": run_id,
             "token": record.token,
+            "act_token": record.act,
             "events_url": f"{base}/v1/runs/{run_id}/events{query}",
             "ws_url": f"ws{base.removeprefix('http')}/v1/runs/{run_id}/ws{query}",
         }
@@ -326,11 +351,14 @@ class Runs:
             return f"http://{self.shared.config.host}:{self.shared.config.port}"
         return f"http://{host}"
 
-    async def authorized(self, request: Request, run_id: str) -> RunRecord | None:
-        """The run when the request carries its token (as its Bearer credential or as `?token=`);
-        None for an unknown run or a wrong token alike (the same constant-time comparisons
-        either way). A run another server started
-        is known by the access the shared hub keeps; `Refused` (503) when it cannot be asked."""
+    async def authorized(
+        self, request: Request, run_id: str, *, act: bool = False
+    ) -> RunRecord | None:
+        """The run when the request may read it (its read token as the Bearer credential or
+        as `?token=`), or with `act`, act on it (its act token as the Bearer credential, or
+        the server key); None for an unknown run or a wrong token alike (the same
+        constant-time comparisons either way). A run another server started is known by the
+        access the shared hub keeps; `Refused` (503) when it cannot be asked."""
         record = self.runs.get(run_id) if _RUN_ID.fullmatch(run_id) else None
         if record is None and _RUN_ID.fullmatch(run_id):
             try:
@@ -338,20 +366,28 @@ class Runs:
             except HubUnavailable:
                 raise log_unavailable() from None
             record = RunRecord(token="", access=access) if access is not None else None
-        expected = record.access if record is not None else token_digest(self.decoy)
-        # the header or the query may carry it: a client that sends the server key with every
-        # request (`Authorization`) still names the run with `?token=`; both are compared
+        decoy = token_digest(self.decoy)
+        if act:  # a URL leaks: the act token is taken from the header only
+            expected = record.act_access if record is not None else None
+            given: tuple[str, ...] = (request.bearer() or "",)
+        else:  # a client that sends the server key with every request names the run in the
+            # query: the header and the query are both compared
+            expected = record.read_access if record is not None else None
+            given = (request.bearer() or "", request.query.get("token", ""))
         matched = False
-        for given in (request.bearer() or "", request.query.get("token", "")):
-            matched |= hmac.compare_digest(token_digest(given), expected)
+        for credential in given:
+            matched |= hmac.compare_digest(token_digest(credential), expected or decoy)
+        if act:
+            matched |= self.shared.has_key(request)
         if matched and record is not None:
             return record
         return None
 
     async def cancel_run(self, http: HttpConnection, request: Request, run_id: str) -> None:
-        """`DELETE /v1/runs/{id}` with its token: 202, the turn (or its wait) cancelled."""
+        """`DELETE /v1/runs/{id}` with its act token (or the server key): 202, the turn (or
+        its wait) cancelled; 404 for an unknown run or any other credential alike."""
         try:
-            record = await self.authorized(request, run_id)
+            record = await self.authorized(request, run_id, act=True)
         except Refused as refused:
             raise refused.reply() from None
         if record is None:
@@ -524,14 +560,15 @@ class AgentRuns:
             record.agent = None
 
     async def answer(self, http: HttpConnection, request: Request, arg: str) -> None:
-        """`POST /v1/runs/{id}/approvals/{approval_id}` with the run's token and
-        `{"approve": true|false, "reason": "..."}`: 200 once the waiting tool call is let run
-        or refused; 404 for an unknown run or another run's token (the same bytes); 409 for
+        """`POST /v1/runs/{id}/approvals/{approval_id}` with the run's act token (or the server
+        key) and `{"approve": true|false, "reason": "..."}`: 200 once the waiting tool call is
+        let run or refused; 404 for an unknown run, its read token or another run's token (the
+        same bytes); 409 for
         an approval that is not waiting (unknown, or answered already). A run another server
         drives is answered there (`Runs.elsewhere`)."""
         run_id, _, approval_id = arg.partition("/")
         try:
-            record = await self.runs.authorized(request, run_id)
+            record = await self.runs.authorized(request, run_id, act=True)
         except Refused as refused:
             raise refused.reply() from None
         if record is None:

@@ -79,14 +79,21 @@ class Shared:
         """The configured limits."""
         return self.config.limits
 
-    def require_key(self, request: Request, *, mmsp: bool = False) -> None:
-        """401 without the server key, when one is configured (compared in constant time)."""
+    def has_key(self, request: Request) -> bool:
+        """Whether the request sends the server key (`Authorization: Bearer`), compared in
+        constant time; False when the server has none."""
         key = self.config.api_key
         if key is None:
-            return
+            return False
         # digests of equal length: the comparison tells nothing, not even the key's length
         given = hashlib.sha256((request.bearer() or "").encode()).digest()
-        if not hmac.compare_digest(given, hashlib.sha256(key.reveal().encode()).digest()):
+        return hmac.compare_digest(given, hashlib.sha256(key.reveal().encode()).digest())
+
+    def require_key(self, request: Request, *, mmsp: bool = False) -> None:
+        """401 without the server key, when one is configured (compared in constant time)."""
+        if self.config.api_key is None:
+            return
+        if not self.has_key(request):
             kind = "AuthenticationError" if mmsp else "unauthorized"
             raise ErrorReply(
                 401,
