@@ -193,8 +193,8 @@ async def _provide(events: int) -> None:
 
 
 def _request(spec: dict[str, Any], run: dict[str, str], kind: str, n: int) -> bytes:
-    """A subscription's request head; `X-Rillet-Session` makes each subscriber a client of
-    its own (the per-client subscriber limit)."""
+    """A subscription's request head, each subscriber a session of its own (every
+    subscriber here is one client, 127.0.0.1: the limits give that client room for all)."""
     host = f"{spec['host']}:{spec['port']}"
     common = f"Host: {host}\r\nX-Rillet-Session: s{n}\r\n"
     if kind == "sse":

@@ -216,3 +216,10 @@ async def raw_exchange(url: str, request: bytes, *, until_close: bool = True) ->
 def act(run: dict[str, str]) -> dict[str, str]:
     """The header that acts on a run (cancels it, answers its approvals): its act token."""
     return {"authorization": f"Bearer {run['act_token']}"}
+
+
+def client_at(url: str, address: str, **headers: str) -> httpx.AsyncClient:
+    """An HTTP client whose connections come from `address`: Linux routes all of 127.0.0.0/8
+    to loopback, so 127.0.0.2 is another peer address to the server, as another machine is."""
+    transport = httpx.AsyncHTTPTransport(local_address=address)
+    return httpx.AsyncClient(base_url=url, transport=transport, headers=headers, timeout=None)

@@ -33,6 +33,7 @@ from ..server_support import (
     Served,
     act,
     chat_provider,
+    client_at,
     kind,
     raw_exchange,
     read_sse,
@@ -53,12 +54,17 @@ def host_port(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
-async def connect(url: str, *, rcvbuf: int | None = None) -> trio.SocketStream:
-    """A raw client connection; `rcvbuf` makes it back up after a few kilobytes."""
+async def connect(
+    url: str, *, rcvbuf: int | None = None, source: str | None = None
+) -> trio.SocketStream:
+    """A raw client connection; `rcvbuf` makes it back up after a few kilobytes, `source` is
+    the loopback address it comes from (127.0.0.2: another client to the server)."""
     host, port = host_port(url)
     sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_STREAM)
     if rcvbuf is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    if source is not None:
+        await sock.bind((source, 0))
     await sock.connect((host, port))
     return trio.SocketStream(sock)
 
@@ -208,9 +214,11 @@ async def test_s17_out_of_file_descriptors_the_server_backs_off_and_serves_again
 # --- S18 -----------------------------------------------------------------------------------------
 
 
-async def hold_sse(url: str, path: str, headers: str = "") -> tuple[trio.SocketStream, bytes]:
+async def hold_sse(
+    url: str, path: str, headers: str = "", *, source: str | None = None
+) -> tuple[trio.SocketStream, bytes]:
     """Open an SSE subscription on a raw connection and keep it: the stream and its head."""
-    stream = await connect(url)
+    stream = await connect(url, source=source)
     await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}\r\n".encode())
     return stream, await read_head(stream)
 
@@ -229,18 +237,22 @@ async def test_s18_one_client_holding_its_quota_leaves_other_clients_unaffected(
                 for _ in range(defaults.max_subscribers_per_client)
             ]
             over = await served.client.get(mine["events_url"])  # the same client once more
-            page = await served.start()  # another client: its own run and token
-            theirs, theirs_head = await hold_sse(served.url, path_of(page["events_url"]))
+            page = await served.start()  # its own run and token, from the same address
+            same = await served.client.get(page["events_url"])
             session, session_head = await hold_sse(
                 served.url, path_of(mine["events_url"]), "X-Rillet-Session: dashboard\r\n"
+            )
+            theirs, theirs_head = await hold_sse(  # another client: another address
+                served.url, path_of(page["events_url"]), source="127.0.0.2"
             )
             for stream, _ in [*held, (theirs, b""), (session, b"")]:
                 await stream.aclose()
     assert all(head.startswith(b"HTTP/1.1 200 ") for _, head in held)
     assert over.status_code == 429
     assert over.json()["error"]["type"] == "too_many_subscribers"
+    assert same.status_code == 429  # another token is not another client (S27)
+    assert session_head.startswith(b"HTTP/1.1 429 ")  # a session narrows, never widens
     assert theirs_head.startswith(b"HTTP/1.1 200 ")
-    assert session_head.startswith(b"HTTP/1.1 200 ")
 
 
 # --- S19 -----------------------------------------------------------------------------------------
@@ -367,10 +379,10 @@ async def first_delta(served: Served, run_id: str) -> AnswerDelta:
 # --- S21 -----------------------------------------------------------------------------------------
 
 
-async def start_as(served: Served, session: str) -> httpx.Response:
-    return await served.client.post(
-        "/v1/runs", json={"prompt": "Hi"}, headers={"x-rillet-session": session}
-    )
+async def start_as(served: Served, client: str) -> httpx.Response:
+    """Start a run as client `a`, `b`, ...: each from a loopback address of its own."""
+    async with client_at(served.url, f"127.0.0.{ord(client) - ord('a') + 2}") as other:
+        return await other.post("/v1/runs", json={"prompt": "Hi"})
 
 
 async def test_s21_no_client_takes_the_whole_capacity_and_the_rest_queue_then_429() -> None:
@@ -418,8 +430,9 @@ async def test_s21_concurrent_starts_never_count_past_the_limit() -> None:
             statuses: list[int] = []
             peak = 0
 
-            async def start(i: int) -> None:
-                statuses.append((await start_as(served, f"s{i}")).status_code)
+            async def start() -> None:
+                started = await served.client.post("/v1/runs", json={"prompt": "Hi"})
+                statuses.append(started.status_code)
 
             async def watch() -> None:
                 nonlocal peak
@@ -430,8 +443,8 @@ async def test_s21_concurrent_starts_never_count_past_the_limit() -> None:
             async with trio.open_nursery() as outer:
                 outer.start_soon(watch)
                 async with trio.open_nursery() as nursery:
-                    for i in range(60):
-                        nursery.start_soon(start, i)
+                    for _ in range(60):
+                        nursery.start_soon(start)
                 outer.cancel_scope.cancel()
             metrics = (await served.client.get("/metrics.json")).json()
     assert statuses.count(201) == 8

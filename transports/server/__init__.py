@@ -36,7 +36,8 @@ state-changing request or WebSocket whose `Origin` is another site is refused (4
 
 Capacity is explicit (`Limits`): a cap on connections, a write deadline, a process-wide
 admission of provider streams with a bounded queue and a per-client share, per-client
-subscriber limits keyed by what identifies a client, not its address alone.
+subscriber limits; a client is what it cannot choose (its address, and the server key when it
+sends it), and an `X-Rillet-Session` only splits its share.
 
 The package, by concept: `_config` (what is served, the limits), `_serve` (binding, the accept
 loop, the sweep), `_routing` (connections, routes, Host and Origin checks), `_shared` (what

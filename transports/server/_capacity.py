@@ -1,5 +1,6 @@
-"""Capacity, fair and explicit: who a client is (`client_key`), and the admission of provider
-streams (`StreamAdmission`): a process-wide limit, a bounded queue and a per-client share."""
+"""Capacity, fair and explicit: who a client is (`client_of`), the shares clients hold
+(`Shares`), and the admission of provider streams (`StreamAdmission`): a process-wide limit, a
+bounded queue and a per-client share."""
 
 from __future__ import annotations
 
@@ -14,7 +15,17 @@ if TYPE_CHECKING:
     from ._config import Limits
     from ._http11 import Request
 
-__all__ = ["StreamAdmission", "Ticket", "client_key", "subscriber", "uncount"]
+__all__ = [
+    "ClientId",
+    "Shares",
+    "StreamAdmission",
+    "Ticket",
+    "client_of",
+    "session_share",
+    "uncount",
+]
+
+_MAX_SESSION = 128  # characters of `X-Rillet-Session` that name a session
 
 
 def uncount(counter: collections.Counter[Any], key: Any) -> None:
@@ -24,21 +35,77 @@ def uncount(counter: collections.Counter[Any], key: Any) -> None:
         del counter[key]
 
 
-def subscriber(request: Request) -> bytes:
-    """The client a subscription counts against: who reads with this run token."""
-    return client_key(request, request.bearer() or request.query.get("token", ""))
-
-
-def client_key(request: Request, credential: str) -> bytes:
-    """What identifies a client for its limits: its address, the credential it acts with (a
-    run token, the server key) and its `X-Rillet-Session`, if it sends one. Every local
-    program shares 127.0.0.1; the address alone would make them one client."""
-    session = request.headers.get("x-rillet-session", "")[:128]
+def _digest(*parts: str) -> bytes:
     digest = hashlib.sha256()
-    for part in (request.client, credential, session):
+    for part in parts:
         data = part.encode("utf-8", "replace")
         digest.update(b"%d:%s;" % (len(data), data))
     return digest.digest()
+
+
+@attrs.frozen
+class ClientId:
+    """Who holds a share: the client (what it cannot choose) and, if it named one, its session
+    within that client.
+
+    Attributes:
+        client: the client's key: its peer address, and whether it sent the server key.
+        session: the key of its `X-Rillet-Session` within `client`; None when it sent none.
+    """
+
+    client: bytes
+    session: bytes | None = None
+
+
+def client_of(request: Request, *, keyed: bool = False) -> ClientId:
+    """Who `request` comes from, for its limits: its peer address, and when it sent the server
+    key (`keyed`), that key's identity. Nothing the client picks makes it another client: a
+    header or a Bearer value it invents each time would let it take the whole server. An
+    `X-Rillet-Session` names a session within the client, whose share is a part of the
+    client's (`Shares`): it may narrow a client's share, never widen it."""
+    key = "server-key" if keyed else ""
+    client = _digest(request.client, key)
+    session = request.headers.get("x-rillet-session")
+    if session is None:
+        return ClientId(client)
+    return ClientId(client, _digest(request.client, key, session[:_MAX_SESSION]))
+
+
+def session_share(per_client: int, per_session: int | None) -> int:
+    """A session's share: `per_session`, else half the client's (1 at least), never more
+    than the client's."""
+    share = per_session if per_session is not None else max(1, per_client // 2)
+    return min(share, per_client)
+
+
+@attrs.define(eq=False)
+class Shares:
+    """What each client holds of something limited (runs, subscriptions): at most
+    `per_client` a client, and within it at most `per_session` a named session. Both counts
+    are taken and given back together."""
+
+    per_client: int
+    per_session: int
+    clients: collections.Counter[bytes] = attrs.field(factory=collections.Counter)
+    sessions: collections.Counter[bytes] = attrs.field(factory=collections.Counter)
+
+    def full(self, who: ClientId) -> bool:
+        """Whether `who` holds its whole share (its client's, or its session's)."""
+        if self.clients[who.client] >= self.per_client:
+            return True
+        return who.session is not None and self.sessions[who.session] >= self.per_session
+
+    def take(self, who: ClientId) -> None:
+        """Count one more held by `who`."""
+        self.clients[who.client] += 1
+        if who.session is not None:
+            self.sessions[who.session] += 1
+
+    def give(self, who: ClientId) -> None:
+        """Count one less held by `who`."""
+        uncount(self.clients, who.client)
+        if who.session is not None:
+            uncount(self.sessions, who.session)
 
 
 @attrs.define(eq=False)
@@ -46,7 +113,7 @@ class Ticket:
     """A run's (or MMSP stream's) place in the admission: reserved at once, holding a slot once
     admitted."""
 
-    client: bytes
+    client: ClientId
     admitted: bool = False
     released: bool = False
 
@@ -54,16 +121,15 @@ class Ticket:
 @attrs.define(eq=False)
 class StreamAdmission:
     """Fair, explicit capacity for provider streams: at most `slots` run at once (first come,
-    first served), at most `queue` wait, and one client holds at most `per_client` of them,
-    running or waiting. A place is reserved synchronously, in the same step as the check, so
-    concurrent starts can never count past the limit."""
+    first served), at most `queue` wait, and one client holds at most its share of them
+    (`shares`), running or waiting. A place is reserved synchronously, in the same step as
+    the check, so concurrent starts can never count past the limit."""
 
     slots: int
     queue: int
-    per_client: int
+    shares: Shares
     ceiling: int  # running and waiting together
     pending: int = 0
-    held: collections.Counter[bytes] = attrs.field(factory=collections.Counter)
     _limiter: trio.CapacityLimiter = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -75,7 +141,10 @@ class StreamAdmission:
         return cls(
             slots=limits.max_streams,
             queue=limits.max_queued,
-            per_client=limits.max_runs_per_client,
+            shares=Shares(
+                limits.max_runs_per_client,
+                session_share(limits.max_runs_per_client, limits.max_runs_per_session),
+            ),
             ceiling=min(limits.max_active_runs, limits.max_streams + limits.max_queued),
         )
 
@@ -89,12 +158,12 @@ class StreamAdmission:
         """Streams queued for a slot."""
         return self.pending - self.running
 
-    def reserve(self, client: bytes) -> Ticket | None:
+    def reserve(self, client: ClientId) -> Ticket | None:
         """A place for `client`, or None when the capacity or the client's share is taken."""
-        if self.pending >= self.ceiling or self.held[client] >= self.per_client:
+        if self.pending >= self.ceiling or self.shares.full(client):
             return None
         self.pending += 1
-        self.held[client] += 1
+        self.shares.take(client)
         return Ticket(client)
 
     def try_admit(self, ticket: Ticket) -> bool:
@@ -119,6 +188,4 @@ class StreamAdmission:
         if ticket.admitted:
             self._limiter.release_on_behalf_of(ticket)
         self.pending -= 1
-        self.held[ticket.client] -= 1
-        if self.held[ticket.client] <= 0:
-            del self.held[ticket.client]
+        self.shares.give(ticket.client)

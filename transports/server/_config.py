@@ -34,16 +34,23 @@ class Limits:
             (1008 past them).
         max_subscribers_per_run: live SSE and WebSocket subscribers of one run (429 / 1008).
         max_subscribers_per_client: live subscribers one client holds (429 / 1008). A client
-            is its address, the run token it reads with and its `X-Rillet-Session`, if any:
-            every local program is 127.0.0.1, and one of them holding its quota must not lock
-            the others out.
+            is what it cannot choose: its address, and the server key when it sends it; a
+            header or a token it picks never makes it another client. Behind a proxy every
+            client is the proxy's address: raise the shares there.
+        max_subscribers_per_session: the part of its client's share one `X-Rillet-Session`
+            holds: local programs that name their sessions keep one from locking the others
+            out; a session only narrows its client's share, never widens it. None: half the
+            client's (at least 1).
         max_streams: provider streams (runs and MMSP streams) running at once, process-wide;
             a run past it waits in the queue (a `status` event, phase `queued`). The upstream
             connection pool is this size, so an admitted stream never waits for a connection.
         max_queued: runs and streams waiting for a slot; past it 429 with `Retry-After`.
-        max_runs_per_client: the runs and streams one client (its address, server key and
-            `X-Rillet-Session`) may hold running or queued (429 past it): no client takes the
-            whole capacity.
+        max_runs_per_client: the runs and streams one client (its address, and the server
+            key when it sends it) may hold running or queued (429 past it): no client takes
+            the whole capacity, whatever headers or tokens it rotates.
+        max_runs_per_session: the part of its client's share one `X-Rillet-Session` may hold
+            (429 past it); a session only narrows its client's share. None: half the
+            client's (at least 1).
         max_active_runs: runs and streams started and not finished, queued ones included
             (429 past it); the lower of it and `max_streams + max_queued` applies.
         max_connections: client connections open at once. At it, the connection that has
@@ -71,9 +78,11 @@ class Limits:
     ws_burst: int = 40
     max_subscribers_per_run: int = 1000
     max_subscribers_per_client: int = 64
+    max_subscribers_per_session: int | None = None
     max_streams: int = 32
     max_queued: int = 64
     max_runs_per_client: int = 16
+    max_runs_per_session: int | None = None
     max_active_runs: int = 256
     max_connections: int = 4096
     heartbeat: float = 15.0

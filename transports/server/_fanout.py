@@ -23,7 +23,6 @@ from rillet._core._encode import SSE_HEARTBEAT, SSE_RETRY, sse_run_events, ws_te
 from rillet._core._errors import CursorExpired, SubscriberDropped
 from rillet._hub._hub import Entry, Subscription
 
-from ._capacity import subscriber
 from ._http11 import ConnectionStream
 from ._replies import GONE, CloseConnection, ErrorReply, Refused, not_found
 from ._runs import Runs
@@ -176,7 +175,9 @@ class Fanout:
         try:
             if await self.runs.authorized(request, run_id) is None:
                 raise not_found()
-            async with self.runs.subscription(run_id, cursor, subscriber(request)) as sub:
+            async with self.runs.subscription(
+                run_id, cursor, self.shared.client_id(request)
+            ) as sub:
                 if sub.at_end:
                     await http.respond(204, content_type="")
                     return
@@ -269,7 +270,7 @@ class Fanout:
                 return
             cursor = request.query.get("after")
             async with (
-                self.runs.subscription(run_id, cursor, subscriber(request)) as sub,
+                self.runs.subscription(run_id, cursor, self.shared.client_id(request)) as sub,
                 trio.open_nursery() as nursery,
             ):
                 nursery.start_soon(self._ws_limits, frames, state, nursery.cancel_scope)

@@ -46,7 +46,7 @@ from rillet._hub._hub import Subscription, parse_cursor
 from rillet._turn._api import run_turn
 from rillet._turn._turn import Sink, SinkBatch, Turn, TurnResult
 
-from ._capacity import Ticket, uncount
+from ._capacity import ClientId, Shares, Ticket, session_share, uncount
 from ._log import log_queued_cancel, log_run_end, log_run_start
 from ._metrics import Metrics
 from ._replies import ErrorReply, Refused, log_unavailable, not_found
@@ -196,18 +196,25 @@ class Runs:
 
     Attributes:
         runs: the runs kept, by id (forgotten once the hub has forgotten them).
-        per_run, per_client: live subscriptions by run and by client (`subscriber`).
+        per_run: live subscriptions by run.
+        per_client: live subscriptions by client and session (`Shares`).
     """
 
     shared: Shared
     runs: dict[str, RunRecord] = attrs.field(factory=dict)
     per_run: collections.Counter[str] = attrs.field(factory=collections.Counter)
-    per_client: collections.Counter[bytes] = attrs.field(factory=collections.Counter)
+    per_client: Shares = attrs.field()
     decoy: str = attrs.field(factory=lambda: secrets.token_urlsafe(24))
     agents: AgentRuns = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.agents = AgentRuns(self)
+
+    @per_client.default
+    def _shares(self) -> Shares:
+        limits = self.shared.limits
+        per_client = limits.max_subscribers_per_client
+        return Shares(per_client, session_share(per_client, limits.max_subscribers_per_session))
 
     async def start_run(self, http: HttpConnection, request: Request, _: str) -> None:
         """`POST /v1/runs`: 201 with the run's id, its read token (`token`, also in the URLs),
@@ -448,7 +455,7 @@ class Runs:
 
     @asynccontextmanager
     async def subscription(
-        self, run_id: str, cursor: str | None, client: bytes
+        self, run_id: str, cursor: str | None, client: ClientId
     ) -> AsyncIterator[Subscription]:
         """Follow a run from a cursor, counted against the limits. Raises `Refused`."""
         limits = self.shared.limits
@@ -456,7 +463,7 @@ class Runs:
             after = parse_cursor(run_id, cursor)
             if self.per_run[run_id] >= limits.max_subscribers_per_run:
                 raise HubError("too many subscribers for this run")
-            if self.per_client[client] >= limits.max_subscribers_per_client:
+            if self.per_client.full(client):
                 raise HubError("too many subscribers from this client")
             sub = await self.shared.hub.follow(run_id, after)
         except UnknownRun:
@@ -473,7 +480,7 @@ class Runs:
         except HubError as exc:
             raise Refused(429, "too_many_subscribers", str(exc)) from None
         self.per_run[run_id] += 1
-        self.per_client[client] += 1
+        self.per_client.take(client)
         try:
             yield sub
         finally:
@@ -481,7 +488,7 @@ class Runs:
             if sub.drop_reason is not None:
                 self.shared.metrics.subscribers_dropped += 1
             uncount(self.per_run, run_id)
-            uncount(self.per_client, client)
+            self.per_client.give(client)
 
 
 _MAX_REASON = 1000  # characters of a denial's reason the model is told

@@ -18,7 +18,7 @@ from rillet._core._dialect import Provider
 from rillet._hub._hub import RunHub
 from rillet._turn._admission import Admission
 
-from ._capacity import StreamAdmission, Ticket, client_key
+from ._capacity import ClientId, StreamAdmission, Ticket, client_of
 from ._config import ServerConfig
 from ._metrics import Metrics
 from ._replies import ErrorReply
@@ -89,6 +89,11 @@ class Shared:
         given = hashlib.sha256((request.bearer() or "").encode()).digest()
         return hmac.compare_digest(given, hashlib.sha256(key.reveal().encode()).digest())
 
+    def client_id(self, request: Request) -> ClientId:
+        """Who the request comes from, for its shares (`client_of`): its address, and the
+        server key when it sent it."""
+        return client_of(request, keyed=self.has_key(request))
+
     def require_key(self, request: Request, *, mmsp: bool = False) -> None:
         """401 without the server key, when one is configured (compared in constant time)."""
         if self.config.api_key is None:
@@ -153,7 +158,7 @@ class Shared:
     def reserve(self, request: Request, *, mmsp: bool) -> Ticket:
         """A place in the admission for this request's client; 429 with `Retry-After` when the
         server's capacity or the client's share is taken."""
-        ticket = self.admission.reserve(client_key(request, request.bearer() or ""))
+        ticket = self.admission.reserve(self.client_id(request))
         if ticket is None:
             raise ErrorReply(
                 429,
