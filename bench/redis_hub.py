@@ -113,7 +113,16 @@ def _events(run_id: str, count: int) -> list[RunEvent]:
         AnswerDelta(run_id=run_id, seq=n, elapsed_ms=n, delta=f"token {n} ")
         for n in range(1, count)
     ]
-    last = RunDone(run_id=run_id, seq=count, elapsed_ms=count, status="completed", code="completed")
+    last = RunDone(
+        run_id=run_id,
+        seq=count,
+        elapsed_ms=count,
+        status="completed",
+        code="completed",
+        attempts=1,
+        requests=1,
+        retryable=False,
+    )
     return [*text, last]
 
 

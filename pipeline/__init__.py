@@ -28,6 +28,8 @@ from ._agent._tools import ToolStatus as ToolStatus
 from ._agent._tools import tool as tool
 from ._core._budget import ContextBudget as ContextBudget
 from ._core._budget import estimate_chars as estimate_chars
+from ._core._codes import RUN_CODES as RUN_CODES
+from ._core._codes import CodeInfo as CodeInfo
 from ._core._conversation import Conversation as Conversation
 from ._core._conversation import PendingApproval as PendingApproval
 from ._core._errors import AppendConflict as AppendConflict
@@ -172,6 +174,7 @@ except _PackageNotFoundError:  # pragma: no cover - only a source tree that was 
 
 __all__ = [
     "DEFAULT_STREAMS",
+    "RUN_CODES",
     "Admission",
     "Agent",
     "AgentOptions",
@@ -188,6 +191,7 @@ __all__ = [
     "CallbackSink",
     "CircuitBreaker",
     "CircuitBreakers",
+    "CodeInfo",
     "ConfigurationError",
     "ContentItem",
     "ContextBudget",

@@ -552,6 +552,13 @@ END_OK = "end(completed, completed)"
 END_TIMEOUT = "end(error, timeout)"
 END_PROVIDER = "end(error, provider_error)"
 END_RATE = "end(error, rate_limited)"
+
+
+def end_error(code: str) -> str:
+    """What `seen` shows for a run that ended `error` with `code`."""
+    return f"end(error, {code})"
+
+
 END_CANCELLED = "end(cancelled, cancelled)"
 OK_SEEN = ("D*5", "usage", "done")
 
@@ -570,13 +577,14 @@ def run_done(run: Ran) -> RunDone:
     return end
 
 
-def check_rate_limited_at_once(run: Run, wait: float) -> None:
-    """The turn ended RateLimited at once, with no wait and no rescue, surfacing `wait`."""
+def check_rate_limited_at_once(run: Run, wait: float, code: str = "rate_limited") -> None:
+    """The turn ended RateLimited at once, with no wait and no rescue, surfacing `wait`; its
+    `run.done` says `code` (`provider_unavailable` for a 503 or a 529)."""
     check(
         run,
         at=[0.0],
         outcome=Outcome.RATE_LIMITED,
-        saw=expect("start", END_RATE),
+        saw=expect("start", end_error(code)),
         text="",
         ended=0.0,
     )

@@ -31,6 +31,7 @@ import trio
 from rillet.transports.upstream._http import default_client
 
 from .._core._budget import ContextBudget
+from .._core._codes import error_code
 from .._core._conversation import Conversation, PendingApproval
 from .._core._deprecated import renamed
 from .._core._dialect import Provider
@@ -168,7 +169,8 @@ class _Loop:
                 repaired = self._unparsed(result)
                 if repaired is None:
                     status: Any = done.status if done is not None else "error"
-                    return self.end(status, done.code if done else "provider_error", result.error)
+                    code = done.code if done is not None else error_code(result.error)
+                    return self.end(status, code, result.error)
                 self.message = message = repaired
             calls = [i for i in message.content_items if type(i) is ToolCallDone]
             if calls and message.finish_reason == "tool_call":

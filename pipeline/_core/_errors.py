@@ -57,6 +57,7 @@ from typing import Any
 import msgspec
 
 __all__ = [
+    "CONTENT_POLICY_CODES",
     "AppendConflict",
     "AuthenticationError",
     "ConfigurationError",
@@ -92,6 +93,7 @@ __all__ = [
     "UnsupportedContentError",
     "UnsupportedOperationError",
     "UpstreamError",
+    "key_refused",
     "past_context",
     "preview",
 ]
@@ -529,6 +531,12 @@ QUOTA_CODES = frozenset(
 """Provider error codes no wait or retry cures, the account must change first: an error with one
 is a plain `ProviderError` carrying the code, never a `RateLimitError`, even sent with a 429."""
 
+CONTENT_POLICY_CODES = frozenset(
+    {"content_filter", "content_policy_violation", "image_content_policy_violation"}
+)
+"""Provider error codes of a request its content rules refused (OpenAI's, Azure's): an error
+with one keeps it as its type, whatever other type came with it."""
+
 REQUEST_TOO_LARGE = "request_too_large"
 """The code of a request larger than the provider takes (Anthropic's 413 type, and OpenAI's 429
 `rate_limit_exceeded` whose message says the request alone asks for more than the limit:
@@ -591,6 +599,18 @@ def past_context(error: BaseException | None) -> bool:
         (error.error_type or "").lower() in _CONTEXT_CODES
         or CONTEXT_FULL.search(said) is not None
         or _TOO_MANY_TOKENS.search(said) is not None
+    )
+
+
+_KEY_REFUSED = re.compile(r"\bapi[ _-]?key\b[^.]*\b(not valid|invalid|expired|revoked)\b", re.I)
+"""How a provider refuses a key it reports as a bad request (Gemini's 400 INVALID_ARGUMENT:
+`API key not valid. Please pass a valid API key.`, `API key expired. ...`)."""
+
+
+def key_refused(error: BaseException | None) -> bool:
+    """Whether the provider refused the key in a bad request's words (`_KEY_REFUSED`)."""
+    return isinstance(error, InvalidRequestError) and bool(
+        _KEY_REFUSED.search(error.provider_message)
     )
 
 

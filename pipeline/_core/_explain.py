@@ -34,6 +34,7 @@ from ._errors import (
     TransportError,
     TurnTimeout,
     causes,
+    key_refused,
     past_context,
 )
 from ._failures import cause_of
@@ -48,9 +49,6 @@ __all__ = ["RETRY_SAID", "explain", "filtered_line", "mask_keys"]
 # error messages echo the key with stars in the middle: `sk-abc1**********3456`)
 _KEYISH = re.compile(r"\b(sk-ant-|sk-proj-|sk-|sk_|rk-|AIza|gsk_|xai-|key-)([A-Za-z0-9_\-*]{3,})")
 
-# a refused key reported as a bad request: Gemini answers a wrong key with 400 INVALID_ARGUMENT
-# (`API key not valid. Please pass a valid API key.`, `API key expired. ...`)
-_KEY_REFUSED = re.compile(r"\bapi[ _-]?key\b[^.]*\b(not valid|invalid|expired|revoked)\b", re.I)
 _NOT_PULLED = re.compile(r"^model ['\"][^'\"]+['\"] not found")
 """Ollama's 404 for a model it has not downloaded, in newer servers' words."""
 
@@ -278,7 +276,7 @@ def _provider_error(
         return f"rate limited{status}{after}{said}{wait} — wait a little, or set --rpm"
     if isinstance(error, OverloadedError):
         return f"the provider is overloaded{status}{after}{said} — try again shortly"
-    if isinstance(error, InvalidRequestError) and _KEY_REFUSED.search(error.provider_message):
+    if key_refused(error):
         return (
             f"the API key was refused{status}{said} — check {key_hint or 'the API key (--api-key)'}"
         )

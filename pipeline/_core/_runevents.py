@@ -22,14 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import attrs
 import msgspec
 
-from ._errors import (
-    EmptyResponseError,
-    RescueFailed,
-    RilletError,
-    StreamProtocolError,
-    ToolCallArgumentParseError,
-    UpstreamError,
-)
+from ._codes import done_code, retryable
 from ._events import (
     TextDelta,
     ThinkingDelta,
@@ -66,7 +59,6 @@ __all__ = [
     "ToolStarted",
     "UsageEvent",
     "decode_run_event",
-    "safe_code",
 ]
 
 
@@ -209,15 +201,19 @@ class AnswerDone(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="
 
 
 class RunDone(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="run.done"):
-    """The run is over; exactly one, always last. `code` is a safe code, never prose.
+    """The run is over; exactly one, always last. `code` is a safe code, never prose (one per
+    cause: `RUN_CODES`, docs/codes.md).
 
     `attempts` counts the attempts (the rescue included); `requests` the HTTP requests the
-    provider got for them, so a reader sees what the turn cost."""
+    provider got for them, so a reader sees what the turn cost: both always present, zeros
+    included (a run stopped before its first request). `retryable` says whether asking again,
+    unchanged, can help (after `retry_after_ms`, when given): where a page offers Retry."""
 
     status: Literal["completed", "error", "cancelled", "approval_required"]
     code: str
-    attempts: int = 0
-    requests: int = 0
+    attempts: int
+    requests: int
+    retryable: bool
     retry_after_ms: int | None = None
 
 
@@ -240,31 +236,6 @@ RunEvent = (
 
 decode_run_event = msgspec.json.Decoder(RunEvent).decode
 """Decode one run event from its JSON."""
-
-
-def safe_code(outcome: Outcome, error: BaseException | None) -> str:
-    """The code `run.done` carries for an outcome and its error: never prose."""
-    if outcome is Outcome.CANCELLED:
-        return "cancelled"
-    if outcome in (Outcome.TOTAL_TIMEOUT, Outcome.EVENT_TIMEOUT):
-        return "timeout"
-    if outcome is Outcome.RATE_LIMITED:
-        return "rate_limited"
-    if isinstance(error, RescueFailed):
-        error = error.stream_error
-    # a sink's or an actor's own failure, not the provider's: a bare UpstreamError too, since
-    # the handler makes a TransportError of every one a provider's transport raises
-    if error is not None and (
-        not isinstance(error, RilletError) or isinstance(error, UpstreamError)
-    ):
-        return "internal_error"
-    if isinstance(error, EmptyResponseError):
-        return "empty_response"
-    if isinstance(error, ToolCallArgumentParseError):
-        return "tool_arguments_invalid"
-    if isinstance(error, StreamProtocolError):
-        return "protocol_error"
-    return "provider_error"
 
 
 class RunEventBuilder:
@@ -469,6 +440,7 @@ class RunEventBuilder:
                 code=code,
                 attempts=attempts,
                 requests=attempts if requests is None else requests,
+                retryable=retryable(code),
                 retry_after_ms=retry_ms,
             )
         )
@@ -492,12 +464,11 @@ class RunEventBuilder:
         text and without `answer.done`; so does one without visible text (`empty_response`).
         """
         out: list[RunEvent] = []
+        code = done_code(outcome, error, self.finish_reason)
         if outcome.succeeded:
             answer = self._answer
-            if self.finish_reason == "length":
-                status, code = "error", "provider_length"
-            else:
-                status, code = "completed", "completed"
+            if code == "completed":
+                status = "completed"
                 out.append(
                     AnswerDone(
                         **self._env(),
@@ -507,10 +478,12 @@ class RunEventBuilder:
                         filtered=filtered_stop(self.finish_reason, provider_finish),
                     )
                 )
+            else:  # cut at the token limit
+                status = "error"
         elif outcome is Outcome.CANCELLED:
-            status, code = "cancelled", "cancelled"
+            status = "cancelled"
         else:
-            status, code = "error", safe_code(outcome, error)
+            status = "error"
         retry_ms = None
         if outcome is Outcome.RATE_LIMITED and retry_after is not None:
             retry_ms = int(retry_after * 1000)
@@ -521,6 +494,7 @@ class RunEventBuilder:
                 code=code,
                 attempts=attempts,
                 requests=attempts if requests is None else requests,
+                retryable=retryable(code),
                 retry_after_ms=retry_ms,
             )
         )

@@ -42,6 +42,7 @@ import trio
 from coredis.exceptions import RedisError, ResponseError
 from coredis.retry import NoRetryPolicy
 
+from .._core._codes import retryable
 from .._core._errors import (
     AppendConflict,
     CursorExpired,
@@ -350,6 +351,9 @@ class RedisHub:
                     elapsed_ms=elapsed,
                     status="error",
                     code=_UNAVAILABLE,
+                    attempts=0,  # what the run cost is not in its log: its producer is gone
+                    requests=0,
+                    retryable=retryable(_UNAVAILABLE),
                 )
                 await self.append(run_id, [end])
             except HubUnavailable:

@@ -20,6 +20,7 @@ import attrs
 import trio
 from rillet.transports.upstream._http import default_client
 
+from .._core._codes import error_code
 from .._core._errors import ProviderError, RescueFailed, RilletError, UpstreamError
 from .._core._events import UniMessage
 from .._core._markers import AttemptReset
@@ -211,8 +212,8 @@ async def run_chain(
                 error = exc
             else:
                 done = step.sink.done
-                status, code = (done.status, done.code) if done else ("error", "provider_error")
                 error = step.result.error
+                status, code = (done.status, done.code) if done else ("error", error_code(error))
     except Exception as exc:  # a sink's own failure (or an actor's): an error, not a cancel
         status, code, error = "error", "internal_error", exc
         raise

@@ -34,6 +34,7 @@ from rillet.transports.upstream._http import HttpUpstream
 from rillet.transports.upstream._ws import SchemeUpstream
 
 from .._core._accumulator import Accumulator
+from .._core._codes import done_code
 from .._core._dialect import Provider
 from .._core._errors import RescueFailed
 from .._core._events import UniMessage
@@ -153,6 +154,12 @@ class TurnResult:
         """Whether the reply came home cut short by the provider's content rules (its finish
         reason `unknown`, standing for `content_filter`, `SAFETY`...): the text is incomplete."""
         return self.ok and filtered_stop(self.message.finish_reason, self.provider_finish_reason)
+
+    @property
+    def code(self) -> str:
+        """The safe code the turn's `run.done` carried: `completed`, or why not (one per
+        cause: `authentication_failed`, `provider_unavailable`...; docs/codes.md)."""
+        return done_code(self.outcome, self.error, self.message.finish_reason)
 
 
 @attrs.define(eq=False)

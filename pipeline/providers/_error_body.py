@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 from rillet._core._errors import (
+    CONTENT_POLICY_CODES,
     CONTEXT_FULL,
     REQUEST_TOO_LARGE,
     UNCURABLE_CODES,
@@ -152,6 +153,8 @@ def provider_error(
     else:
         if status is not None:
             cls = _STATUSES.get(status, ProviderError)
+    # a content-policy refusal keeps its code, which says more than the type beside it
+    known = next((t for t in error_types if t and t.lower() in CONTENT_POLICY_CODES), known)
     if (
         cls is ProviderError
         and (status is None or 400 <= status < 500)

@@ -306,7 +306,7 @@ async def test_a_step_that_fails_ends_the_run_with_its_code(
     result, events, _ = await run_collect(
         [case.tool_call, status_reply(400)], tools=[get_weather], policy=Policy(rescue=False)
     )
-    assert (result.status, result.code, result.steps) == ("error", "provider_error", 2)
+    assert (result.status, result.code, result.steps) == ("error", "invalid_request", 2)
     assert kinds(events).count("run.started") == 1
 
 

@@ -155,7 +155,14 @@ async def test_a_tools_deadline_is_its_own(autojump_clock: trio.testing.MockCloc
         ApprovalResolved(run_id="r", seq=6, elapsed_ms=5, approval_id="a", decision="denied"),
         StatusEvent(run_id="r", seq=7, elapsed_ms=5, phase="fallback", attempt=1, provider="p"),
         RunDone(
-            run_id="r", seq=8, elapsed_ms=5, status="approval_required", code="approval_required"
+            run_id="r",
+            seq=8,
+            elapsed_ms=5,
+            status="approval_required",
+            code="approval_required",
+            attempts=1,
+            requests=1,
+            retryable=False,
         ),
     ],
     ids=lambda e: str(type(e).__struct_config__.tag),

@@ -358,14 +358,14 @@ def test_a_bare_upstream_error_ends_a_run_as_its_own_failure() -> None:
     """An UpstreamError is a RilletError now, yet one that reaches the end of a run unconverted
     (a sink's own transport failing) is the run's own failure, as any other exception is: the
     handler makes every one a provider's transport raises a TransportError."""
+    from rillet._core._codes import done_code
     from rillet._core._policy import Outcome
-    from rillet._core._runevents import safe_code
 
     upstream = errors.UpstreamError("ReadError", "reset")
-    assert safe_code(Outcome.FAILED, upstream) == "internal_error"
-    assert safe_code(Outcome.FAILED, RuntimeError("sink")) == "internal_error"
+    assert done_code(Outcome.FAILED, upstream, None) == "internal_error"
+    assert done_code(Outcome.FAILED, RuntimeError("sink"), None) == "internal_error"
     transport = errors.TransportError("openai", "ReadError")
-    assert safe_code(Outcome.INIT_FAILED, transport) == "provider_error"
+    assert done_code(Outcome.INIT_FAILED, transport, None) == "connection_failed"
 
 
 def test_rillet_exports_every_error() -> None:

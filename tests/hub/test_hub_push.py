@@ -24,7 +24,16 @@ def delta(seq: int) -> RunEvent:
 
 
 def done(seq: int) -> RunEvent:
-    return RunDone(run_id=RUN, seq=seq, elapsed_ms=seq, status="completed", code="completed")
+    return RunDone(
+        run_id=RUN,
+        seq=seq,
+        elapsed_ms=seq,
+        status="completed",
+        code="completed",
+        attempts=1,
+        requests=1,
+        retryable=False,
+    )
 
 
 @attrs.define(eq=False)

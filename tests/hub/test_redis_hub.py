@@ -172,7 +172,16 @@ def deltas(run_id: str, first: int, last: int) -> list[RunEvent]:
 
 
 def done(run_id: str, seq: int) -> RunEvent:
-    return RunDone(run_id=run_id, seq=seq, elapsed_ms=seq, status="completed", code="completed")
+    return RunDone(
+        run_id=run_id,
+        seq=seq,
+        elapsed_ms=seq,
+        status="completed",
+        code="completed",
+        attempts=1,
+        requests=1,
+        retryable=False,
+    )
 
 
 async def take(sub: Subscription, count: int) -> list[Entry]:

@@ -29,7 +29,7 @@ from rillet.providers._openai_responses._dialect import OpenAIResponsesDialect
 from rillet.transports.testing import Reply, openai_text_body, openai_text_stream, split, sse
 
 from ..fault_support import check_loop, loop_turn, rescue_after
-from ..handler_support import END_OK, END_PROVIDER, RESCUE_TEXT, expect
+from ..handler_support import END_OK, RESCUE_TEXT, end_error, expect
 
 if TYPE_CHECKING:
     import trio.testing
@@ -163,7 +163,13 @@ async def test_a_json_error_with_status_200_is_that_error_asked_once(
     error = {"error": {"message": "model 'x' is not served here", "type": "invalid_request_error"}}
     run = await loop_turn(always(_json(error)))
     # as the same error first in a stream would be
-    check_loop(run, at=[0.0], outcome=Outcome.FAILED, saw=expect("start", END_PROVIDER), text="")
+    check_loop(
+        run,
+        at=[0.0],
+        outcome=Outcome.FAILED,
+        saw=expect("start", end_error("invalid_request")),
+        text="",
+    )
     assert isinstance(run.result.error, InvalidRequestError)
     assert "not served here" in str(run.result.error)
 

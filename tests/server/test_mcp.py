@@ -79,7 +79,16 @@ def run_events(n: int) -> list[RunEvent]:
     events: list[RunEvent] = [RunStarted(run_id="r", seq=1, elapsed_ms=0, provider="p", model="m")]
     events += [AnswerDelta(run_id="r", seq=i, elapsed_ms=i, delta=f"{i} ") for i in range(2, n)]
     events.append(
-        RunDone(run_id="r", seq=n, elapsed_ms=n, status="completed", code="completed", attempts=1)
+        RunDone(
+            run_id="r",
+            seq=n,
+            elapsed_ms=n,
+            status="completed",
+            code="completed",
+            attempts=1,
+            requests=1,
+            retryable=False,
+        )
     )
     return events
 

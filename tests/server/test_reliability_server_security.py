@@ -399,7 +399,7 @@ async def test_s13_keys_and_request_headers_never_reach_events_logs_or_errors(
             assert secret.encode() not in output  # ...and never came back, anywhere
     done = sse.events[-1]
     assert isinstance(done, RunDone)
-    assert (done.status, done.code) == ("error", "provider_error")
+    assert (done.status, done.code) == ("error", "authentication_failed")
     assert sse.data == ws.data
 
 
@@ -461,8 +461,8 @@ async def test_s15_a_body_over_the_limit_is_413_and_subscribers_over_the_limits_
 
 
 FAILURES = [
-    ("status-401", [status_reply(401)], "provider_error"),
-    ("always-500", [status_reply(500)], "provider_error"),
+    ("status-401", [status_reply(401)], "authentication_failed"),
+    ("always-500", [status_reply(500)], "provider_unavailable"),
     ("tool-arguments", "tool", "tool_arguments_invalid"),
     ("protocol", "protocol", "protocol_error"),
     ("thinking-only", "thinking", "empty_response"),
@@ -515,6 +515,7 @@ async def test_s16_run_done_and_errors_carry_codes_only(
         "code",
         "attempts",
         "requests",
+        "retryable",
     }
     body = b"\n".join(read.data)
     for word in (b"Traceback", b'File "', b"Error", b"secret plan", b"Par", b"upstream"):

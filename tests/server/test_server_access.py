@@ -310,7 +310,7 @@ async def test_provider_keys_and_messages_never_reach_events_or_logs(
     assert b"Incorrect API key" not in body
     done = stream.run_events[-1]
     assert isinstance(done, RunDone)
-    assert (done.status, done.code) == ("error", "provider_error")
+    assert (done.status, done.code) == ("error", "authentication_failed")
     assert PROVIDER_KEY not in caplog.text
 
 

@@ -23,7 +23,6 @@ from rillet.transports.testing import openai_text_stream, sse
 
 from ..handler_support import (
     END_OK,
-    END_PROVIDER,
     FRAGMENTS,
     MULTIBYTE,
     NDJSON_TYPE,
@@ -38,6 +37,7 @@ from ..handler_support import (
     Item,
     Run,
     check,
+    end_error,
     events_of,
     expect,
     ok,
@@ -94,7 +94,7 @@ async def test_f21_html_always_without_rescue_is_init_failed_with_a_frame_error(
         run,
         at=[0.0, 0.1, 0.3, 0.7],
         outcome=Outcome.INIT_FAILED,
-        saw=expect("start", END_PROVIDER),
+        saw=expect("start", end_error("protocol_error")),
         text="",
     )
     assert isinstance(run.result.error, FrameError)
@@ -116,6 +116,9 @@ async def test_f22_a_malformed_frame_is_never_skipped(
     )
 
 
+PROTOCOL = end_error("protocol_error")
+
+
 async def test_f22_a_frame_of_the_wrong_shape_is_never_skipped_nor_streamed_again(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -134,8 +137,8 @@ async def test_f22_a_frame_of_the_wrong_shape_is_never_skipped_nor_streamed_agai
 @pytest.mark.parametrize(
     ("bad", "at", "saw"),
     [
-        (NOT_JSON, [0.0, 0.1, 0.3, 0.7], ["start", *["D", "reset"] * 3, "D", END_PROVIDER]),
-        (WRONG_SHAPE, [0.0], ["start", "D", END_PROVIDER]),
+        (NOT_JSON, [0.0, 0.1, 0.3, 0.7], ["start", *["D", "reset"] * 3, "D", PROTOCOL]),
+        (WRONG_SHAPE, [0.0], ["start", "D", PROTOCOL]),
     ],
     ids=["not-json", "wrong-shape"],
 )
@@ -275,7 +278,7 @@ async def test_f26_an_oversized_line_is_permanent_and_the_rest_is_unread(
         run,
         at=[0.0],  # the same frame would come back: neither a retry nor the rescue
         outcome=Outcome.FAILED,
-        saw=expect("start", "D", END_PROVIDER),
+        saw=expect("start", "D", end_error("protocol_error")),
         text=FRAGMENTS[0],
     )
     first = run.fake.bodies[0]
@@ -312,7 +315,7 @@ async def test_f26_a_1_mib_ndjson_line_is_refused_after_the_cap(
         run,
         at=[0.0],
         outcome=Outcome.FAILED,
-        saw=expect("start", "D", END_PROVIDER),
+        saw=expect("start", "D", end_error("protocol_error")),
         text=FRAGMENTS[0],
     )
     assert isinstance(run.result.error, FrameTooLarge)
@@ -328,7 +331,7 @@ async def test_f26_the_rescue_body_has_its_own_cap(
         run,
         at=[0.0, 0.1, 0.3, 0.7, 0.7],
         outcome=Outcome.INIT_FAILED,
-        saw=expect("start", END_PROVIDER),
+        saw=expect("start", end_error("provider_unavailable")),
         text="",
     )
     error = run.result.error

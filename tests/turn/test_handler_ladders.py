@@ -39,6 +39,7 @@ from ..handler_support import (
     anthropic_events,
     check,
     check_rate_limited_at_once,
+    end_error,
     expect,
     ok,
     partial,
@@ -108,16 +109,16 @@ async def test_f40_a_rate_limit_wait_past_the_total_deadline_is_not_waited(
     assert all(s.stream for s in run.fake.sent)
 
 
-@pytest.mark.parametrize("code", [429, 503])
+@pytest.mark.parametrize(("code", "safe"), [(429, "rate_limited"), (503, "provider_unavailable")])
 async def test_f40_a_wait_ending_at_the_total_deadline_is_not_waited(
-    autojump_clock: trio.testing.MockClock, code: int
+    autojump_clock: trio.testing.MockClock, code: int, safe: str
 ) -> None:
     # the wait must end before the total deadline: one ending on it leaves no time to stream,
     # and a rate limit never goes to the rescue
     run = await play(
         [status(code, retry_after="10"), ok()], rescue=rescue_ok(), pol=policy(total_timeout=10.0)
     )
-    check_rate_limited_at_once(run, 10.0)
+    check_rate_limited_at_once(run, 10.0, safe)
 
 
 F41_TIMES = [0.0, 180.1, 300.3, 420.7, 541.5, 663.1, 786.3, 912.7, 1042.7, 1172.7]
@@ -329,11 +330,14 @@ async def test_d2_a_spent_budget_without_rescue_fails_with_the_last_partial_text
     assert isinstance(run.result.error, IncompleteStreamError)
 
 
+AUTH = end_error("authentication_failed")
+
+
 @pytest.mark.parametrize(
     ("first", "outcome", "saw", "text"),
     [
-        (partial(2), Outcome.FAILED, ("start", "D*2", END_PROVIDER), "The quick "),
-        (status(500), Outcome.INIT_FAILED, ("start", END_PROVIDER), ""),
+        (partial(2), Outcome.FAILED, ("start", "D*2", AUTH), "The quick "),
+        (status(500), Outcome.INIT_FAILED, ("start", AUTH), ""),
     ],
     ids=["after-events", "before-any-event"],
 )

@@ -23,8 +23,6 @@ from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 
 from ..handler_support import (
     END_OK,
-    END_PROVIDER,
-    END_RATE,
     FRAGMENTS,
     KEY,
     NDJSON_TYPE,
@@ -38,6 +36,7 @@ from ..handler_support import (
     anthropic_events,
     check,
     check_rate_limited_at_once,
+    end_error,
     expect,
     gemini_error,
     gemini_events,
@@ -85,7 +84,7 @@ async def test_f10_always_refused_rescue_too_is_init_failed_with_both_errors(
         run,
         at=[0.0, 0.1, 0.3, 0.7, 0.7],
         outcome=Outcome.INIT_FAILED,
-        saw=expect("start", END_PROVIDER),
+        saw=expect("start", end_error("connection_failed")),
         text="",
     )
     error = run.result.error
@@ -116,7 +115,7 @@ async def test_f12_always_503_is_rate_limited_after_5_retries_never_rescued(
         run,
         at=[0.0, 5.0, 10.0, 15.0, 20.0, 25.0],
         outcome=Outcome.RATE_LIMITED,
-        saw=expect("start", END_RATE),
+        saw=expect("start", end_error("provider_unavailable")),
         text="",
         ended=25.0,
     )
@@ -147,7 +146,7 @@ async def test_f12_always_500_rescue_fails_too_is_init_failed_with_both_errors(
         run,
         at=[0.0, 0.1, 0.3, 0.7, 0.7],
         outcome=Outcome.INIT_FAILED,
-        saw=expect("start", END_PROVIDER),
+        saw=expect("start", end_error("provider_unavailable")),
         text="",
     )
     error = run.result.error
@@ -365,22 +364,32 @@ async def test_f17_in_stream_invalid_request_fails_keeping_the_delta(
         run,
         at=[0.0],
         outcome=Outcome.FAILED,
-        saw=expect("start", "D", END_PROVIDER),
+        saw=expect("start", "D", end_error("invalid_request")),
         text=FRAGMENTS[0],
     )
     assert run.result.partial
 
 
-@pytest.mark.parametrize("code", [401, 400, 403, 404, 409, 422])
+@pytest.mark.parametrize(
+    ("code", "safe"),
+    [
+        (401, "authentication_failed"),
+        (400, "invalid_request"),
+        (403, "permission_denied"),
+        (404, "model_not_found"),
+        (409, "provider_error"),
+        (422, "invalid_request"),
+    ],
+)
 async def test_f18_permanent_statuses_fail_at_once_and_leak_nothing(
-    autojump_clock: trio.testing.MockClock, code: int
+    autojump_clock: trio.testing.MockClock, code: int, safe: str
 ) -> None:
     run = await play([status(code), ok()], rescue=rescue_ok())
     check(
         run,
         at=[0.0],
         outcome=Outcome.INIT_FAILED,
-        saw=expect("start", END_PROVIDER),
+        saw=expect("start", end_error(safe)),
         text="",
         ended=0.0,
     )
@@ -394,14 +403,26 @@ async def test_f19_should_retry_false_on_503_is_rate_limited_at_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     run = await play([status(503, x_should_retry="false"), ok()], rescue=rescue_ok())
-    check(run, at=[0.0], outcome=Outcome.RATE_LIMITED, saw=expect("start", END_RATE), text="")
+    check(
+        run,
+        at=[0.0],
+        outcome=Outcome.RATE_LIMITED,
+        saw=expect("start", end_error("provider_unavailable")),
+        text="",
+    )
 
 
 async def test_f19_should_retry_false_on_500_fails_without_rescue(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     run = await play([status(500, x_should_retry="false"), ok()], rescue=rescue_ok())
-    check(run, at=[0.0], outcome=Outcome.INIT_FAILED, saw=expect("start", END_PROVIDER), text="")
+    check(
+        run,
+        at=[0.0],
+        outcome=Outcome.INIT_FAILED,
+        saw=expect("start", end_error("provider_unavailable")),
+        text="",
+    )
 
 
 async def test_f19_should_retry_true_on_401_takes_the_transport_ladder(
@@ -412,7 +433,7 @@ async def test_f19_should_retry_true_on_401_takes_the_transport_ladder(
         run,
         at=[0.0, 0.1, 0.3, 0.7, 0.7],
         outcome=Outcome.INIT_FAILED,
-        saw=expect("start", END_PROVIDER),
+        saw=expect("start", end_error("authentication_failed")),
         text="",
     )
     assert not run.fake.sent[4].stream

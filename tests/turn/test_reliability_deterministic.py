@@ -37,7 +37,6 @@ from ..deterministic_support import (
 from ..fault_support import check_loop, loop_turn, rescue_after
 from ..handler_support import (
     END_OK,
-    END_PROVIDER,
     FRAGMENTS,
     NDJSON_TYPE,
     OK,
@@ -48,6 +47,7 @@ from ..handler_support import (
     Answer,
     anthropic_events,
     check,
+    end_error,
     events_of,
     expect,
     gemini_events,
@@ -77,7 +77,7 @@ async def test_f26_a_frame_over_the_default_32_mib_cap_is_permanent_and_the_rest
         run,
         at=[0.0],  # no retry, no rescue: the same frame would come back
         outcome=Outcome.FAILED,
-        saw=expect("start", "D", END_PROVIDER),
+        saw=expect("start", "D", end_error("protocol_error")),
         text=FRAGMENTS[0],
     )
     error = run.result.error
@@ -104,7 +104,7 @@ async def test_f26_events_decoded_before_it_in_the_same_read_are_still_delivered
         run,
         at=[0.0],
         outcome=Outcome.FAILED,
-        saw=expect("start", "D*3", END_PROVIDER),
+        saw=expect("start", "D*3", end_error("protocol_error")),
         text="".join(FRAGMENTS[:3]),
     )
     assert isinstance(run.result.error, FrameTooLarge)
@@ -124,7 +124,7 @@ async def test_f26_ndjson_lines_before_it_in_the_same_read_are_still_delivered(
         run,
         at=[0.0],
         outcome=Outcome.FAILED,
-        saw=expect("start", "D*3", END_PROVIDER),
+        saw=expect("start", "D*3", end_error("protocol_error")),
         text="".join(FRAGMENTS[:3]),
     )
     assert isinstance(run.result.error, FrameTooLarge)
@@ -175,7 +175,7 @@ async def test_f26_an_oversized_frame_over_loopback_costs_one_request(
         run,
         at=[0.0],
         outcome=Outcome.FAILED,
-        saw=expect("start", "D", END_PROVIDER),
+        saw=expect("start", "D", end_error("protocol_error")),
         text=FRAGMENTS[0],
     )
     assert isinstance(run.result.error, FrameTooLarge)
@@ -260,7 +260,7 @@ async def test_f54_without_the_rescue_the_wrong_shape_costs_one_request(
         run,
         at=[0.0],
         outcome=Outcome.FAILED,
-        saw=expect("start", "D", END_PROVIDER),
+        saw=expect("start", "D", end_error("protocol_error")),
         text=FRAGMENTS[0],
     )
     error = run.result.error
@@ -295,7 +295,7 @@ async def test_f54_a_failed_rescue_after_the_wrong_shape_keeps_both_errors(
         run,
         at=[0.0, 0.0],
         outcome=Outcome.FAILED,
-        saw=expect("start", "D", END_PROVIDER),
+        saw=expect("start", "D", end_error("protocol_error")),
         text=FRAGMENTS[0],
     )
     error = run.result.error
@@ -318,7 +318,7 @@ async def test_f54_an_ndjson_line_of_the_wrong_shape_costs_one_streamed_request(
         run,
         at=[0.0],
         outcome=Outcome.FAILED,
-        saw=expect("start", "D", END_PROVIDER),
+        saw=expect("start", "D", end_error("protocol_error")),
         text=FRAGMENTS[0],
     )
     assert isinstance(run.result.error, MalformedFrameError)

@@ -33,7 +33,6 @@ from ..fault_support import (
 from ..handler_support import (
     END_CANCELLED,
     END_OK,
-    END_PROVIDER,
     END_RATE,
     END_TIMEOUT,
     FRAGMENTS,
@@ -44,6 +43,7 @@ from ..handler_support import (
     ROLE,
     TEXT,
     check_envelope,
+    end_error,
     expect,
     ollama_lines,
     openai_error,
@@ -214,7 +214,7 @@ def _loop_cases() -> list[LoopCase]:
             rescue_after(status_reply(503)),
             (0.0, 5.0, 10.0, 15.0, 20.0, 25.0),
             Outcome.RATE_LIMITED,
-            expect("start", END_RATE),
+            expect("start", end_error("provider_unavailable")),
             "",
             ended=25.0,
         ),
@@ -264,7 +264,7 @@ def _loop_cases() -> list[LoopCase]:
             rescue_after(Reply(chunks=(*OK[:2], openai_error("invalid_request_error")))),
             (0.0,),
             Outcome.FAILED,
-            expect("start", "D", END_PROVIDER),
+            expect("start", "D", end_error("invalid_request")),
             FRAGMENTS[0],
         ),
         LoopCase(
@@ -272,7 +272,7 @@ def _loop_cases() -> list[LoopCase]:
             rescue_after(status_reply(500, should_retry=False)),
             (0.0,),
             Outcome.INIT_FAILED,
-            expect("start", END_PROVIDER),
+            expect("start", end_error("provider_unavailable")),
             "",
         ),
         LoopCase(
@@ -388,7 +388,7 @@ async def test_f10_connection_refused_every_time_over_loopback(
     run = await loop_turn([OK_REPLY], base_url=refused_url() + "/v1")
     assert run.result.outcome is Outcome.INIT_FAILED
     assert run.result.attempts == 5
-    assert seen(run.events) == expect("start", END_PROVIDER)
+    assert seen(run.events) == expect("start", end_error("connection_failed"))
     backoffs = [(e.elapsed_ms, e.delay_ms) for e in run.events if isinstance(e, StatusEvent)]
     assert backoffs[:3] == [(0, 100), (100, 200), (300, 400)]
     assert run.ended == pytest.approx(0.7, abs=1e-3)

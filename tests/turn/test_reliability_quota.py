@@ -30,7 +30,6 @@ from rillet.transports.testing import Reply, open_loopback_provider, sse
 from ..fault_support import check_loop, loop_turn, rescue_after
 from ..handler_support import (
     END_OK,
-    END_PROVIDER,
     FRAGMENTS,
     NDJSON_TYPE,
     OK,
@@ -41,6 +40,7 @@ from ..handler_support import (
     anthropic_events,
     check,
     check_rate_limited_at_once,
+    end_error,
     expect,
     gemini_events,
     ok,
@@ -88,7 +88,7 @@ async def test_f55_an_http_429_insufficient_quota_is_permanent(
         run,
         at=[0.0],  # no wait, no retry, no rescue: no wait cures a spent quota
         outcome=Outcome.INIT_FAILED,
-        saw=expect("start", END_PROVIDER),
+        saw=expect("start", end_error("quota_exceeded")),
         text="",
     )
     error = run.result.error
@@ -120,7 +120,13 @@ async def test_a_request_too_large_for_the_rate_limit_is_asked_once(
         status=429, body=[body], headers={"retry-after": "1"}, content_type="application/json"
     )
     run = await play([answer, ok()], rescue=rescue_ok())
-    check(run, at=[0.0], outcome=Outcome.INIT_FAILED, saw=expect("start", END_PROVIDER), text="")
+    check(
+        run,
+        at=[0.0],
+        outcome=Outcome.INIT_FAILED,
+        saw=expect("start", end_error("context_too_long")),
+        text="",
+    )
     error = run.result.error
     assert type(error) is ProviderError
     assert (error.status, error.error_type) == (429, "request_too_large")
@@ -141,7 +147,7 @@ async def test_f55_insufficient_quota_in_the_stream_is_permanent(
         run,
         at=[0.0],
         outcome=Outcome.FAILED,
-        saw=expect("start", "D", END_PROVIDER),
+        saw=expect("start", "D", end_error("quota_exceeded")),
         text=FRAGMENTS[0],
     )
     error = run.result.error
@@ -167,7 +173,7 @@ async def test_f55_an_anthropic_billing_error_in_the_stream_is_permanent(
         run,
         at=[0.0],
         outcome=Outcome.FAILED,
-        saw=expect("start", "D", END_PROVIDER),
+        saw=expect("start", "D", end_error("quota_exceeded")),
         text=FRAGMENTS[0],
     )
     assert isinstance(run.result.error, ProviderError)
@@ -194,7 +200,11 @@ async def test_f55_insufficient_quota_over_loopback_costs_one_request(
     reply = Reply(status=429, chunks=(quota_body(),), content_type="application/json")
     run = await loop_turn(rescue_after(reply))
     check_loop(
-        run, at=[0.0], outcome=Outcome.INIT_FAILED, saw=expect("start", END_PROVIDER), text=""
+        run,
+        at=[0.0],
+        outcome=Outcome.INIT_FAILED,
+        saw=expect("start", end_error("quota_exceeded")),
+        text="",
     )
     assert run.result.requests == 1
 

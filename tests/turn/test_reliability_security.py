@@ -464,7 +464,7 @@ async def test_s02_a_refusal_with_lone_surrogates_ends_the_turn_cleanly(
         run,
         at=[0.0],
         outcome=Outcome.INIT_FAILED,
-        saw=expect("start", "end(error, provider_error)"),
+        saw=expect("start", "end(error, invalid_request)"),
         text="",
     )
     assert isinstance(run.result.error, InvalidRequestError)
@@ -502,7 +502,7 @@ async def test_s03_a_deeply_nested_error_body_is_typed_by_its_status(
         run,
         at=[0.0],
         outcome=Outcome.INIT_FAILED,
-        saw=expect("start", "end(error, provider_error)"),
+        saw=expect("start", "end(error, invalid_request)"),
         text="",
     )
     assert isinstance(run.result.error, InvalidRequestError)

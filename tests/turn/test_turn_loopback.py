@@ -45,7 +45,6 @@ from rillet.transports.testing import (
 from ..handler_support import (
     END_CANCELLED,
     END_OK,
-    END_PROVIDER,
     FRAGMENTS,
     KEY,
     OK,
@@ -55,6 +54,7 @@ from ..handler_support import (
     TEXT,
     check_envelope,
     check_uni,
+    end_error,
     expect,
     policy,
     rebuild,
@@ -316,7 +316,11 @@ async def test_f13_429_over_loopback(
 async def test_f18_401_over_loopback_fails_at_once(loop_clock: trio.testing.MockClock) -> None:
     run = await play_loop([status_reply(401), OK_REPLY])
     check_loop(
-        run, at=[0.0], outcome=Outcome.INIT_FAILED, saw=expect("start", END_PROVIDER), text=""
+        run,
+        at=[0.0],
+        outcome=Outcome.INIT_FAILED,
+        saw=expect("start", end_error("authentication_failed")),
+        text="",
     )
 
 
@@ -341,7 +345,7 @@ async def test_f26_oversized_line_over_loopback(loop_clock: trio.testing.MockClo
         run,
         at=[0.0],
         outcome=Outcome.FAILED,
-        saw=expect("start", "D", END_PROVIDER),
+        saw=expect("start", "D", end_error("protocol_error")),
         text=FRAGMENTS[0],
     )
     assert isinstance(run.result.error, FrameTooLarge)

@@ -32,6 +32,7 @@ import msgspec
 import trio
 from rillet._agent._demo_tools import toolset
 from rillet._agent._loop import Agent, run_agent
+from rillet._core._codes import retryable
 from rillet._core._errors import CursorExpired, CursorInvalid, HubError, HubUnavailable, UnknownRun
 from rillet._core._events import UniMessage
 from rillet._core._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest, user
@@ -329,7 +330,15 @@ class Runs:
         if ticket.admitted:
             sink.offset_ms = int((trio.current_time() - sink.started) * 1000)
             return
-        await sink.own(RunDone(**sink.envelope(), status="cancelled", code="cancelled"))
+        stopped = RunDone(
+            **sink.envelope(),
+            status="cancelled",
+            code="cancelled",
+            attempts=0,
+            requests=0,
+            retryable=retryable("cancelled"),
+        )
+        await sink.own(stopped)
         await sink.close()
 
     async def sweep(self) -> None:
