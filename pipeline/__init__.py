@@ -54,6 +54,7 @@ from ._core._errors import RateLimitError as RateLimitError
 from ._core._errors import RescueFailed as RescueFailed
 from ._core._errors import RilletError as RilletError
 from ._core._errors import RunExists as RunExists
+from ._core._errors import RunFailed as RunFailed
 from ._core._errors import ServerError as ServerError
 from ._core._errors import SSEEncodeError as SSEEncodeError
 from ._core._errors import StreamError as StreamError
@@ -91,6 +92,7 @@ from ._core._events import UsageMetadata as UsageMetadata
 from ._core._events import decode_uni_event as decode_uni_event
 from ._core._events import decode_uni_message as decode_uni_message
 from ._core._events import encode_json as encode_json
+from ._core._explain import explain as explain
 from ._core._policy import Outcome as Outcome
 from ._core._policy import Policy as Policy
 from ._core._public import fixup_module_metadata as _fixup_module_metadata
@@ -237,6 +239,7 @@ __all__ = [
     "RunDone",
     "RunEvent",
     "RunExists",
+    "RunFailed",
     "RunHub",
     "RunLog",
     "RunOptions",
@@ -290,6 +293,7 @@ __all__ = [
     "decode_uni_message",
     "encode_json",
     "estimate_chars",
+    "explain",
     "open_agent",
     "open_turn",
     "run_agent",

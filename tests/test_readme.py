@@ -24,7 +24,7 @@ import trio
 from rillet.frames import SSEDecoder
 from rillet.providers import OpenAIChatDialect, Provider
 from rillet.transports.server import ServerConfig, serve
-from rillet.transports.testing import open_loopback_provider
+from rillet.transports.testing import open_loopback_provider, status_reply
 
 from .readme_support import (
     ANTHROPIC_TEXT,
@@ -95,6 +95,22 @@ async def check_embedding(code: str, tmp_path: Path) -> None:
     (sent,) = bodies(requests)
     assert sent["max_tokens"] == 400
     assert sent["messages"][-1]["content"][0]["text"] == "Why is the sky blue?"
+    # the same program with a key the provider refuses fails, saying why, and exits 1
+    refusal = {"type": "error", "error": {"type": "authentication_error", "message": "invalid"}}
+    async with open_loopback_provider([status_reply(401, body=refusal)]) as provider:
+        failed = await trio.run_process(
+            [sys.executable, "-c", code],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env=provider_env(provider.url),
+            cwd=tmp_path,
+        )
+    assert failed.returncode == 1
+    assert "Completed" not in failed.stdout.decode()
+    assert failed.stderr.decode() == (
+        "rillet: authentication failed (401): invalid — check the API key (--api-key)\n"
+    )
 
 
 async def check_events(code: str, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import trio
 
 from .._core._conversation import Conversation, PendingApproval
 from .._core._dialect import Provider
+from .._core._errors import failure
 from .._core._events import UniMessage
 from .._turn._handle import RunHandle
 from .._turn._turn import TurnResult
@@ -59,6 +60,21 @@ class AgentResult:
     def requests(self) -> int:
         """HTTP requests sent to providers by every step (retries and rescues included)."""
         return sum(t.requests for t in self.turns)
+
+    def raise_for_outcome(self) -> AgentResult:
+        """Raise the error that ended the run if it ended `error` or `cancelled`; else return
+        the result (`completed`, or `approval_required`: approvals deferred, see `pending`).
+
+        The error is the one that ended the run (a step's `AuthenticationError`...), or a
+        `RunFailed` carrying the code where none says why (`max_steps`, a cancel); its
+        `result` is this result, and `rillet.explain(exc)` says in a line what happened.
+
+        Raises:
+            RilletError: the run ended `error` or `cancelled`.
+        """
+        if self.status in ("completed", "approval_required"):
+            return self
+        raise failure(self.error, self.code, self)
 
 
 @attrs.define(eq=False)

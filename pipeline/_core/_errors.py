@@ -37,7 +37,9 @@ RilletError
 │   ├── CursorInvalid              a resume cursor that is malformed or names another run
 │   ├── CursorExpired              a resume cursor older than what the log keeps
 │   └── SubscriberDropped          a subscriber fell further behind than its buffer
-└── RunEventGap                an MCP call's run events have a gap that cannot be bridged
+├── RunEventGap                an MCP call's run events have a gap that cannot be bridged
+└── RunFailed                  a run ended without its answer and no other error says why
+                                   (stopped, out of steps, every answer rejected): its code
 ```
 
 The server's own refusals (`ServerConfigError`, `WorkerFailed`) derive from `RilletError` too
@@ -81,6 +83,7 @@ __all__ = [
     "RilletError",
     "RunEventGap",
     "RunExists",
+    "RunFailed",
     "SSEEncodeError",
     "ServerError",
     "StreamError",
@@ -93,6 +96,7 @@ __all__ = [
     "UnsupportedContentError",
     "UnsupportedOperationError",
     "UpstreamError",
+    "failure",
     "key_refused",
     "past_context",
     "preview",
@@ -116,7 +120,14 @@ def preview(raw: str | bytes | msgspec.Raw) -> str:
 
 
 class RilletError(Exception):
-    """The root of every error rillet raises on purpose."""
+    """The root of every error rillet raises on purpose.
+
+    Attributes:
+        result: the run's result (a `TurnResult` or an `AgentResult`: what it delivered, what
+            it cost) when the error comes from its `raise_for_outcome()`; else None.
+    """
+
+    result: Any = None
 
 
 # --- frames -------------------------------------------------------------------------------------
@@ -761,3 +772,33 @@ class RunEventGap(RilletError):
             f"run events of {correlation_id}: seq {missing} never came "
             f"({waiting} later events waiting)"
         )
+
+
+# --- a run's end ------------------------------------------------------------------------------
+
+
+class RunFailed(RilletError):
+    """A run ended without its answer, and no other error says why: it was stopped
+    (`cancelled`), an agent ran out of steps (`max_steps`) or had every answer rejected
+    (`answer_rejected`), or what ended it was not one of rillet's errors (`internal_error`).
+
+    Attributes:
+        code: the safe code its `run.done` carried (docs/codes.md).
+    """
+
+    def __init__(self, code: str) -> None:
+        self.code = code
+        super().__init__(f"the run ended without its answer ({code})")
+
+
+def failure(error: BaseException | None, code: str, result: Any) -> RilletError:
+    """The error a run's `raise_for_outcome()` raises: the one that ended it, or a `RunFailed`
+    with its code where none of rillet's did (its cause, if any, as `__cause__`); `result`
+    attached either way."""
+    if isinstance(error, RilletError):
+        raised = error
+    else:
+        raised = RunFailed(code)
+        raised.__cause__ = error
+    raised.result = result
+    return raised

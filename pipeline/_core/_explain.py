@@ -13,6 +13,7 @@ import ssl
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from ._codes import RUN_CODES
 from ._errors import (
     MODEL_TOO_LARGE,
     NOT_TLS_REASONS,
@@ -29,6 +30,7 @@ from ._errors import (
     ProviderError,
     RateLimitError,
     RescueFailed,
+    RunFailed,
     StreamError,
     ToolCallArgumentParseError,
     TransportError,
@@ -132,18 +134,32 @@ def mask_keys(text: str, provider: Provider | None = None) -> str:
 
 def explain(
     error: BaseException | None,
-    provider: Provider,
+    provider: Provider | None = None,
     *,
-    attempts: int = 1,
+    attempts: int | None = None,
     key_hint: str | None = None,
     quote: bool = True,
 ) -> str:
-    """One line saying why a turn failed and what to do: `authentication failed (401): ... —
-    check OPENAI_API_KEY`, `cannot connect to 127.0.0.1:1: connection refused (4 attempts)`.
+    """Why a run failed and what to do, in the one line the command line prints:
+    `authentication failed (401): ... — check OPENAI_API_KEY`, `cannot connect to
+    127.0.0.1:1: connection refused (4 attempts)`. Any key in it is masked (`sk-…3456`).
 
-    `key_hint` names where the key came from (`OPENAI_API_KEY`, `--api-key`), for the advice on
-    an authentication failure. `quote=False` leaves the provider's own message out (the
-    server's logs: a provider's 401 body is never passed on, not even masked)."""
+    Args:
+        error: the error that ended the run (`result.error`, or one `raise_for_outcome()`
+            raised: the result attached to it names the provider and the attempts).
+        provider: who was asked, for its address and its key's mask; by default the one of
+            the result attached to `error`.
+        attempts: how many attempts were made; by default the attached result's, else 1.
+        key_hint: where the key came from (`OPENAI_API_KEY`, `--api-key`), for the advice on
+            an authentication failure.
+        quote: False leaves the provider's own message out (a server's logs: a provider's
+            401 body may echo the key, and is never passed on, not even masked).
+    """
+    result = getattr(error, "result", None)
+    if provider is None:
+        provider = getattr(result, "provider", None)
+    if attempts is None:
+        attempts = getattr(result, "attempts", None) or 1
     if isinstance(error, RescueFailed):
         first = explain(
             error.stream_error, provider, attempts=attempts, key_hint=key_hint, quote=quote
@@ -158,14 +174,17 @@ def explain(
 
 def _explain_one(
     error: BaseException | None,
-    provider: Provider,
+    provider: Provider | None,
     attempts: int,
     key_hint: str | None,
     quote: bool,
 ) -> str:
     tries = f" ({attempts} attempts)" if attempts > 1 else ""
     after = f" after {attempts} attempts" if attempts > 1 else ""
-    where = _host(provider.base_url)
+    where = _host(provider.base_url) if provider is not None else "the provider"
+    if isinstance(error, RunFailed):
+        info = RUN_CODES.get(error.code)
+        return f"{info.meaning} — {info.action}" if info is not None else str(error)
     if error is None:
         return f"the turn ended without an answer{tries}"
     if isinstance(error, TransportError):
@@ -175,7 +194,8 @@ def _explain_one(
         if tls is not None:  # the TCP connection was made; the TLS handshake on it failed
             return f"cannot connect to {where}: {tls[0]}{tries} — {tls[1]}"
         if cause_of(error) == "not_http":  # a TLS port asked in plain HTTP, an SSH banner
-            scheme = " (https:// for a TLS port?)" if provider.base_url.startswith("http:") else ""
+            plain = provider is not None and provider.base_url.startswith("http:")
+            scheme = " (https:// for a TLS port?)" if plain else ""
             return (
                 f"the server at {where} did not answer in HTTP{tries} — check the scheme"
                 f"{scheme} and the port in --base-url"
@@ -240,7 +260,7 @@ def _explain_one(
 
 
 def _provider_error(
-    error: ProviderError, provider: Provider, after: str, key_hint: str | None, quote: bool
+    error: ProviderError, provider: Provider | None, after: str, key_hint: str | None, quote: bool
 ) -> str:
     status = f" ({error.status})" if error.status is not None else ""
     said = f": {error.provider_message}" if error.provider_message and quote else ""
@@ -286,10 +306,13 @@ def _provider_error(
     ):
         # Ollama's own words for a model it has not downloaded: `model "x" not found, try
         # pulling it first`, and newer servers' `model 'x' not found` alone
-        return f"the model is not on the Ollama server{status}{said} — ollama pull {provider.model}"
+        model = provider.model if provider is not None else "the model"
+        return f"the model is not on the Ollama server{status}{said} — ollama pull {model}"
     if error.status == 404:  # whatever its type says (Anthropic's `not_found_error`, Gemini's)
         # an unknown model, or a base URL that misses the API's path (a server's root, no /v1)
         # OpenAI-compatible servers serve the API under /v1; Ollama's own API is at its root
+        if provider is None:
+            return f"not found{status}{said} — check the model, and the base URL"
         openai_like = provider.dialect.name.startswith("openai")
         root = openai_like and urlsplit(provider.base_url).path in ("", "/")
         path = "; it often ends in /v1" if root else ""

@@ -54,6 +54,7 @@ from ._errors import (
     RilletError,
     RunEventGap,
     RunExists,
+    RunFailed,
     ServerError,
     SSEEncodeError,
     StreamError,
@@ -129,6 +130,7 @@ ERROR_SHAPES: Mapping[type[RilletError], FailureClass] = {
     CursorExpired: P,
     SubscriberDropped: P,
     RunEventGap: P,
+    RunFailed: P,  # a run's end, never an attempt's
 }
 """The shape of each error class (its own, before any cause)."""
 

@@ -36,7 +36,7 @@ from rillet.transports.upstream._ws import SchemeUpstream
 from .._core._accumulator import Accumulator
 from .._core._codes import done_code
 from .._core._dialect import Provider
-from .._core._errors import RescueFailed
+from .._core._errors import RescueFailed, failure
 from .._core._events import UniMessage
 from .._core._finish import filtered_stop
 from .._core._markers import Status
@@ -160,6 +160,22 @@ class TurnResult:
         """The safe code the turn's `run.done` carried: `completed`, or why not (one per
         cause: `authentication_failed`, `provider_unavailable`...; docs/codes.md)."""
         return done_code(self.outcome, self.error, self.message.finish_reason)
+
+    def raise_for_outcome(self) -> TurnResult:
+        """Raise the error that ended the turn if its reply did not come home; else return
+        the result, so `(await run_turn(...)).raise_for_outcome()` reads as one step.
+
+        The error is the turn's own (`error`: an `AuthenticationError`, a `TransportError`...),
+        or a `RunFailed` carrying the code where none says why (a cancelled turn); either way
+        its `result` is this result, partial text and cost included, and `rillet.explain(exc)`
+        says in a line what happened and what to do.
+
+        Raises:
+            RilletError: the turn did not complete.
+        """
+        if self.ok:
+            return self
+        raise failure(self.error, self.code, self)
 
 
 @attrs.define(eq=False)
