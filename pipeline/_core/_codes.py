@@ -47,7 +47,7 @@ from ._policy import Outcome
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-__all__ = ["RUN_CODES", "CodeInfo", "done_code", "error_code", "retryable"]
+__all__ = ["RUN_CODES", "CodeInfo", "describe", "done_code", "error_code", "retryable"]
 
 
 @attrs.frozen
@@ -64,6 +64,11 @@ class CodeInfo:
     retryable: bool
     meaning: str
     action: str
+
+    @property
+    def sentence(self) -> str:
+        """What happened and what to do, as one line: `meaning — action`."""
+        return f"{self.meaning} — {self.action}"
 
 
 RUN_CODES: Mapping[str, CodeInfo] = {
@@ -184,6 +189,14 @@ RUN_CODES: Mapping[str, CodeInfo] = {
     ),
 }
 """Every code `run.done` carries, with whether retrying helps, its meaning and what to do."""
+
+
+def describe(code: str) -> str:
+    """The code and its sentence in one line (`rate_limited: the provider is limiting ... —
+    wait ...`), for a wire that carries only text (the AI SDK UI stream's error part): a
+    reader can show it whole, or key on the code before the colon."""
+    info = RUN_CODES.get(code)
+    return f"{code}: {info.sentence}" if info is not None else code
 
 
 def retryable(code: str) -> bool:

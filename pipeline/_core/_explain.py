@@ -184,7 +184,7 @@ def _explain_one(
     where = _host(provider.base_url) if provider is not None else "the provider"
     if isinstance(error, RunFailed):
         info = RUN_CODES.get(error.code)
-        return f"{info.meaning} — {info.action}" if info is not None else str(error)
+        return info.sentence if info is not None else str(error)
     if error is None:
         return f"the turn ended without an answer{tries}"
     if isinstance(error, TransportError):

@@ -479,7 +479,7 @@ def test_an_upstream_rate_limit_is_the_sdks_rate_limit_error(sdk: dict[str, Any]
     assert error["class"] == "RateLimitError"
     assert error["status"] == 429
     assert error["body"]["type"] == "rate_limit_error"
-    assert error["body"]["code"] == "RateLimitError"
+    assert error["body"]["code"] == "rate_limited"  # the run's safe code
 
 
 def test_a_conversation_past_the_context_window_is_context_length_exceeded(

@@ -193,7 +193,8 @@ class Mmsp:
 def mmsp_error(
     result: TurnResult, provider: Provider
 ) -> tuple[dict[str, Any], int, list[tuple[str, str]]]:
-    """The MMSP error object for a failed turn, the HTTP status for it, and extra headers.
+    """The MMSP error object for a failed turn (its `type` MMSP's error name, and `code` the
+    run's safe code), the HTTP status for it, and extra headers.
 
     Messages are our own words; a provider's own message is passed on only for an invalid
     request (it says what was invalid), with the provider's key scrubbed from it. Every failure
@@ -202,6 +203,14 @@ def mmsp_error(
     times its own retries, for what the server found hopeless (`Retry-After` still says when
     asking again may help).
     """
+    body, status, headers = _mmsp_error(result, provider)
+    body["code"] = result.code  # the run's safe code beside MMSP's own type (docs/codes.md)
+    return body, status, headers
+
+
+def _mmsp_error(
+    result: TurnResult, provider: Provider
+) -> tuple[dict[str, Any], int, list[tuple[str, str]]]:
     error = result.error
     if isinstance(error, RescueFailed):
         error = error.stream_error or error.rescue_error

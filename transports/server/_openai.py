@@ -111,13 +111,15 @@ def openai_error(
     result: TurnResult, provider: Provider
 ) -> tuple[dict[str, Any], int, list[tuple[str, str]]]:
     """A failed turn as OpenAI's error object (`message`, `type` by status, `param`, `code`: the
-    rillet error's name), with the HTTP status and extra headers MMSP's endpoint gives it."""
+    run's safe code, as its `run.done` says it), with the HTTP status and extra headers MMSP's
+    endpoint gives it. A conversation past the context window keeps OpenAI's own code,
+    `context_length_exceeded`, which OpenAI's clients check to shorten it."""
     error, status, headers = mmsp_error(result, provider)
     body = {
         "message": error["message"],
         "type": _TYPES.get(status, "server_error"),
         "param": None,
-        "code": error["type"],
+        "code": error["code"],
     }
     if _context_full(result):  # OpenAI's own code and param, which callers check to shorten
         body["code"], body["param"] = "context_length_exceeded", "messages"

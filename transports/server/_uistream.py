@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import msgspec
 import trio
+from rillet._core._codes import describe
 from rillet._core._encode import SSE_DONE, SSE_HEARTBEAT, sse_json
 from rillet._core._errors import EmptyResponseError
 from rillet._core._events import (
@@ -35,7 +36,6 @@ from rillet._core._markers import AttemptReset
 from rillet._core._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
 from rillet.providers._openai_chat._inbound import shown
 
-from ._mmsp import mmsp_error
 from ._replies import ErrorReply
 from ._shared import Shared
 from ._streamed import SSE_HEADERS
@@ -372,7 +372,6 @@ class UiStream:
             None,
         ):  # withheld whole: filtered or blocked
             end += [{"type": "finish-step"}, parts.finish("content-filter")]
-        else:
-            error, _, _ = mmsp_error(result, provider)
-            end.append({"type": "error", "errorText": error["message"]})
+        else:  # the run's code and its sentence: never the provider's words
+            end.append({"type": "error", "errorText": describe(result.code)})
         await http.send_data(b"".join(sse_json(part) for part in end) + SSE_DONE)
