@@ -593,8 +593,8 @@ async def run_agent(
         )
         agent.finish(result)
         try:
-            attempts = sum(t.attempts for t in loop.turns)
-            requests = sum(t.requests for t in loop.turns)
+            # every turn's own count, a step's cancelled before its result came back included
+            attempts, requests = run_stream.attempts, run_stream.requests
             await run_stream.finish(
                 builder.close(loop.status, loop.code, attempts=attempts, requests=requests),
                 cancelled=loop.status == "cancelled" or loop.code == "internal_error",

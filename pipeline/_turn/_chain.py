@@ -222,12 +222,15 @@ async def run_chain(
         turn.finish(result)
         try:
             retry = result.retry_after
+            # a chain stopped before a provider's result came back: what its turns said they cost
+            attempts = result.attempts if step is not None else stream.attempts
+            requests = result.requests if step is not None else stream.requests
             await stream.finish(
                 builder.close(
                     status,
                     code,
-                    attempts=result.attempts,
-                    requests=result.requests,
+                    attempts=attempts,
+                    requests=requests,
                     retry_after=retry,
                 ),
                 # its own failure (a sink's) gives the sinks a cancel's grace, as a turn does

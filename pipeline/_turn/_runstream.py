@@ -35,13 +35,21 @@ __all__ = ["RunStream", "StepSink"]
 
 @attrs.define(eq=False)
 class RunStream:
-    """The logs and sinks of one run, fed by its turns' `StepSink`s and by the run itself."""
+    """The logs and sinks of one run, fed by its turns' `StepSink`s and by the run itself.
+
+    Attributes:
+        attempts: the attempts every turn of the run made, as each turn's `run.done` said:
+            a turn cancelled before its result reached the run counts too.
+        requests: the requests every turn of the run sent, counted the same way.
+    """
 
     builder: RunEventBuilder
     sinks: Sequence[Sink]
     run_log: PlainLog[RunEvent]
     uni_log: PlainLog[UniItem]
     history: bool = True
+    attempts: int = 0
+    requests: int = 0
     _given: list[Given] = attrs.field(init=False)
     _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
 
@@ -174,7 +182,10 @@ class StepSink:
             elif kind is RunStarted:
                 continue
             elif kind is RunDone:
-                self.done = event  # type: ignore[assignment]
+                assert isinstance(event, RunDone)
+                self.done = event
+                self.stream.attempts += event.attempts
+                self.stream.requests += event.requests
                 continue
             elif kind is AnswerDone:
                 assert isinstance(event, AnswerDone)

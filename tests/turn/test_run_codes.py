@@ -11,11 +11,15 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from rillet import (
     RUN_CODES,
+    AnswerDelta,
     CallbackSink,
     Policy,
     RunDone,
     TurnRequest,
     decode_run_event,
+    encode_json,
+    open_agent,
+    open_turn,
     run_agent,
     run_turn,
     user,
@@ -213,3 +217,31 @@ async def test_an_agent_ends_with_its_failing_steps_code(
         )
     assert (result.status, result.code) == ("error", "model_not_found")
     assert (seen[-1].code, seen[-1].attempts, seen[-1].requests) == ("model_not_found", 1, 1)
+
+
+@pytest.mark.parametrize("kind", ["turn", "chain", "agent"])
+async def test_a_run_stopped_mid_answer_says_what_it_cost(kind: str) -> None:
+    """Stopped while its provider streams, a run's `run.done` still carries its attempts and
+    requests: the step (or the provider) that was answering counts."""
+    stalled = Reply(chunks=(openai_text_stream(["Hello"]),), stall_after=1)
+    seen: list[Any] = []
+    async with open_loopback_provider([stalled]) as loopback:
+        answering = provider(loopback.url)
+        request = TurnRequest(messages=[user("Hi")])
+        opened = (
+            open_agent(request, answering)
+            if kind == "agent"
+            else open_turn(request, [answering, answering] if kind == "chain" else answering)
+        )
+        async with opened as run:
+            async for event in run.run_events():
+                seen.append(event)
+                if isinstance(event, AnswerDelta):
+                    run.cancel()
+    last = seen[-1]
+    assert isinstance(last, RunDone)
+    assert (last.status, last.code, last.retryable) == ("cancelled", "cancelled", True)
+    assert (last.attempts, last.requests) == (1, 1)
+    wire = encode_json(last)
+    assert b'"attempts":1' in wire
+    assert b'"requests":1' in wire
