@@ -36,6 +36,7 @@ from rillet.transports.testing import (
     Reply,
     open_loopback_provider,
     openai_text_stream,
+    status_reply,
 )
 
 from ..loopback_thread import WAIT, LoopbackThread
@@ -443,3 +444,19 @@ def test_without_the_sdk_rillet_mcp_names_the_extra() -> None:
     done = _python("import sys; sys.modules['mcp'] = None; import rillet.mcp")
     assert done.returncode != 0
     assert "pip install 'rillet[mcp]'" in done.stderr
+
+
+@pytest.mark.slow
+async def test_stdio_a_refused_key_is_an_error_result_with_its_code() -> None:
+    leak = {"error": {"message": "Incorrect API key provided: sk-abc", "type": None}}
+    async with (
+        open_loopback_provider([status_reply(401, body=leak)]) as provider,
+        Client(stdio_server(provider.url)) as client,
+    ):
+        result = await client.call_tool("run_turn", {"prompt": "hi"})
+    assert result.is_error
+    assert result.structured_content is not None
+    assert result.structured_content["code"] == "authentication_failed"
+    assert isinstance(result.content[0], mcp_types.TextContent)
+    assert result.content[0].text == "The turn ended without a reply (authentication_failed)."
+    assert "Incorrect" not in json.dumps(result.structured_content)
