@@ -152,6 +152,10 @@ async def test_a_401_is_one_line_naming_the_cause_in_every_output_mode(output: s
         "— check OPENAI_API_KEY or --api-key"
     ]
     assert b"sk-abcd" not in done.stderr + done.stdout
+    if output == "jsonl":  # the run events say the same cause as a code
+        done_event = json.loads(done.stdout.decode().splitlines()[-1])
+        assert (done_event["type"], done_event["code"]) == ("run.done", "authentication_failed")
+        assert done_event["retryable"] is False
 
 
 async def test_the_key_in_use_is_masked_in_the_cause() -> None:
