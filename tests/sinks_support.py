@@ -15,7 +15,7 @@ from rillet._core._events import (
     delta_event,
 )
 from rillet._core._policy import Outcome
-from rillet._core._runevents import RunEvent, RunEventBuilder
+from rillet._core._runevents import RunDone, RunEvent, RunEventBuilder
 
 if TYPE_CHECKING:
     from rillet._turn._turn import UniItem
@@ -85,6 +85,20 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def completed_done(run_id: str, seq: int) -> RunDone:
+    """A completed run's `run.done` at `seq` (one attempt, one request), built by hand."""
+    return RunDone(
+        run_id=run_id,
+        seq=seq,
+        elapsed_ms=seq,
+        status="completed",
+        code="completed",
+        attempts=1,
+        requests=1,
+        retryable=False,
+    )
 
 
 def builder(*, reasoning: bool = False, clock: Clock | None = None) -> RunEventBuilder:

@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING
 import attrs
 import rillet._hub._hub
 import trio
-from rillet._core._runevents import AnswerDelta, RunDone, RunEvent
+from rillet._core._runevents import AnswerDelta, RunEvent
 from rillet._hub._hub import Entry, Hub, Subscription
+
+from ..sinks_support import completed_done
 
 if TYPE_CHECKING:
     import pytest
@@ -24,16 +26,7 @@ def delta(seq: int) -> RunEvent:
 
 
 def done(seq: int) -> RunEvent:
-    return RunDone(
-        run_id=RUN,
-        seq=seq,
-        elapsed_ms=seq,
-        status="completed",
-        code="completed",
-        attempts=1,
-        requests=1,
-        retryable=False,
-    )
+    return completed_done(RUN, seq)
 
 
 @attrs.define(eq=False)

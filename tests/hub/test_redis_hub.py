@@ -47,6 +47,7 @@ from rillet.transports.testing import open_loopback_provider
 
 from ..server.test_server_ws import connect, receive_all
 from ..server_support import POLICY, chat_provider, read_sse, text_reply, texts
+from ..sinks_support import completed_done
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -172,16 +173,7 @@ def deltas(run_id: str, first: int, last: int) -> list[RunEvent]:
 
 
 def done(run_id: str, seq: int) -> RunEvent:
-    return RunDone(
-        run_id=run_id,
-        seq=seq,
-        elapsed_ms=seq,
-        status="completed",
-        code="completed",
-        attempts=1,
-        requests=1,
-        retryable=False,
-    )
+    return completed_done(run_id, seq)
 
 
 async def take(sub: Subscription, count: int) -> list[Entry]:

@@ -40,6 +40,7 @@ from rillet.transports.testing import (
 )
 
 from ..loopback_thread import WAIT, LoopbackThread
+from ..sinks_support import completed_done
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -79,18 +80,7 @@ def run_events(n: int) -> list[RunEvent]:
     """A run's events, `run.started`, deltas, `run.done`, seq 1..n."""
     events: list[RunEvent] = [RunStarted(run_id="r", seq=1, elapsed_ms=0, provider="p", model="m")]
     events += [AnswerDelta(run_id="r", seq=i, elapsed_ms=i, delta=f"{i} ") for i in range(2, n)]
-    events.append(
-        RunDone(
-            run_id="r",
-            seq=n,
-            elapsed_ms=n,
-            status="completed",
-            code="completed",
-            attempts=1,
-            requests=1,
-            retryable=False,
-        )
-    )
+    events.append(completed_done("r", n))
     return events
 
 
