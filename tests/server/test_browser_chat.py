@@ -331,8 +331,9 @@ async def test_each_prompt_is_sent_with_the_conversation_so_far(chromium: Browse
 
 
 async def test_an_error_is_a_sentence_with_a_retry_button(chromium: Browser) -> None:
+    # a status no other code names: `provider_error`, which asking again may cure
     refusal = Reply(
-        status=401,
+        status=409,
         chunks=(b'{"error": {"message": "secret provider detail sk-live-99887766"}}',),
         content_type="application/json",
     )
