@@ -27,13 +27,20 @@ finish reason (`unknown`); anything after the stop is ignored.
 
 A lane still open when the stream ends without `MessageStop`, or when the provider reports an
 error, gets no `.done`: a `.done` promises a complete item.
+
+What differs between kinds (the field a fragment grows, the item types, the join, the header a
+tool call or inline data carries) is one entry of `_KINDS` each; a lane takes its entry when it
+opens, and nothing else in the grammar branches on a kind.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
+
+import attrs
 
 from ._arguments import parse_arguments
 from ._errors import (
@@ -76,15 +83,11 @@ from ._lanes import (
 )
 from ._markers import DeltaRun
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
 __all__ = ["Grammar", "wall_clock_ms"]
 
 _NO_USAGE = UsageMetadata(
     cached_tokens=None, prompt_tokens=None, thoughts_tokens=None, response_tokens=None
 )
-_THINKING_KINDS = frozenset({"thinking", "inline_thinking"})
 
 
 def wall_clock_ms() -> int:
@@ -104,8 +107,103 @@ def _join_tail(lane: _Lane) -> None:
     lane.pieces += 1
 
 
+@attrs.frozen
+class _Kind:
+    """What the grammar does with one lane kind: the one place a kind's items are described.
+
+    A fragment's value grows the item field `field` and must pass `accepts`; it goes out as a
+    `delta` item, the lane's close as a `done` item whose field is the fragments joined by
+    `join` (for a tool call, the joined string parsed once into its arguments: `parsed`). Each
+    item also carries the lane's header: the item fields `header` names, read from the lane's
+    start; with `header_first`, only the first delta carries them and later ones have `""`.
+    """
+
+    field: str  # the item field a fragment grows: "text", "arguments", "data"...
+    accepts: Callable[[Any], bool]  # whether a fragment's value is of this kind's type
+    delta: Callable[..., Any]  # the delta item's type
+    done: Callable[..., Any]  # the done item's type
+    join: Callable[[list[Any]], Any]  # the fragments, joined into the done's field
+    parsed: bool = False  # the joined string is tool arguments, parsed into a JSON object
+    header: tuple[tuple[str, str], ...] = ()  # (item field, lane attribute) every item carries
+    header_first: bool = False  # only the first delta carries the header; it is never dropped
+    fidelity: bool = True  # its items carry a fidelity
+    drops_empty: bool = True  # a fragment with an empty value and no new fidelity is dropped
+    thinking: bool = False  # it is reasoning, not content: a reply of these alone is empty
+    later: Callable[[str], Any] | None = None
+    """The delta item of a later, non-empty string fragment without fidelity (the commonest
+    fragment by far): the fast path's own constructor, None for a kind it does not take."""
+
+
+def _is_str(value: Any) -> bool:
+    return type(value) is str
+
+
+def _join_lists(chunks: list[Any]) -> list[Any]:
+    return [v for chunk in chunks for v in chunk]
+
+
+_KINDS: dict[str, _Kind] = {
+    "text": _Kind(
+        field="text",
+        accepts=_is_str,
+        delta=TextDelta,
+        done=TextDone,
+        join="".join,
+        later=lambda v: TextDelta(text=v),
+    ),
+    "thinking": _Kind(
+        field="thinking",
+        accepts=_is_str,
+        delta=ThinkingDelta,
+        done=ThinkingDone,
+        join="".join,
+        thinking=True,
+        later=lambda v: ThinkingDelta(thinking=v),
+    ),
+    "tool_call": _Kind(
+        field="arguments",
+        accepts=lambda v: isinstance(v, str),
+        delta=ToolCallDelta,
+        done=ToolCallDone,
+        join="".join,
+        parsed=True,
+        header=(("name", "name"), ("tool_call_id", "call_id")),
+        header_first=True,
+        later=lambda v: ToolCallDelta(name="", arguments=v, tool_call_id=""),
+    ),
+    "embedding": _Kind(
+        field="embedding",
+        accepts=lambda v: isinstance(v, list),
+        delta=EmbeddingDelta,
+        done=EmbeddingDone,
+        join=_join_lists,
+        fidelity=False,
+        drops_empty=False,
+    ),
+    "inline_data": _Kind(
+        field="data",
+        accepts=lambda v: isinstance(v, bytes),
+        delta=InlineDataDelta,
+        done=InlineDataDone,
+        join=b"".join,
+        header=(("mime_type", "mime_type"),),
+    ),
+    "inline_thinking": _Kind(
+        field="data",
+        accepts=lambda v: isinstance(v, bytes),
+        delta=InlineThinkingDelta,
+        done=InlineThinkingDone,
+        join=b"".join,
+        header=(("mime_type", "mime_type"),),
+        thinking=True,
+    ),
+}
+"""Every lane kind's rules, by `LaneKind`: adding a kind is adding its entry here."""
+
+
 class _Lane:
-    """One open item: its header, its fragments so far, and what is held while it waits."""
+    """One open item: its header, its kind's rules, its fragments so far, and what is held
+    while it waits."""
 
     __slots__ = (
         "call_id",
@@ -115,24 +213,34 @@ class _Lane:
         "held",
         "index",
         "kind",
+        "later",
         "mime_type",
         "name",
         "pieces",
+        "rule",
         "started",
     )
 
-    def __init__(self, start: PartStart) -> None:
+    def __init__(self, start: PartStart, rule: _Kind) -> None:
         self.kind: LaneKind = start.kind
         self.index = start.index
         self.name = start.name
         self.call_id = start.call_id
         self.mime_type = start.mime_type
+        self.rule = rule  # resolved once here: no table lookup per fragment
+        # the fast path's constructor, once a fragment may take it (a tool call's first carries
+        # the header, so its lane gets it when that first fragment has gone out)
+        self.later = None if rule.header_first else rule.later
         self.chunks: list[Any] = []
         self.pieces = 0  # chunks[:pieces] are runs of fragments already joined (`_keep`)
         self.held: list[PartDelta] = []
         self.fidelity: dict[str, Any] | None = None
         self.started = False  # a fragment of it went out
         self.closed = False
+
+    def header(self, *, blank: bool = False) -> dict[str, Any]:
+        """The header fields its items carry (`""` each with `blank`)."""
+        return {f: "" if blank else getattr(self, a) for f, a in self.rule.header}
 
 
 class Grammar:
@@ -248,25 +356,15 @@ class Grammar:
             if type(event) is PartDelta and queue:
                 head = queue[0]
                 value = event.value
+                later = head.later  # None for a kind the fast path does not take (yet)
                 if (
-                    head.index == event.index
+                    later is not None
+                    and head.index == event.index
                     and head.kind == event.kind
                     and event.fidelity is None
                     and type(value) is str
                     and value
                 ):
-                    kind = head.kind
-                    if kind == "text":
-                        item: Any = TextDelta(text=value)
-                    elif kind == "thinking":
-                        item = ThinkingDelta(thinking=value)
-                    elif kind == "tool_call" and head.started:  # a later argument fragment
-                        item = ToolCallDelta(name="", arguments=value, tool_call_id="")
-                    else:
-                        self.feed(event, out)
-                        if self.stopped:
-                            return
-                        continue
                     head.started = True
                     chunks = head.chunks
                     chunks.append(value)
@@ -274,58 +372,30 @@ class Grammar:
                         _join_tail(head)
                     if now < 0:
                         now = self._clock()
-                    out.append(UniEvent(event_type="delta", content_items=[item], created_at=now))
+                    out.append(
+                        UniEvent(event_type="delta", content_items=[later(value)], created_at=now)
+                    )
                     continue
             elif type(event) is PartRun and queue:
                 head = queue[0]
-                kind = head.kind
                 values = event.values
+                later = head.later
                 if (
-                    head.index == event.index
-                    and kind == event.kind
-                    # the kinds the UniEvents below are made for; any other goes the slow way
-                    and (
-                        kind == "text"
-                        or kind == "thinking"
-                        or (kind == "tool_call" and head.started)
-                    )
+                    later is not None
+                    and head.index == event.index
+                    and head.kind == event.kind
                     and all(values)
                 ):
                     if self.runs:
-                        out.append(DeltaRun(kind, values))  # type: ignore[arg-type]
+                        out.append(DeltaRun(head.kind, values))  # type: ignore[arg-type]
                         self.folded += len(values) - 1
                     else:
                         if now < 0:  # (a run needs no stamp: it is read here, for UniEvents)
                             now = self._clock()
-                        if kind == "text":
-                            out += [
-                                UniEvent(
-                                    event_type="delta",
-                                    content_items=[TextDelta(text=v)],
-                                    created_at=now,
-                                )
-                                for v in values
-                            ]
-                        elif kind == "thinking":
-                            out += [
-                                UniEvent(
-                                    event_type="delta",
-                                    content_items=[ThinkingDelta(thinking=v)],
-                                    created_at=now,
-                                )
-                                for v in values
-                            ]
-                        else:
-                            out += [
-                                UniEvent(
-                                    event_type="delta",
-                                    content_items=[
-                                        ToolCallDelta(name="", arguments=v, tool_call_id="")
-                                    ],
-                                    created_at=now,
-                                )
-                                for v in values
-                            ]
+                        out += [
+                            UniEvent(event_type="delta", content_items=[later(v)], created_at=now)
+                            for v in values
+                        ]
                     head.started = True
                     chunks = head.chunks
                     chunks += values
@@ -351,11 +421,14 @@ class Grammar:
         key = (event.kind, event.index)
         if key in self._lanes:
             raise self._violation(f"{event.kind} lane {event.index} opened twice")
-        if event.kind == "tool_call" and not (event.name and event.call_id):
+        rule = _KINDS.get(event.kind)
+        if rule is None:
+            raise self._violation(f"a lane of no known kind: {event.kind!r}")
+        if rule.header_first and not all(getattr(event, a) for _, a in rule.header):
             raise self._violation(
                 f"tool call lane {event.index} must carry the name and the tool_call_id"
             )
-        lane = _Lane(event)
+        lane = _Lane(event, rule)
         self._lanes[key] = lane
         self._queue.append(lane)
 
@@ -408,42 +481,27 @@ class Grammar:
                 raise self._violation(
                     f"{lane.kind} lane {lane.index} carried two different fidelity payloads"
                 )
-        kind = lane.kind
-        if kind == "text":
-            if type(value) is not str:
-                raise self._wrong_value(lane, value)
-            if not value and not fidelity:
-                return None
-            item: Any = TextDelta(text=value, fidelity=fidelity)
-        elif kind == "thinking":
-            if type(value) is not str:
-                raise self._wrong_value(lane, value)
-            if not value and not fidelity:
-                return None
-            item = ThinkingDelta(thinking=value, fidelity=fidelity)
-        elif kind == "tool_call":
-            if not isinstance(value, str):
-                raise self._wrong_value(lane, value)
-            if lane.started:
-                if not value and not fidelity:
-                    return None
-                item = ToolCallDelta(name="", arguments=value, tool_call_id="", fidelity=fidelity)
-            else:
-                item = ToolCallDelta(
-                    name=lane.name, arguments=value, tool_call_id=lane.call_id, fidelity=fidelity
-                )
-        elif kind == "embedding":
-            if not isinstance(value, list):
-                raise self._wrong_value(lane, value)
-            item = EmbeddingDelta(embedding=value)
-        else:
-            if not isinstance(value, bytes):
-                raise self._wrong_value(lane, value)
-            if not value and not fidelity:
-                return None
-            cls = InlineDataDelta if kind == "inline_data" else InlineThinkingDelta
-            item = cls(data=value, mime_type=lane.mime_type, fidelity=fidelity)
-        lane.started = True
+        rule = lane.rule
+        if not rule.accepts(value):
+            raise self._wrong_value(lane, value)
+        # the header rides on every item, or (a tool call's) on the first only, which is never
+        # dropped even when empty: it carries the call's name and id
+        first_only = rule.header_first and lane.started
+        if (
+            not value
+            and not fidelity
+            and rule.drops_empty
+            and (first_only or not rule.header_first)
+        ):
+            return None
+        fields = lane.header(blank=first_only)
+        fields[rule.field] = value
+        if rule.fidelity:
+            fields["fidelity"] = fidelity
+        item = rule.delta(**fields)
+        if not lane.started:
+            lane.started = True
+            lane.later = rule.later  # later fragments may take the fast path now
         lane.chunks.append(value)
         if len(lane.chunks) - lane.pieces > _PIECE and type(value) is str:
             _join_tail(lane)
@@ -452,38 +510,21 @@ class Grammar:
     def _done(self, lane: _Lane) -> UniEvent | None:
         if not lane.started:
             return None
-        kind = lane.kind
-        fidelity = lane.fidelity
-        item: Any
-        if kind == "text":
-            item = TextDone(text="".join(lane.chunks), fidelity=fidelity)
-        elif kind == "thinking":
-            item = ThinkingDone(thinking="".join(lane.chunks), fidelity=fidelity)
-        elif kind == "tool_call":
-            item = ToolCallDone(
-                name=lane.name,
-                arguments=self._parse_arguments(lane),
-                tool_call_id=lane.call_id,
-                fidelity=fidelity,
-            )
-        elif kind == "embedding":
-            item = EmbeddingDone(embedding=[v for chunk in lane.chunks for v in chunk])
-        elif kind == "inline_data":
-            item = InlineDataDone(
-                data=b"".join(lane.chunks), mime_type=lane.mime_type, fidelity=fidelity
-            )
-        else:
-            item = InlineThinkingDone(
-                data=b"".join(lane.chunks), mime_type=lane.mime_type, fidelity=fidelity
-            )
-        if kind not in _THINKING_KINDS:
-            self._content_seen = True
-        else:
+        rule = lane.rule
+        fields = lane.header()
+        joined = rule.join(lane.chunks)
+        if rule.parsed:
+            joined = parse_arguments(joined, self.provider, lane.name, lane.call_id)
+        fields[rule.field] = joined
+        if rule.fidelity:
+            fields["fidelity"] = lane.fidelity
+        if rule.thinking:
             self._thinking_seen = True
-        return UniEvent(event_type="delta", content_items=[item], created_at=self._clock())
-
-    def _parse_arguments(self, lane: _Lane) -> dict[str, Any]:
-        return parse_arguments("".join(lane.chunks), self.provider, lane.name, lane.call_id)
+        else:
+            self._content_seen = True
+        return UniEvent(
+            event_type="delta", content_items=[rule.done(**fields)], created_at=self._clock()
+        )
 
     # --- the message ----------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import typing
 from typing import Any
 
 import pytest
@@ -468,3 +469,18 @@ def test_fidelity_belongs_to_its_own_group() -> None:
         ]
     )
     assert [i.get("fidelity") for i in items(out)][:4] == [{"s": 1}, {"s": 1}, {"s": 2}, {"s": 2}]
+
+
+# --- the per-kind table -----------------------------------------------------------------------
+
+
+def test_every_lane_kind_has_one_entry_in_the_grammars_table() -> None:
+    import rillet._core._grammar as grammar_module
+
+    assert set(typing.get_args(LaneKind)) == set(grammar_module._KINDS)
+
+
+def test_a_lane_of_no_known_kind_is_a_protocol_error() -> None:
+    g = Grammar("acme", clock=lambda: 0)
+    with pytest.raises(StreamProtocolError, match="no known kind: 'video'"):
+        g.feed(PartStart(index=0, kind="video"))  # type: ignore[arg-type]
