@@ -34,6 +34,7 @@ from rillet._core._lanes import (
 
 from .._core._dialect import Framing, HttpRequest, Provider, strict_decode
 from ._error_body import error_from_body
+from ._openai_request import bearer_json_request
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -175,13 +176,7 @@ class OpenAIEmbeddingsDialect:
         }
         if self.dimensions is not None:
             body["dimensions"] = self.dimensions
-        body.update(request.extra_body.get(NAME, {}))
-        headers = {"content-type": "application/json", **provider.headers}
-        if provider.api_key is not None:
-            headers["authorization"] = f"Bearer {provider.api_key.reveal()}"
-        return HttpRequest(
-            url=provider.url("/embeddings"), headers=headers, body=msgspec.json.encode(body)
-        )
+        return bearer_json_request(NAME, request, provider, "/embeddings", body)
 
     def stream_decoder(self) -> StreamDecoder:
         """A decoder with nothing to do: the reply is one body, see `decode_response`."""

@@ -66,6 +66,7 @@ from .._core._dialect import (
     strip_call_suffix,
 )
 from ._error_body import error_from_body
+from ._openai_request import bearer_json_request
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -482,13 +483,7 @@ class OllamaDialect:
             options["temperature"] = request.temperature
         if options:
             body["options"] = options
-        body.update(request.extra_body.get(NAME, {}))
-        headers = {"content-type": "application/json", **provider.headers}
-        if provider.api_key is not None:
-            headers["authorization"] = f"Bearer {provider.api_key.reveal()}"
-        return HttpRequest(
-            url=provider.url("/api/chat"), headers=headers, body=msgspec.json.encode(body)
-        )
+        return bearer_json_request(NAME, request, provider, "/api/chat", body)
 
     def stream_decoder(self) -> StreamDecoder:
         """A fresh decoder for one attempt's lines."""

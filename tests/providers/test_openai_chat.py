@@ -108,6 +108,22 @@ def test_user_images_are_image_url_parts() -> None:
     ]
 
 
+def test_user_audio_is_input_audio_and_other_media_a_file() -> None:
+    wav = InlineDataDone(data=b"RIFF", mime_type="audio/wav")
+    pdf = InlineDataDone(data=b"%PDF", mime_type="application/pdf")
+    request = OpenAIChatDialect().build_request(
+        TurnRequest(messages=[user("listen", wav, pdf)]), provider()
+    )
+    assert request.body == (
+        b'{"model":"gpt-4o","messages":[{"role":"user","content":['
+        b'{"type":"text","text":"listen"},'
+        b'{"type":"input_audio","input_audio":{"data":"UklGRg==","format":"wav"}},'
+        b'{"type":"file","file":{"filename":"attachment.pdf",'
+        b'"file_data":"data:application/pdf;base64,JVBERg=="}}]}],'
+        b'"stream":true,"stream_options":{"include_usage":true}}'
+    )
+
+
 def test_tools_are_functions_with_a_default_schema() -> None:
     data = body(TurnRequest(messages=[user("hi")], tools=TOOLS))
     assert data["tools"] == [

@@ -5,11 +5,9 @@ stream maps to lane events is `_stream`.
 
 from __future__ import annotations
 
-import base64
 import re
 from typing import TYPE_CHECKING, Any, Literal
 
-import msgspec
 from rillet._core._errors import (
     UNCURABLE_CODES,
     AuthenticationError,
@@ -29,6 +27,7 @@ from rillet._core._events import (
 
 from ..._core._dialect import HttpRequest, Provider, dumps_arguments
 from .._error_body import error_from_body
+from .._openai_request import bearer_json_request, media_part, user_messages
 from ._stream import NAME, ChatStreamDecoder, decode_completion, sniff_audio
 
 if TYPE_CHECKING:
@@ -41,7 +40,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OpenAIChatDialect",
-    "data_url",
     "http_error",
     "reasoning_effort",
     "retry_after",
@@ -59,11 +57,6 @@ _EFFORTS: dict[str, str] = {
 
 
 # --- the request ----------------------------------------------------------------------------------
-
-
-def data_url(data: bytes, mime_type: str) -> str:
-    """Bytes as a `data:` URL."""
-    return f"data:{mime_type};base64,{base64.b64encode(data).decode('ascii')}"
 
 
 def reasoning_effort(level: ThinkingLevel | None) -> str | None:
@@ -119,60 +112,32 @@ def http_error(
     )
 
 
-def _part(item: ImageUrlDone | InlineDataDone) -> dict[str, Any]:
-    if type(item) is ImageUrlDone:
-        return {"type": "image_url", "image_url": {"url": item.image_url}}
-    assert type(item) is InlineDataDone
-    mime = item.mime_type
-    if mime.startswith("image/"):
-        return {"type": "image_url", "image_url": {"url": data_url(item.data, mime)}}
-    audio_format = {"audio/wav": "wav", "audio/x-wav": "wav", "audio/mpeg": "mp3"}.get(mime)
-    if audio_format is not None:
-        return {
-            "type": "input_audio",
-            "input_audio": {
-                "data": base64.b64encode(item.data).decode("ascii"),
-                "format": audio_format,
-            },
-        }
-    filename = "attachment." + (mime.split("/")[-1] or "bin")
-    return {"type": "file", "file": {"filename": filename, "file_data": data_url(item.data, mime)}}
+def _image(url: str) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _file(filename: str, file_data: str) -> dict[str, Any]:
+    return {"type": "file", "file": {"filename": filename, "file_data": file_data}}
+
+
+def _media(item: ImageUrlDone | InlineDataDone) -> dict[str, Any]:
+    return media_part(item, image=_image, file=_file)
+
+
+def _tool_result(item: ToolResultDone) -> list[dict[str, Any]]:
+    """A `tool` message; its images follow in a `user` message (tool messages carry only text)."""
+    out: list[dict[str, Any]] = [
+        {"role": "tool", "tool_call_id": item.tool_call_id, "content": item.text}
+    ]
+    if item.images:
+        out.append({"role": "user", "content": [_image(url) for url in item.images]})
+    return out
 
 
 def _user_messages(message: UniMessage) -> list[dict[str, Any]]:
     """A user message: text and media as one `user` message, each tool result as a `tool`
     message (its images follow in a `user` message, since tool messages carry only text)."""
-    out: list[dict[str, Any]] = []
-    parts: list[dict[str, Any]] = []
-
-    def flush() -> None:
-        if not parts:
-            return
-        if len(parts) == 1 and parts[0]["type"] == "text":
-            out.append({"role": "user", "content": parts[0]["text"]})
-        else:
-            out.append({"role": "user", "content": list(parts)})
-        parts.clear()
-
-    for item in message.content_items:
-        if type(item) is TextDone:
-            parts.append({"type": "text", "text": item.text})
-        elif type(item) is ImageUrlDone or type(item) is InlineDataDone:
-            parts.append(_part(item))
-        elif type(item) is ToolResultDone:
-            flush()
-            out.append({"role": "tool", "tool_call_id": item.tool_call_id, "content": item.text})
-            if item.images:
-                out.append(
-                    {
-                        "role": "user",
-                        "content": [
-                            {"type": "image_url", "image_url": {"url": url}} for url in item.images
-                        ],
-                    }
-                )
-    flush()
-    return out
+    return user_messages(message, text_type="text", media=_media, tool_result=_tool_result)
 
 
 def _assistant_message(message: UniMessage) -> dict[str, Any]:
@@ -352,13 +317,7 @@ class OpenAIChatDialect:
         body["stream"] = stream  # explicit either way: a non-streaming request says so
         if stream and self.stream_options and "stream_options" not in refused:
             body["stream_options"] = {"include_usage": True}
-        body.update(request.extra_body.get(NAME, {}))
-        headers = {"content-type": "application/json", **provider.headers}
-        if provider.api_key is not None:
-            headers["authorization"] = f"Bearer {provider.api_key.reveal()}"
-        return HttpRequest(
-            url=provider.url("chat/completions"), headers=headers, body=msgspec.json.encode(body)
-        )
+        return bearer_json_request(NAME, request, provider, "chat/completions", body)
 
     def stream_decoder(self) -> StreamDecoder:
         """A fresh decoder for one attempt's chunks."""

@@ -26,10 +26,8 @@ event whose fields have the wrong shape is a `MalformedFrameError`.
 
 from __future__ import annotations
 
-import base64
 from typing import TYPE_CHECKING, Any, Literal
 
-import msgspec
 from rillet._core._events import (
     ImageUrlDone,
     InlineDataDone,
@@ -50,7 +48,8 @@ from ..._core._dialect import (
     dumps_arguments,
     strict_decode,
 )
-from .._openai_chat._dialect import data_url, http_error, reasoning_effort
+from .._openai_chat._dialect import http_error, reasoning_effort
+from .._openai_request import bearer_json_request, media_part, user_messages
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -71,55 +70,31 @@ _EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 # --- the request ----------------------------------------------------------------------------------
 
 
+def _image(url: str) -> dict[str, Any]:
+    return {"type": "input_image", "image_url": url, "detail": "auto"}
+
+
+def _file(filename: str, file_data: str) -> dict[str, Any]:
+    return {"type": "input_file", "filename": filename, "file_data": file_data}
+
+
 def _media(item: ImageUrlDone | InlineDataDone) -> dict[str, Any]:
-    if type(item) is ImageUrlDone:
-        return {"type": "input_image", "image_url": item.image_url, "detail": "auto"}
-    assert type(item) is InlineDataDone
-    mime = item.mime_type
-    if mime.startswith("image/"):
-        return {"type": "input_image", "image_url": data_url(item.data, mime), "detail": "auto"}
-    audio_format = {"audio/wav": "wav", "audio/x-wav": "wav", "audio/mpeg": "mp3"}.get(mime)
-    if audio_format is not None:
-        data = base64.b64encode(item.data).decode("ascii")
-        return {"type": "input_audio", "input_audio": {"data": data, "format": audio_format}}
-    filename = "attachment." + (mime.split("/")[-1] or "bin")
-    return {"type": "input_file", "filename": filename, "file_data": data_url(item.data, mime)}
+    return media_part(item, image=_image, file=_file)
+
+
+def _tool_result(item: ToolResultDone) -> list[dict[str, Any]]:
+    """A `function_call_output`; with images, its output is parts: the text, then each image."""
+    output: str | list[dict[str, Any]] = item.text
+    if item.images:
+        output = [{"type": "input_text", "text": item.text}]
+        output.extend(_image(url) for url in item.images)
+    return [{"type": "function_call_output", "call_id": item.tool_call_id, "output": output}]
 
 
 def _user_items(message: UniMessage) -> list[dict[str, Any]]:
     """A user message: text and media as one message, each tool result as a
     `function_call_output` (its images as `input_image` parts of the output)."""
-    out: list[dict[str, Any]] = []
-    parts: list[dict[str, Any]] = []
-
-    def flush() -> None:
-        if not parts:
-            return
-        if len(parts) == 1 and parts[0]["type"] == "input_text":
-            out.append({"role": "user", "content": parts[0]["text"]})
-        else:
-            out.append({"role": "user", "content": list(parts)})
-        parts.clear()
-
-    for item in message.content_items:
-        if type(item) is TextDone:
-            parts.append({"type": "input_text", "text": item.text})
-        elif type(item) is ImageUrlDone or type(item) is InlineDataDone:
-            parts.append(_media(item))
-        elif type(item) is ToolResultDone:
-            flush()
-            output: str | list[dict[str, Any]] = item.text
-            if item.images:
-                output = [{"type": "input_text", "text": item.text}]
-                output.extend(
-                    {"type": "input_image", "image_url": url, "detail": "auto"}
-                    for url in item.images
-                )
-            out.append(
-                {"type": "function_call_output", "call_id": item.tool_call_id, "output": output}
-            )
-    flush()
-    return out
+    return user_messages(message, text_type="input_text", media=_media, tool_result=_tool_result)
 
 
 def _assistant_items(message: UniMessage) -> list[dict[str, Any]]:
@@ -234,13 +209,7 @@ class OpenAIResponsesDialect:
         if encrypted:
             body["include"] = ["reasoning.encrypted_content"]
         body["stream"] = stream  # explicit either way: a non-streaming request says so
-        body.update(request.extra_body.get(NAME, {}))
-        headers = {"content-type": "application/json", **provider.headers}
-        if provider.api_key is not None:
-            headers["authorization"] = f"Bearer {provider.api_key.reveal()}"
-        return HttpRequest(
-            url=provider.url("responses"), headers=headers, body=msgspec.json.encode(body)
-        )
+        return bearer_json_request(NAME, request, provider, "responses", body)
 
     def stream_decoder(self) -> StreamDecoder:
         """A fresh decoder for one attempt's events."""
