@@ -427,12 +427,27 @@ class Subscription:
         joined at (a late joiner replaying what was kept has not fallen behind)."""
         return head - max(self.cursor, self.joined)
 
-    def _drop(self, reason: str) -> None:
+    @property
+    def run(self) -> RunState:
+        """The state of the run it follows, as its hub keeps it (a hub's own subclass of
+        `RunState` for a hub that keeps more)."""
+        return self._run
+
+    @property
+    def hub(self) -> object:
+        """The hub it subscribed through (a hub's own subscriber class casts it to its hub)."""
+        return self._hub
+
+    def drop(self, reason: str) -> None:
+        """Drop it with `reason` (the first reason stays) and cancel `cancel_scope`: its
+        reader then meets `SubscriberDropped`. Hubs call it; a subscriber that no longer wants
+        the run leaves by `aclose`."""
         if self.drop_reason is None:
             self.drop_reason = reason
             self.cancel_scope.cancel()
 
-    def _check(self) -> None:
+    def check_dropped(self) -> None:
+        """Raise `SubscriberDropped` if it was dropped."""
         if self.drop_reason is not None:
             raise SubscriberDropped(self.drop_reason, self.cursor)
 
@@ -451,7 +466,7 @@ class Subscription:
         there is none; an empty list once the run is done and read to its end."""
         run = self._run
         while True:
-            self._check()
+            self.check_dropped()
             if self.cursor < run.last_seq:
                 start = self.cursor + 1 - run.base
                 if start < 0:
@@ -461,9 +476,9 @@ class Subscription:
                 return batch
             if run.done:
                 return []
-            await self._park()
+            await self.wait_appended()
 
-    async def _park(self) -> None:
+    async def wait_appended(self) -> None:
         """Wait, parked in the run, until an append wakes this subscriber (perhaps as the
         leader, which then pushes to the others) or the run ends."""
         run = self._run
@@ -581,7 +596,7 @@ class Hub:
         run = self.log.get(run_id)
         head = run.last_seq
         for sub in [s for s in run.subscribers if s.behind(head) > s.buffer]:
-            sub._drop("fell_behind")
+            sub.drop("fell_behind")
             run.subscribers.discard(sub)
         run.wake()
 

@@ -92,7 +92,7 @@ class _Tail(RunState):
         if self.failed is None:
             self.failed = reason
         for sub in list(self.subscribers):
-            sub._drop(reason)
+            sub.drop(reason)
         self.subscribers.clear()
         self.wake()
         self.abandon()  # every parked subscriber wakes to meet the failure
@@ -104,14 +104,14 @@ class RedisSubscription(Subscription):
 
     @property
     def _tail(self) -> _Tail:
-        return cast("_Tail", self._run)
+        return cast("_Tail", self.run)
 
     async def next_batch(self, limit: int = 256) -> list[Entry]:
         """Every entry available now after the cursor (at most `limit`), waiting for one if
         there is none; an empty list once the run is done and read to its end."""
         tail = self._tail
         while True:
-            self._check()
+            self.check_dropped()
             if tail.failed is not None:
                 self._fail(tail.failed)
             if self.cursor < tail.last_seq:
@@ -124,13 +124,13 @@ class RedisSubscription(Subscription):
                 return batch
             if tail.done:
                 return []
-            await self._park()  # as the memory hub's: the leader pushes to the others
+            await self.wait_appended()  # as the memory hub's: the leader pushes to the others
 
     async def _catch_up(self, count: int) -> list[Entry]:
         """Entries after the cursor that the window no longer (or never) held."""
         try:
-            hub = cast("RedisHub", self._hub)
-            batch = await hub._range(self._run.run_id, self.cursor + 1, count)
+            hub = cast("RedisHub", self.hub)
+            batch = await hub._range(self.run.run_id, self.cursor + 1, count)
         except HubUnavailable:
             self._fail(_UNAVAILABLE)
         if not batch:  # the run expired while it was being read
@@ -140,7 +140,7 @@ class RedisSubscription(Subscription):
         return batch
 
     def _fail(self, reason: str) -> NoReturn:
-        self._drop(reason)
+        self.drop(reason)
         raise SubscriberDropped(self.drop_reason or reason, self.cursor)
 
 
@@ -438,7 +438,7 @@ class RedisHub:
 
     def _unsubscribed(self, sub: Subscription) -> None:
         self.subscribers = max(0, self.subscribers - 1)
-        tail = sub._run
+        tail = sub.run
         if self._tails.get(tail.run_id) is tail and not tail.subscribers:
             del self._tails[tail.run_id]
             tail.scope.cancel()  # its blocked read, on its own connection
@@ -540,7 +540,7 @@ class RedisHub:
             tail.base += over
         head = tail.last_seq
         for sub in [s for s in tail.subscribers if s.behind(head) > s.buffer]:
-            sub._drop("fell_behind")
+            sub.drop("fell_behind")
             tail.subscribers.discard(sub)
         if tail.done:
             tail.subscribers.clear()

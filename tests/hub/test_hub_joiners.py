@@ -74,8 +74,8 @@ async def hub_of(kind: str, request: pytest.FixtureRequest) -> AsyncIterator[Any
 
 async def until_tail_read(sub: Subscription, seq: int) -> None:
     """Wait until the subscription's run (its window, on Redis) holds `seq`."""
-    while sub._run.last_seq < seq:
-        await sub._run.wait()
+    while sub.run.last_seq < seq:
+        await sub.run.wait()
 
 
 @pytest.mark.parametrize("kind", ["memory", "redis"])
@@ -114,3 +114,22 @@ async def test_a_late_joiner_is_dropped_once_unread_live_events_outgrow_its_buff
             sub.close()
     assert dropped.value.reason == "fell_behind"
     assert dropped.value.last_seq == 0
+
+
+async def test_a_hub_drops_a_subscriber_through_its_public_api_first_reason_kept() -> None:
+    hub = Hub()
+    hub.create("r")
+    hub.append("r", deltas("r", 1, 3))
+    sub = hub.subscribe("r", 0, buffer=BUFFER)
+    assert sub.run.last_seq == 3  # the run it follows, as the hub keeps it
+    assert sub.hub is hub
+    sub.check_dropped()  # not dropped: nothing raised
+    sub.drop("fell_behind")
+    sub.drop("log_unavailable")
+    assert sub.drop_reason == "fell_behind"
+    assert sub.cancel_scope.cancel_called
+    with pytest.raises(SubscriberDropped) as dropped:
+        sub.check_dropped()
+    assert dropped.value.reason == "fell_behind"
+    with pytest.raises(SubscriberDropped):
+        await sub.next_batch()
