@@ -260,6 +260,56 @@ async def test_a_run_leaves_a_start_an_end_and_a_line_per_request(
     assert "?" not in "".join(str(a["path"]) for a in access)
 
 
+_HI = [{"role": "user", "content": "Hi"}]
+TEXT_HI = {"type": "text.done", "text": "Hi"}
+_WIRES: dict[str, tuple[str, str, dict[str, object]]] = {
+    # served wire: (its kind in the log lines, path, request body)
+    "mmsp": (
+        "stream",
+        "/v1/stream",
+        {"model": "gpt-4o-mini", "messages": [{"role": "user", "content_items": [TEXT_HI]}]},
+    ),
+    "openai": ("chat", "/v1/chat/completions", {"model": "gpt-4o-mini", "messages": _HI}),
+    "openai-stream": (
+        "chat",
+        "/v1/chat/completions",
+        {"model": "gpt-4o-mini", "messages": _HI, "stream": True},
+    ),
+    "ai-sdk": (
+        "ui",
+        "/v1/ui/chat",
+        {"messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "Hi"}]}]},
+    ),
+}
+
+
+@pytest.mark.parametrize("wire", list(_WIRES))
+async def test_every_served_wire_logs_a_start_and_an_end_as_a_run_does(
+    wire: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    kind, path, body = _WIRES[wire]
+    caplog.set_level(logging.INFO, logger="rillet")
+    with trio.fail_after(10):
+        async with serving() as served:
+            reply = await served.client.post(path, json=body)
+            await scrape_until(served, ended(1))
+    assert reply.status_code == 200, reply.text
+    runs = [r for r in _fields(caplog, "rillet.transports.server") if r.get("kind") == kind]
+    started = [r for r in runs if "started" in str(r["message"])]
+    finished = [r for r in runs if "outcome" in r]
+    assert len(started) == len(finished) == 1
+    run_id = started[0]["run_id"]
+    assert finished[0]["run_id"] == run_id
+    assert (
+        started[0]["message"] == f"{kind} {run_id} started: provider openai-chat, model gpt-4o-mini"
+    )
+    assert finished[0]["outcome"] == "completed"
+    assert finished[0]["requests"] == 1
+    assert str(finished[0]["message"]).startswith(
+        f"{kind} {run_id} ended: outcome completed, 1 request(s), "
+    )
+
+
 async def test_a_provider_401_is_logged_with_its_cause_and_no_key(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -63,7 +63,8 @@ def log_request(
 
 
 def log_run_start(run_id: str, provider: Provider, kind: str) -> None:
-    """The line of a run (`kind` `run`) or an MMSP stream (`stream`) starting."""
+    """The line of a run starting: `kind` names what started it, the runs API (`run`) or a
+    served wire (`stream`, `chat`, `ui`)."""
     fields = {"run_id": run_id, "kind": kind, "provider": provider.label, "model": provider.model}
     logger.info(
         "%s %s started: provider %s, model %s",

@@ -125,9 +125,7 @@ class Mmsp:
         provider = self.shared.provider(body.model, mmsp=True)
         ticket = self.shared.reserve(request, mmsp=True)
         pump = functools.partial(self._pump_mmsp, http, provider)
-        await run_wire_turn(
-            self.shared, http, ticket, turn_request, provider, pump, log_as="stream"
-        )
+        await run_wire_turn(self.shared, http, ticket, turn_request, provider, pump, route="stream")
 
     async def _pump_mmsp(
         self,

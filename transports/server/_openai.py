@@ -364,7 +364,14 @@ class OpenAIChat:
                 await http.respond(status, body, [*headers, *tagged])
 
         await run_wire_turn(
-            self.shared, http, ticket, turn_request, provider, pump, whole=not body.stream
+            self.shared,
+            http,
+            ticket,
+            turn_request,
+            provider,
+            pump,
+            route="chat",
+            whole=not body.stream,
         )
 
     async def _stream(

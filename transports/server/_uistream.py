@@ -309,7 +309,7 @@ class UiStream:
         async def pump(turn: Turn, receive: trio.MemoryReceiveChannel[list[UniItem]]) -> None:
             await self._stream(http, turn, receive, provider, message_id)
 
-        await run_wire_turn(self.shared, http, ticket, turn_request, provider, pump)
+        await run_wire_turn(self.shared, http, ticket, turn_request, provider, pump, route="ui")
 
     async def _stream(
         self,

@@ -102,14 +102,15 @@ async def run_wire_turn(
     provider: Provider,
     pump: Callable[[Turn, trio.MemoryReceiveChannel[list[UniItem]]], Awaitable[None]],
     *,
+    route: str,
     whole: bool = False,
-    log_as: str | None = None,
 ) -> None:
     """Wait for a slot (while the client stays), run the turn with the server's policy, and let
     `pump` write it; a client that leaves cancels the turn. The ticket is released here.
 
-    `log_as`: the route's name in the run's start and end log lines and the provider metrics
-    (MMSP's `stream`); without it the turn is counted but not logged.
+    `route`: the wire's name in the run's start and end log lines (`log_run_start`,
+    `log_run_end`, as the runs API logs its runs): MMSP's `stream`, OpenAI's `chat`, the AI
+    SDK's `ui`. Every served wire logs both lines and counts its provider's requests.
 
     `whole`: the reply is one response sent when the turn ends, so no head goes out before it
     that an SSE comment could follow: a client that closes is probed with a `100 Continue`,
@@ -122,8 +123,7 @@ async def run_wire_turn(
         policy = shared.config.policy or Policy()
         send, receive = trio.open_memory_channel[list[UniItem]](policy.channel_size)
         shared.metrics.streams_started += 1
-        if log_as is not None:
-            shared.metrics.serving(provider)
+        shared.metrics.serving(provider)
         completed = False
         async with trio.open_nursery() as nursery:
             turn: Turn = await nursery.start(
@@ -138,8 +138,7 @@ async def run_wire_turn(
                     history=False,
                 )
             )
-            if log_as is not None:
-                log_run_start(turn.run_id, provider, log_as)
+            log_run_start(turn.run_id, provider, route)
             try:
                 body = functools.partial(pump, turn, receive)
                 completed = await until_gone(http, body, waiting=whole)
@@ -148,8 +147,7 @@ async def run_wire_turn(
                     turn.cancel()
         result = await turn.result()
         shared.metrics.finished(result)
-        if log_as is not None:
-            log_run_end(turn.run_id, provider, log_as, result)
+        log_run_end(turn.run_id, provider, route, result)
         await end_stream(http, completed, shared.limits.close_timeout)
     finally:
         shared.admission.release(ticket)
