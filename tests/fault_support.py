@@ -33,7 +33,14 @@ import trio
 import trio.testing
 import trio_websocket
 from rillet._core._dialect import Dialect, Provider, Secret
-from rillet._core._runevents import AnswerDone, RunDone, RunEvent, decode_run_event
+from rillet._core._markers import AttemptReset
+from rillet._core._runevents import (
+    AnswerDone,
+    AttemptResetEvent,
+    RunDone,
+    RunEvent,
+    decode_run_event,
+)
 from rillet._hub._hub import Hub
 from rillet._turn._api import run_turn
 from rillet._turn._ratelimit import RateLimiter
@@ -162,6 +169,8 @@ def check_loop(
     check_envelope(run.events, run.turn.run_id)
     assert rebuild(run.events) == text
     assert run.result.text == text
+    resets = [e.attempt for e in run.events if isinstance(e, AttemptResetEvent)]
+    assert resets == [e.attempt for e in run.uni if isinstance(e, AttemptReset)]
     check_uni(run.uni)
     done = [e for e in run.events if isinstance(e, AnswerDone)]
     if done:

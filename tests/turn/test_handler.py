@@ -13,14 +13,12 @@ from rillet import (
 )
 from rillet._core._policy import Outcome
 from rillet._core._runevents import AnswerDelta
-from rillet.providers._ollama import OllamaDialect
 
 from ..handler_support import (
     END_OK,
     END_TIMEOUT,
     HANG,
     KEY,
-    NDJSON_TYPE,
     OK,
     OK_SEEN,
     RESCUE_TEXT,
@@ -29,11 +27,9 @@ from ..handler_support import (
     TEXT,
     Answer,
     Item,
-    Raise,
     check,
     expect,
     ok,
-    ollama_lines,
     partial,
     play,
     policy,
@@ -64,33 +60,6 @@ async def test_f01_ok_completes_with_one_request(autojump_clock: trio.testing.Mo
     assert run.fake.sent[0].headers["authorization"] == f"Bearer {KEY}"
     assert run.result.error is None
     assert run.result.time_to_first_event == pytest.approx(0.0)
-
-
-async def test_f02_ndjson_last_line_without_newline_completes(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    run = await play(
-        [Answer(body=ollama_lines(last_newline=False), content_type=NDJSON_TYPE)],
-        dialect=OllamaDialect(),
-    )
-    check(
-        run, at=[0.0], outcome=Outcome.COMPLETED, saw=expect("start", *OK_SEEN, END_OK), text=TEXT
-    )
-
-
-async def test_f02_ndjson_last_line_cut_mid_json_is_a_truncation(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    lines = ollama_lines()
-    cut = Answer(body=[*lines[:-1], lines[-1][:25]], content_type=NDJSON_TYPE)
-    run = await play([cut, Answer(body=lines, content_type=NDJSON_TYPE)], dialect=OllamaDialect())
-    check(
-        run,
-        at=[0.0, 0.1],
-        outcome=Outcome.COMPLETED,
-        saw=expect("start", "D*5", "reset", *OK_SEEN, END_OK),
-        text=TEXT,
-    )
 
 
 @pytest.mark.parametrize("silent", [SILENT, Answer(hang=True)], ids=["headers", "no-headers"])
@@ -133,21 +102,6 @@ async def test_f03_rescue_hangs_event_timeout_at_the_total_deadline(
     assert error.rescue_error.deadline == "rescue"
 
 
-async def test_f03_without_rescue_event_timeout_at_the_second_cut(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    run = await play([SILENT], rescue=rescue_ok(), pol=policy(rescue=False))
-    check(
-        run,
-        at=[0.0, 120.1],
-        outcome=Outcome.EVENT_TIMEOUT,
-        saw=expect("start", END_TIMEOUT),
-        text="",
-        ended=240.1,
-    )
-    assert isinstance(run.result.error, TurnTimeout)
-
-
 async def test_f03_silence_then_ok_completes_without_reset(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -176,35 +130,6 @@ async def test_f04_stall_mid_stream_is_cut_at_180_and_retried(
     )
     assert statuses(run) == [("backing_off", 180_000, 100)]
     assert not run.result.partial  # the answer completed: the voided attempt is not "partial"
-
-
-PING = b": ping\n\n"
-PINGS: list[Item] = [10.0, PING] * 40  # an SSE comment every 10 s for 400 s
-
-
-async def test_f05_comments_are_no_events(autojump_clock: trio.testing.MockClock) -> None:
-    pinging = Answer(body=[*PINGS, HANG])
-    run = await play([pinging], rescue=rescue_ok())
-    check(
-        run,
-        at=[0.0, 120.1, 240.1],
-        outcome=Outcome.RESCUED,
-        saw=expect("start", "D", "usage", "done", END_OK),
-        text=RESCUE_TEXT,
-    )
-
-
-async def test_f05_comments_after_an_event_do_not_extend_its_deadline(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    run = await play([partial(1, *PINGS, HANG), ok()])
-    check(
-        run,
-        at=[0.0, 180.1],
-        outcome=Outcome.COMPLETED,
-        saw=expect("start", "D", "reset", *OK_SEEN, END_OK),
-        text=TEXT,
-    )
 
 
 def slow_drip() -> Answer:
@@ -262,19 +187,6 @@ async def test_f06_without_rescue_total_timeout_keeps_the_partial_text(
     assert run.result.error.deadline == "total"
 
 
-async def test_f07_eof_without_terminal_event_is_retried(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    run = await play([partial(3), ok()])
-    check(
-        run,
-        at=[0.0, 0.1],
-        outcome=Outcome.COMPLETED,
-        saw=expect("start", "D*3", "reset", *OK_SEEN, END_OK),
-        text=TEXT,
-    )
-
-
 async def test_f07_always_truncated_spends_the_budget_then_rescues(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -300,29 +212,3 @@ async def test_f07_backoff_jitter_stays_within_90_to_100_percent(
     assert delays == pytest.approx([d * (1 - 0.1 * u) for d in nominal], abs=1e-9)
     assert all(0.9 * d <= got <= d for got, d in zip(delays, nominal, strict=True))
     assert run.result.outcome is Outcome.RESCUED
-
-
-async def test_f08_eof_before_any_event_is_retried_without_reset(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    run = await play([Answer(body=[]), ok()])
-    check(
-        run,
-        at=[0.0, 0.1],
-        outcome=Outcome.COMPLETED,
-        saw=expect("start", *OK_SEEN, END_OK),
-        text=TEXT,
-    )
-
-
-async def test_f09_read_error_mid_stream_is_retried(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    run = await play([partial(2, Raise()), ok()])
-    check(
-        run,
-        at=[0.0, 0.1],
-        outcome=Outcome.COMPLETED,
-        saw=expect("start", "D*2", "reset", *OK_SEEN, END_OK),
-        text=TEXT,
-    )

@@ -26,7 +26,6 @@ from ..handler_support import (
     END_OK,
     OK,
     ROLE,
-    TEXT,
     USAGE,
     Answer,
     anthropic_events,
@@ -34,7 +33,6 @@ from ..handler_support import (
     expect,
     ok,
     openai_chunk,
-    openai_events,
     play,
     rescue_ok,
     tool_stream,
@@ -173,19 +171,6 @@ async def test_f44_whole_tool_arguments_complete_the_turn(
         outcome=Outcome.COMPLETED,
         saw=expect("start", "tool", "tool.done", "usage", "done", END_OK),
         text="",
-    )
-
-
-async def test_f45_finish_length_keeps_the_text_without_done(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    run = await play([Answer(body=openai_events(finish_reason="length")), ok()])
-    check(
-        run,
-        at=[0.0],
-        outcome=Outcome.COMPLETED,
-        saw=expect("start", "D*5", "usage", "end(error, provider_length)"),
-        text=TEXT,
     )
 
 

@@ -60,20 +60,6 @@ if TYPE_CHECKING:
 # --- F39-F42: ladders together --------------------------------------------------------------------
 
 
-async def test_f39_transport_and_rate_limit_budgets_are_separate(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    limited = status(429, retry_after="1")
-    run = await play([status(500), limited, status(500), limited, status(500), ok()])
-    check(
-        run,
-        at=[0.0, 0.1, 1.1, 1.3, 2.3, 2.7],
-        outcome=Outcome.COMPLETED,
-        saw=expect("start", *OK_SEEN, END_OK),
-        text=TEXT,
-    )
-
-
 async def test_f39_a_fourth_transport_failure_goes_to_the_rescue(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -1,23 +1,23 @@
-"""Faults (RELIABILITY.md F01-F31, F39-F46) that the virtual-time handler tests already run, run
-again over real sockets: the loopback tier (the harness: `fault_support`).
+"""Faults of the catalogue (RELIABILITY.md F02-F45) written once, as data: each `Scenario` of
+the table is played by both runners, in memory in virtual time (`httpx.MockTransport`) and
+over real sockets to the loopback provider (`scenario_support`); then the loopback-only ones
+that need a client or a cancel of their own (F10, F30, F31, F46; the harness: `fault_support`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import email.utils
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import pytest
 import trio
 import trio.testing
+from rillet import FrameTooLarge, TurnTimeout
 from rillet._core._policy import Outcome
 from rillet._core._runevents import StatusEvent
-from rillet.providers._ollama import OllamaDialect
 from rillet.transports.testing import (
     LoopbackProvider,
     Reply,
-    Script,
     openai_text_body,
     openai_text_stream,
     refused_url,
@@ -42,6 +42,7 @@ from ..handler_support import (
     RESCUE_TEXT,
     ROLE,
     TEXT,
+    WALL,
     check_envelope,
     end_error,
     expect,
@@ -50,8 +51,11 @@ from ..handler_support import (
     policy,
     seen,
 )
+from ..scenario_support import RUNNERS, Scenario, runner_clock
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from rillet._turn._turn import Turn
 
 pytestmark = pytest.mark.usefixtures("graph")  # every turn here runs under both graphs
@@ -68,27 +72,34 @@ BAD_FRAME = b'data: {"delta": "x"\n\n'
 SILENT_REPLY = Reply(chunks=tuple(OK), stall_after=0)  # headers, then nothing
 WITHHELD = Reply(stall_headers=True)  # not even the headers
 RESCUE_SEEN = ("D", "usage", "done")
+HTML_REPLY = Reply(chunks=(b"<html><body>Bad gateway</body></html>",), content_type="text/html")
+OVERSIZED = b"data: " + b"x" * 70_000 + b"\n\n"
+UNUSABLE_RETRY_AFTER = {
+    "soon": "soon",
+    "inf": "inf",
+    "nan": "nan",
+    "negative": "-10",
+    "zero": "0",
+    "empty": "",
+    "bad-date": "Fri, 32 Sep 2023 99:99:99 GMT",
+}
 
 
-@attrs.frozen
-class LoopCase:
-    """One catalogue script over loopback, with what it must give."""
-
-    id: str
-    script: Script
-    at: tuple[float, ...]
-    outcome: Outcome
-    saw: Sequence[str]
-    text: str
-    ended: float | None = None
-    pol: dict[str, Any] = attrs.field(factory=dict)
-    dialect: str = "openai"
-
-    def __str__(self) -> str:
-        return self.id
+def http_date(at: float) -> str:
+    """`at` (Unix time) as an HTTP-date."""
+    return email.utils.formatdate(at, usegmt=True)
 
 
-def _loop_cases() -> list[LoopCase]:
+SERVER_SAYS_WAIT: list[tuple[str, dict[str, Any], float]] = [
+    # F13: a 429's retry headers, and the wait they give
+    ("seconds", {"retry_after": "2"}, 2.0),
+    ("ms-wins", {"retry_after_ms": "1500", "retry_after": "9"}, 1.5),
+    ("http-date", {"retry_after": http_date(WALL + 20)}, 20.0),
+    ("past-date", {"retry_after": http_date(WALL - 20)}, 5.0),  # past: as if absent, 5 s
+]
+
+
+def _scenarios() -> list[Scenario]:
     lines = ollama_lines()
     bad_line = lines[1].replace(b"quick", b"qu\xffck")
     multibyte = openai_text_stream(list(MULTIBYTE))
@@ -106,7 +117,7 @@ def _loop_cases() -> list[LoopCase]:
     )
     limited = status_reply(429, retry_after="1")
     return [
-        LoopCase(
+        Scenario(
             "F02-ndjson-last-line-without-lf",
             [ollama_reply([*lines[:-1], lines[-1].rstrip(b"\n")])],
             (0.0,),
@@ -115,7 +126,7 @@ def _loop_cases() -> list[LoopCase]:
             TEXT,
             dialect="ollama",
         ),
-        LoopCase(
+        Scenario(
             "F02-ndjson-last-line-cut",
             [ollama_reply([*lines[:-1], lines[-1][:25]]), ollama_reply(lines)],
             (0.0, 0.1),
@@ -124,7 +135,7 @@ def _loop_cases() -> list[LoopCase]:
             TEXT,
             dialect="ollama",
         ),
-        LoopCase(
+        Scenario(
             "F03-silence-then-rescue",
             rescue_after(SILENT_REPLY),
             (0.0, 120.1, 240.1),
@@ -133,7 +144,7 @@ def _loop_cases() -> list[LoopCase]:
             RESCUE_TEXT,
             ended=240.1,
         ),
-        LoopCase(
+        Scenario(
             "F03-headers-withheld-then-rescue",
             rescue_after(WITHHELD),
             (0.0, 120.1, 240.1),
@@ -142,7 +153,7 @@ def _loop_cases() -> list[LoopCase]:
             RESCUE_TEXT,
             ended=240.1,
         ),
-        LoopCase(
+        Scenario(
             "F03-rescue-hangs",
             rescue_after(SILENT_REPLY, WITHHELD),
             (0.0, 120.1, 240.1),
@@ -151,7 +162,7 @@ def _loop_cases() -> list[LoopCase]:
             "",
             ended=300.0,
         ),
-        LoopCase(
+        Scenario(
             "F03-without-rescue",
             [SILENT_REPLY],
             (0.0, 120.1),
@@ -160,8 +171,17 @@ def _loop_cases() -> list[LoopCase]:
             "",
             ended=240.1,
             pol={"rescue": False},
+            error=TurnTimeout,
         ),
-        LoopCase(
+        Scenario(
+            "F04-stall-mid-stream",
+            [Reply(chunks=tuple(OK), stall_after=4), OK_REPLY],
+            (0.0, 180.1),
+            Outcome.COMPLETED,
+            expect("start", "D*3", "reset", *OK_SEEN, END_OK),
+            TEXT,
+        ),
+        Scenario(
             "F05-pings-are-no-events",
             rescue_after(Reply(chunks=tuple(OK), stall_after=0, ping_every=10.0)),
             (0.0, 120.1, 240.1),
@@ -169,7 +189,7 @@ def _loop_cases() -> list[LoopCase]:
             expect("start", *RESCUE_SEEN, END_OK),
             RESCUE_TEXT,
         ),
-        LoopCase(
+        Scenario(
             "F05-pings-after-an-event",
             [Reply(chunks=tuple(OK), stall_after=2, ping_every=10.0), OK_REPLY],
             (0.0, 180.1),
@@ -177,7 +197,7 @@ def _loop_cases() -> list[LoopCase]:
             expect("start", "D", "reset", *OK_SEEN, END_OK),
             TEXT,
         ),
-        LoopCase(
+        Scenario(
             "F06-total-deadline-then-rescue",
             rescue_after(
                 Reply(chunks=(ROLE + OK[1], *OK[2:6]), chunk_delay=59.0, stall_after=5),
@@ -193,7 +213,15 @@ def _loop_cases() -> list[LoopCase]:
             RESCUE_TEXT,
             ended=310.0,
         ),
-        LoopCase(
+        Scenario(
+            "F07-eof-without-terminal-event",
+            [Reply(chunks=tuple(OK[:4])), OK_REPLY],
+            (0.0, 0.1),
+            Outcome.COMPLETED,
+            expect("start", "D*3", "reset", *OK_SEEN, END_OK),
+            TEXT,
+        ),
+        Scenario(
             "F08-eof-before-any-event",
             [Reply(), OK_REPLY],
             (0.0, 0.1),
@@ -201,7 +229,25 @@ def _loop_cases() -> list[LoopCase]:
             expect("start", *OK_SEEN, END_OK),
             TEXT,
         ),
-        LoopCase(
+        *[
+            Scenario(
+                f"F09-connection-{how}-mid-stream",
+                [
+                    Reply(
+                        chunks=(*OK[:3], OK[3]),  # role, 2 deltas, then the cut
+                        drop_after_bytes=len(b"".join(OK[:3])),
+                        drop_with_reset=how == "reset",
+                    ),
+                    OK_REPLY,
+                ],
+                (0.0, 0.1),
+                Outcome.COMPLETED,
+                expect("start", "D*2", "reset", *OK_SEEN, END_OK),
+                TEXT,
+            )
+            for how in ("closed", "reset")
+        ],
+        Scenario(
             "F11-503-three-times",
             [status_reply(503)] * 3 + [OK_REPLY],
             (0.0, 5.0, 10.0, 15.0),
@@ -209,7 +255,7 @@ def _loop_cases() -> list[LoopCase]:
             expect("start", *OK_SEEN, END_OK),
             TEXT,
         ),
-        LoopCase(
+        Scenario(
             "F12-always-503",
             rescue_after(status_reply(503)),
             (0.0, 5.0, 10.0, 15.0, 20.0, 25.0),
@@ -218,7 +264,26 @@ def _loop_cases() -> list[LoopCase]:
             "",
             ended=25.0,
         ),
-        LoopCase(
+        Scenario(
+            "F12-always-500-then-rescue",
+            rescue_after(status_reply(500)),
+            (0.0, 0.1, 0.3, 0.7, 0.7),
+            Outcome.RESCUED,
+            expect("start", *RESCUE_SEEN, END_OK),
+            RESCUE_TEXT,
+        ),
+        *[
+            Scenario(
+                f"F13-429-{name}",
+                [status_reply(429, **headers), OK_REPLY],
+                (0.0, second),
+                Outcome.COMPLETED,
+                expect("start", *OK_SEEN, END_OK),
+                TEXT,
+            )
+            for name, headers, second in SERVER_SAYS_WAIT
+        ],
+        Scenario(
             "F14-retry-after-3600",
             rescue_after(status_reply(429, retry_after="3600")),
             (0.0,),
@@ -227,15 +292,18 @@ def _loop_cases() -> list[LoopCase]:
             "",
             ended=0.0,
         ),
-        LoopCase(
-            "F15-unusable-retry-after",
-            [status_reply(429, retry_after="soon"), OK_REPLY],
-            (0.0, 5.0),
-            Outcome.COMPLETED,
-            expect("start", *OK_SEEN, END_OK),
-            TEXT,
-        ),
-        LoopCase(
+        *[
+            Scenario(
+                f"F15-unusable-retry-after-{name}",
+                [status_reply(429, retry_after=value), OK_REPLY],
+                (0.0, 5.0),
+                Outcome.COMPLETED,
+                expect("start", *OK_SEEN, END_OK),
+                TEXT,
+            )
+            for name, value in UNUSABLE_RETRY_AFTER.items()
+        ],
+        Scenario(
             "F16-529-retry-after-1",
             [status_reply(529, retry_after="1")] * 2 + [OK_REPLY],
             (0.0, 1.0, 2.0),
@@ -243,7 +311,7 @@ def _loop_cases() -> list[LoopCase]:
             expect("start", *OK_SEEN, END_OK),
             TEXT,
         ),
-        LoopCase(
+        Scenario(
             "F17-in-stream-server-error",
             [Reply(chunks=(*OK[:2], openai_error("server_error"))), OK_REPLY],
             (0.0, 0.1),
@@ -251,7 +319,7 @@ def _loop_cases() -> list[LoopCase]:
             expect("start", "D", "reset", *OK_SEEN, END_OK),
             TEXT,
         ),
-        LoopCase(
+        Scenario(
             "F17-in-stream-rate-limit",
             [Reply(chunks=(*OK[:2], openai_error("rate_limit_exceeded"))), OK_REPLY],
             (0.0, 5.0),
@@ -259,7 +327,7 @@ def _loop_cases() -> list[LoopCase]:
             expect("start", "D", "reset", *OK_SEEN, END_OK),
             TEXT,
         ),
-        LoopCase(
+        Scenario(
             "F17-in-stream-invalid-request",
             rescue_after(Reply(chunks=(*OK[:2], openai_error("invalid_request_error")))),
             (0.0,),
@@ -267,7 +335,16 @@ def _loop_cases() -> list[LoopCase]:
             expect("start", "D", end_error("invalid_request")),
             FRAGMENTS[0],
         ),
-        LoopCase(
+        Scenario(
+            "F18-401-fails-at-once",
+            rescue_after([status_reply(401), OK_REPLY]),
+            (0.0,),
+            Outcome.INIT_FAILED,
+            expect("start", end_error("authentication_failed")),
+            "",
+            ended=0.0,
+        ),
+        Scenario(
             "F19-should-retry-false-on-500",
             rescue_after(status_reply(500, should_retry=False)),
             (0.0,),
@@ -275,15 +352,26 @@ def _loop_cases() -> list[LoopCase]:
             expect("start", end_error("provider_unavailable")),
             "",
         ),
-        LoopCase(
-            "F20-502-then-ok",
-            [status_reply(502), OK_REPLY],
+        *[
+            Scenario(
+                f"F20-{code}-then-ok",
+                [status_reply(code), OK_REPLY],
+                (0.0, 0.1),
+                Outcome.COMPLETED,
+                expect("start", *OK_SEEN, END_OK),
+                TEXT,
+            )
+            for code in (408, 500, 502, 504)
+        ],
+        Scenario(
+            "F21-html-then-ok",
+            [HTML_REPLY, OK_REPLY],
             (0.0, 0.1),
             Outcome.COMPLETED,
             expect("start", *OK_SEEN, END_OK),
             TEXT,
         ),
-        LoopCase(
+        Scenario(
             "F22-malformed-frame",
             [Reply(chunks=(ROLE, OK[1], BAD_FRAME + OK[2], *OK[3:])), OK_REPLY],
             (0.0, 0.1),
@@ -291,7 +379,7 @@ def _loop_cases() -> list[LoopCase]:
             expect("start", "D", "reset", *OK_SEEN, END_OK),
             TEXT,
         ),
-        LoopCase(
+        Scenario(
             "F23-characters-cut-across-chunks",
             [Reply(chunks=one_byte)],
             (0.0,),
@@ -299,7 +387,7 @@ def _loop_cases() -> list[LoopCase]:
             expect("start", "D*5", "usage", "done", END_OK),
             "".join(MULTIBYTE),
         ),
-        LoopCase(
+        Scenario(
             "F24-invalid-utf8-in-ndjson",
             [ollama_reply([lines[0], bad_line, *lines[2:]]), ollama_reply(lines)],
             (0.0, 0.1),
@@ -308,7 +396,7 @@ def _loop_cases() -> list[LoopCase]:
             TEXT,
             dialect="ollama",
         ),
-        LoopCase(
+        Scenario(
             "F25-crlf-split-across-chunks",
             [Reply(chunks=cr_split)],
             (0.0,),
@@ -316,7 +404,17 @@ def _loop_cases() -> list[LoopCase]:
             expect("start", *OK_SEEN, END_OK),
             TEXT,
         ),
-        LoopCase(
+        Scenario(
+            "F26-oversized-line",  # over a 64 KiB cap: permanent, the same frame would come back
+            [Reply(chunks=(OK[0], OK[1], *split(OVERSIZED, 4096), *OK[2:])), OK_REPLY],
+            (0.0,),
+            Outcome.FAILED,
+            expect("start", "D", end_error("protocol_error")),
+            FRAGMENTS[0],
+            pol={"max_frame": 64 * 1024},
+            error=FrameTooLarge,
+        ),
+        Scenario(
             "F39-budgets-are-separate",
             [status_reply(500), limited, status_reply(500), limited, status_reply(500), OK_REPLY],
             (0.0, 0.1, 1.1, 1.3, 2.3, 2.7),
@@ -324,7 +422,7 @@ def _loop_cases() -> list[LoopCase]:
             expect("start", *OK_SEEN, END_OK),
             TEXT,
         ),
-        LoopCase(
+        Scenario(
             "F40-rate-limit-wait-past-the-total-deadline",
             rescue_after(
                 [
@@ -339,7 +437,7 @@ def _loop_cases() -> list[LoopCase]:
             "The quick brown ",
             ended=240.1,
         ),
-        LoopCase(
+        Scenario(
             "F42-total-deadline-cuts-the-backoff",
             rescue_after(
                 [
@@ -353,7 +451,7 @@ def _loop_cases() -> list[LoopCase]:
             RESCUE_TEXT,
             ended=300.0,
         ),
-        LoopCase(
+        Scenario(
             "F45-finish-length",
             [Reply(chunks=tuple(f.replace(b'"stop"', b'"length"') for f in OK)), OK_REPLY],
             (0.0,),
@@ -364,20 +462,30 @@ def _loop_cases() -> list[LoopCase]:
     ]
 
 
-LOOP_CASES = _loop_cases()
+SCENARIOS = _scenarios()
 
 
-@pytest.mark.parametrize("case", LOOP_CASES, ids=str)
-async def test_catalogue_script_over_loopback(
-    loop_clock: trio.testing.MockClock, case: LoopCase
+@pytest.fixture(params=list(RUNNERS))
+def runner(request: pytest.FixtureRequest) -> str:
+    """Each runner in turn: in memory, then over loopback."""
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+def clock(runner: str) -> trio.testing.MockClock:
+    """The runner's own virtual clock (pytest-trio runs the test under it)."""
+    return runner_clock(runner)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=str)
+async def test_catalogue_scenario(
+    runner: str, clock: trio.testing.MockClock, scenario: Scenario
 ) -> None:
-    # a fresh copy: some scripts count the requests they answered (each graph runs the case)
-    case = next(c for c in _loop_cases() if str(c) == str(case))
-    dialect = OllamaDialect() if case.dialect == "ollama" else None
-    run = await loop_turn(case.script, pol=policy(**case.pol), dialect=dialect)
-    check_loop(
-        run, at=case.at, outcome=case.outcome, saw=case.saw, text=case.text, ended=case.ended
-    )
+    # a fresh table: some scripts count the requests they answered (each graph and runner
+    # plays the scenario)
+    scenario = next(s for s in _scenarios() if str(s) == str(scenario))
+    await RUNNERS[runner](scenario)
 
 
 async def test_f10_connection_refused_every_time_over_loopback(

@@ -1,6 +1,7 @@
 """Whole turns over real sockets: the fault-injecting loopback provider
 (`rillet.transports.testing`) on 127.0.0.1, httpx's own transport, the catalogue's scenarios
-F01, F04, F07, F09, F12, F13, F21, F26, F28 and F29.
+F01, F28 and F29, and what a client of its own makes of it. The scenarios that are scripts and
+expectations alone are data in `test_reliability_faults.py`, played in memory and here alike.
 
 The clock is a `MockClock` that jumps only after 20 ms of real time with every task blocked, so
 bytes in flight on loopback are not mistaken for idleness, and the scripted waits (180 s stalls)
@@ -21,9 +22,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from rillet import FrameTooLarge
 from rillet._core._dialect import Provider, Secret
-from rillet._core._markers import AttemptReset
 from rillet._core._policy import Outcome, Policy
 from rillet._core._runevents import AnswerDelta, RunEvent
 from rillet._turn._api import run_turn
@@ -36,10 +35,8 @@ from rillet.transports.testing import (
     Reply,
     Script,
     open_loopback_provider,
-    openai_text_body,
     openai_text_stream,
     split,
-    status_reply,
 )
 
 from ..handler_support import (
@@ -50,11 +47,9 @@ from ..handler_support import (
     OK,
     OK_SEEN,
     REQUEST,
-    RESCUE_TEXT,
     TEXT,
     check_envelope,
     check_uni,
-    end_error,
     expect,
     policy,
     rebuild,
@@ -225,130 +220,6 @@ async def test_f01_ok_over_loopback(loop_clock: trio.testing.MockClock) -> None:
     assert request.path == "/v1/chat/completions"
     assert request.headers["authorization"] == f"Bearer {KEY}"
     check_uni(await uni_of(run.turn))
-
-
-async def test_f04_stall_mid_stream_over_loopback(loop_clock: trio.testing.MockClock) -> None:
-    run = await play_loop([Reply(chunks=tuple(OK), stall_after=4), OK_REPLY])
-    check_loop(
-        run,
-        at=[0.0, 180.1],
-        outcome=Outcome.COMPLETED,
-        saw=expect("start", "D*3", "reset", *OK_SEEN, END_OK),
-        text=TEXT,
-    )
-    items = await uni_of(run.turn)
-    assert sum(isinstance(i, AttemptReset) for i in items) == 1
-    check_uni(items)
-
-
-async def test_f07_eof_without_terminal_event_over_loopback(
-    loop_clock: trio.testing.MockClock,
-) -> None:
-    run = await play_loop([Reply(chunks=tuple(OK[:4])), OK_REPLY])
-    check_loop(
-        run,
-        at=[0.0, 0.1],
-        outcome=Outcome.COMPLETED,
-        saw=expect("start", "D*3", "reset", *OK_SEEN, END_OK),
-        text=TEXT,
-    )
-
-
-@pytest.mark.parametrize("reset", [False, True], ids=["close", "tcp-reset"])
-async def test_f09_connection_dropped_mid_stream_over_loopback(
-    loop_clock: trio.testing.MockClock, reset: bool
-) -> None:
-    head = tuple(OK[:3])  # role, 2 deltas
-    dropped = Reply(
-        chunks=(*head, OK[3]), drop_after_bytes=len(b"".join(head)), drop_with_reset=reset
-    )
-    run = await play_loop([dropped, OK_REPLY])
-    check_loop(
-        run,
-        at=[0.0, 0.1],
-        outcome=Outcome.COMPLETED,
-        saw=expect("start", "D*2", "reset", *OK_SEEN, END_OK),
-        text=TEXT,
-    )
-
-
-def rescue_after(stream_reply: Reply) -> Callable[[RecordedRequest, int], Reply]:
-    """`stream_reply` to every streaming request; the rescue (no `stream`) gets a completion."""
-    rescue = Reply(chunks=(openai_text_body(RESCUE_TEXT),), content_type="application/json")
-
-    def script(request: RecordedRequest, n: int) -> Reply:
-        return stream_reply if b'"stream":true' in request.body else rescue
-
-    return script
-
-
-async def test_f12_always_500_then_the_rescue_over_loopback(
-    loop_clock: trio.testing.MockClock,
-) -> None:
-    run = await play_loop(rescue_after(status_reply(500)))
-    check_loop(
-        run,
-        at=[0.0, 0.1, 0.3, 0.7, 0.7],
-        outcome=Outcome.RESCUED,
-        saw=expect("start", "D", "usage", "done", END_OK),
-        text=RESCUE_TEXT,
-    )
-
-
-@pytest.mark.parametrize(
-    ("headers", "second"),
-    [({"retry_after": 2}, 2.0), ({"retry_after_ms": 1500, "retry_after": 9}, 1.5)],
-    ids=["retry-after", "retry-after-ms"],
-)
-async def test_f13_429_over_loopback(
-    loop_clock: trio.testing.MockClock, headers: dict[str, Any], second: float
-) -> None:
-    run = await play_loop([status_reply(429, **headers), OK_REPLY])
-    check_loop(
-        run,
-        at=[0.0, second],
-        outcome=Outcome.COMPLETED,
-        saw=expect("start", *OK_SEEN, END_OK),
-        text=TEXT,
-    )
-
-
-async def test_f18_401_over_loopback_fails_at_once(loop_clock: trio.testing.MockClock) -> None:
-    run = await play_loop([status_reply(401), OK_REPLY])
-    check_loop(
-        run,
-        at=[0.0],
-        outcome=Outcome.INIT_FAILED,
-        saw=expect("start", end_error("authentication_failed")),
-        text="",
-    )
-
-
-async def test_f21_html_over_loopback(loop_clock: trio.testing.MockClock) -> None:
-    html = Reply(chunks=(b"<html><body>Bad gateway</body></html>",), content_type="text/html")
-    run = await play_loop([html, OK_REPLY])
-    check_loop(
-        run,
-        at=[0.0, 0.1],
-        outcome=Outcome.COMPLETED,
-        saw=expect("start", *OK_SEEN, END_OK),
-        text=TEXT,
-    )
-
-
-async def test_f26_oversized_line_over_loopback(loop_clock: trio.testing.MockClock) -> None:
-    # over a 64 KiB cap (the default is 32 MiB): permanent, the same frame would come back
-    line = b"data: " + b"x" * 70_000 + b"\n\n"
-    oversized = Reply(chunks=(OK[0], OK[1], *split(line, 4096), *OK[2:]))
-    run = await play_loop([oversized, OK_REPLY], pol=policy(max_frame=64 * 1024))
-    check_loop(
-        run,
-        at=[0.0],
-        outcome=Outcome.FAILED,
-        saw=expect("start", "D", end_error("protocol_error")),
-        text=FRAGMENTS[0],
-    )
-    assert isinstance(run.result.error, FrameTooLarge)
 
 
 async def test_f28_cancel_while_the_provider_holds_the_request_over_loopback(
