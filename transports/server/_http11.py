@@ -396,6 +396,7 @@ class HttpConnection:
         factory=lambda: h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
     )
     chunked: bool = False  # the streamed response's body is chunked (`body_chunk`)
+    streaming: bool = False  # the response going out is streamed (`start_stream`), not whole
     refused: bool = False  # a response with `close` went out: linger before closing
     status: int | None = None  # the status of the response last started (the access log's)
     received: int = 0  # bytes read from the socket for h11
@@ -483,6 +484,7 @@ class HttpConnection:
         if close:
             extra.append(("connection", "close"))
             self.refused = True
+        self.streaming = False
         await self._send(_response(status, extra))
         if body and not head_only and not self._head:
             await self._send(h11.Data(data=body))
@@ -492,6 +494,7 @@ class HttpConnection:
         """The head of a streamed response (chunked, for HTTP/1.1 clients)."""
         head = self.conn.send(_response(status, headers))
         self.status = status
+        self.streaming = True
         self.chunked = _CHUNKED in (head or b"").lower()
         if head:
             await self.stream.send_all(head)
@@ -540,6 +543,7 @@ class HttpConnection:
     def next_cycle(self) -> None:
         """Get ready for the next request."""
         self.conn.start_next_cycle()
+        self.streaming = False
 
     @property
     def responding(self) -> bool:

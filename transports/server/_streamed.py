@@ -113,11 +113,15 @@ async def until_gone(
 
 
 async def _probe(http: HttpConnection, waiting: bool) -> bool:
-    """Send an SSE comment, if the streamed body has begun, or (`waiting`) a `100 Continue`
+    """Send an SSE comment, if a streamed body has begun, or (`waiting`) a `100 Continue`
     before any response; False when neither can go out. A client that closed its connection
     answers either with a reset; one that half-closed reads the comment as nothing, the 1xx as
-    the interim answer every HTTP/1.1 client knows."""
-    if http.conn.our_state is h11.SEND_BODY:
+    the interim answer every HTTP/1.1 client knows.
+
+    A whole response being written (`respond`: a `Content-Length` body) takes no comment:
+    its client may well close as soon as it has read it, while the body's last step is still
+    to run, and a comment there would be bytes past the length it declared."""
+    if http.streaming and http.conn.our_state is h11.SEND_BODY:
         await http.send_data(SSE_PROBE)
         return True
     return waiting and await http.send_continue()
