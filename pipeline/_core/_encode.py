@@ -31,6 +31,7 @@ __all__ = [
     "SSE_HEARTBEAT",
     "SSE_PROBE",
     "SSE_RETRY",
+    "WS_PONG",
     "close_frame",
     "encode_sse",
     "jsonl_lines",
@@ -140,6 +141,11 @@ def ws_text_frames(batch: Sequence[Entry]) -> bytes:
 def close_frame(code: int) -> bytes:
     """An unmasked WebSocket close frame with `code` and no reason."""
     return struct.pack("!BBH", 0x88, 2, code)
+
+
+WS_PONG = b"\x8a\x00"
+"""An unmasked, empty, unsolicited WebSocket pong: a heartbeat that asks no answer (RFC 6455
+§5.5.3)."""
 
 
 # --- JSON Lines -----------------------------------------------------------------------------------

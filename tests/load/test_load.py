@@ -656,9 +656,9 @@ async def test_l6_10000_subscribe_unsubscribe_cycles_leak_nothing(
     cycles, workers = 10_000, 20
     script = [text_reply(words(5), stall_after=3)]  # a run that goes silent, never ends
     pol = policy(initial_event_timeout=3600, per_event_timeout=3600, total_timeout=7200)
-    # an SSE subscriber that closed still counts until the reset answering the server's probe
-    # is seen (`_streamed.until_gone`, 50 ms on): the workers' fast cycles keep dozens in that
-    # state at once, so the caps leave room for them
+    # a subscriber that closed still counts until the reset answering the server's probe is
+    # seen (an SSE comment, `_streamed.until_gone`; a WebSocket pong, `_ws_frames`; 50 ms on):
+    # the workers' fast cycles keep dozens in that state at once, so the caps leave room
     limits = Limits(max_subscribers_per_run=1_000, max_subscribers_per_client=1_000)
     async with site(script, pol=pol, limits=limits) as served:
         run = await served.start()

@@ -67,6 +67,7 @@ _MAX_LINGER = 1024 * 1024  # bytes read and dropped before a refused client is c
 _GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
 _CHUNKED = b"\r\ntransfer-encoding: chunked\r\n"
 _CONTINUE = h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")
+_PROBE_WAIT = 0.05  # seconds for a reset to come back over loopback or a LAN
 _WRITE_TIMEOUT = 30.0  # seconds a write may make no progress before the connection is cut
 _YIELD_EVERY = 16  # h11 events a body reader handles before letting other tasks run
 _MAX_PIECES = 8192  # h11 data events one request body may take (1-byte chunks are refused)
@@ -181,6 +182,13 @@ class ConnectionStream(trio.abc.Stream):
         except OSError:
             return True
         return False
+
+    async def reset_after_probe(self) -> bool:
+        """Whether the peer, after its end of stream and a probe just sent to it (bytes it
+        would read as nothing), reset the connection within a moment: a client that closed
+        answers the probe so; one that only half-closed reads it and stays."""
+        await trio.sleep(_PROBE_WAIT)
+        return await self.reset_by_peer()
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         """Send `data` after anything still parked; if cancelled, what is unsent stays parked."""

@@ -71,7 +71,6 @@ class HeldHead:
         self._deadline = trio.current_time() + self.heartbeat
 
 
-_PROBE_WAIT = 0.05  # seconds for a reset to come back over loopback or a LAN
 _PROBE_EVERY = 1.0  # seconds between looks at whether the head went out, to probe after it
 
 
@@ -96,8 +95,7 @@ async def until_gone(
         if more is None:  # the end of its requests: a close, or a half-close
             while not await _probe(http, waiting):  # noqa: ASYNC110 (no event says the head went)
                 await trio.sleep(_PROBE_EVERY)
-            await trio.sleep(_PROBE_WAIT)  # a client that closed answers the probe with a reset
-            if not await stream.reset_by_peer():
+            if not await stream.reset_after_probe():
                 await trio.sleep_forever()  # it half-closed: it still reads; stream on
         gone = True
         scope.cancel()

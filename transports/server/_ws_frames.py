@@ -17,6 +17,15 @@ Past a limit, what follows the offending frame's header is held back: at most
 `_LINGER` bytes more reach trio-websocket (room for the client's close frame), then nothing, so
 a flood costs no more work once it is refused. `breached` is set; the session closes with
 `code` and `reason`.
+
+The client's end of stream without a close frame is not passed on at once: it may be a
+half-close (`shutdown(SHUT_WR)`) from a client that still reads. An unsolicited pong probes
+it, as an SSE comment probes an event stream: a client that closed answers with a reset, and
+trio-websocket then sees the end (1006, the client gone); one that half-closed reads the pong
+as nothing, `half_closed` is set and trio-websocket sees a client that says nothing more, so
+the session streams on to its end and closes with a close frame of its own. Once that frame
+went out, trio-websocket is handed the end of stream: it stops waiting for an answer the client
+can no longer send, and the connection closes (RFC 6455 §7.1.1: the server closes TCP first).
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 import trio
+from rillet._core._encode import WS_PONG
 
 if TYPE_CHECKING:
     from ._http11 import ConnectionStream
@@ -36,6 +46,8 @@ _LINGER = 4096  # bytes passed on after a refused frame: the client's close fram
 _MAX_UTF8 = 4  # bytes a character may take: a text message's limit is in characters
 _OPCODES_MESSAGE = (0x1, 0x2)
 _OPCODES_CONTROL_COUNTED = (0x9, 0xA)  # ping, pong (a close ends the session anyway)
+_GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
+_CLOSE = 0x88  # the first byte of a whole close frame
 
 
 def _header_size(head: bytearray) -> int:
@@ -64,6 +76,7 @@ class ClientFrames(trio.abc.Stream):
     Attributes:
         breached: set once the client went past a limit.
         code, reason: the close that limit calls for.
+        half_closed: the client ended its side without a close frame and still reads.
     """
 
     def __init__(self, stream: ConnectionStream, bucket: TokenBucket, *, max_message: int) -> None:
@@ -81,6 +94,8 @@ class ClientFrames(trio.abc.Stream):
         self.breached = trio.Event()
         self.code = 1008
         self.reason = ""
+        self.half_closed = False
+        self._close_sent = trio.Event()  # trio-websocket wrote its close frame
 
     def handshake(self, size: int, early: bytes = b"") -> None:
         """The next `size` bytes read are the handshake's, not frames; `early` (what the client
@@ -101,11 +116,26 @@ class ClientFrames(trio.abc.Stream):
             data, self._early = self._early[:size], self._early[size:]
         else:
             data = await self._stream.receive_some(max_bytes)
+            if not data and await self._still_reads():
+                self.half_closed = True
+                await self._close_sent.wait()  # until then: a client that says nothing more
         passed = self._meter(data)
         if passed < len(data):
             self._held = data[passed : passed + self._linger]
             return data[:passed]
         return data
+
+    async def _still_reads(self) -> bool:
+        """After the client's end of stream: whether it only half-closed (a pong sent to it
+        brought no reset back)."""
+        if self._unmetered or self._close_sent.is_set():
+            return False  # the handshake was cut short, or the session is closing anyway
+        await self._answered.wait()  # an end of stream right after the handshake: answer first
+        try:
+            await self._stream.send_all(WS_PONG)
+        except _GONE:
+            return False
+        return not await self._stream.reset_after_probe()
 
     async def _after_breach(self, max_bytes: int | None) -> bytes:
         if not self._held and self._linger > 0:
@@ -168,6 +198,8 @@ class ClientFrames(trio.abc.Stream):
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         """Write to the connection (the first write is the handshake's answer)."""
         await self._stream.send_all(data)
+        if self._answered.is_set() and data[:1] == bytes((_CLOSE,)):
+            self._close_sent.set()  # trio-websocket writes each frame whole, in one call
         self._answered.set()
 
     async def wait_send_all_might_not_block(self) -> None:
