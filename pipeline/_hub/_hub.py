@@ -60,6 +60,8 @@ if TYPE_CHECKING:
     from .._turn._graph import Sink, SinkBatch
 
 __all__ = [
+    "ENTRY_BYTES",
+    "RUN_BYTES",
     "Entry",
     "Hub",
     "HubSink",
@@ -68,6 +70,7 @@ __all__ = [
     "RunLog",
     "RunState",
     "Subscription",
+    "entry_cost",
     "parse_cursor",
 ]
 
@@ -85,6 +88,16 @@ def parse_cursor(run_id: str, raw: str | None) -> int:
     if not (text.isascii() and text.isdigit()) or len(text) > 18:
         raise CursorInvalid("not a sequence number")
     return int(text)
+
+
+ENTRY_BYTES = 144
+"""Bytes an entry holds besides what its JSON's size accounts for: the `Entry`, the event's
+struct, the integers of its seq and time, its place in the log's list (136 on the heap, and
+the allocator's 5 %)."""
+
+RUN_BYTES = 2048
+"""Bytes a kept run holds however few its events: its `RunState` (with its event and the
+dictionary slots that find it) and a server's record of it (its token's digest)."""
 
 
 _LEAD = 256  # pushes in one leader's turn (a few milliseconds of writing)
@@ -114,7 +127,7 @@ class RunState:
         self.entries: list[Entry] = []
         self.base = 1  # seq of entries[0]
         self.nbytes = 0
-        self.cost = 0  # what its entries are estimated to hold in memory (`_cost`)
+        self.cost = RUN_BYTES  # what it is estimated to hold in memory (`entry_cost`)
         self.done_at: float | None = None
         self.subscribers: set[Subscription] = set()
         self.access: bytes | None = None  # what its server checks tokens against, if given
@@ -222,14 +235,13 @@ class RunLog(Protocol):
         ...
 
 
-def _cost(entry: Entry) -> int:
-    """What an entry is estimated to hold in memory: its JSON, about as much again for the
-    event's own strings, and the objects around them (checked against tracemalloc in the
-    tests)."""
-    return 2 * len(entry.data) + _ENTRY_OVERHEAD
-
-
-_ENTRY_OVERHEAD = 192
+def entry_cost(entry: Entry) -> int:
+    """What a kept entry is estimated to cost the process, measured (`python -m bench.kept_runs`):
+    2.5 bytes a byte of its JSON on the heap (the JSON itself, which msgspec leaves in a buffer
+    up to half as large again, and the event's own strings, its text about as long as the
+    JSON), and `ENTRY_BYTES` for the objects around them; 5 % more for the allocator's own
+    overhead, which resident memory adds to what tracemalloc sees."""
+    return len(entry.data) * 21 // 8 + ENTRY_BYTES
 
 
 @attrs.define(eq=False)
@@ -245,8 +257,8 @@ class MemoryRunLog:
         max_events: events kept per run before the oldest are forgotten.
         max_bytes: JSON bytes kept per run before the oldest are forgotten.
         max_total_events: events kept across all runs.
-        max_total_bytes: memory the kept entries of all runs may hold, estimated (`_cost`:
-            twice the JSON plus about 200 bytes an event).
+        max_total_bytes: memory the kept runs may hold, estimated as measured (`entry_cost`:
+            2.625 times the JSON and 144 bytes an event; `RUN_BYTES`, 2 KiB, a run).
         retention: seconds a run is kept after its `run.done`.
     """
 
@@ -271,6 +283,7 @@ class MemoryRunLog:
         if run_id in self._runs:
             raise RunExists(f"run {run_id} exists")
         self._runs[run_id] = RunState(run_id)
+        self.total_bytes += RUN_BYTES
 
     def get(self, run_id: str) -> RunState:
         """The run's log."""
@@ -295,7 +308,7 @@ class MemoryRunLog:
             entry = Entry(seq, event, encode_json(event))
             written.append(entry)
             run.nbytes += len(entry.data)
-            cost += _cost(entry)
+            cost += entry_cost(entry)
             if type(event) is RunDone:
                 run.done_at = trio.current_time()
                 self._finished[run_id] = None
@@ -363,12 +376,12 @@ class MemoryRunLog:
             if n >= drop and run.nbytes - freed <= max_bytes * 7 // 8:
                 break
             freed += len(entry.data)
-            cost += _cost(entry)
+            cost += entry_cost(entry)
             n += 1
         if n > len(run.entries) - 1:  # always keep the newest event
             n = len(run.entries) - 1
             freed = sum(len(e.data) for e in run.entries[:n])
-            cost = sum(_cost(e) for e in run.entries[:n])
+            cost = sum(entry_cost(e) for e in run.entries[:n])
         del run.entries[:n]
         run.base += n
         run.nbytes -= freed
