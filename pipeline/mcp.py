@@ -24,6 +24,8 @@ from ._mcp._server import CORRELATION_ID_KEY as CORRELATION_ID_KEY
 from ._mcp._server import LAST_SEQ_KEY as LAST_SEQ_KEY
 from ._mcp._server import RUN_EVENT_KEY as RUN_EVENT_KEY
 from ._mcp._server import RUN_EVENTS_KEY as RUN_EVENTS_KEY
+from ._mcp._server import SESSION_BYTES as SESSION_BYTES
+from ._mcp._server import TurnServer as TurnServer
 from ._mcp._server import main as main
 from ._mcp._server import turn_server as turn_server
 
@@ -32,9 +34,11 @@ __all__ = [
     "LAST_SEQ_KEY",
     "RUN_EVENTS_KEY",
     "RUN_EVENT_KEY",
+    "SESSION_BYTES",
     "RunEventDispatcher",
     "RunEventGap",
     "RunEvents",
+    "TurnServer",
     "main",
     "turn_server",
 ]

@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ENTRY_BYTES",
+    "MEMORY_BUDGET",
     "RUN_BYTES",
     "Entry",
     "Hub",
@@ -89,6 +90,10 @@ def parse_cursor(run_id: str, raw: str | None) -> int:
         raise CursorInvalid("not a sequence number")
     return int(text)
 
+
+MEMORY_BUDGET = 256 * 1024 * 1024
+"""The memory a server's kept state may take: its kept runs' cap (`MemoryRunLog`), and what
+other kept state (an MCP server's sessions) is sized from."""
 
 ENTRY_BYTES = 144
 """Bytes an entry holds besides what its JSON's size accounts for: the `Entry`, the event's
@@ -265,7 +270,7 @@ class MemoryRunLog:
     max_events: int = 100_000
     max_bytes: int = 64 * 1024 * 1024
     max_total_events: int = 1_000_000
-    max_total_bytes: int = 256 * 1024 * 1024
+    max_total_bytes: int = MEMORY_BUDGET
     retention: float = 300.0
     total_events: int = 0
     total_bytes: int = 0

@@ -17,6 +17,14 @@ cancels nothing on its own (on a handshake-era streamable HTTP session the turn 
 end); on a 2026-07-28 single-exchange HTTP request, closing the response stream is how that
 protocol cancels, and the SDK cancels the tool then.
 
+Sessions over streamable HTTP: an idle session pins `SESSION_BYTES` until the client deletes it
+or it times out, and the SDK's defaults (10,000 sessions, 30 minutes idle) let one client hold
+over 300 MiB. `turn_server` sizes the limit from a memory budget instead (an eighth of a
+server's, `MEMORY_BUDGET`, so 910 sessions) and ends sessions idle for 5 minutes; past the
+limit, a new session is refused (503, "Too many open sessions") until one ends. Both are
+arguments of `turn_server`, and `streamable_http_app` / `run(transport="streamable-http")`
+still take the SDK's own arguments, which win.
+
 The tool runs on whatever the SDK runs on: under trio (`anyio.run(..., backend="trio")`, the
 stdio entry point here) the turn runs in the tool's own task; under asyncio (uvicorn serving
 `streamable_http_app()`) it runs in the loop's trio guest run (`rillet.asyncio`).
@@ -41,11 +49,14 @@ from mcp_types import (
 from .._core._events import encode_json
 from .._core._request import TurnRequest, user
 from .._core._runevents import AnswerDelta, RunDone, RunEvent
+from .._hub._hub import MEMORY_BUDGET
 from .._turn._api import open_turn
 from .._turn._guest import in_trio
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
+
+    from starlette.applications import Starlette
 
     from .._core._dialect import Provider
     from .._turn._turn import TurnResult
@@ -55,6 +66,8 @@ __all__ = [
     "LAST_SEQ_KEY",
     "RUN_EVENTS_KEY",
     "RUN_EVENT_KEY",
+    "SESSION_BYTES",
+    "TurnServer",
     "main",
     "turn_server",
 ]
@@ -68,6 +81,12 @@ CORRELATION_ID_KEY = "dev.rillet/correlation_id"
 LAST_SEQ_KEY = "dev.rillet/last_seq"
 """Result `_meta` key: the `seq` of the run's last event (its `run.done`)."""
 
+SESSION_BYTES = 36 * 1024
+"""What one idle streamable HTTP session holds on the server, measured (`python -m
+bench.mcp_sessions`: 35.3 KiB): the session limit is a memory budget divided by it."""
+_SESSIONS_SHARE = 8  # the MCP server's sessions may take an eighth of the memory budget
+_SESSION_IDLE_TIMEOUT = 300.0  # seconds: as long as a server keeps a finished run
+
 _MAX_CORRELATION_ID = 200  # characters; a longer id from a caller is replaced by the run's id
 # characters; every notification repeats the token, so a longer one would make the answer
 # hundreds of times the request: such a call runs without progress notifications
@@ -78,24 +97,69 @@ _DESCRIPTION = (
 )
 
 
+class TurnServer(MCPServer):
+    """The SDK's `MCPServer` with session limits of its own over streamable HTTP:
+    `streamable_http_app()` and `run_streamable_http_async()` open at most `max_sessions`
+    sessions and end those idle for `session_idle_timeout` seconds, unless told otherwise
+    (the SDK's arguments of the same names win)."""
+
+    def __init__(
+        self, name: str, *, max_sessions: int | None, session_idle_timeout: float | None
+    ) -> None:
+        # the SDK configures the root logger when none is (basicConfig): at WARNING, so a
+        # stdio server's stderr does not carry a line per provider request
+        super().__init__(name, log_level="WARNING")
+        self.max_sessions = max_sessions
+        self.session_idle_timeout = session_idle_timeout
+
+    def _limits(self, options: dict[str, Any]) -> dict[str, Any]:
+        options.setdefault("max_sessions", self.max_sessions)
+        options.setdefault("session_idle_timeout", self.session_idle_timeout)
+        return options
+
+    def streamable_http_app(self, **options: Any) -> Starlette:
+        """The SDK's streamable HTTP app (its arguments), within this server's limits."""
+        return super().streamable_http_app(**self._limits(options))
+
+    async def run_streamable_http_async(self, **options: Any) -> None:
+        """Serve over streamable HTTP with uvicorn (the SDK's arguments), within the limits."""
+        await super().run_streamable_http_async(**self._limits(options))
+
+
 def turn_server(
     provider: Provider,
     *,
     name: str = "rillet",
     tool_name: str = "run_turn",
     description: str = _DESCRIPTION,
+    memory_budget: int = MEMORY_BUDGET // _SESSIONS_SHARE,
+    max_sessions: int | None = None,
+    session_idle_timeout: float | None = _SESSION_IDLE_TIMEOUT,
     **options: Any,
-) -> MCPServer:
+) -> TurnServer:
     """An MCP server with one tool, `tool_name`, that runs a turn against `provider`.
 
     The tool takes `prompt`, and optionally `system` and `max_tokens`; it answers the text, and
     as structured content the run's id, outcome, safe error code and attempts (and `filtered`
     when the provider's content rules cut the answer partway). A turn that
-    fails answers `isError` with its safe code, never exception text. `options` are
-    `run_turn`'s (`policy`, `limiter`, `reasoning`...)."""
-    # the SDK configures the root logger when none is (basicConfig): at WARNING, so a stdio
-    # server's stderr does not carry a line per provider request
-    server: MCPServer = MCPServer(name, log_level="WARNING")
+    fails answers `isError` with its safe code, never exception text.
+
+    Args:
+        provider: what the tool's turns run against.
+        name: the server's name, as clients see it.
+        tool_name: the tool's name.
+        description: the tool's description, as the model reads it.
+        memory_budget: bytes the idle streamable HTTP sessions may hold: the session limit is
+            this over `SESSION_BYTES` (32 MiB, an eighth of a server's `MEMORY_BUDGET`: 910
+            sessions). A new session past the limit is refused (503) until one ends.
+        max_sessions: the session limit itself, instead of the budget's (None: the budget's).
+        session_idle_timeout: seconds a session may be idle (no request in flight) before it
+            is ended (5 minutes; None: never).
+        **options: `run_turn`'s (`policy`, `limiter`, `reasoning`...).
+    """
+    if max_sessions is None:
+        max_sessions = max(memory_budget // SESSION_BYTES, 1)
+    server = TurnServer(name, max_sessions=max_sessions, session_idle_timeout=session_idle_timeout)
 
     async def run_turn_tool(
         prompt: str,
