@@ -35,6 +35,7 @@ from rillet.transports.server._ws import handshake_problem
 
 from ..server_support import (
     Served,
+    act,
     dropped_then_ok,
     raw_exchange,
     read_sse,
@@ -418,8 +419,7 @@ async def test_a_client_that_ends_its_side_gets_no_close_code_reserved_for_no_cl
                     await stream.send_eof()
                 if stalled:
                     cancelled = await served.client.delete(
-                        f"/v1/runs/{run['run_id']}",
-                        headers={"authorization": f"Bearer {run['token']}"},
+                        f"/v1/runs/{run['run_id']}", headers=act(run)
                     )
                     assert cancelled.status_code == 202
                 codes = []
