@@ -22,12 +22,13 @@ import trio
 from rillet._core._runevents import (
     AnswerDelta,
     AnswerDone,
-    RunDone,
     RunEvent,
     RunStarted,
     UsageEvent,
 )
 from rillet._hub._hub import MemoryRunLog
+
+from ..sinks_support import completed_done
 
 CAP = 4 * 1024 * 1024
 TOLERANCE = 1.05  # what tracemalloc may see above the cap
@@ -60,11 +61,7 @@ def run_events(run_id: str, sizes: list[int]) -> list[RunEvent]:
             seq=len(events) + 1, sha256=digest, chars=sum(sizes), run_id=run_id, elapsed_ms=0
         )
     )
-    events.append(
-        RunDone(
-            seq=len(events) + 1, status="completed", code="completed", run_id=run_id, elapsed_ms=0
-        )
-    )
+    events.append(completed_done(run_id, len(events) + 1))
     return events
 
 
