@@ -59,10 +59,10 @@ def _wait_for(check: Any, what: str, timeout: float = 30.0) -> Any:
 
 
 @contextmanager
-def _provider() -> Iterator[str]:
+def _provider(*extra: str) -> Iterator[str]:
     """The loopback provider (`tests.load._provider`) in a child process: its base URL."""
     args = [sys.executable, "-m", "tests.load._provider", "--chunks", str(CHUNKS)]
-    args += ["--gap", str(GAP)]
+    args += ["--gap", str(GAP), *extra]
     process = subprocess.Popen(args, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         assert process.stdout is not None
@@ -162,10 +162,16 @@ def _on(url: str, worker: int, attempts: int = 400) -> tuple[httpx.Client, dict[
 
 
 def _events(
-    client: httpx.Client, url: str, last_event_id: str | None = None, limit: int = 0
+    client: httpx.Client,
+    url: str,
+    last_event_id: str | None = None,
+    limit: int = 0,
+    within: float = 60.0,
 ) -> Events:
     """The run's events over SSE on this client's connection (after `last_event_id`), until
-    `run.done` or `limit` of them: (id, event) pairs."""
+    `run.done`, `limit` of them, or `within` seconds (heartbeats wake the read): (id, event)
+    pairs."""
+    deadline = time.monotonic() + within
     headers = {"accept": "text/event-stream"}
     if last_event_id is not None:
         headers["last-event-id"] = last_event_id
@@ -174,6 +180,8 @@ def _events(
         assert response.status_code == 200, response.status_code
         event_id = ""
         for line in response.iter_lines():
+            if time.monotonic() > deadline:
+                break
             if line.startswith("id: "):
                 event_id = line[4:]
             elif line.startswith("data: "):
@@ -335,6 +343,39 @@ def test_a_resume_with_last_event_id_on_either_worker_gets_the_rest_once(two: Se
         rest = _events(again, path, last_event_id=middle[-1][0])  # back on worker 0
     assert head[-1][0] == f"{run['run_id']}:10"
     _whole(head + middle + rest)
+
+
+@pytest.fixture(scope="module")
+def agents(
+    redis_server: RedisServer,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Served]:
+    """`rillet serve --workers 2 --tools demo`, its provider calling `get_weather` first."""
+    tmp = tmp_path_factory.mktemp("agents")
+    with (
+        _provider("--tool", "get_weather") as url,
+        _serve(tmp, redis_server.url, url, "--workers", "2", "--tools", "demo") as served,
+    ):
+        yield served
+
+
+def test_an_agent_run_reaches_run_done_for_a_reader_on_the_worker_driving_it(
+    agents: Served,
+) -> None:
+    """A reader that follows an agent run live on the worker that drives it gets it through
+    `answer.done` and `run.done`, as a reader on the other worker does."""
+    for worker in (0, 1):
+        client, _ = _on(agents.url, worker)
+        other, _ = _on(agents.url, 1 - worker)
+        with closing(client), closing(other):
+            run = _start(client)
+            here = _events(client, _path(run["events_url"]), within=20)
+            there = _events(other, _path(run["events_url"]), within=20)
+        kinds = [e["type"] for _, e in here]
+        assert "tool.completed" in kinds
+        assert kinds[-2:] == ["answer.done", "run.done"], kinds
+        _whole(here)
+        assert here == there
 
 
 def test_a_cancel_reaching_the_other_worker_cancels_the_run(two: Served) -> None:

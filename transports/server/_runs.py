@@ -564,9 +564,12 @@ class AgentRuns:
                 )
                 record.agent = agent
                 task_status.started()
-                nursery.start_soon(_deny_unanswered, agent, shared.limits.approval_timeout)
+                # only the approvals' timer stops when the run ends: the run itself goes on
+                # until its sinks have its last events (`result()` comes before them)
+                timer = trio.CancelScope()
+                nursery.start_soon(_deny_unanswered, agent, shared.limits.approval_timeout, timer)
                 result = await agent.result()
-                nursery.cancel_scope.cancel()
+                timer.cancel()
             for turn in result.turns:
                 shared.metrics.finished(turn)
         except Exception as exc:  # a bug in one run must not take the server down
@@ -634,13 +637,14 @@ class AgentRuns:
         return msgspec.json.encode(body)
 
 
-async def _deny_unanswered(agent: Agent, seconds: float) -> None:
-    """Deny each approval no one answers within `seconds`."""
-    async with trio.open_nursery() as nursery:
-        async for event in agent.run_events():
-            if type(event) is ApprovalRequired:
-                assert isinstance(event, ApprovalRequired)
-                nursery.start_soon(_deny_after, agent, event.approval_id, seconds)
+async def _deny_unanswered(agent: Agent, seconds: float, scope: trio.CancelScope) -> None:
+    """Deny each approval no one answers within `seconds`, until `scope` is cancelled."""
+    with scope:
+        async with trio.open_nursery() as nursery:
+            async for event in agent.run_events():
+                if type(event) is ApprovalRequired:
+                    assert isinstance(event, ApprovalRequired)
+                    nursery.start_soon(_deny_after, agent, event.approval_id, seconds)
 
 
 async def _deny_after(agent: Agent, approval_id: str, seconds: float) -> None:
