@@ -187,6 +187,11 @@ RUN_CODES: Mapping[str, CodeInfo] = {
         "the run's log could not be kept (the hub's storage was unreachable)",
         "ask again",
     ),
+    "server_lost": CodeInfo(
+        True,
+        "the server running the run stopped while it ran (its lease in the shared hub expired)",
+        "ask again",
+    ),
 }
 """Every code `run.done` carries, with whether retrying helps, its meaning and what to do."""
 

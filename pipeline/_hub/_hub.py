@@ -575,6 +575,12 @@ class RunHub(Protocol):
         """Which of these runs are still kept (not forgotten after their retention)."""
         ...
 
+    async def ended(self, run_id: str) -> bool:
+        """Whether the run is over (its `run.done` is in the log; on a shared hub, also a run
+        whose server is gone, which is ended then as `server_lost`); False for an unknown
+        run. Raises `HubUnavailable`."""
+        ...
+
     async def sweep(self) -> None:
         """Forget what has expired (a server calls it on a timer)."""
         ...
@@ -677,6 +683,13 @@ class Hub:
         """Forget the runs whose retention is over (`MemoryRunLog.sweep`)."""
         self.log.sweep()
         await trio.lowlevel.checkpoint()
+
+    async def ended(self, run_id: str) -> bool:
+        """Whether the run's log has its `run.done`."""
+        try:
+            return self.log.get(run_id).done
+        except UnknownRun:
+            return False
 
     async def kept(self, run_ids: Sequence[str]) -> set[str]:
         """Which of these runs the log still keeps."""

@@ -8,6 +8,14 @@ run fails (`AppendConflict`). An open run expires `open_ttl` seconds after its l
 producer that died leaves nothing behind for long); its `run.done` sets both keys to expire
 after `retention`.
 
+A dead producer: the hub that drives a run holds its lease (a key that expires `lease` seconds
+after it was last renewed), renewed by each append and every `lease_interval` seconds while
+the run is open here. A hub that follows an open run whose lease is gone (its tail, idle for
+`block` seconds, asks; so does a new subscription, and a cancel or an answer for the run) ends
+it with `run.done` (`error`, `server_lost`) after what the stream kept, in one Lua call that
+checks the lease and the run's state together: exactly one server appends it, however many
+notice, and every reader, and every later resume, reaches that end.
+
 Fan-out: for each run that has subscribers here, the hub keeps ONE tail, an `XREAD BLOCK` loop, and
 a window of the newest entries in memory; its subscribers are cursors into that window, with the
 memory hub's `Subscription` semantics (buffer allowance, dropped with a reason when behind,
@@ -69,6 +77,7 @@ __all__ = ["RedisHub", "RedisHubSink", "RedisSubscription", "open_redis_hub"]
 logger = logging.getLogger(__name__)
 
 _UNAVAILABLE = "log_unavailable"
+_LOST = "server_lost"
 _FAILURES = (RedisError, OSError, TimeoutError)
 
 
@@ -175,7 +184,10 @@ class RedisHubSink:
             self.hub._delivery_failed(self.run_id, unavailable=isinstance(exc, HubUnavailable))
 
     async def close(self) -> None:
-        """Nothing to release: the log outlives the turn for its retention."""
+        """The run's delivery is over: the log outlives it for its retention. A run closed
+        without its `run.done` is no longer driven here: its lease is left to expire, and
+        then it is ended as `server_lost`."""
+        self.hub._stop_producing(self.run_id)
 
 
 @attrs.define(eq=False)
@@ -196,6 +208,10 @@ class RedisHub:
         timeout: seconds any other command may take before Redis counts as unavailable.
         max_connections: the size of the shared connection pool (each tail has its own).
         retry_interval: seconds between tries to end a run an outage cut, once it is back.
+        lease: seconds a run's lease lasts unrenewed: an open run whose lease is gone has lost
+            the server that drove it, and is ended as `server_lost`.
+        lease_interval: seconds between renewals of the leases of the runs this hub drives
+            (a third of `lease`, so that two renewals may be late).
     """
 
     url: str
@@ -212,6 +228,8 @@ class RedisHub:
     timeout: float = 5.0
     max_connections: int = 64
     retry_interval: float = 1.0
+    lease: float = 9.0
+    lease_interval: float = 3.0
     subscribers: int = 0
     appended: int = 0
     delivered: int = 0
@@ -220,11 +238,23 @@ class RedisHub:
     _create: Any = attrs.field(init=False, default=None)
     _append: Any = attrs.field(init=False, default=None)
     _info: Any = attrs.field(init=False, default=None)
+    _renew: Any = attrs.field(init=False, default=None)
+    _lost: Any = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         self._create = self._client.register_script(layout.CREATE)
         self._append = self._client.register_script(layout.APPEND)
         self._info = self._client.register_script(layout.INFO)
+        self._renew = self._client.register_script(layout.RENEW)
+        self._lost = self._client.register_script(layout.LOST)
+
+    def _run_keys(self, run_id: str) -> list[str]:
+        """The run's hash, stream and lease keys, as the scripts take them."""
+        return [*layout.keys(run_id), layout.lease_key(run_id)]
+
+    @property
+    def _lease_ms(self) -> int:
+        return max(1, int(self.lease * 1000))
 
     def _unavailable(self, exc: BaseException) -> HubUnavailable:
         reason = str(exc) or type(exc).__name__
@@ -237,7 +267,7 @@ class RedisHub:
         try:
             with trio.fail_after(self.timeout):
                 await self._client.ping()
-                for script in (layout.CREATE, layout.APPEND, layout.INFO):
+                for script in _SCRIPTS:
                     await self._client.script_load(script)
         except (*_FAILURES, trio.TooSlowError) as exc:
             raise self._unavailable(exc) from exc
@@ -251,8 +281,8 @@ class RedisHub:
 
     async def create(self, run_id: str, *, access: bytes | None = None) -> None:
         """Open a new, empty run. Raises `RunExists`, `HubUnavailable`."""
-        run_keys = layout.keys(run_id)
-        args = [access.hex() if access else "", int(self.open_ttl * 1000)]
+        run_keys = self._run_keys(run_id)
+        args = [access.hex() if access else "", int(self.open_ttl * 1000), self._lease_ms]
         try:
             created = await self._create(keys=run_keys, args=args)
         except _FAILURES as exc:
@@ -274,7 +304,7 @@ class RedisHub:
             return
         first = events[0].seq
         done = False
-        args: list[Any] = [self.max_events, int(self.open_ttl * 1000), 0, 0]
+        args: list[Any] = [self.max_events, int(self.open_ttl * 1000), 0, 0, self._lease_ms]
         entries: list[Entry] = []
         for i, event in enumerate(events):
             if event.seq != first + i:
@@ -286,11 +316,14 @@ class RedisHub:
         args[2] = max(1, int(self.retention * 1000))
         args[3] = 1 if done else 0
         try:
-            await self._append(keys=layout.keys(run_id), args=args)
+            await self._append(keys=self._run_keys(run_id), args=args)
         except ResponseError as exc:
             raise self._refused(run_id, first, exc) from exc
         except _FAILURES as exc:
             raise self._unavailable(exc) from exc
+        except BaseException:  # cut short (cancelled): Redis may have taken it all the same
+            self._read_instead(run_id)
+            raise
         self.appended += len(events)
         if done:
             self._producing.pop(run_id, None)
@@ -327,6 +360,101 @@ class RedisHub:
         tail.fail(_UNAVAILABLE if unavailable else "delivery_failed")  # resume reads Redis
         tail.scope.cancel()
 
+    def _read_instead(self, run_id: str) -> None:
+        """This hub's appends no longer tell the whole run (one was cut short, or this hub
+        stopped driving it): its window here reads the stream from what it has, as any other
+        hub's does."""
+        tail = self._tails.get(run_id)
+        if tail is not None and tail.fed and not tail.done and tail.failed is None:
+            tail.fed = False
+            self._nursery.start_soon(self._tail, tail)
+
+    def _stop_producing(self, run_id: str) -> None:
+        """This hub no longer drives the run: its lease is no longer renewed, and its
+        subscribers here read whatever ends it from Redis."""
+        if self._producing.pop(run_id, None) is not None:
+            self._read_instead(run_id)
+
+    async def _keep_leases(self) -> None:
+        """Renew, every `lease_interval` seconds, the lease of each open run this hub drives
+        (an append renews it too). A run another hub has ended meanwhile is not driven here
+        any more."""
+        while True:
+            await trio.sleep(self.lease_interval)
+            runs = list(self._producing)
+            if not runs:
+                continue
+            try:
+                with trio.fail_after(self.timeout):
+                    async with self._client.pipeline(transaction=False) as pipe:
+                        replies = [
+                            self._renew(
+                                keys=[layout.keys(run_id)[0], layout.lease_key(run_id)],
+                                args=[self._lease_ms],
+                                client=pipe,
+                            )
+                            for run_id in runs
+                        ]
+                    held = [await reply for reply in replies]
+            except (*_FAILURES, trio.TooSlowError) as exc:
+                logger.warning("renewing the leases of %d runs failed: %s", len(runs), exc)
+                continue
+            for run_id, ok in zip(runs, held, strict=True):
+                if not ok and run_id in self._producing:
+                    logger.warning("run %s: its lease is lost; it is no longer driven here", run_id)
+                    self._stop_producing(run_id)
+
+    async def _end_lost(self, run_id: str) -> bool:
+        """End an open run whose lease has expired (the server driving it is gone) with
+        `run.done` (`error`, `server_lost`) after what the stream keeps: atomically, so only one
+        server appends it. Whether the run is over now (ended here or elsewhere)."""
+        for _ in range(3):  # another entry may land between the read and the script
+            info = await self._run_info(run_id)
+            if info is None:
+                return False
+            state, _, _, last, leased = info
+            if state != "open":
+                return True
+            if leased or run_id in self._producing:
+                return False
+            end = await self._end_after(run_id, last, _LOST)
+            args = [last + 1, encode_json(end), max(1, int(self.retention * 1000)), self.max_events]
+            try:
+                with trio.fail_after(self.timeout):
+                    ended = await self._lost(keys=self._run_keys(run_id), args=args)
+            except (*_FAILURES, trio.TooSlowError) as exc:
+                raise self._unavailable(exc) from exc
+            if ended == 1:
+                logger.warning("run %s: ended as %s (its server's lease expired)", run_id, _LOST)
+                return True
+            if ended == 0:  # done, forgotten or leased meanwhile: as the next read says
+                continue
+        return False
+
+    async def ended(self, run_id: str) -> bool:
+        """Whether the run is over: done, or open without a lease (its server is gone; it is
+        ended as `server_lost` here and now). False for an unknown run. Raises
+        `HubUnavailable`."""
+        return await self._end_lost(run_id)
+
+    async def _end_after(self, run_id: str, last: int, code: str) -> RunDone:
+        """The `run.done` (`error`, `code`) that ends a run its producer can no longer end,
+        after seq `last`, at the time of the last event kept."""
+        elapsed = 0
+        if last:
+            kept = await self._range(run_id, last, 1)
+            elapsed = kept[0].event.elapsed_ms if kept else 0
+        return RunDone(
+            run_id=run_id,
+            seq=last + 1,
+            elapsed_ms=elapsed,
+            status="error",
+            code=code,
+            attempts=0,  # what the run cost is not in its log: its producer is gone
+            requests=0,
+            retryable=retryable(code),
+        )
+
     async def _end_cut_run(self, run_id: str) -> None:
         """End a run whose delivery an outage cut: once Redis answers again (retried every
         `retry_interval` seconds while the open run is kept), append `run.done` (`error`,
@@ -340,21 +468,7 @@ class RedisHub:
                 info = await self._run_info(run_id)
                 if info is None or info[0] != "open":
                     return
-                last = info[3]
-                elapsed = 0
-                if last:
-                    kept = await self._range(run_id, last, 1)
-                    elapsed = kept[0].event.elapsed_ms if kept else 0
-                end = RunDone(
-                    run_id=run_id,
-                    seq=last + 1,
-                    elapsed_ms=elapsed,
-                    status="error",
-                    code=_UNAVAILABLE,
-                    attempts=0,  # what the run cost is not in its log: its producer is gone
-                    requests=0,
-                    retryable=retryable(_UNAVAILABLE),
-                )
+                end = await self._end_after(run_id, info[3], _UNAVAILABLE)
                 await self.append(run_id, [end])
             except HubUnavailable:
                 if trio.current_time() >= deadline:
@@ -373,22 +487,24 @@ class RedisHub:
 
     # --- reading --------------------------------------------------------------------------------
 
-    async def _run_info(self, run_id: str) -> tuple[str, bytes | None, int, int] | None:
-        """The run's state, access, first and last seq kept; None for an unknown run."""
+    async def _run_info(self, run_id: str) -> tuple[str, bytes | None, int, int, bool] | None:
+        """The run's state, access, first and last seq kept, and whether its lease is held;
+        None for an unknown run."""
         try:
             with trio.fail_after(self.timeout):
-                reply = await self._info(keys=layout.keys(run_id))
+                reply = await self._info(keys=self._run_keys(run_id))
         except (*_FAILURES, trio.TooSlowError) as exc:
             raise self._unavailable(exc) from exc
         if not reply:
             return None
-        state, access, first, last = reply
+        state, access, first, last, leased = reply
         access_hex = layout.text(access)
         return (
             layout.text(state),
             bytes.fromhex(access_hex) if access_hex else None,
             layout.seq(first),
             layout.seq(last),
+            bool(leased),
         )
 
     async def _range(self, run_id: str, start: int, count: int) -> list[Entry]:
@@ -410,7 +526,12 @@ class RedisHub:
         info = await self._run_info(run_id)
         if info is None:
             raise UnknownRun(run_id)
-        state, _, first, last = info
+        if info[0] == "open" and not info[4] and run_id not in self._producing:
+            await self._end_lost(run_id)  # its server is gone: this subscriber reads its end
+            info = await self._run_info(run_id)
+            if info is None:
+                raise UnknownRun(run_id)
+        state, _, first, last, _ = info
         if after < 0 or after > last:
             raise CursorInvalid("past the last event")
         if last and after + 1 < first:
@@ -505,9 +626,13 @@ class RedisHub:
                                     tail,
                                     [layout.entry(i.identifier, i.field_values) for i in items],
                                 )
-                        elif not await self._client.exists([layout.keys(tail.run_id)[0]]):
-                            reason = "run_expired"  # its producer went away without run.done
-                            break
+                        else:  # quiet for `block` seconds: is the run still kept, still driven?
+                            info = await self._run_info(tail.run_id)
+                            if info is None:
+                                reason = "run_expired"  # gone without run.done
+                                break
+                            if info[0] == "open" and not info[4]:
+                                await self._end_lost(tail.run_id)  # the next read has its end
             except* Exception as group:  # Redis gone, or an entry that is not a run event
                 logger.error(
                     "run %s: reading its log failed (%s); its subscribers here are closed with %s",
@@ -547,6 +672,9 @@ class RedisHub:
         tail.wake()
 
 
+_SCRIPTS = (layout.CREATE, layout.APPEND, layout.INFO, layout.RENEW, layout.LOST)
+
+
 @asynccontextmanager
 async def open_redis_hub(url: str, **options: Any) -> AsyncIterator[RedisHub]:
     """A `RedisHub` on the Redis at `url` for the duration of the block (`options` are its
@@ -569,6 +697,7 @@ async def open_redis_hub(url: str, **options: Any) -> AsyncIterator[RedisHub]:
         hub = RedisHub(url, client, nursery, **options)
         try:
             await hub.ping()
+            nursery.start_soon(hub._keep_leases)
             yield hub
         except GeneratorExit:
             raise

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from contextlib import closing, contextmanager
 from pathlib import Path
@@ -398,6 +399,56 @@ def test_a_cancel_reaching_the_other_worker_cancels_the_run(two: Served) -> None
     assert events[-1][1]["status"] == "cancelled"
     deltas = [e for _, e in events if e["type"] == "answer.delta"]
     assert len(deltas) < CHUNKS
+
+
+LEASE_AND_BLOCK = 9.0 + 5.0  # the hub's lease, then a quiet read's block before it checks
+
+
+def test_readers_of_a_run_whose_worker_is_killed_get_server_lost(
+    redis_server: RedisServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """SIGKILL to the worker driving a 30 s run, 2 s in: the live reader on the other worker gets
+    `run.done` (`error`, `server_lost`) within the lease time; a resume with its `Last-Event-ID`
+    gets the same end; a cancel answers as for a finished run (202), an approval 409."""
+    with (
+        _provider("--chunks", "600") as provider,
+        _serve(tmp_path, redis_server.url, provider, "--workers", "2") as served,
+    ):
+        driver, metrics = _on(served.url, 0)
+        reader, _ = _on(served.url, 1)
+        with closing(driver), closing(reader):
+            run = _start(driver)
+            path = _path(run["events_url"])
+            live: Events = []
+            follower = threading.Thread(
+                target=lambda: live.extend(_events(reader, path, within=60)), daemon=True
+            )
+            follower.start()
+            time.sleep(2.0)  # the run streams meanwhile: 2 s in, of 30
+            os.kill(metrics["pid"], signal.SIGKILL)
+            killed = time.monotonic()
+            follower.join(timeout=60)
+            waited = time.monotonic() - killed
+            other, _ = _on(served.url, 1)
+            with closing(other):
+                resumed = _events(other, path, last_event_id=live[5][0], within=30)
+                auth = {"authorization": f"Bearer {run['act_token']}"}
+                cancel = other.delete(f"/v1/runs/{run['run_id']}", headers=auth)
+                approve = other.post(
+                    f"/v1/runs/{run['run_id']}/approvals/a1", headers=auth, json={"approve": True}
+                )
+    assert not follower.is_alive()
+    assert [e["seq"] for _, e in live] == list(range(1, len(live) + 1))
+    end = live[-1][1]
+    assert (end["type"], end["status"], end["code"]) == ("run.done", "error", "server_lost")
+    assert 5 < len(live) < 600
+    assert waited < LEASE_AND_BLOCK + 3.0, waited
+    assert resumed == live[6:]
+    assert cancel.status_code == 202, cancel.text
+    assert cancel.json() == {"run_id": run["run_id"]}
+    assert approve.status_code == 409, approve.text
+    assert approve.json()["error"]["type"] == "approval_not_waiting"
 
 
 def test_a_cancel_with_a_wrong_or_read_token_on_the_other_worker_is_not_found(

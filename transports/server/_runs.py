@@ -425,7 +425,18 @@ class Runs:
 
     async def elsewhere(self, request: dict[str, Any]) -> tuple[int, bytes]:
         """A cancel or an answer for a run another server drives, handed to it (`_control`):
-        its answer; 409 `elsewhere` when no server answers for the run."""
+        its answer; 409 `elsewhere` when no server answers for the run. A run that is over
+        (its server gone too: the hub ends it as `server_lost`) is answered here, as its
+        server answers for a finished run: a cancel 202, an answer 409."""
+        try:
+            ended = await self.shared.hub.ended(str(request.get("run_id", "")))
+        except HubUnavailable:
+            ended = False  # the run's server may still answer over its own connection
+        if ended:
+            if request.get("op") == "cancel":
+                return 202, msgspec.json.encode({"run_id": request["run_id"]})
+            reply = _not_waiting()
+            return reply.status, reply.body
         control = self.shared.control
         answer = None if control is None else await control.ask(request)
         if answer is None:
@@ -629,12 +640,17 @@ class AgentRuns:
             else:
                 agent.deny(approval_id, reason)
         except ValueError:
-            raise ErrorReply(
-                409, "approval_not_waiting", "no such approval is waiting (answered already?)"
-            ) from None
+            raise _not_waiting() from None
         decision = "approved" if approve else "denied"
         body = {"run_id": run_id, "approval_id": approval_id, "decision": decision}
         return msgspec.json.encode(body)
+
+
+def _not_waiting() -> ErrorReply:
+    """The answer to an approval that is not waiting (unknown, answered, or its run over)."""
+    return ErrorReply(
+        409, "approval_not_waiting", "no such approval is waiting (answered already?)"
+    )
 
 
 async def _deny_unanswered(agent: Agent, seconds: float, scope: trio.CancelScope) -> None:
