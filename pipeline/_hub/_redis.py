@@ -25,6 +25,8 @@ window (a resume from an old seq) catches up with `XRANGE` reads of its own, the
 window. A tail ends after `run.done`, or when its last subscriber leaves (its blocked read is
 cancelled). The hub that appends a run needs no read for it: each append, once Redis took it, goes
 into that run's window here as it was written (the same bytes and order every other hub reads).
+An append cut short (cancelled: Redis may have taken it all the same), or a run this hub stops
+driving, turns that window into an ordinary tail that reads the stream from what it has.
 
 A blocked `XREAD` holds its connection. Cancelling one makes coredis (6.9) discard that
 connection without giving its slot back to the pool, so each tail reads on a one-connection

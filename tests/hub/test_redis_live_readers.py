@@ -8,6 +8,7 @@ readers waiting while Redis, and every other server's readers, had it all.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import secrets
@@ -18,6 +19,7 @@ import pytest
 import trio
 from rillet._agent._demo_tools import demo_tools
 from rillet._agent._loop import run_agent
+from rillet._core._errors import AppendConflict
 from rillet._core._request import TurnRequest, user
 from rillet._core._runevents import RunDone, RunEvent, decode_run_event
 from rillet._hub._redis import open_redis_hub
@@ -28,7 +30,15 @@ from rillet.transports.testing import open_loopback_provider, status_reply
 
 from ..cli.test_cli_agents import tool_then_answer
 from ..server_support import POLICY, chat_provider, kind, text_reply
-from .test_redis_hub import redis_server  # noqa: F401 - the session fixture
+from .test_redis_hub import (
+    deltas,
+    done,
+    new_run,
+    read_to_end,
+    redis_server,  # noqa: F401 - the session fixture
+    redis_url,  # noqa: F401 - its URL
+    two_hubs,
+)
 
 if TYPE_CHECKING:
     from .test_redis_hub import RedisServer
@@ -139,3 +149,26 @@ async def test_a_live_subscriber_on_the_producing_hub_gets_every_run_kind_whole(
     if run_kind == "chain":
         assert len(loopback.requests) == 2
         assert json.loads(entries[-1].data)["status"] == "completed"
+
+
+async def test_an_append_cut_short_leaves_the_producers_readers_reading_redis(
+    redis_url: str,  # noqa: F811
+) -> None:
+    """An append cancelled midway on the producing hub (Redis may or may not have taken it):
+    the subscribers that hub fed from its own appends read the stream from then on, so they
+    get whatever lands there, through `run.done` (at once: not when the lease's renewal
+    finds the run ended)."""
+    run_id = new_run()
+    with trio.fail_after(10):
+        async with two_hubs(redis_url, lease=180.0, lease_interval=60.0) as (a, b):
+            await a.open_run(run_id)
+            await a.append(run_id, deltas(run_id, 1, 2))
+            sub = await a.follow(run_id)  # fed by a's own appends
+            with trio.CancelScope() as cut:
+                cut.cancel()
+                await a.append(run_id, deltas(run_id, 3, 3))
+            with contextlib.suppress(AppendConflict):  # written another way, if it was not
+                await b.append(run_id, deltas(run_id, 3, 3))
+            await b.append(run_id, [done(run_id, 4)])
+            entries = await read_to_end(sub)
+    assert [e.seq for e in entries] == [1, 2, 3, 4]
