@@ -401,7 +401,9 @@ class MemoryRunLog:
 class _Owner(Protocol):
     """What a subscription tells its hub: that it stopped following."""
 
-    def _unsubscribed(self, sub: Subscription) -> None: ...
+    def unsubscribed(self, sub: Subscription) -> None:
+        """A subscription of this hub stopped following its run."""
+        ...
 
 
 @attrs.define(eq=False)
@@ -535,7 +537,7 @@ class Subscription:
         if not self._closed:
             self._closed = True
             self._run.subscribers.discard(self)
-            self._hub._unsubscribed(self)
+            self._hub.unsubscribed(self)
 
     def __enter__(self) -> Subscription:
         return self
@@ -642,7 +644,8 @@ class Hub:
         self.subscribers += 1
         return sub
 
-    def _unsubscribed(self, sub: Subscription) -> None:
+    def unsubscribed(self, sub: Subscription) -> None:
+        """A subscription stopped following its run: one subscriber fewer."""
         self.subscribers = max(0, self.subscribers - 1)
 
     def sink(self, run_id: str) -> HubSink:

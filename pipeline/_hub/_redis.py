@@ -559,7 +559,9 @@ class RedisHub:
         self.subscribers += 1
         return sub
 
-    def _unsubscribed(self, sub: Subscription) -> None:
+    def unsubscribed(self, sub: Subscription) -> None:
+        """A subscription stopped following its run: one subscriber fewer, and the run's tail
+        is let go once no one here follows it."""
         self.subscribers = max(0, self.subscribers - 1)
         tail = sub.run
         if self._tails.get(tail.run_id) is tail and not tail.subscribers:
