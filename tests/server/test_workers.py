@@ -396,7 +396,7 @@ def test_a_cancel_reaching_the_other_worker_cancels_the_run(two: Served) -> None
     events = first + rest
     assert [e["seq"] for _, e in events] == list(range(1, len(events) + 1))
     assert events[-1][1]["type"] == "run.done"
-    assert events[-1][1]["status"] == "cancelled"
+    assert events[-1][1]["status"] == "cancelled", events[-1][1]
     deltas = [e for _, e in events if e["type"] == "answer.delta"]
     assert len(deltas) < CHUNKS
 
