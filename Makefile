@@ -34,6 +34,7 @@ soak: $(STAMP)
 
 # the scripted turns in the terminal, then the live page stays up until Ctrl-C
 demo: $(STAMP)
+	@echo "rillet is installed in $(VENV): run it as $(BIN)/rillet, or 'source $(BIN)/activate' first"
 	$(BIN)/rillet demo --keep-serving
 
 # `make bench` (about 15 minutes; `make bench BENCH_ARGS=--quick` for a short run): the main venv

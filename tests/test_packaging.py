@@ -61,6 +61,9 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return out / names[1], out / names[0]
 
 
+BUILD_OUTPUT: dict[str, str] = {}  # each hook's stderr: what a user's build would print
+
+
 def _hook(hook: str, src: Path, out: Path) -> str:
     """Run one PEP 517 hook of the build backend in `src`; the built file's name."""
     code = f"from setuptools import build_meta as b; print(b.{hook}({str(out)!r}))"
@@ -68,7 +71,16 @@ def _hook(hook: str, src: Path, out: Path) -> str:
         [sys.executable, "-c", code], cwd=src, capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    BUILD_OUTPUT[hook] = done.stderr
     return done.stdout.split()[-1]
+
+
+def test_the_build_warns_of_nothing(dists: tuple[Path, Path]) -> None:
+    # `make demo` and `pip install` print what the backend warns: every folder of files the
+    # package carries (the page and its vendored scripts) is a package the build names
+    assert set(BUILD_OUTPUT) == {"build_sdist", "build_wheel"}
+    for hook, stderr in BUILD_OUTPUT.items():
+        assert "Warning" not in stderr, (hook, stderr[-3000:])
 
 
 @pytest.fixture(scope="module")
