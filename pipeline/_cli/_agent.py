@@ -30,6 +30,7 @@ from .._core._runevents import (
     ToolStarted,
 )
 from .._turn._turn import SinkBatch
+from ._stdout import cancel_when_gone
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -217,6 +218,7 @@ async def run_agent_cli(
                     return
 
         nursery.start_soon(on_sigint)
+        nursery.start_soon(cancel_when_gone, sinks, agent.cancel)
         if interactive:
             nursery.start_soon(answer_approvals, agent, ask)
         result = await agent.result()

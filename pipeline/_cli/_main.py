@@ -40,6 +40,7 @@ from ._exits import (
     CliError,
 )
 from ._log import log_run_end
+from ._stdout import ReaderGone, cancel_when_gone
 
 if TYPE_CHECKING:
     import argparse
@@ -155,15 +156,22 @@ async def _open_sinks(
     from rillet.transports.sinks import JSONLSink, TerminalSink
 
     if output.mode == "jsonl":
-        return [JSONLSink(sys.stdout.buffer, kind="run")]
+        return [ReaderGone(JSONLSink(sys.stdout.buffer, kind="run"))]
     if output.mode == "uni-jsonl":
-        return [JSONLSink(sys.stdout.buffer, kind="uni")]
+        return [ReaderGone(JSONLSink(sys.stdout.buffer, kind="uni"))]
     out = io.StringIO() if output.no_stream else None
     # `open` runs the spinner's ticker: it counts the seconds until the first token arrives
     terminal = await stack.enter_async_context(
         TerminalSink.open(out=out, show_reasoning=output.show_reasoning, spinner=spinner)
     )
-    return [_WithoutErrorLine(terminal)]
+    return [ReaderGone(_WithoutErrorLine(terminal))]
+
+
+def _terminal_of(sink: Any) -> Any:
+    """The terminal sink inside the command line's wrappers (JSONL sinks as they are)."""
+    while isinstance(sink, ReaderGone | _WithoutErrorLine):
+        sink = sink.sink
+    return sink
 
 
 def _exit_code(result: TurnResult, sinks: Sequence[Any]) -> int:
@@ -210,6 +218,7 @@ async def _run_turn_cli(
                         return
 
             nursery.start_soon(on_sigint)
+            nursery.start_soon(cancel_when_gone, sinks, turn.cancel)
             result: TurnResult = await turn.result()
             nursery.cancel_scope.cancel()
     return result, sinks
@@ -300,9 +309,7 @@ def _cmd_run_agent(
             # a y/N question and a ticking spinner cannot share the terminal's last line
             sinks = await _open_sinks(stack, output, spinner=False if interactive else None)
             if text:
-                sinks = [
-                    AgentTerminal(s.sink if isinstance(s, _WithoutErrorLine) else s) for s in sinks
-                ]
+                sinks = [ReaderGone(AgentTerminal(_terminal_of(s))) for s in sinks]
             result = await run_agent_cli(
                 request,
                 chain,

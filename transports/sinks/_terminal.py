@@ -5,6 +5,7 @@ its writes are synchronous)."""
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import unicodedata
 from contextlib import asynccontextmanager
@@ -136,6 +137,16 @@ class _Screen:
         return self.rows <= self.lines - 1
 
 
+def _regular_file(stream: IO[str]) -> int | None:
+    """The descriptor of `stream` when it is a regular file (which can be cut back), else
+    None."""
+    try:
+        fd = stream.fileno()
+        return fd if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
 def _isatty(stream: IO[str]) -> bool:
     try:
         return stream.isatty()
@@ -191,7 +202,9 @@ class TerminalSink:
     included) and erases it with cursor movement: up to that row and column, then clear to the
     end of the screen; retry messages printed after it are printed again, so the screen reads as
     if the voided attempt had never shown. If that start has scrolled off the screen, or `out`
-    is a pipe or a file (where nothing can be taken back), the new text starts on a new line of
+    is a regular file (`rillet run … > answer.txt`), the file is cut back to where the voided
+    attempt's text began, so it holds the answer exactly once. Where nothing can be taken back
+    (a pipe, or a screen whose start has scrolled off), the new text starts on a new line of
     `out` and `err` gets a marker line, `[attempt 2: output restarted]`, so a reader can tell
     where the valid text begins. A reset after an attempt that printed nothing prints nothing.
 
@@ -230,6 +243,8 @@ class TerminalSink:
         self._dim = err_tty
         self._shared = out_tty and err_tty and _same_terminal(self._out, self._err)
         self._screen = _Screen(*_terminal_size(self._out)) if out_tty else None
+        self._file = None if out_tty else _regular_file(self._out)  # out's fd, if a file
+        self._file_anchor: int | None = None  # where in that file the attempt's text began
         fancy = _can_encode(self._err, _SPINNER_FRAMES + "→")
         self._frames = _SPINNER_FRAMES if fancy else _ASCII_FRAMES
         self._arrow = "→" if fancy else "->"
@@ -356,7 +371,13 @@ class TerminalSink:
     def _answer(self, text: str) -> None:
         self._waiting = False
         self._end_reasoning()
-        self._void_start(on_screen=self._screen is not None)
+        if self._file is not None and self._file_anchor is None:
+            self._file_anchor = self._file_position()
+            self._anchor_out_col0 = self._out_col0
+        if self._file_anchor is not None:
+            self._shown = True  # what a reset voids, it cuts from the file
+        else:
+            self._void_start(on_screen=self._screen is not None)
         self._write_out(text)
 
     def _reasoning(self, text: str) -> None:
@@ -395,7 +416,10 @@ class TerminalSink:
         self._waiting = True
         screen = self._screen
         erased = False
-        if screen is not None and screen.anchored and screen.anchor_visible:
+        if self._file_anchor is not None and self._rewind_file(self._file_anchor):
+            self._out_col0 = self._anchor_out_col0
+            erased = True
+        elif screen is not None and screen.anchored and screen.anchor_visible:
             if self._shared:  # the voided reasoning, if any, goes with the rest
                 self._in_reasoning = False
                 self._err_col0 = True
@@ -413,9 +437,31 @@ class TerminalSink:
             self._line(f"[attempt {attempt}: output restarted]")
         if screen is not None:
             screen.anchored = False
+        self._file_anchor = None
         self._notes = []
         self._shown = False
         self._shown_elsewhere = False
+
+    def _file_position(self) -> int | None:
+        """Where the next byte written to `out` (a regular file) lands; None if unknown."""
+        assert self._file is not None
+        try:
+            self._out.flush()
+            return os.lseek(self._file, 0, os.SEEK_CUR)
+        except (OSError, ValueError):
+            self._file = None
+            return None
+
+    def _rewind_file(self, position: int) -> bool:
+        """Cut `out` (a regular file) back to `position`; False if it cannot be."""
+        assert self._file is not None
+        try:
+            self._out.flush()
+            os.ftruncate(self._file, position)
+            os.lseek(self._file, position, os.SEEK_SET)
+        except (OSError, ValueError):
+            return False
+        return True
 
     def _finish(self, done: RunDone | None) -> None:
         self._done = True
