@@ -6,6 +6,7 @@ alone, and no rendered doc ever shows a key from the environment."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import os
 import pkgutil
@@ -37,10 +38,17 @@ def _is_private(module: str) -> bool:
     return any(part.startswith("_") and part != "__init__" for part in module.split("."))
 
 
+def _code_packages() -> list[str]:
+    """The packages that hold code: not the folders of data (the page and its vendored
+    scripts), which are packages only so that the build carries their files."""
+    return [p for p in PACKAGES if (spec := importlib.util.find_spec(p)) and spec.origin]
+
+
 def _all_modules() -> list[ModuleType]:
     """Every module the distribution installs (but `__main__`), imported."""
-    names: set[str] = set(PACKAGES)
-    for package in PACKAGES:
+    packages = _code_packages()
+    names: set[str] = set(packages)
+    for package in packages:
         for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
             if info.name != "__main__":
                 names.add(f"{package}.{info.name}")
