@@ -209,13 +209,15 @@ class UniEvent(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 class UniMessage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
     """A message of a conversation: the user's, or the assistant's `.done` items with the stop's
-    usage and finish reason."""
+    usage and finish reason. `name` tells participants of one role apart (OpenAI's message
+    `name`); wires without such a field go without it."""
 
     role: Literal["user", "assistant"]
     content_items: list[ContentItem]
     usage_metadata: UsageMetadata | None = None
     finish_reason: FinishReason | None = None
     created_at: int | None = None
+    name: str | None = None
 
 
 def delta_event(item: EventItem, created_at: int) -> UniEvent:

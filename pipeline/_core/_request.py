@@ -20,11 +20,16 @@ ToolChoice = Literal["auto", "required", "none"] | list[str]
 
 
 class ToolSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """A tool the model may call: its name, what it does, and its arguments' JSON schema."""
+    """A tool the model may call: its name, what it does, and its arguments' JSON schema.
+
+    `strict` asks a provider that can (OpenAI's Chat Completions and Responses) to hold the
+    model's arguments to the schema exactly; None leaves the provider's default. Other wires have
+    no such field and go without it."""
 
     name: str
     description: str = ""
     parameters: dict[str, Any] | None = None
+    strict: bool | None = None
 
 
 class TurnRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -456,8 +456,10 @@ def test_openais_own_settings_reach_a_provider_of_its_wire(sdk: dict[str, Any]) 
     assert sent["response_format"] == {"type": "json_object"}
     assert sent["user"] == "end-user-1"
     assert sent["max_completion_tokens"] == 40
-    # what is not a generation setting, or not OpenAI's, is accepted and goes no further
-    assert not {"store", "metadata", "not_openai_at_all"} & set(sent)
+    # every other field goes on as given, for the provider of OpenAI's wire to judge
+    assert sent["store"] is False
+    assert sent["metadata"] == {"team": "a"}
+    assert sent["not_openai_at_all"] == {"x": 1}
 
 
 def test_logprobs_asked_for_are_refused_as_openai_refuses_a_parameter(

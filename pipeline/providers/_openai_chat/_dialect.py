@@ -137,7 +137,12 @@ def _tool_result(item: ToolResultDone) -> list[dict[str, Any]]:
 def _user_messages(message: UniMessage) -> list[dict[str, Any]]:
     """A user message: text and media as one `user` message, each tool result as a `tool`
     message (its images follow in a `user` message, since tool messages carry only text)."""
-    return user_messages(message, text_type="text", media=_media, tool_result=_tool_result)
+    out = user_messages(message, text_type="text", media=_media, tool_result=_tool_result)
+    if message.name is not None:  # the speaker's name, on what the user said
+        for said in out:
+            if said["role"] == "user":
+                said["name"] = message.name
+    return out
 
 
 def _assistant_message(message: UniMessage) -> dict[str, Any]:
@@ -196,6 +201,8 @@ def _assistant_message(message: UniMessage) -> dict[str, Any]:
             if isinstance(audio, str) and audio:
                 audio_id = audio
     out: dict[str, Any] = {"role": "assistant"}
+    if message.name is not None:
+        out["name"] = message.name
     if any(chunk["type"] == "thinking" for chunk in chunks):
         out["content"] = chunks  # Mistral's reasoning models take their thinking back there
     elif text or not (calls or audio_id):
@@ -218,6 +225,8 @@ def _tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
         if tool.description:
             function["description"] = tool.description
         function["parameters"] = tool.parameters or _EMPTY_PARAMETERS
+        if tool.strict is not None:
+            function["strict"] = tool.strict
         out.append({"type": "function", "function": function})
     return out
 

@@ -1,8 +1,10 @@
 """OpenAI's Chat Completions request as rillet's turn request: the messages (system and
-developer ones as the system prompt, assistant tool calls, tool results), the tools, the tool
-choice and the generation settings. OpenAI's own sampling and output fields that rillet's turn
-request has no place for (`stop`, `seed`, `top_p`, `response_format`, ...) go, as given, to a
-provider speaking OpenAI's Chat Completions wire (`extra_body`); other dialects do without them."""
+developer ones as the system prompt, assistant tool calls, tool results, a speaker's `name`),
+the tools (`strict` included), the tool choice and the generation settings. Every other field
+(`stop`, `seed`, `response_format`, `metadata`, a field OpenAI adds next year, ...) and
+`reasoning_effort` as given go, unchanged, to a provider speaking OpenAI's Chat Completions wire
+(`extra_body`); those the Responses wire has too go to a provider of that wire; other dialects do
+without them. A field no provider behind this endpoint can honour is refused, never dropped."""
 
 from __future__ import annotations
 
@@ -20,12 +22,21 @@ from ..._core._events import (
     UniMessage,
 )
 from ..._core._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
+from .._openai_responses._items import NAME as OPENAI_RESPONSES
 from ._wire import NAME as OPENAI_CHAT
 
 if TYPE_CHECKING:
     from ..._core._events import ContentItem
 
-__all__ = ["PASSED_ON", "BadRequest", "ChatBody", "chat_request", "decode_chat_body", "shown"]
+__all__ = [
+    "REFUSED",
+    "RESPONSES_FIELDS",
+    "BadRequest",
+    "ChatBody",
+    "chat_request",
+    "decode_chat_body",
+    "shown",
+]
 
 
 # --- the request ----------------------------------------------------------------------------------
@@ -47,12 +58,14 @@ class _Message(msgspec.Struct, frozen=True, kw_only=True):
     content: str | list[dict[str, Any]] | None = None
     tool_calls: list[_ToolCall] | None = None
     tool_call_id: str | None = None
+    name: str | None = None
 
 
 class _ToolFunction(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool | None = None
 
 
 class _Tool(msgspec.Struct, frozen=True, kw_only=True):
@@ -64,9 +77,8 @@ class _StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
     include_usage: bool = False
 
 
-class ChatBody(msgspec.Struct, frozen=True, kw_only=True):
-    """The fields of a Chat Completions request rillet acts on; the others are accepted and
-    left alone."""
+class _Read(msgspec.Struct, frozen=True, kw_only=True):
+    """The fields of a Chat Completions request rillet acts on."""
 
     messages: list[_Message]
     model: str | None = None
@@ -81,34 +93,47 @@ class ChatBody(msgspec.Struct, frozen=True, kw_only=True):
     n: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    # passed on as given to a provider of OpenAI's own wire (see `PASSED_ON`)
-    stop: Any = None
-    seed: Any = None
-    top_p: Any = None
-    frequency_penalty: Any = None
-    presence_penalty: Any = None
-    logit_bias: Any = None
-    response_format: Any = None
-    parallel_tool_calls: Any = None
-    user: Any = None
 
 
-decode_chat_body = msgspec.json.Decoder(ChatBody).decode
-"""A request body as a `ChatBody` (raises `msgspec.DecodeError`)."""
+class ChatBody(_Read, frozen=True, kw_only=True):
+    """A Chat Completions request: the fields rillet acts on, and in `extra` every other
+    top-level field as the client gave it (see `decode_chat_body`)."""
 
-PASSED_ON = (
-    "stop",
-    "seed",
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+_READ = frozenset(_Read.__struct_fields__)
+_decode_read = msgspec.json.Decoder(_Read).decode
+_decode_fields = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode  # the read ones stay raw
+_decode_value = msgspec.json.Decoder().decode
+
+
+def decode_chat_body(raw: bytes) -> ChatBody:
+    """A request body as a `ChatBody`, its fields rillet does not act on in `extra` (raises
+    `msgspec.DecodeError`, `msgspec.ValidationError` included)."""
+    body = _decode_read(raw)
+    fields = _decode_fields(raw).items()
+    extra = {k: v for k, r in fields if k not in _READ and (v := _decode_value(r)) is not None}
+    return ChatBody(**msgspec.structs.asdict(body), extra=extra)
+
+
+REFUSED = ("functions", "function_call", "audio")
+"""Fields no served reply can honour, refused with OpenAI's `unsupported_parameter`: the legacy
+`functions` and `function_call` (tools in the shape rillet's answer does not speak: their calls
+would come back as `function_call`), and `audio` (spoken output, which a chat completion from
+here does not carry)."""
+RESPONSES_FIELDS = (
     "top_p",
-    "frequency_penalty",
-    "presence_penalty",
-    "logit_bias",
-    "response_format",
     "parallel_tool_calls",
     "user",
+    "metadata",
+    "service_tier",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "safety_identifier",
 )
-"""The request's fields sent, as the client gave them, to a provider speaking OpenAI's Chat
-Completions wire, where they mean what the client meant; providers of other wires go without."""
+"""The fields OpenAI's Responses wire takes under the same name and meaning, sent as given to a
+provider of that wire."""
 _EFFORTS: dict[str, ThinkingLevel] = {
     "none": "none",
     "minimal": "low",
@@ -208,10 +233,13 @@ def chat_request(body: ChatBody) -> TurnRequest:
         raise BadRequest("only n=1 is supported", "n")
     # no dialect's turn brings token log probabilities back: refused as OpenAI refuses them for
     # a model without them, rather than answered with `logprobs: null` code would then index
-    for name in ("logprobs", "top_logprobs"):
-        if getattr(body, name) not in (None, False):
-            refusal = f"Unsupported parameter: '{name}' is not supported here."
-            raise BadRequest(refusal, name, "unsupported_parameter")
+    refused = [n for n in ("logprobs", "top_logprobs") if getattr(body, n) not in (None, False)]
+    refused += [name for name in REFUSED if name in body.extra]
+    if body.extra.get("modalities") not in (None, ["text"]):
+        refused.append("modalities")
+    if refused:
+        refusal = f"Unsupported parameter: '{refused[0]}' is not supported here."
+        raise BadRequest(refusal, refused[0], "unsupported_parameter")
     system: list[str] = []
     messages: list[UniMessage] = []
     # the items of the last message while it holds tool results only: what the next joins (one
@@ -220,10 +248,13 @@ def chat_request(body: ChatBody) -> TurnRequest:
     for i, message in enumerate(body.messages):
         param = f"messages[{i}]"
         if message.role in ("system", "developer"):
+            if message.name is not None:  # joined into one system prompt, which has no names
+                refusal = f"Unsupported parameter: a {message.role} message's 'name'."
+                raise BadRequest(refusal, f"{param}.name", "unsupported_parameter")
             system.append(_text_of(message.content, param))
         elif message.role == "user":
             said = _user_items(message.content, param)
-            messages.append(UniMessage(role="user", content_items=said))
+            messages.append(UniMessage(role="user", content_items=said, name=message.name))
             results = said if all(type(item) is ToolResultDone for item in said) else None
         elif message.role == "assistant":
             items: list[ContentItem] = []
@@ -238,7 +269,12 @@ def chat_request(body: ChatBody) -> TurnRequest:
             if items:
                 finish: FinishReason = "tool_call" if message.tool_calls else "stop"
                 messages.append(
-                    UniMessage(role="assistant", content_items=items, finish_reason=finish)
+                    UniMessage(
+                        role="assistant",
+                        content_items=items,
+                        finish_reason=finish,
+                        name=message.name,
+                    )
                 )
                 results = None
         elif message.role == "tool":
@@ -261,16 +297,20 @@ def chat_request(body: ChatBody) -> TurnRequest:
         effort = _EFFORTS.get(body.reasoning_effort)
         if effort is None:
             raise BadRequest("unknown reasoning_effort", "reasoning_effort")
-    tools = [
-        ToolSpec(
-            name=tool.function.name,
-            description=tool.function.description or "",
-            parameters=tool.function.parameters,
+    tools = []
+    for i, tool in enumerate(body.tools or ()):
+        if tool.type != "function":  # a custom tool's call would come back in no shape of ours
+            refusal = f"Unsupported value: tools of type {shown(tool.type)} are not supported here."
+            raise BadRequest(refusal, f"tools[{i}].type", "unsupported_value")
+        function = tool.function
+        tools.append(
+            ToolSpec(
+                name=function.name,
+                description=function.description or "",
+                parameters=function.parameters,
+                strict=function.strict,
+            )
         )
-        for tool in body.tools or ()
-        if tool.type == "function"
-    ]
-    passed = {name: value for name in PASSED_ON if (value := getattr(body, name)) is not None}
     return TurnRequest(
         messages=messages,
         system_prompt="\n\n".join(s for s in system if s) or None,
@@ -279,5 +319,22 @@ def chat_request(body: ChatBody) -> TurnRequest:
         max_tokens=body.max_completion_tokens or body.max_tokens,
         temperature=body.temperature,
         thinking_level=effort,
-        extra_body={OPENAI_CHAT: passed} if passed else {},
+        extra_body=_passed_on(body),
     )
+
+
+def _passed_on(body: ChatBody) -> dict[str, dict[str, Any]]:
+    """What goes, as the client gave it, to a provider of OpenAI's own wires: every field
+    rillet does not act on to Chat Completions, those of the same meaning to Responses, and
+    `reasoning_effort` to both as given (`minimal` and `none` included, which the thinking
+    levels other dialects read cannot say)."""
+    chat = dict(body.extra)
+    responses = {name: body.extra[name] for name in RESPONSES_FIELDS if name in body.extra}
+    if body.reasoning_effort is not None:
+        chat["reasoning_effort"] = body.reasoning_effort
+        reasoning = {"effort": body.reasoning_effort}
+        if body.reasoning_effort != "none":
+            reasoning["summary"] = "auto"  # as the dialect asks, so the thinking is shown
+        responses["reasoning"] = reasoning
+    passed = {OPENAI_CHAT: chat, OPENAI_RESPONSES: responses}
+    return {name: fields for name, fields in passed.items() if fields}

@@ -142,7 +142,8 @@ def _tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
         if tool.description:
             spec["description"] = tool.description
         spec["parameters"] = tool.parameters or _EMPTY_PARAMETERS
-        spec["strict"] = False  # any JSON schema, as the other dialects accept
+        # any JSON schema, as the other dialects accept, unless the tool asks to be held to it
+        spec["strict"] = bool(tool.strict)
         out.append(spec)
     return out
 

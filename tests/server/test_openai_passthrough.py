@@ -1,0 +1,172 @@
+"""`POST /v1/chat/completions` passes a request through whole: every field reaches a provider of
+OpenAI's wires as the client gave it, and a field no provider behind the endpoint can honour is
+refused in OpenAI's shape, never dropped. A real server on loopback, in front of the recording
+loopback provider; httpx as the client (the openai SDK's view is `test_openai_sdk_fidelity`)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+import trio
+from rillet._core._dialect import Provider
+from rillet._core._policy import Policy
+from rillet.providers._registry import dialect_from_name
+from rillet.transports.server import ServerConfig, serve
+from rillet.transports.testing import Reply, fixture_reply, open_loopback_provider
+
+from ..wire_cases import wire_path
+
+POLICY = Policy(rate_limit_retries=0, backoff_base=0.01, random=lambda: 0.0)
+STRICT_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+        "strict": True,
+    },
+}
+SETTINGS: dict[str, Any] = {
+    "parallel_tool_calls": False,
+    "response_format": {
+        "type": "json_schema",
+        "json_schema": {"name": "w", "schema": {"type": "object"}, "strict": True},
+    },
+    "seed": 7,
+    "user": "end-user-1",
+    "metadata": {"team": "a"},
+    "service_tier": "flex",
+    "prompt_cache_key": "conversation-9",
+    "safety_identifier": "hashed-user",
+    "store": False,
+    "verbosity": "low",  # newer than this code: passed on all the same
+    "a_field_openai_adds_next_year": {"nested": [1, 2]},
+}
+
+
+def _reply(dialect: str) -> Reply:
+    folder = "openai-chat" if dialect == "openai" else "openai-responses"
+    return fixture_reply(wire_path(folder, "text"))
+
+
+async def _sent(dialect: str, body: dict[str, Any]) -> tuple[httpx.Response, list[Any]]:
+    """What the server answered `body`, and the bodies its provider of `dialect` was sent."""
+    with trio.fail_after(20):
+        async with (
+            open_loopback_provider(lambda *_: _reply(dialect)) as loopback,
+            trio.open_nursery() as nursery,
+        ):
+            provider = Provider(dialect_from_name(dialect), f"{loopback.url}/v1", "loop-gpt")
+            config = ServerConfig(provider=provider, port=0, policy=POLICY)
+            url = await nursery.start(functools.partial(serve, config))
+            async with httpx.AsyncClient(timeout=10) as http:
+                answer = await http.post(
+                    f"{url}/v1/chat/completions", json={"model": "loop-gpt", **body}
+                )
+            nursery.cancel_scope.cancel()
+    return answer, [msgspec.json.decode(r.body) for r in loopback.requests]
+
+
+def _messages(*extra: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": "Weather in Paris?", "name": "ana"}, *extra]
+
+
+async def test_every_field_reaches_an_openai_chat_provider_as_given() -> None:
+    history = {"role": "assistant", "content": "Which unit?", "name": "forecaster"}
+    body = {
+        "messages": _messages(history, {"role": "user", "content": "Celsius", "name": "ana"}),
+        "tools": [STRICT_TOOL],
+        "reasoning_effort": "minimal",
+        **SETTINGS,
+    }
+    answer, sent = await _sent("openai", body)
+    assert answer.status_code == 200, answer.text
+    assert len(sent) == 1
+    upstream = sent[0]
+    for name, value in SETTINGS.items():
+        assert upstream[name] == value, name
+    assert upstream["reasoning_effort"] == "minimal"  # not read as `low`
+    assert upstream["tools"] == [STRICT_TOOL]
+    assert upstream["messages"] == [
+        {"role": "user", "content": "Weather in Paris?", "name": "ana"},
+        {"role": "assistant", "content": "Which unit?", "name": "forecaster"},
+        {"role": "user", "content": "Celsius", "name": "ana"},
+    ]
+
+
+async def test_reasoning_effort_none_is_sent_as_none() -> None:
+    _, sent = await _sent("openai", {"messages": _messages(), "reasoning_effort": "none"})
+    assert sent[0]["reasoning_effort"] == "none"
+
+
+async def test_what_the_responses_wire_takes_reaches_its_provider() -> None:
+    body = {"messages": _messages(), "tools": [STRICT_TOOL], "reasoning_effort": "minimal"}
+    answer, sent = await _sent("openai-responses", {**body, **SETTINGS})
+    assert answer.status_code == 200, answer.text
+    upstream = sent[0]
+    assert upstream["tools"][0]["strict"] is True
+    assert upstream["reasoning"] == {"effort": "minimal", "summary": "auto"}
+    for name in (
+        "parallel_tool_calls",
+        "user",
+        "metadata",
+        "service_tier",
+        "prompt_cache_key",
+        "safety_identifier",
+    ):
+        assert upstream[name] == SETTINGS[name], name
+    assert upstream["store"] is False  # the dialect's own: it is stateless
+    # Chat Completions' own shapes are not the Responses wire's: not sent under its names
+    assert not {"seed", "response_format", "a_field_openai_adds_next_year"} & set(upstream)
+
+
+async def test_a_tool_not_strict_stays_as_the_client_said() -> None:
+    loose = {"type": "function", "function": {**STRICT_TOOL["function"], "strict": False}}
+    plain = {"type": "function", "function": {"name": "f"}}
+    _, sent = await _sent("openai", {"messages": _messages(), "tools": [loose, plain]})
+    assert sent[0]["tools"][0]["function"]["strict"] is False
+    assert "strict" not in sent[0]["tools"][1]["function"]
+
+
+@pytest.mark.parametrize(
+    ("field", "param", "code"),
+    [
+        ({"functions": [STRICT_TOOL["function"]]}, "functions", "unsupported_parameter"),
+        ({"function_call": "auto"}, "function_call", "unsupported_parameter"),
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio", "unsupported_parameter"),
+        ({"modalities": ["text", "audio"]}, "modalities", "unsupported_parameter"),
+        (
+            {"tools": [{"type": "custom", "custom": {"name": "sql"}, "function": {"name": "x"}}]},
+            "tools[0].type",
+            "unsupported_value",
+        ),
+        (
+            {"messages": [{"role": "system", "content": "Hi", "name": "s"}, *_messages()]},
+            "messages[0].name",
+            "unsupported_parameter",
+        ),
+    ],
+)
+async def test_a_field_that_cannot_be_honoured_is_refused_not_dropped(
+    field: dict[str, Any], param: str, code: str
+) -> None:
+    answer, sent = await _sent("openai", {"messages": _messages(), **field})
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, code)
+    assert sent == []
+
+
+async def test_modalities_of_text_only_pass_through() -> None:
+    answer, sent = await _sent("openai", {"messages": _messages(), "modalities": ["text"]})
+    assert answer.status_code == 200
+    assert sent[0]["modalities"] == ["text"]
