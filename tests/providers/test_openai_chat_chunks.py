@@ -426,6 +426,10 @@ def test_a_refusal_is_the_answers_text_and_ends_it_as_refused() -> None:
     ]
     events = decode(sse(*chunks, "[DONE]"))
     assert [e["text"] for e in events if e["type"] == "text.done"] == ["I can't help."]
+    # said to be a refusal, so a wire with a field for it can answer it and send it back so
+    deltas = [e for e in events if e["type"] == "text.delta"]
+    assert deltas[0]["fidelity"] == {"refusal": True}
+    assert [e.get("fidelity") for e in events if e["type"] == "text.done"] == [{"refusal": True}]
     assert events[-1]["finish_reason"] == "unknown"  # the grammar's word for `refusal`
     decoder = ChatStreamDecoder()
     lanes = [e for c in chunks for e in decoder.feed(json.dumps(c).encode())]

@@ -255,6 +255,20 @@ def sdk_python() -> Path:
     return python
 
 
+async def run_client(
+    python: Path, script: str, spec: dict[str, Any]
+) -> subprocess.CompletedProcess[bytes]:
+    """The SDK's side: `script` run by the SDK's interpreter, `spec` as JSON on its stdin."""
+    return await trio.run_process(
+        [str(python), "-c", script],
+        stdin=json.dumps(spec).encode(),
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8"},
+    )
+
+
 async def _collect(python: Path) -> dict[str, Any]:
     upstream = Upstream()
     with trio.fail_after(120):
@@ -279,14 +293,7 @@ async def _collect(python: Path) -> dict[str, Any]:
                 "model": MODEL,
                 "tool": WEATHER_TOOL,
             }
-            done = await trio.run_process(
-                [str(python), "-c", CLIENT],
-                stdin=json.dumps(spec).encode(),
-                capture_stdout=True,
-                capture_stderr=True,
-                check=False,
-                env={**os.environ, "PYTHONIOENCODING": "utf-8"},
-            )
+            done = await run_client(python, CLIENT, spec)
             async with httpx.AsyncClient(timeout=30) as http:  # the same slow reply, read raw
                 raw = await http.post(
                     f"{url}/v1/chat/completions",

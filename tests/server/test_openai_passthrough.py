@@ -170,3 +170,11 @@ async def test_modalities_of_text_only_pass_through() -> None:
     answer, sent = await _sent("openai", {"messages": _messages(), "modalities": ["text"]})
     assert answer.status_code == 200
     assert sent[0]["modalities"] == ["text"]
+
+
+async def test_a_refusal_in_the_history_goes_back_as_a_refusal() -> None:
+    refused = {"role": "assistant", "content": None, "refusal": "I can't help with that."}
+    messages = [*_messages(), refused, {"role": "user", "content": "Why not?"}]
+    answer, sent = await _sent("openai", {"messages": messages})
+    assert answer.status_code == 200, answer.text
+    assert sent[0]["messages"][1] == {"role": "assistant", "refusal": "I can't help with that."}

@@ -36,6 +36,7 @@ from rillet.providers._openai_chat._inbound import (
     decode_chat_body,
     shown,
 )
+from rillet.providers._openai_chat._stream import is_refusal
 
 from ._mmsp import mmsp_error
 from ._replies import ErrorReply
@@ -50,7 +51,14 @@ if TYPE_CHECKING:
 
     from ._http11 import HttpConnection, Request
 
-__all__ = ["OpenAIChat", "completion", "openai_error", "openai_finish_reason", "openai_usage"]
+__all__ = [
+    "OpenAIChat",
+    "completion",
+    "openai_error",
+    "openai_finish_reason",
+    "openai_usage",
+    "refused",
+]
 
 
 # --- what goes back -------------------------------------------------------------------------------
@@ -154,6 +162,8 @@ class _Chunks:
     calls: dict[str, int] = attrs.field(factory=dict)  # tool_call_id -> index
     current: int | None = None  # the call the next fragment without an id continues
     role_sent: bool = False
+    refusing: bool = False  # the text being streamed is the model's refusal
+    refused: bool = False  # a refusal was streamed: the reply's finish is OpenAI's `stop`
 
     def chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
         if not self.role_sent:
@@ -210,8 +220,14 @@ class _Chunks:
             return out
         out = b""
         for item in event.content_items:
-            if type(item) is TextDelta and item.text:
-                out += self.chunk({"content": item.text})
+            if type(item) is TextDelta:
+                if item.fidelity is not None:
+                    self.refusing = is_refusal(item.fidelity)
+                    self.refused = self.refused or self.refusing
+                if item.text:
+                    out += self.chunk({"refusal" if self.refusing else "content": item.text})
+            elif type(item) is TextDone:
+                self.refusing = False
             elif type(item) is ThinkingDelta and item.thinking:
                 out += self.chunk({"reasoning_content": item.thinking})
             elif type(item) is ToolCallDelta:
@@ -225,12 +241,23 @@ def _json(value: Any) -> str:
     return msgspec.json.encode(value).decode()
 
 
+def refused(result: TurnResult) -> bool:
+    """Whether the turn's answer is a refusal: OpenAI's own finish for it is `stop`, not the
+    `content_filter` of a reply its rules cut short."""
+    return result.provider_finish_reason == "refusal" and any(
+        type(item) is TextDone and is_refusal(item.fidelity)
+        for item in result.message.content_items
+    )
+
+
 def completion(
     message: UniMessage, completion_id: str, model: str, finish: str | None = None
 ) -> dict[str, Any]:
     """A whole `chat.completion` for the turn's assistant message (`finish` overrides its
     finish reason)."""
-    text = "".join(item.text for item in message.content_items if type(item) is TextDone)
+    texts = [item for item in message.content_items if type(item) is TextDone]
+    text = "".join(item.text for item in texts if not is_refusal(item.fidelity))
+    refusal = "".join(item.text for item in texts if is_refusal(item.fidelity))
     thinking = "".join(
         item.thinking for item in message.content_items if type(item) is ThinkingDone
     )
@@ -243,7 +270,8 @@ def completion(
         for item in message.content_items
         if type(item) is ToolCallDone
     ]
-    reply: dict[str, Any] = {"role": "assistant", "content": text or None, "refusal": None}
+    reply: dict[str, Any] = {"role": "assistant", "content": text or None}
+    reply["refusal"] = refusal or None
     if thinking:
         reply["reasoning_content"] = thinking
     if calls:
@@ -351,7 +379,7 @@ class OpenAIChat:
                 result = await turn.result()
                 if result.ok or withheld(result):
                     finish = None if result.ok else "content_filter"
-                    if result.filtered:
+                    if result.filtered and not refused(result):
                         finish = "content_filter"  # the text stands, cut short as OpenAI says
                     whole = completion(result.message, completion_id, model, finish)
                     if not result.ok:
@@ -402,6 +430,7 @@ class OpenAIChat:
                     chunks.calls.clear()
                     chunks.current = None
                     chunks.role_sent = False
+                    chunks.refusing = chunks.refused = False
                     continue
                 assert isinstance(item, UniEvent)
                 stopped = item.event_type == "stop"
@@ -422,7 +451,7 @@ class OpenAIChat:
                 if unknown is not None:
                     # the stop is the turn's last event: its result is due, and says whether
                     # the provider's content rules cut the answer (OpenAI's `content_filter`)
-                    filtered = (await turn.result()).filtered
+                    filtered = (await turn.result()).filtered and not chunks.refused
                     await head.send(chunks.event(unknown, "content_filter" if filtered else None))
                 await http.send_data(SSE_DONE)
                 return

@@ -28,7 +28,7 @@ from rillet._core._events import (
 from ..._core._dialect import HttpRequest, Provider, dumps_arguments
 from .._error_body import error_from_body
 from .._openai_request import bearer_json_request, media_part, user_messages
-from ._stream import NAME, ChatStreamDecoder, decode_completion, sniff_audio
+from ._stream import NAME, ChatStreamDecoder, decode_completion, is_refusal, sniff_audio
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -149,15 +149,18 @@ def _assistant_message(message: UniMessage) -> dict[str, Any]:
     """An assistant message replayed: text joined into `content`, tool calls with their
     arguments as a JSON string, reasoning where its fidelity says (`reasoning_field`, or
     `reasoning_details` for a signature or encrypted reasoning); thinking without such a
-    fidelity is not sent back. Audio is sent back by its id."""
+    fidelity is not sent back. Audio is sent back by its id, a refusal in `refusal`."""
     text: list[str] = []
+    refusal: list[str] = []  # the model's refusal, sent back in its own field
     chunks: list[dict[str, Any]] = []  # `content` as chunks, when reasoning came in it
     calls: list[dict[str, Any]] = []
     fields: dict[str, list[str]] = {}
     details: list[dict[str, Any]] = []
     audio_id = ""
     for item in message.content_items:
-        if type(item) is TextDone:
+        if type(item) is TextDone and is_refusal(item.fidelity):
+            refusal.append(item.text)
+        elif type(item) is TextDone:
             text.append(item.text)
             chunks.append({"type": "text", "text": item.text})
         elif type(item) is ToolCallDone:
@@ -205,8 +208,10 @@ def _assistant_message(message: UniMessage) -> dict[str, Any]:
         out["name"] = message.name
     if any(chunk["type"] == "thinking" for chunk in chunks):
         out["content"] = chunks  # Mistral's reasoning models take their thinking back there
-    elif text or not (calls or audio_id):
+    elif text or not (calls or audio_id or refusal):
         out["content"] = "".join(text)
+    if refusal:
+        out["refusal"] = "".join(refusal)
     for field, fragments in fields.items():
         out[field] = "".join(fragments)
     if details:

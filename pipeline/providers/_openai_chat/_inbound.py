@@ -23,6 +23,7 @@ from ..._core._events import (
 )
 from ..._core._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
 from .._openai_responses._items import NAME as OPENAI_RESPONSES
+from ._stream import REFUSAL_FIDELITY
 from ._wire import NAME as OPENAI_CHAT
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ class _Message(msgspec.Struct, frozen=True, kw_only=True):
     tool_calls: list[_ToolCall] | None = None
     tool_call_id: str | None = None
     name: str | None = None
+    refusal: str | None = None
 
 
 class _ToolFunction(msgspec.Struct, frozen=True, kw_only=True):
@@ -261,6 +263,8 @@ def chat_request(body: ChatBody) -> TurnRequest:
             text = _text_of(message.content, param)
             if text:
                 items.append(TextDone(text=text))
+            if message.refusal:  # the model's refusal, sent back as one
+                items.append(TextDone(text=message.refusal, fidelity=REFUSAL_FIDELITY))
             for call in message.tool_calls or ():
                 args = _arguments(call, param)
                 items.append(

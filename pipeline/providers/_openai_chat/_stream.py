@@ -14,7 +14,8 @@ wire field starts (the lanes of the previous field close):
   `reasoning.encrypted` an empty fragment with `fidelity {"encrypted_content", "format",
   "reasoning_id"}`. A detail with another `index` starts another thinking group.
 * `content` is text; empty strings are not content (the role chunk's `""` opens nothing).
-  `refusal` (OpenAI's words when the model refuses, sent in place of `content`) is text too, and
+  `refusal` (OpenAI's words when the model refuses, sent in place of `content`) is text too, a
+  group of its own whose first fragment carries `fidelity {"refusal": true}`, and
   the reply's `stop` is then passed as `refusal`: the provider's rules stopped the answer, as
   Anthropic's `refusal` stop reason says.
   Mistral's reasoning models send it as a list of chunks: `{"type": "text", "text"}` is text,
@@ -94,9 +95,27 @@ from ._wire import (
 )
 
 if TYPE_CHECKING:
+    from rillet._core._events import Fidelity
     from rillet._core._sse import SSEEvent
 
-__all__ = ["NAME", "ChatStreamDecoder", "decode_completion", "sniff_audio"]
+__all__ = [
+    "NAME",
+    "REFUSAL_FIDELITY",
+    "ChatStreamDecoder",
+    "decode_completion",
+    "is_refusal",
+    "sniff_audio",
+]
+
+REFUSAL_FIDELITY: dict[str, Any] = {"refusal": True}
+"""The fidelity of a refusal's first text fragment: the words are the model's refusal, which
+OpenAI's wires carry in a field (`refusal`) of their own."""
+
+
+def is_refusal(fidelity: Fidelity | None) -> bool:
+    """Whether a text item's fidelity says its words are the model's refusal (OpenAI answers
+    one in `refusal`, with `content: null` and the finish reason `stop`)."""
+    return fidelity is not None and fidelity.get("refusal") is True
 
 
 class Field(enum.IntEnum):
@@ -111,6 +130,7 @@ class Field(enum.IntEnum):
     TOOLS = 5  # `tool_calls`
     AUDIO = 6  # `audio`
     THINK_PART = 7  # a thinking part of a `content` list
+    REFUSAL = 8  # `refusal`
 
 
 class End(enum.IntFlag):
@@ -125,6 +145,7 @@ class End(enum.IntFlag):
 # module constants: one global load each on the hot path, not a class attribute lookup
 _NONE, _RC, _R, _DETAILS = Field.NONE, Field.REASONING_CONTENT, Field.REASONING, Field.DETAILS
 _CONTENT, _TOOLS, _AUDIO, _THINK_PART = Field.CONTENT, Field.TOOLS, Field.AUDIO, Field.THINK_PART
+_REFUSAL = Field.REFUSAL
 _PAUSE = 8  # reads read chunk by chunk after one that was not all more of its field
 # the one-lane fields whose reads may be all more of them (`field_run`): wire name, lane kind
 _FIELD_RUNS: dict[Field, tuple[str, LaneKind]] = {
@@ -431,7 +452,7 @@ class ChatStreamDecoder:
             self._content_parts(content, out)
         if delta.refusal:
             self._refused = True
-            self._text(delta.refusal, out)
+            self._refusal(delta.refusal, out)
         if calls:
             self._tool_calls(calls, out)
         if delta.audio is not None:
@@ -442,6 +463,16 @@ class ChatStreamDecoder:
             self._switch(_CONTENT, out)
             self._lane = self._start("text", out)
         out.append(PartDelta(self._lane, "text", text))
+
+    def _refusal(self, text: str, out: list[LaneEvent]) -> None:
+        """A fragment of the model's refusal: text of a group of its own, whose first fragment
+        says so (`fidelity {"refusal": true}`), so it can be answered and sent back as one."""
+        if self._field != _REFUSAL:
+            self._switch(_REFUSAL, out)
+            self._lane = self._start("text", out)
+            out.append(PartDelta(self._lane, "text", text, REFUSAL_FIDELITY))
+        else:
+            out.append(PartDelta(self._lane, "text", text))
 
     def _content_parts(self, parts: list[ContentPart], out: list[LaneEvent]) -> None:
         """A `content` list (Mistral's reasoning models): text chunks are text, thinking chunks
