@@ -119,11 +119,14 @@ fields = client.chat.completions.parse(
     reasoning_effort="minimal", parallel_tool_calls=False, seed=7, user="end-user-1",
     metadata={"team": "a"}, service_tier="flex", prompt_cache_key="conversation-9")
 out["fields"] = {"parsed": fields.choices[0].message.parsed.model_dump()}
-try:
-    client.chat.completions.create(model=spec["model"], messages=said("KEY"))
-    out["upstream_key"] = None
-except openai.APIError as exc:
-    out["upstream_key"] = error_of(exc)
+for name, streamed in (("upstream_key", False), ("upstream_key_streamed", True)):
+    try:
+        list(client.chat.completions.create(model=spec["model"], messages=said(f"KEY {name}"),
+                                            stream=True)) if streamed else \
+            client.chat.completions.create(model=spec["model"], messages=said(f"KEY {name}"))
+        out[name] = None
+    except openai.APIError as exc:
+        out[name] = error_of(exc)
 json.dump(out, sys.stdout, ensure_ascii=False)
 """
 
@@ -197,3 +200,15 @@ def test_the_sdks_request_reaches_the_provider_whole(sdk: dict[str, Any]) -> Non
         "prompt_cache_key": "conversation-9",
     }
     assert {name: sent[name] for name in expected} == expected
+
+
+def test_the_upstreams_refusal_of_the_servers_key_is_no_authentication_error(
+    sdk: dict[str, Any],
+) -> None:
+    # the client's own key was right: its SDK must not say otherwise
+    for error in (sdk["upstream_key"], sdk["upstream_key_streamed"]):
+        assert error["class"] == "InternalServerError"
+        assert error["status"] == 502
+        assert error["body"]["type"] == "server_error"
+        assert "refused the server's credentials" in error["body"]["message"]
+        assert "sk-upstream-key" not in json.dumps(error)

@@ -15,7 +15,12 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import msgspec
 from rillet._core._encode import SSE_DONE, sse_json
-from rillet._core._errors import EmptyResponseError, RescueFailed, past_context
+from rillet._core._errors import (
+    AuthenticationError,
+    EmptyResponseError,
+    RescueFailed,
+    past_context,
+)
 from rillet._core._events import (
     FinishReason,
     TextDelta,
@@ -120,9 +125,15 @@ def openai_error(
 ) -> tuple[dict[str, Any], int, list[tuple[str, str]]]:
     """A failed turn as OpenAI's error object (`message`, `type` by status, `param`, `code`: the
     run's safe code, as its `run.done` says it), with the HTTP status and extra headers MMSP's
-    endpoint gives it. A conversation past the context window keeps OpenAI's own code,
+    endpoint gives it, but for the provider's refusal of the server's own key, a 502 that says
+    so. A conversation past the context window keeps OpenAI's own code,
     `context_length_exceeded`, which OpenAI's clients check to shorten it."""
     error, status, headers = mmsp_error(result, provider)
+    if status in (401, 403) and _upstream_refused_key(result):
+        # the client's key was fine (it got this far): a 401/403 would make its SDK raise
+        # AuthenticationError and its user check a key that is not at fault
+        status = 502
+        error = {**error, "message": f"{error['message']}: it refused the server's credentials"}
     body = {
         "message": error["message"],
         "type": _TYPES.get(status, "server_error"),
@@ -132,6 +143,14 @@ def openai_error(
     if _context_full(result):  # OpenAI's own code and param, which callers check to shorten
         body["code"], body["param"] = "context_length_exceeded", "messages"
     return body, status, headers
+
+
+def _upstream_refused_key(result: TurnResult) -> bool:
+    """Whether the provider refused the key the server holds for it (its 401 or 403)."""
+    error = result.error
+    if isinstance(error, RescueFailed):
+        error = error.stream_error or error.rescue_error
+    return isinstance(error, AuthenticationError)
 
 
 def _context_full(result: TurnResult) -> bool:
