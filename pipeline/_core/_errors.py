@@ -54,9 +54,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 __all__ = [
     "CONTENT_POLICY_CODES",
@@ -490,6 +493,9 @@ class ProviderError(RilletError):
         provider_message: the provider's message, bounded; never shown to end users by default.
         retry_after: seconds the provider asked us to wait, if it said.
         in_stream: whether it arrived inside a stream that had already begun.
+        provider_fields: the `type`, `code` and `param` of the provider's own error object,
+            those it sent as strings, as it spelt them: what a gateway in front of it passes on
+            to its client.
     """
 
     def __init__(
@@ -501,10 +507,12 @@ class ProviderError(RilletError):
         error_type: str | None = None,
         retry_after: float | None = None,
         in_stream: bool = False,
+        provider_fields: Mapping[str, str] | None = None,
     ) -> None:
         self.provider = provider
         self.status = status
         self.error_type = error_type
+        self.provider_fields: Mapping[str, str] = provider_fields or {}
         self.provider_message = preview(provider_message)
         self.retry_after = retry_after
         self.in_stream = in_stream

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from rillet._core._errors import (
@@ -26,6 +26,9 @@ from rillet._core._errors import (
     RateLimitError,
     ServerError,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 __all__ = ["base_resp_error", "body_text", "error_from_body", "provider_error"]
 
@@ -113,9 +116,11 @@ def provider_error(
     message: str = "",
     in_stream: bool = False,
     retry_after: float | None = None,
+    provider_fields: Mapping[str, str] | None = None,
 ) -> ProviderError:
     """The typed error for what a provider reported: the first of `error_types` we know (the
     provider's error type, code or status word) decides, else the status, else `ProviderError`.
+    `provider_fields` are kept on it as they came (`ProviderError.provider_fields`).
 
     A quota code (`insufficient_quota`, sent with a 429 or in the stream) is a plain
     `ProviderError` carrying the code, whatever the status: no wait or retry cures it, so it must
@@ -138,6 +143,7 @@ def provider_error(
             error_type=quota,
             retry_after=retry_after,
             in_stream=in_stream,
+            provider_fields=provider_fields,
         )
     if status is None:  # a type that names a status (Anthropic's `not_found_error`, in stream)
         status = next(
@@ -175,6 +181,7 @@ def provider_error(
         error_type=known,
         retry_after=retry_after,
         in_stream=in_stream,
+        provider_fields=provider_fields,
     )
 
 
@@ -269,6 +276,10 @@ def body_text(text: str) -> str:
     return f"{kind}: {said[:200]}" if said else kind
 
 
+_FIELDS = ("type", "code", "param")
+"""The fields of a provider's error object kept as it spelt them (OpenAI's shape)."""
+
+
 def error_from_body(
     provider: str, status: int | None, body: bytes | str | Any, *, in_stream: bool = False
 ) -> ProviderError:
@@ -288,6 +299,7 @@ def error_from_body(
     error_types: tuple[str | None, ...] = ()
     message = ""
     code_status: int | None = None
+    fields: dict[str, str] = {}  # the error object's own `type`, `code` and `param`
     if isinstance(data, dict):
         err = data.get("error", data if data.get("object") == "error" else None)
         if isinstance(err, str):
@@ -303,6 +315,7 @@ def error_from_body(
             error_types = tuple(
                 str(v) for v in (err.get("type"), err.get("status"), code) if isinstance(v, str)
             )
+            fields = {k: v for k in _FIELDS if isinstance(v := err.get(k), str)}
             if _zero_quota(err.get("details")):
                 error_types = ("insufficient_quota", *error_types)  # no wait brings a quota of 0
         elif "detail" in data:  # FastAPI's: a string, or pydantic's list of what failed where
@@ -327,4 +340,5 @@ def error_from_body(
         error_types=error_types,
         message=message,
         in_stream=in_stream,
+        provider_fields=fields,
     )

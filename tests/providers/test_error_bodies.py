@@ -387,3 +387,21 @@ def test_the_anthropic_dialect_types_an_http_error() -> None:
     error = AnthropicDialect().error_from_response(529, {}, body)
     assert type(error) is OverloadedError
     assert error.status == 529
+
+
+def test_the_error_objects_own_type_code_and_param_are_kept_as_spelt() -> None:
+    said = {
+        "message": "Unsupported value: 'temperature' does not support 0.2 with this model.",
+        "type": "invalid_request_error",
+        "param": "temperature",
+        "code": "unsupported_value",
+    }
+    error = error_from_body("openai-chat", 400, json.dumps({"error": said}).encode())
+    assert dict(error.provider_fields) == {
+        "type": "invalid_request_error",
+        "code": "unsupported_value",
+        "param": "temperature",
+    }
+    # what is not a string (Gemini's numeric code, a null param) is not the provider's word
+    gemini = {"error": {"code": 400, "message": "bad", "status": "INVALID_ARGUMENT"}}
+    assert dict(error_from_body("gemini", 400, json.dumps(gemini).encode()).provider_fields) == {}

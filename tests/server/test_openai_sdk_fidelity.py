@@ -1,7 +1,8 @@
 """The `openai` SDK as the client of `rillet serve`, for what a gateway must pass through whole:
 the request's fields as the SDK sends them (a strict tool from `pydantic_function_tool`, a
 `reasoning_effort` of `minimal`, a speaker's `name`, structured output), a model's refusal as
-`parse()` and the `stream()` helper read it, and the upstream's refusal of the server's own key.
+`parse()` and the `stream()` helper read it, the upstream's refusal of the server's own key,
+and its refusal of the request with the `param`, `code` and `type` it gave.
 
 The SDK runs in its own virtualenv (see `test_openai_interop`); behind the server is the
 recording loopback provider speaking OpenAI's wire."""
@@ -65,7 +66,17 @@ def _upstream(request: RecordedRequest, _: int) -> Reply:
     if "KEY" in said:  # the provider refuses the key the server holds
         error = {"message": "Incorrect API key provided", "type": "invalid_request_error"}
         return status_reply(401, body={"error": {**error, "code": "invalid_api_key"}})
+    if "TEMPERATURE" in said:  # OpenAI's refusal of a value (a reasoning model's temperature)
+        return status_reply(400, body={"error": INVALID_TEMPERATURE})
     return Reply(chunks=split(openai_text_stream(['{"city": "Paris"}']), 19))
+
+
+INVALID_TEMPERATURE = {
+    "message": "Unsupported value: 'temperature' does not support 0.2 with this model.",
+    "type": "invalid_request_error",
+    "param": "temperature",
+    "code": "unsupported_value",
+}
 
 
 CLIENT = r"""
@@ -124,6 +135,15 @@ for name, streamed in (("upstream_key", False), ("upstream_key_streamed", True))
         list(client.chat.completions.create(model=spec["model"], messages=said(f"KEY {name}"),
                                             stream=True)) if streamed else \
             client.chat.completions.create(model=spec["model"], messages=said(f"KEY {name}"))
+        out[name] = None
+    except openai.APIError as exc:
+        out[name] = error_of(exc)
+for name, streamed in (("upstream_400", False), ("upstream_400_streamed", True)):
+    try:
+        list(client.chat.completions.create(model=spec["model"], temperature=0.2, stream=True,
+                                            messages=said(f"TEMPERATURE {name}"))) \
+            if streamed else client.chat.completions.create(
+                model=spec["model"], temperature=0.2, messages=said(f"TEMPERATURE {name}"))
         out[name] = None
     except openai.APIError as exc:
         out[name] = error_of(exc)
@@ -212,3 +232,15 @@ def test_the_upstreams_refusal_of_the_servers_key_is_no_authentication_error(
         assert error["body"]["type"] == "server_error"
         assert "refused the server's credentials" in error["body"]["message"]
         assert "sk-upstream-key" not in json.dumps(error)
+
+
+def test_an_upstream_refusal_of_the_request_keeps_its_param_code_and_type(
+    sdk: dict[str, Any],
+) -> None:
+    for error in (sdk["upstream_400"], sdk["upstream_400_streamed"]):
+        assert (error["class"], error["status"]) == ("BadRequestError", 400)
+        body = error["body"]
+        assert body["param"] == INVALID_TEMPERATURE["param"]
+        assert body["code"] == INVALID_TEMPERATURE["code"]
+        assert body["type"] == INVALID_TEMPERATURE["type"]
+        assert INVALID_TEMPERATURE["message"] in body["message"]

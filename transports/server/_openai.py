@@ -18,6 +18,7 @@ from rillet._core._encode import SSE_DONE, sse_json
 from rillet._core._errors import (
     AuthenticationError,
     EmptyResponseError,
+    ProviderError,
     RescueFailed,
     past_context,
 )
@@ -127,9 +128,13 @@ def openai_error(
     run's safe code, as its `run.done` says it), with the HTTP status and extra headers MMSP's
     endpoint gives it, but for the provider's refusal of the server's own key, a 502 that says
     so. A conversation past the context window keeps OpenAI's own code,
-    `context_length_exceeded`, which OpenAI's clients check to shorten it."""
+    `context_length_exceeded`, which OpenAI's clients check to shorten it. The provider's
+    refusal of the request itself (a 4xx other than 401, 403 and 429) keeps the `type`, `code`
+    and `param` its error object gave, as a gateway passes them on: they say which parameter
+    was wrong and how."""
     error, status, headers = mmsp_error(result, provider)
-    if status in (401, 403) and _upstream_refused_key(result):
+    cause = _cause(result)
+    if status in (401, 403) and isinstance(cause, AuthenticationError):
         # the client's key was fine (it got this far): a 401/403 would make its SDK raise
         # AuthenticationError and its user check a key that is not at fault
         status = 502
@@ -140,26 +145,20 @@ def openai_error(
         "param": None,
         "code": error["code"],
     }
-    if _context_full(result):  # OpenAI's own code and param, which callers check to shorten
+    if isinstance(cause, ProviderError) and 400 <= status < 500 and status not in (401, 403, 429):
+        body.update(cause.provider_fields)
+    if past_context(cause):  # OpenAI's own code and param, which callers check to shorten
         body["code"], body["param"] = "context_length_exceeded", "messages"
     return body, status, headers
 
 
-def _upstream_refused_key(result: TurnResult) -> bool:
-    """Whether the provider refused the key the server holds for it (its 401 or 403)."""
+def _cause(result: TurnResult) -> BaseException | None:
+    """What failed the turn: its error, or for a failed rescue what failed the stream before
+    it (else the rescue's own)."""
     error = result.error
     if isinstance(error, RescueFailed):
         error = error.stream_error or error.rescue_error
-    return isinstance(error, AuthenticationError)
-
-
-def _context_full(result: TurnResult) -> bool:
-    """Whether the provider refused the conversation as longer than the model's context window
-    (`past_context`), the rescue's refusal included."""
-    error = result.error
-    if isinstance(error, RescueFailed):
-        error = error.stream_error or error.rescue_error
-    return past_context(error)
+    return error
 
 
 def _reply_error(reply: ErrorReply, kind: str, code: str | None) -> ErrorReply:

@@ -109,6 +109,7 @@ def http_error(
         status=error.status,
         error_type=error.error_type,
         retry_after=retry_after(headers),
+        provider_fields=error.provider_fields,
     )
 
 
