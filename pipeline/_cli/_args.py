@@ -287,11 +287,13 @@ def _default_models() -> str:
 
 
 def _provider_options(p: argparse.ArgumentParser) -> None:
+    from ..providers._registry import PROVIDER_KINDS
+
     p.add_argument(
         "--provider",
         default=os.environ.get("RILLET_PROVIDER", "openai"),
-        help="openai, openai-responses, anthropic, gemini, ollama, mmsp, or a base URL of an "
-        "OpenAI-compatible server (default: $RILLET_PROVIDER, else openai)",
+        help=f"{', '.join(PROVIDER_KINDS)}, or a base URL of an OpenAI-compatible server "
+        "(default: $RILLET_PROVIDER, else openai)",
     )
     p.add_argument(
         "--model",

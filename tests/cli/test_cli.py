@@ -623,3 +623,15 @@ def test_serve_route_names_provider_kinds() -> None:
     assert route_kinds("anthropic, gemini") == ("anthropic", "gemini")
     with pytest.raises(CliError, match="unknown provider kind 'nope'"):
         route_kinds("anthropic,nope")
+
+
+async def test_provider_help_names_every_kind_the_registry_takes() -> None:
+    from rillet.providers._registry import PROVIDER_KINDS
+
+    for command in ("run", "serve"):
+        done = await _rillet(command, "--help")
+        assert done.returncode == 0
+        text = " ".join(done.stdout.decode().split())
+        named = text.split("--provider PROVIDER", 1)[1].split("(default", 1)[0]
+        for kind in PROVIDER_KINDS:
+            assert re.search(rf"(^|[ ,]){re.escape(kind)}[,]", named), (command, kind)
