@@ -46,6 +46,7 @@ __all__ = [
     "answer_approvals",
     "ask_on_tty",
     "call_signature",
+    "end_question",
     "parse_chain",
     "run_agent_cli",
 ]
@@ -144,6 +145,9 @@ class AgentTerminal:
         await self.sink.close()
 
 
+_asking = [False]  # a y/N question waits on stderr's last line for its answer
+
+
 async def ask_on_tty(question: str) -> bool:
     """Ask a yes/no question on the terminal: the question on stderr, the answer read from
     the terminal itself (not stdin, which may be the prompt). No answer means no."""
@@ -156,9 +160,25 @@ async def ask_on_tty(question: str) -> bool:
                 return tty.readline()
         except OSError:
             return ""
+        finally:
+            _asking[0] = False
 
-    answer = await trio.to_thread.run_sync(ask, abandon_on_cancel=True)
+    _asking[0] = True
+    try:
+        answer = await trio.to_thread.run_sync(ask, abandon_on_cancel=True)
+    finally:
+        end_question()
     return answer.strip().lower() in ("y", "yes")
+
+
+def end_question() -> None:
+    """Close the line of a question still waiting for its answer (Ctrl-C came instead), so
+    what follows starts a line of its own rather than `^Ccancelled` after the question."""
+    if _asking[0]:
+        _asking[0] = False
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write("\n")
+            sys.stderr.flush()
 
 
 async def answer_approvals(agent: Agent, ask: Callable[[str], Any]) -> None:
@@ -214,6 +234,7 @@ async def run_agent_cli(
         async def on_sigint() -> None:
             with trio.open_signal_receiver(signal.SIGINT) as signals:
                 async for _ in signals:
+                    end_question()
                     agent.cancel()
                     return
 

@@ -340,3 +340,16 @@ async def test_an_agents_answer_the_content_filter_cut_partway_says_so_and_fails
         "rillet: the provider's content rules stopped the answer partway (content_filter): "
         "what is shown is incomplete — rephrase the request"
     ]
+
+
+async def test_ctrl_c_at_the_question_ends_its_line_before_saying_cancelled() -> None:
+    script = tool_then_answer("delete_file", {"path": "notes.txt"})
+    async with open_loopback_provider(script) as provider:
+        cmd = [sys.executable, "-m", "rillet", "run", "tidy up", "--tools", "demo"]
+        cmd += ["--provider", f"{provider.url}/v1", "--model", "m"]
+        code, _, seen = await trio.to_thread.run_sync(_on_a_terminal, cmd, b"\x03")
+    assert code == 130, seen
+    shown = seen.decode(errors="replace").replace("\r\n", "\n")
+    question = next(line for line in shown.split("\n") if "[y/N]" in line)
+    assert "cancelled" not in question  # not `… run it? [y/N] ^Ccancelled`
+    assert any(line.strip() == "cancelled" for line in shown.split("\n")), shown
