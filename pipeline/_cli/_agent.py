@@ -134,8 +134,13 @@ class AgentTerminal:
         silently skipped."""
         err = self.err if self.err is not None else sys.stderr
         encoding = getattr(err, "encoding", None) or "utf-8"
+        line = line.encode(encoding, "replace").decode(encoding)
+        note = getattr(self.sink, "note", None)
+        if self.err is None and note is not None:  # the terminal's: after its spinner is gone
+            note(line)
+            return
         try:
-            err.write(line.encode(encoding, "replace").decode(encoding) + "\n")
+            err.write(line + "\n")
             err.flush()
         except (BrokenPipeError, ValueError):
             pass

@@ -493,6 +493,13 @@ class TerminalSink:
         else:
             self._shown_elsewhere = True
 
+    def note(self, text: str) -> None:
+        """Write a line of the caller's own on err (an agent's tool run, say) in order with the
+        sink's own lines: the spinner is cleared first, and the line starts a line of its own,
+        so no spinner frame is left in front of it."""
+        self._line(text)
+        self._flush()
+
     def _line(self, text: str, *, voidable: bool = False) -> None:
         """One message line on err, starting at the beginning of a line."""
         self._end_reasoning()
