@@ -168,6 +168,10 @@ COMMANDS: dict[str, tuple[Check, Script] | str] = {
         provider_reply,
     ),
     "rillet serve --tools demo": "test_serve_tools_demo_and_the_curl_line_answer_an_approval",
+    'curl -s localhost:8787/v1/runs -H "content-type: application/json" -d '
+    '\'{"messages": [{"role": "user", "content": "Hi"}]}\'': (
+        "test_the_runs_api_curl_line_starts_a_run"
+    ),
     "curl -X POST localhost:8787/v1/runs/$RUN/approvals/$APPROVAL -H "
     '"authorization: Bearer $ACT_TOKEN" -H "content-type: application/json" -d '
     "'{\"approve\": true}'": "test_serve_tools_demo_and_the_curl_line_answer_an_approval",
@@ -236,7 +240,7 @@ async def test_each_command_line_does_what_its_comment_says(line: str, tmp_path:
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("curl") is None, reason="the README's line needs curl")
 async def test_serve_tools_demo_and_the_curl_line_answer_an_approval(tmp_path: Path) -> None:
-    (curl,) = [line for _, line in command_lines() if line.startswith("curl ")]
+    (curl,) = [line for _, line in command_lines() if line.startswith("curl -X POST")]
     argv = ["rillet", "serve", "--tools", "demo", "--port", "0"]  # the README's, on a free port
     with trio.fail_after(WAIT):
         async with open_loopback_provider(provider_reply) as provider:
@@ -263,6 +267,29 @@ async def test_serve_tools_demo_and_the_curl_line_answer_an_approval(tmp_path: P
     assert types.index("approval.resolved") < types.index("tool.completed")
     assert events[-1]["status"] == "completed"
     assert "".join(e["delta"] for e in events if e["type"] == "answer.delta") == "".join(ANSWER)
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="the README's line needs curl")
+async def test_the_runs_api_curl_line_starts_a_run(tmp_path: Path) -> None:
+    (curl,) = [line for _, line in command_lines() if line.startswith("curl -s")]
+    with trio.fail_after(WAIT):
+        async with open_loopback_provider(provider_reply) as provider:
+            env = provider_env(provider.url)
+            argv = [shutil.which("rillet", path=env["PATH"]) or "rillet", "serve", "--port", "0"]
+            listening = rb"serving on (http://127\.0\.0\.1:\d+)"
+            async with (
+                server_process(argv, env=env, cwd=tmp_path, listening=listening) as url,
+                httpx.AsyncClient(base_url=url, timeout=None) as client,
+            ):
+                line = curl.replace("localhost:8787", f"127.0.0.1:{url.rsplit(':', 1)[1]}")
+                done = await trio.run_process(["sh", "-c", line], capture_stdout=True, env=env)
+                run = json.loads(done.stdout)
+                events = await _all_events(client, run)
+    assert {"run_id", "token", "act_token", "events_url", "ws_url"} <= set(run)
+    assert events[-1]["type"] == "run.done"
+    assert events[-1]["status"] == "completed"
+    sent = json.loads(provider.requests[0].body)
+    assert sent["messages"][-1] == {"role": "user", "content": "Hi"}
 
 
 async def _approval_id(client: httpx.AsyncClient, run: dict[str, str]) -> str:

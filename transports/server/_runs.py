@@ -46,6 +46,7 @@ from rillet._core._runevents import (
 from rillet._hub._hub import Subscription, parse_cursor
 from rillet._turn._api import run_turn
 from rillet._turn._turn import Sink, SinkBatch, Turn, TurnResult
+from rillet.providers._openai_chat._inbound import BadRequest, chat_request, decode_chat_body
 
 from ._capacity import ClientId, Shares, Ticket, session_share, uncount
 from ._log import log_queued_cancel, log_run_end, log_run_start
@@ -152,10 +153,13 @@ class HubFeed:
 
 
 class _RunBody(msgspec.Struct, frozen=True, kw_only=True):
-    """`POST /v1/runs`: a prompt, or a conversation with its settings."""
+    """`POST /v1/runs`: a prompt, or a conversation with its settings. The conversation's
+    messages are rillet's own (`content_items`) or OpenAI's Chat Completions messages (`role`
+    and `content`, a string or parts; `tool_calls`; `role: "tool"` results; system and developer
+    messages join the system prompt)."""
 
     prompt: str | None = None
-    messages: list[UniMessage] | None = None
+    messages: list[msgspec.Raw] | None = None
     model: str | None = None
     system_prompt: str | None = None
     max_tokens: int | None = None
@@ -179,7 +183,44 @@ def _run_request(body: _RunBody) -> TurnRequest:
         assert body.messages is not None
         if not body.messages:
             raise ValueError("`messages` is empty")
-        messages = body.messages
+        messages, system = _messages(body.messages)
+        if system is not None:
+            if body.system_prompt is not None:
+                raise ValueError("send the system prompt once: `system_prompt` or a system message")
+            return msgspec.structs.replace(_settings(body, messages), system_prompt=system)
+    return _settings(body, messages)
+
+
+def _messages(raw: list[msgspec.Raw]) -> tuple[list[UniMessage], str | None]:
+    """The conversation of a run's body, and the system prompt its messages carry: rillet's
+    own messages as they are, OpenAI's read as the Chat Completions endpoint reads them.
+    Raises `ValueError` saying what is wrong."""
+    try:
+        own = ["content_items" in _decode_keys(bytes(message)) for message in raw]
+    except msgspec.ValidationError:
+        raise ValueError("`messages` holds something other than message objects") from None
+    if all(own):
+        try:
+            return [_decode_message(bytes(m)) for m in raw], None
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"`messages`: {exc}") from None
+    if any(own):
+        raise ValueError("`messages` mixes rillet's messages with OpenAI's: send one kind")
+    wrapped = b'{"messages":[' + b",".join(bytes(m) for m in raw) + b"]}"
+    try:
+        request = chat_request(decode_chat_body(wrapped))
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"`messages` (OpenAI's shape): {exc}") from None
+    except BadRequest as exc:
+        raise ValueError(str(exc)) from None
+    return list(request.messages), request.system_prompt
+
+
+_decode_message = msgspec.json.Decoder(UniMessage).decode
+_decode_keys = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
+
+
+def _settings(body: _RunBody, messages: list[UniMessage]) -> TurnRequest:
     return TurnRequest(
         messages=messages,
         system_prompt=body.system_prompt,
