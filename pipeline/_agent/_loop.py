@@ -308,6 +308,7 @@ class _Loop:
                         name=call.name,
                         tool_call_id=call.tool_call_id,
                         step=step,
+                        arguments=call.arguments if self.tool_arguments else None,
                     )
                     if self.approvals == "defer":
                         return

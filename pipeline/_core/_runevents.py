@@ -163,12 +163,14 @@ class ToolCompleted(_Envelope, frozen=True, kw_only=True, omit_defaults=True, ta
 class ApprovalRequired(
     _Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="approval.required"
 ):
-    """A tool that needs approval is waiting for the host's answer (`approve` / `deny`)."""
+    """A tool that needs approval is waiting for the host's answer (`approve` / `deny`);
+    `arguments` says what it would run with, when the run shows tool arguments."""
 
     approval_id: str
     name: str
     tool_call_id: str
     step: int
+    arguments: dict[str, Any] | None = None
 
 
 class ApprovalResolved(

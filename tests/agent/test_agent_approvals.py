@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 import trio.testing
@@ -17,6 +18,7 @@ from rillet import (
     ToolCompleted,
     ToolStarted,
     TurnRequest,
+    encode_json,
     open_agent,
     run_agent,
     tool,
@@ -232,3 +234,25 @@ async def test_a_resumed_run_sends_its_new_message_after_the_calls_results(
     assert body["messages"][-1]["content"] == "And tomorrow?"
     assert tool_result_in(body, "openai-chat") == [("call_1", "sunny in Oslo")]
     assert len(server.requests) == 2
+
+
+@pytest.mark.parametrize("shown", [True, False])
+async def test_an_approval_shows_the_calls_arguments_when_the_run_shows_them(
+    loop_clock: trio.testing.MockClock, shown: bool
+) -> None:
+    async with open_loopback_provider([CALL.tool_call, CALL.text]) as server:
+        with trio.fail_after(LIMIT):
+            async with open_agent(
+                QUESTION, provider_at(server), tools=[weather_tool([])], tool_arguments=shown
+            ) as agent:
+                async for event in agent.run_events():
+                    if isinstance(event, ApprovalRequired):
+                        required = event
+                        agent.approve(event.approval_id)
+                await agent.result()
+    if shown:  # what a script or page needs to say what it approves
+        assert required.arguments is not None
+        assert required.arguments["city"] == "São Paulo"
+    else:  # tool arguments stay out of the public stream unless asked for
+        assert required.arguments is None
+        assert "arguments" not in msgspec.json.decode(encode_json(required))
