@@ -35,6 +35,7 @@ import importlib.util
 import inspect
 import io
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -64,6 +65,11 @@ def _progress(line: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
+def _width() -> int:
+    """The columns the printed sections may take: the terminal's, at most 100."""
+    return min(100, shutil.get_terminal_size((100, 24)).columns)
+
+
 def _done_line() -> None:
     if sys.stderr.isatty():
         print("\r\x1b[K", end="", file=sys.stderr, flush=True)
@@ -81,7 +87,8 @@ class RunState:
         section["machine"] = {**report.machine(), **section.get("machine", {})}
         self.results[key] = section
         for name, body in markdown.items():
-            print(f"\n{body}\n", flush=True)
+            _done_line()
+            print(f"\n{report.for_terminal(body, _width())}\n", flush=True)
             if not self.args.no_write:
                 report.replace_section(name, body)
         if not self.args.no_write:
@@ -93,7 +100,7 @@ class RunState:
         targets = judge_targets(self.results)
         body = targets_markdown(targets, self.results)
         self.results["targets"] = [t.as_dict() for t in targets]
-        print(f"\n{body}\n", flush=True)
+        print(f"\n{report.for_terminal(body, _width())}\n", flush=True)
         if self.args.no_write:
             return
         report.replace_section("targets", body)
@@ -348,10 +355,10 @@ def _gateway(run: RunState) -> None:
     run.record("gateway", section, {"gateway": gateway_markdown(section)})
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Parse the command line and run the chosen benchmarks."""
+def main(argv: list[str] | None = None, prog: str = "python -m bench") -> None:
+    """Parse the command line (as `prog` names the command) and run the chosen benchmarks."""
     parser = argparse.ArgumentParser(
-        prog="python -m bench",
+        prog=prog,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

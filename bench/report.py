@@ -9,6 +9,7 @@ import json
 import math
 import os
 import platform
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -502,3 +503,48 @@ def memory_markdown(section: dict[str, Any]) -> str:
 
 def _history(row: dict[str, Any]) -> str:
     return "kept (default)" if row["history"] else "`history=False`"
+
+
+def for_terminal(markdown: str, width: int = 100) -> str:
+    """A section as a terminal shows it within `width` columns: prose wrapped, and a table
+    whose rows are wider than that shown as one block per row (`column: value` lines), so no
+    line runs past the edge. RESULTS.md keeps the markdown as it is."""
+    out: list[str] = []
+    lines = markdown.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("|"):
+            table = []
+            while i < len(lines) and lines[i].startswith("|"):
+                table.append(lines[i])
+                i += 1
+            out.extend(_table_for_terminal(table, width))
+            continue
+        if len(line) > width and not line.startswith(("```", "    ")):
+            indent = " " * (len(line) - len(line.lstrip(" -*")))
+            out.extend(textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False))
+        else:
+            out.append(line)
+        i += 1
+    return "\n".join(out)
+
+
+def _cells(row: str) -> list[str]:
+    return [cell.strip() for cell in row.strip().strip("|").split("|")]
+
+
+def _table_for_terminal(table: list[str], width: int) -> list[str]:
+    if all(len(row) <= width for row in table) or len(table) < 2:
+        return table
+    header = _cells(table[0])
+    rows = [_cells(row) for row in table[2:]]  # past the |---| line
+    out: list[str] = []
+    for cells in rows:
+        out.append("")
+        for name, value in zip(header, cells, strict=False):
+            label = f"  {name}: " if name else "  "
+            wrapped = textwrap.wrap(value, max(20, width - len(label))) or [""]
+            out.append(label + wrapped[0])
+            out.extend(" " * len(label) + more for more in wrapped[1:])
+    return out

@@ -196,7 +196,8 @@ COMMANDS: dict[str, tuple[Check, Script] | str] = {
     ),
     "rillet providers": (check_providers, provider_reply),
     "rillet demo": "takes seconds of paced turns; tests/cli/test_cli.py runs it to completion",
-    "rillet bench": "the benchmarks (make bench), never part of the suite",
+    "rillet bench --quick": "the benchmarks take minutes; tests/cli/test_bench_cli.py runs a "
+    "smaller run of the same command",
     "rillet --version": (check_version, provider_reply),
 }
 RUN = [line for line, check in COMMANDS.items() if not isinstance(check, str)]

@@ -268,8 +268,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=_port, default=0, help="the page's port (default 0: any)")
     demo.add_argument("--fast", action="store_true", help="no pacing (for tests)")
 
-    bench = _command(sub, "bench", help="run the benchmarks (python -m bench)", parents=[common])
-    bench.add_argument("args", nargs=argparse.REMAINDER)
+    bench = _command(
+        sub,
+        "bench",
+        help="run the benchmarks (from a checkout; `rillet bench --help` lists their options)",
+        add_help=False,
+    )
+    bench.add_argument(
+        "args", nargs=argparse.REMAINDER, help="the benchmarks' own options (see --help)"
+    )
     return parser
 
 

@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import traceback
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import urlsplit
 
@@ -44,8 +45,7 @@ from ._stdout import ReaderGone, cancel_when_gone
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Sequence
-    from pathlib import Path
+    from collections.abc import Callable, Sequence
 
     from .._agent._loop import AgentResult
     from .._core._dialect import Provider
@@ -403,14 +403,28 @@ def _cmd_providers(_: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    bench_main = _bench_main()
+    given = list(args.args)
+    bench_main(given[1:] if given[:1] == ["--"] else given, prog="rillet bench")
+    return EXIT_OK
+
+
+def _bench_main() -> Callable[..., None]:
+    """The benchmarks' entry point: from the checkout this rillet runs from (an editable
+    install's, wherever the command is called), else from `bench` on the path. They are not
+    part of the package: an install from the index has none, and says where they are."""
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "bench" / "__main__.py").is_file() and str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
     try:
         from bench.__main__ import main as bench_main
     except ImportError:
         raise CliError(
-            "the benchmarks are not installed", "run them from a checkout: make bench"
+            "the benchmarks are not part of an installed rillet: they live in its source "
+            "repository's bench/",
+            "clone it and run `make bench` there (it installs what they need)",
         ) from None
-    bench_main(list(args.args))
-    return EXIT_OK
+    return bench_main
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -460,6 +474,9 @@ def _quiet_stdout() -> None:
 def main(argv: list[str] | None = None) -> NoReturn:
     """The console script's entry point."""
     parser = build_parser()
+    given = sys.argv[1:] if argv is None else argv
+    if given[:1] == ["bench"]:  # its options are the benchmarks' own, `--help` included
+        argv = ["bench", "--", *given[1:]]
     args = parser.parse_args(argv)
     commands = {
         "run": _cmd_run,
