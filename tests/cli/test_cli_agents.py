@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 ANSWER = ["It is 18 °C", " in Paris."]
 
 
-def calls(name: str, arguments: dict[str, Any]) -> bytes:
-    """An OpenAI Chat stream that calls one tool (id `call_1`)."""
+def calls(name: str, arguments: dict[str, Any], *, said: str = "") -> bytes:
+    """An OpenAI Chat stream that calls one tool (id `call_1`), after saying `said`."""
     head = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -40,7 +40,7 @@ def calls(name: str, arguments: dict[str, Any]) -> bytes:
         "type": "function",
         "function": {"name": name, "arguments": json.dumps(arguments)},
     }
-    frames = [chunk({"role": "assistant", "content": ""}), chunk({"tool_calls": [call]})]
+    frames = [chunk({"role": "assistant", "content": said}), chunk({"tool_calls": [call]})]
     frames.append(chunk({}, "tool_calls"))
     return sse(*frames) + sse("[DONE]")
 

@@ -363,7 +363,7 @@ async def test_the_page_streams_a_prompts_answer_exactly(browser: Browser) -> No
             nursery.cancel_scope.cancel()
     assert seen.errors == []
     assert seen.answer == expected
-    assert seen.outcome == "completed after 1 attempt"
+    assert re.fullmatch(r"Answered in [\d.]+ m?s", seen.outcome), seen.outcome
     assert seen.outcome_class == "done-ok"
     assert "answer verified (sha256)" in seen.notes
     assert seen.reset_notes == []
@@ -397,7 +397,7 @@ async def test_a_cut_event_stream_resumes_without_loss_or_duplicate(browser: Bro
             nursery.cancel_scope.cancel()
     assert seen.errors == []
     assert seen.answer == expected
-    assert seen.outcome == "completed after 1 attempt"
+    assert re.fullmatch(r"Answered in [\d.]+ m?s", seen.outcome), seen.outcome
     assert "answer verified (sha256)" in seen.notes
     assert all(shown in prefixes(expected) for shown in seen.shown)
     # the first stream was cut mid-frame after its 8th event, while the run was still going
@@ -439,7 +439,7 @@ async def test_a_retry_visibly_clears_the_voided_text(browser: Browser) -> None:
     assert attempts == 2
     assert seen.errors == []
     assert seen.answer == expected
-    assert seen.outcome == "completed after 2 attempts"
+    assert re.fullmatch(r"Answered in [\d.]+ m?s, after 1 retry", seen.outcome), seen.outcome
     assert "answer verified (sha256)" in seen.notes
     assert seen.reset_notes == ["attempt 2 starts over: the earlier text is void"]
     # the voided text was on screen, then replaced (never continued) by the retried text

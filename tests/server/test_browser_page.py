@@ -172,7 +172,7 @@ async def test_a_wide_table_on_a_phone_scrolls_by_itself_not_the_page(chromium: 
 
 
 async def test_the_buttons_are_named_for_what_they_act_on(chromium: Browser) -> None:
-    refusal = status_reply(401, body={"error": {"message": "no"}})
+    refusal = status_reply(409, body={"error": {"message": "no"}})  # retrying can help: Retry
 
     def steps(page: Page) -> dict[str, Any]:
         page.context.grant_permissions(["clipboard-read", "clipboard-write"])
@@ -230,7 +230,7 @@ async def test_an_answer_cut_short_by_content_rules_says_so_and_keeps_its_text(
         async with serving([cut]) as served:
             seen = await chromium.run(_in_browser(served.url, steps))
     assert seen["errors"] == []
-    assert seen["outcome"] == "cut short after 1 attempt"
+    assert re.fullmatch(r"Cut short in [\d.]+ m?s", seen["outcome"]), seen["outcome"]
     assert seen["failure_shown"] is True
     assert "content rules stopped the answer part-way" in seen["failure"]
     assert seen["answer"] == "The scene opens in"
