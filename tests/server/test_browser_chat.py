@@ -136,7 +136,7 @@ async def test_markdown_renders_as_it_streams_with_code_and_a_copy_button(
             "heads": answer.locator("th").all_text_contents(),
             "code": answer.locator("pre code").all_text_contents(),
             "font": answer.locator("pre code").evaluate("e => getComputedStyle(e).fontFamily"),
-            "copy": answer.locator("pre button.copy").count(),
+            "copy": answer.locator(".codebar button.copy").count(),
             "paints": page.evaluate("window.__paints"),
             "outcome": page.locator("#outcome").text_content(),
         }
@@ -560,9 +560,9 @@ async def test_copy_and_regenerate(chromium: Browser) -> None:
         page.locator("#prompt").fill("Code please")
         page.locator("#prompt").press("Enter")
         _ended(page)
-        page.locator("#answer pre button.copy").click()
+        page.locator("#answer .codebar button.copy").click()
         page.wait_for_function(
-            "() => document.querySelector('#answer pre button.copy').textContent === 'copied'"
+            "() => document.querySelector('#answer .codebar button.copy').textContent === 'copied'"
         )
         code = page.evaluate("navigator.clipboard.readText()")
         page.locator("#copy").click()
@@ -600,7 +600,7 @@ async def test_the_page_is_self_contained_and_its_policy_allows_only_its_own_scr
     csp = page.headers["content-security-policy"]
     scripts = re.search(r"script-src ([^;]*)", csp)
     assert scripts is not None
-    assert len(scripts.group(1).split()) == 3  # marked, DOMPurify, the page: by hash
+    assert len(scripts.group(1).split()) == 4  # marked, DOMPurify, highlight.js, the page
     assert all(s.startswith("'sha256-") for s in scripts.group(1).split())
     assert "unsafe" not in csp
     assert "http" not in csp
@@ -609,6 +609,7 @@ async def test_the_page_is_self_contained_and_its_policy_allows_only_its_own_scr
     assert not re.search(r"<(script|link|img)[^>]+(src|href)=\"https?:", body)
     assert "marked v18.2.1" in body
     assert "DOMPurify 3.5.0" in body
+    assert "Highlight.js v11.12.0" in body
 
 
 @pytest.mark.parametrize(
