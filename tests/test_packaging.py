@@ -118,12 +118,14 @@ def test_the_wheel_holds_rillet_alone_with_its_page_and_the_vendored_licences(
     tops = {PurePosixPath(n).parts[0] for n in names}
     assert tops == {"rillet", f"rillet-{VERSION}.dist-info"}
     static = "rillet/transports/static/"
-    for name in ("index.html", "vendor/marked.umd.js", "vendor/purify.min.js"):
+    vendored = ("marked.umd.js", "purify.min.js", "highlight.min.js")
+    for name in ("index.html", *(f"vendor/{v}" for v in vendored)):
         assert static + name in names
-    for name in ("vendor/LICENSE.marked", "vendor/LICENSE.dompurify"):
-        assert static + name in names
+    shipped = ("LICENSE.marked", "LICENSE.dompurify", "LICENSE.highlightjs")
+    for name in shipped:
+        assert static + "vendor/" + name in names
     licences = {PurePosixPath(n).name for n in names if "/licenses/" in n}
-    assert licences == {"LICENSE", "LICENSE.marked", "LICENSE.dompurify"}
+    assert licences == {"LICENSE", *shipped}
     assert {"rillet/py.typed", "rillet/transports/py.typed"} <= names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
 
