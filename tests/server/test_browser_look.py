@@ -6,6 +6,7 @@ its usage once the next prompt is sent."""
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -110,3 +111,33 @@ async def test_every_answer_keeps_its_copy_button_and_usage_after_the_next_promp
     assert seen["copies"] == 1  # the past answer's (the current one has its own Copy)
     assert seen["clipboard"] == "The answer."
     assert any("Answered in" in m and "in ·" in m for m in seen["meta"]), seen["meta"]
+
+
+async def test_a_past_answer_is_regenerated_from_the_conversation_before_it(
+    chromium: Browser,
+) -> None:
+    def steps(page: Page) -> dict[str, Any]:
+        for prompt in ("First", "Second"):
+            page.locator("#prompt").fill(prompt)
+            page.locator("#start").click()
+            page.wait_for_function(
+                f"() => document.getElementById('asked').textContent === '{prompt}' && "
+                "document.getElementById('outcome').textContent !== ''"
+            )
+        name = "Regenerate this answer (the later ones are dropped)"
+        page.get_by_role("button", name=name).first.click()
+        page.wait_for_function(
+            "() => document.getElementById('asked').textContent === 'First' && "
+            "document.getElementById('outcome').textContent !== ''"
+        )
+        return {"past": page.locator("#history .exchange").count()}
+
+    with trio.fail_after(40):
+        async with serving([paced(["The ", "answer."])]) as served:
+            seen = await chromium.run(_in_browser(served.url, steps))
+            sent = [json.loads(r.body)["messages"] for r in served.loopback.requests]
+    assert seen["errors"] == []
+    assert seen["past"] == 0  # "First" is asked again with nothing before it
+    assert len(sent) == 3
+    assert [m["content"] for m in sent[2]] == ["First"]  # the conversation before it: none
+    assert len(sent[1]) == 3  # (the second prompt had the first exchange before it)
