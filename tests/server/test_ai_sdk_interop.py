@@ -282,7 +282,8 @@ def test_a_tool_call_streams_its_input_then_makes_it_available(sdk: dict[str, An
     types = _types(job)
     assert types.index("tool-input-start") < types.index("tool-input-delta")
     assert types.index("tool-input-delta") < types.index("tool-input-available")
-    assert job["chunks"][-1] == {"type": "finish", "finishReason": "tool-calls"}
+    assert job["chunks"][-1]["type"] == "finish"
+    assert job["chunks"][-1]["finishReason"] == "tool-calls"
     (part,) = [p for p in job["message"]["parts"] if p["type"].startswith("tool-")]
     assert part["type"] == "tool-get_weather"
     assert part["toolCallId"] == "call_w1"
@@ -290,6 +291,19 @@ def test_a_tool_call_streams_its_input_then_makes_it_available(sdk: dict[str, An
     assert part["input"] == {"city": "Paris"}
     sent = _sent(sdk, "WEATHER")[0]
     assert sent["tools"][0]["function"]["name"] == "get_weather"
+
+
+def test_the_message_carries_its_model_and_usage_as_metadata(sdk: dict[str, Any]) -> None:
+    job = sdk["tool"]
+    assert job["errors"] == []
+    # what the AI SDK's own reader made of the `start` and `finish` parts' metadata
+    metadata = job["message"]["metadata"]
+    assert metadata["model"]
+    assert metadata["provider"]
+    usage = metadata["usage"]
+    assert usage["totalTokens"] == usage["inputTokens"] + usage["outputTokens"]
+    assert usage["inputTokens"] > 0
+    assert usage["outputTokens"] > 0
 
 
 def test_the_tool_output_sent_back_reaches_the_provider(sdk: dict[str, Any]) -> None:

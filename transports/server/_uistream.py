@@ -31,6 +31,7 @@ from rillet._core._events import (
     ToolResultDone,
     UniEvent,
     UniMessage,
+    UsageMetadata,
 )
 from rillet._core._markers import AttemptReset
 from rillet._core._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
@@ -55,6 +56,7 @@ __all__ = [
     "UiStream",
     "response_message_id",
     "ui_request",
+    "ui_usage",
 ]
 
 
@@ -228,7 +230,8 @@ class UiParts:
         """The parts of one UniEvent; `finish` overrides a stop's finish reason."""
         if event.event_type == "stop":
             reason = finish or _FINISH.get(event.finish_reason or "unknown", "other")
-            return [*self.close(), {"type": "finish-step"}, self.finish(reason)]
+            finished = self.finish(reason, event.usage_metadata)
+            return [*self.close(), {"type": "finish-step"}, finished]
         parts: list[dict[str, Any]] = []
         for item in event.content_items:
             if type(item) is TextDelta:
@@ -277,9 +280,35 @@ class UiParts:
         ]
 
     @staticmethod
-    def finish(reason: str) -> dict[str, Any]:
-        """The `finish` part."""
-        return {"type": "finish", "finishReason": reason}
+    def finish(reason: str, usage: UsageMetadata | None = None) -> dict[str, Any]:
+        """The `finish` part, with the turn's token usage as message metadata when known."""
+        part: dict[str, Any] = {"type": "finish", "finishReason": reason}
+        counted = ui_usage(usage)
+        if counted:
+            part["messageMetadata"] = {"usage": counted}
+        return part
+
+
+def ui_usage(usage: UsageMetadata | None) -> dict[str, int]:
+    """Token usage as the AI SDK counts it (`LanguageModelUsage`): input with the cached
+    tokens in it, output with the reasoning tokens in it, and each of those apart; a count the
+    provider did not report is left out, not 0."""
+    if usage is None:
+        return {}
+    cached, prompt = usage.cached_tokens, usage.prompt_tokens
+    thoughts, response = usage.thoughts_tokens, usage.response_tokens
+    out: dict[str, int] = {}
+    if prompt is not None:
+        out["inputTokens"] = prompt + (cached or 0)
+    if response is not None:
+        out["outputTokens"] = response + (thoughts or 0)
+    if prompt is not None and response is not None:
+        out["totalTokens"] = out["inputTokens"] + out["outputTokens"]
+    if cached is not None:
+        out["cachedInputTokens"] = cached
+    if thoughts is not None:
+        out["reasoningTokens"] = thoughts
+    return out
 
 
 @attrs.define(eq=False)
@@ -322,9 +351,10 @@ class UiStream:
         heartbeat = self.shared.limits.heartbeat
         parts = UiParts()
         await http.start_stream(200, UI_STREAM_HEADERS)
-        await http.send_data(
-            sse_json({"type": "start", "messageId": message_id}) + sse_json({"type": "start-step"})
-        )
+        # the model that answers, as message metadata a front end can show (`message.metadata`)
+        about = {"model": provider.model, "provider": provider.label}
+        start = {"type": "start", "messageId": message_id, "messageMetadata": about}
+        await http.send_data(sse_json(start) + sse_json({"type": "start-step"}))
         written = stopped = False
         unknown: UniEvent | None = None  # a stop of no known reason: the turn says which
         while not stopped:
@@ -366,7 +396,7 @@ class UiStream:
         result = await turn.result()
         end: list[dict[str, Any]] = parts.close()
         if result.ok:  # a rescued reply ends without a stop of its own
-            end += [{"type": "finish-step"}, parts.finish("stop")]
+            end += [{"type": "finish-step"}, parts.finish("stop", result.message.usage_metadata)]
         elif isinstance(result.error, EmptyResponseError) and result.error.finish_reason in (
             "unknown",
             None,
