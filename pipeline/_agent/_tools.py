@@ -24,6 +24,7 @@ import trio
 
 from .._core._events import ToolCallDone, ToolResultDone
 from .._core._request import ToolSpec
+from .._turn._guest import on_host
 
 __all__ = ["Tool", "ToolOutput", "ToolStatus", "run_tool", "tool"]
 
@@ -288,8 +289,8 @@ async def run_tool(
         if found.timeout is not None:
             scope.deadline = start + found.timeout
         try:
-            if found.is_async:
-                value = await found.function(**arguments)
+            if found.is_async:  # on the application's asyncio loop, when it hosts this run
+                value = await on_host(found.function, **arguments)
             else:
                 value = await _in_thread(found.function, arguments, thread_limiter, thread_grace)
         except Exception as exc:  # the tool's own failure is the model's to read

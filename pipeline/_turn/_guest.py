@@ -24,13 +24,14 @@ import outcome
 import trio
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Coroutine
 
-__all__ = ["GuestRun", "guest_run", "in_trio", "settled"]
+__all__ = ["GuestRun", "guest_run", "in_trio", "on_host", "settled"]
 
 T = TypeVar("T")
 
 _RUNS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GuestRun] = weakref.WeakKeyDictionary()
+_HOST: trio.lowlevel.RunVar[asyncio.AbstractEventLoop] = trio.lowlevel.RunVar("rillet_host")
 
 
 def in_trio() -> bool:
@@ -93,6 +94,7 @@ class GuestRun:
 
     async def _main(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
+        _HOST.set(self.loop)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             assert self._ready is not None
@@ -179,6 +181,30 @@ class GuestRun:
             self.run_sync_soon(scope.cancel)
             await settled(future)
             raise
+
+
+async def on_host(async_fn: Callable[..., Coroutine[Any, Any, T]], /, **kwargs: Any) -> T:
+    """Await `async_fn(**kwargs)` where it was written to run: on the asyncio loop hosting this
+    trio run, when it is a guest (an agent started through `rillet.asyncio` runs its tools on
+    the application's loop, so they may await asyncio), else right here in trio.
+
+    Cancelling the trio caller cancels the asyncio task, and returns once it has ended."""
+    try:
+        loop = _HOST.get()
+    except LookupError:  # not a guest: trio code calls trio code
+        return await async_fn(**kwargs)
+    token = trio.lowlevel.current_trio_token()
+    done = trio.Event()
+    task: asyncio.Task[T] = loop.create_task(async_fn(**kwargs))  # this thread runs the loop
+    task.add_done_callback(lambda _: token.run_sync_soon(done.set))
+    try:
+        await done.wait()
+    except BaseException:
+        task.cancel()
+        with trio.CancelScope(shield=True):
+            await done.wait()
+        raise
+    return task.result()
 
 
 async def settled(future: asyncio.Future[Any]) -> None:

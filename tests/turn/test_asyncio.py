@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import threading
 from typing import TYPE_CHECKING, Any
@@ -410,3 +411,36 @@ def test_a_client_disconnect_closes_the_provider_request() -> None:
     assert [e["type"] for e in seen] == ["run.started", "answer.delta"]
     assert len(loop_provider.requests) == 1
     gc.collect()
+
+
+def test_an_agent_started_from_asyncio_runs_its_async_tools_on_the_loop() -> None:
+    from rillet import run_agent, tool
+
+    from ..cli.test_cli_agents import ANSWER, tool_then_answer
+
+    seen: list[tuple[str, bool]] = []
+    loop: asyncio.AbstractEventLoop | None = None
+
+    async def get_weather(city: str) -> str:
+        """Today's weather in a city.
+
+        Args:
+            city: the city's name.
+        """
+        await asyncio.sleep(0.01)  # asyncio's own: the tool is written for the application's loop
+        seen.append((city, asyncio.get_running_loop() is loop))
+        return f"sunny in {city}"
+
+    async def main(url: str) -> Any:
+        nonlocal loop
+        loop = asyncio.get_running_loop()
+        agent = functools.partial(run_agent, tools=[tool(get_weather)])
+        return await run_in_trio(agent, user_request, provider(url))
+
+    user_request = TurnRequest(messages=[user("Weather in Paris?")])
+    with LoopbackThread(tool_then_answer("get_weather", {"city": "Paris"})) as loop_provider:
+        result = asyncio.run(main(loop_provider.url))
+    assert seen == [("Paris", True)]  # it ran, on the loop that started the agent
+    assert result.status == "completed", result.error
+    assert result.text == "".join(ANSWER)
+    assert [o.text for o in result.tool_outputs] == ["sunny in Paris"]
