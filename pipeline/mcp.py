@@ -1,7 +1,9 @@
-"""rillet as an MCP server, and the client side of its run events.
+"""rillet as an MCP server, the client side of its run events, and MCP servers' tools as an
+agent's tools.
 
-`turn_server(provider)` is an MCP server (the `mcp` SDK's `MCPServer`) whose tool runs a turn,
-with standard progress notifications and, opted into per request, the run events themselves in
+`mcp_tools(client)` makes the tools of the server a connected MCP client speaks to an agent's
+tools. `turn_server(provider)` is an MCP server (the `mcp` SDK's `MCPServer`) whose tool runs a
+turn, with standard progress notifications and, opted into per request, the run events themselves in
 their `_meta`; `RunEventDispatcher` puts those back in order on the client. `python -m
 rillet.mcp --provider KIND` serves it over stdio.
 
@@ -28,6 +30,8 @@ from ._mcp._server import SESSION_BYTES as SESSION_BYTES
 from ._mcp._server import TurnServer as TurnServer
 from ._mcp._server import main as main
 from ._mcp._server import turn_server as turn_server
+from ._mcp._toolset import MCPToolError as MCPToolError
+from ._mcp._toolset import mcp_tools as mcp_tools
 
 __all__ = [
     "CORRELATION_ID_KEY",
@@ -35,11 +39,13 @@ __all__ = [
     "RUN_EVENTS_KEY",
     "RUN_EVENT_KEY",
     "SESSION_BYTES",
+    "MCPToolError",
     "RunEventDispatcher",
     "RunEventGap",
     "RunEvents",
     "TurnServer",
     "main",
+    "mcp_tools",
     "turn_server",
 ]
 
