@@ -222,6 +222,25 @@ class UiParts:
         self.text = self.reasoning = None
         return parts
 
+    def abandon(self, error_text: str) -> list[dict[str, Any]]:
+        """The ends of what is open when the run fails: text and reasoning ended, and a tool
+        call whose input was still streaming closed as `tool-input-error` (a reader would
+        otherwise keep showing it as streaming)."""
+        parts = self.close()
+        if self.call is not None:
+            call_id, name = self.call
+            parts.append(
+                {
+                    "type": "tool-input-error",
+                    "toolCallId": call_id,
+                    "toolName": name,
+                    "input": None,
+                    "errorText": error_text,
+                }
+            )
+            self.call = None
+        return parts
+
     def reset(self) -> None:
         """A new attempt: the reader dropped the step's parts; nothing is open."""
         self.text = self.reasoning = self.call = None
@@ -403,5 +422,7 @@ class UiStream:
         ):  # withheld whole: filtered or blocked
             end += [{"type": "finish-step"}, parts.finish("content-filter")]
         else:  # the run's code and its sentence: never the provider's words
-            end.append({"type": "error", "errorText": describe(result.code)})
+            text = describe(result.code)
+            end += parts.abandon(text)  # a tool call cut off mid-input ends as an error too
+            end.append({"type": "error", "errorText": text})
         await http.send_data(b"".join(sse_json(part) for part in end) + SSE_DONE)
