@@ -52,7 +52,7 @@ from ._capacity import ClientId, Shares, Ticket, session_share, uncount
 from ._log import log_queued_cancel, log_run_end, log_run_start
 from ._metrics import Metrics
 from ._replies import ErrorReply, Refused, log_unavailable, not_found
-from ._shared import Shared
+from ._shared import Shared, decode_problem
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -202,15 +202,15 @@ def _messages(raw: list[msgspec.Raw]) -> tuple[list[UniMessage], str | None]:
     if all(own):
         try:
             return [_decode_message(bytes(m)) for m in raw], None
-        except msgspec.ValidationError as exc:
-            raise ValueError(f"`messages`: {exc}") from None
+        except msgspec.ValidationError as exc:  # its quotes of the body cut short
+            raise ValueError(f"`messages`: {decode_problem(exc)}") from None
     if any(own):
         raise ValueError("`messages` mixes rillet's messages with OpenAI's: send one kind")
     wrapped = b'{"messages":[' + b",".join(bytes(m) for m in raw) + b"]}"
     try:
         request = chat_request(decode_chat_body(wrapped))
     except msgspec.ValidationError as exc:
-        raise ValueError(f"`messages` (OpenAI's shape): {exc}") from None
+        raise ValueError(f"`messages` (OpenAI's shape): {decode_problem(exc)}") from None
     except BadRequest as exc:
         raise ValueError(str(exc)) from None
     return list(request.messages), request.system_prompt
