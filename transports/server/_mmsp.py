@@ -27,12 +27,11 @@ from rillet._core._request import ThinkingLevel, ToolChoice, ToolSpec, TurnReque
 from ._replies import ErrorReply, to_json
 from ._shared import Shared
 from ._streamed import HeldHead
-from ._wireturn import run_wire_turn
+from ._wireturn import ChannelSink, DirectDeltas, run_wire_turn
 
 if TYPE_CHECKING:
-    import trio
     from rillet._core._dialect import Provider
-    from rillet._turn._turn import Turn, TurnResult, UniItem
+    from rillet._turn._turn import Turn, TurnResult
 
     from ._http11 import HttpConnection, Request
 
@@ -132,7 +131,7 @@ class Mmsp:
         http: HttpConnection,
         provider: Provider,
         turn: Turn,
-        receive: trio.MemoryReceiveChannel[list[UniItem]],
+        sink: ChannelSink,
     ) -> None:
         """Stream the turn's UniEvents as MMSP does. The head waits for the first event (or the
         turn's end) up to one heartbeat, so a request refused upstream gets an HTTP error
@@ -141,27 +140,32 @@ class Mmsp:
         A retry that voids events the client already has cannot be said in MMSP's grammar: the
         stream then ends with `IncompleteStreamError` (what the client would have seen from the
         failed attempt itself), and the client's own retry takes over. A reset before anything
-        was written just drops the voided events."""
+        was written just drops the voided events. Once the head is out, the turn writes plain
+        deltas itself (`DirectDeltas`)."""
         head = HeldHead(http, self.shared.limits.heartbeat)
-        written = False
-        while (items := await head.receive(receive)) is not None:
+        sink.direct = DirectDeltas(head, _frame, self.shared.metrics.count)
+        while (items := await head.receive(sink.receive)) is not None:
+            if type(items) is bytes:  # encoded by the turn, which could not write them
+                await head.send(items)
+                sink.done()
+                continue
             frames: list[bytes] = []
             stopped = reset = False
             for item in items:
                 if type(item) is AttemptReset:
                     self.shared.metrics.reset()
-                    if written:
+                    if head.wrote:
                         reset = True
                         break
                     frames.clear()
                     continue
                 assert isinstance(item, UniEvent)
-                frames.append(sse_data(encode_json(item)))
+                frames.append(_frame(item))
                 stopped = item.event_type == "stop"
             if frames:
                 self.shared.metrics.count(len(frames))
                 await head.send(b"".join(frames))
-                written = True
+            sink.done()
             if reset:
                 error = {
                     "type": "IncompleteStreamError",
@@ -255,3 +259,8 @@ def _mmsp_error(
 def _scrub(text: str, provider: Provider) -> str:
     key = provider.api_key.reveal() if provider.api_key is not None else ""
     return text.replace(key, "…") if len(key) >= 4 else text
+
+
+def _frame(event: UniEvent) -> bytes:
+    """An event as MMSP's stream carries it."""
+    return sse_data(encode_json(event))

@@ -48,12 +48,11 @@ from ._mmsp import mmsp_error
 from ._replies import ErrorReply
 from ._shared import Shared
 from ._streamed import HeldHead
-from ._wireturn import ModelNotFound, route_model, run_wire_turn
+from ._wireturn import ChannelSink, DirectDeltas, ModelNotFound, route_model, run_wire_turn
 
 if TYPE_CHECKING:
-    import trio
     from rillet._core._dialect import Provider
-    from rillet._turn._turn import Turn, TurnResult, UniItem
+    from rillet._turn._turn import Turn, TurnResult
 
     from ._http11 import HttpConnection, Request
 
@@ -386,14 +385,14 @@ class OpenAIChat:
             include = body.stream_options is not None and body.stream_options.include_usage
             chunks = _Chunks(completion_id, model, include)
 
-            async def pump(turn: Turn, receive: trio.MemoryReceiveChannel[list[UniItem]]) -> None:
-                await self._stream(http, turn, receive, provider, chunks, tagged)
+            async def pump(turn: Turn, sink: ChannelSink) -> None:
+                await self._stream(http, turn, sink, provider, chunks, tagged)
 
         else:
 
-            async def pump(turn: Turn, receive: trio.MemoryReceiveChannel[list[UniItem]]) -> None:
-                async for _ in receive:  # a whole reply: what the turn brings home is answered
-                    pass
+            async def pump(turn: Turn, sink: ChannelSink) -> None:
+                async for _ in sink.receive:  # a whole reply: what the turn brings home is answered
+                    sink.done()
                 result = await turn.result()
                 if result.ok or withheld(result):
                     finish = None if result.ok else "content_filter"
@@ -424,7 +423,7 @@ class OpenAIChat:
         self,
         http: HttpConnection,
         turn: Turn,
-        receive: trio.MemoryReceiveChannel[list[UniItem]],
+        sink: ChannelSink,
         provider: Provider,
         chunks: _Chunks,
         tagged: tuple[tuple[str, str], ...],
@@ -432,16 +431,21 @@ class OpenAIChat:
         """The turn as chunks. As on the MMSP endpoint, the head waits up to one heartbeat for
         the first event so an upstream refusal gets its HTTP status; after that an error is one
         `{"error"}` event and `[DONE]`, and a reset that voids chunks the client has ends the
-        stream so (`IncompleteStreamError`): OpenAI's wire cannot take text back."""
+        stream so (`IncompleteStreamError`): OpenAI's wire cannot take text back. Once the
+        head is out, the turn writes plain deltas itself (`DirectDeltas`)."""
         head = HeldHead(http, self.shared.limits.heartbeat, tagged)
-        written = False
-        while (items := await head.receive(receive)) is not None:
+        sink.direct = DirectDeltas(head, chunks.event, self.shared.metrics.count)
+        while (items := await head.receive(sink.receive)) is not None:
+            if type(items) is bytes:  # encoded by the turn, which could not write them
+                await head.send(items)
+                sink.done()
+                continue
             out: list[bytes] = []
             stopped = reset = False
             unknown: UniEvent | None = None  # a stop of no known reason: the turn says which
             for item in items:
                 if type(item) is AttemptReset:
-                    if written:
+                    if head.wrote:
                         reset = True
                         break
                     out.clear()  # nothing sent yet: the voided chunks are dropped unsent
@@ -460,7 +464,7 @@ class OpenAIChat:
             if frames:
                 self.shared.metrics.count(len(out))
                 await head.send(frames)
-                written = True
+            sink.done()
             if reset:
                 await http.send_data(sse_json({"error": _INCOMPLETE}) + SSE_DONE)
                 turn.cancel()

@@ -32,7 +32,11 @@ SSE_HEADERS = (
 class HeldHead:
     """An event stream whose head waits for its first data up to one heartbeat, so a refusal
     upstream can still get its HTTP status; while nothing comes, a heartbeat comment goes out
-    every `heartbeat` seconds (the first of them sends the head)."""
+    every `heartbeat` seconds (the first of them sends the head).
+
+    Once the head is out, data may also be written from another task without waiting
+    (`write_nowait`: a turn's own task, no hop to the wire's pump); the heartbeat then counts
+    from that write too."""
 
     def __init__(
         self, http: HttpConnection, heartbeat: float, headers: Sequence[tuple[str, str]] = ()
@@ -41,6 +45,7 @@ class HeldHead:
         self.heartbeat = heartbeat
         self.headers = [*SSE_HEADERS, *headers]  # the head's, after the event stream's own
         self.started = False  # the head went out
+        self.wrote = False  # data went out after it (a heartbeat is not data)
         self._deadline = trio.current_time() + heartbeat
 
     async def receive(self, channel: trio.MemoryReceiveChannel[T]) -> T | None:
@@ -51,6 +56,8 @@ class HeldHead:
                     return await channel.receive()
                 except trio.EndOfChannel:
                     return None
+            if trio.current_time() < self._deadline:
+                continue  # data went out meanwhile (`write_nowait`): no heartbeat is due
             if self.started:
                 await self.http.send_data(SSE_HEARTBEAT)
             else:
@@ -65,10 +72,28 @@ class HeldHead:
 
     async def send(self, data: bytes) -> None:
         """Send data (the head first, if it has not gone out); the next heartbeat is due one
-        heartbeat from now."""
+        heartbeat from now. Empty data writes out what `write_nowait` left parked."""
         await self.start()
+        if not data:
+            await self.http.stream.flush()
+            return
         await self.http.send_data(data)
+        self.wrote = True
         self._deadline = trio.current_time() + self.heartbeat
+
+    def write_nowait(self, data: bytes) -> bytes | None:
+        """Write data now, without waiting, after a head that has gone out: None when the
+        socket took it all; `b""` when it took part and the rest is parked (`send(b"")`
+        writes it out); `data` itself, with nothing written, when it must be sent the waiting
+        way (no head yet, bytes already parked, a full or failed socket)."""
+        http = self.http
+        if not self.started or not http.streaming:
+            return data
+        if not http.stream.try_send(http.body_chunk(data) if http.chunked else data):
+            return data
+        self.wrote = True
+        self._deadline = trio.current_time() + self.heartbeat
+        return b"" if http.stream.parked else None
 
 
 _PROBE_EVERY = 1.0  # seconds between looks at whether the head went out, to probe after it

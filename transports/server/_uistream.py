@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import msgspec
-import trio
 from rillet._core._codes import describe
-from rillet._core._encode import SSE_DONE, SSE_HEARTBEAT, sse_json
+from rillet._core._encode import SSE_DONE, sse_json
 from rillet._core._errors import EmptyResponseError
 from rillet._core._events import (
     FinishReason,
@@ -39,13 +38,13 @@ from rillet.providers._openai_chat._inbound import shown
 
 from ._replies import ErrorReply
 from ._shared import Shared
-from ._streamed import SSE_HEADERS
-from ._wireturn import ModelNotFound, route_model, run_wire_turn
+from ._streamed import SSE_HEADERS, HeldHead
+from ._wireturn import ChannelSink, DirectDeltas, ModelNotFound, route_model, run_wire_turn
 
 if TYPE_CHECKING:
     from rillet._core._dialect import Provider
     from rillet._core._events import ContentItem
-    from rillet._turn._turn import Turn, UniItem
+    from rillet._turn._turn import Turn
 
     from ._http11 import HttpConnection, Request
 
@@ -84,7 +83,8 @@ class UiBody(msgspec.Struct, frozen=True, kw_only=True):
 
 _decode_body = msgspec.json.Decoder(UiBody).decode
 
-UI_STREAM_HEADERS = (*SSE_HEADERS, ("x-vercel-ai-ui-message-stream", "v1"))
+_UI_VERSION = ("x-vercel-ai-ui-message-stream", "v1")
+UI_STREAM_HEADERS = (*SSE_HEADERS, _UI_VERSION)
 """The head of a UI message stream: an event stream, and the protocol's version."""
 
 
@@ -354,8 +354,8 @@ class UiStream:
 
         message_id = response_message_id(body)
 
-        async def pump(turn: Turn, receive: trio.MemoryReceiveChannel[list[UniItem]]) -> None:
-            await self._stream(http, turn, receive, provider, message_id)
+        async def pump(turn: Turn, sink: ChannelSink) -> None:
+            await self._stream(http, turn, sink, provider, message_id)
 
         await run_wire_turn(self.shared, http, ticket, turn_request, provider, pump, route="ui")
 
@@ -363,35 +363,38 @@ class UiStream:
         self,
         http: HttpConnection,
         turn: Turn,
-        receive: trio.MemoryReceiveChannel[list[UniItem]],
+        sink: ChannelSink,
         provider: Provider,
         message_id: str,
     ) -> None:
-        heartbeat = self.shared.limits.heartbeat
+        """The turn's parts. The head goes out at once (the stream's own `start` part first);
+        after it, the turn writes plain deltas itself (`DirectDeltas`), and everything else
+        comes here: a reset (`reset-step`), the stop, the turn's end."""
         parts = UiParts()
-        await http.start_stream(200, UI_STREAM_HEADERS)
+        head = HeldHead(http, self.shared.limits.heartbeat, (_UI_VERSION,))
+        await head.start()
         # the model that answers, as message metadata a front end can show (`message.metadata`)
         about = {"model": provider.model, "provider": provider.label}
         start = {"type": "start", "messageId": message_id, "messageMetadata": about}
         await http.send_data(sse_json(start) + sse_json({"type": "start-step"}))
-        written = stopped = False
+
+        def frame(event: UniEvent) -> bytes:
+            return b"".join([sse_json(part) for part in parts.event(event)])
+
+        sink.direct = DirectDeltas(head, frame, self.shared.metrics.count)
+        stopped = False
         unknown: UniEvent | None = None  # a stop of no known reason: the turn says which
-        while not stopped:
-            items: list[UniItem] | None = None
-            with trio.move_on_after(heartbeat):
-                try:
-                    items = await receive.receive()
-                except trio.EndOfChannel:
-                    break
-            if items is None:
-                await http.send_data(SSE_HEARTBEAT)
+        while not stopped and (items := await head.receive(sink.receive)) is not None:
+            if type(items) is bytes:  # encoded by the turn, which could not write them
+                await head.send(items)
+                sink.done()
                 continue
             out: list[dict[str, Any]] = []
             for item in items:
                 if type(item) is AttemptReset:
                     parts.reset()
                     # parts not yet sent are dropped; the reader drops those it has
-                    out = [{"type": "reset-step"}] if written else []
+                    out = [{"type": "reset-step"}] if head.wrote else []
                     continue
                 assert isinstance(item, UniEvent)
                 stopped = item.event_type == "stop"
@@ -401,8 +404,8 @@ class UiStream:
                 out += parts.event(item)
             if out:
                 self.shared.metrics.count(len(out))
-                await http.send_data(b"".join(sse_json(part) for part in out))
-                written = True
+                await head.send(b"".join(sse_json(part) for part in out))
+            sink.done()
         if stopped:
             if unknown is not None:
                 # the stop is the turn's last event: its result is due, and says whether the

@@ -8,11 +8,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 import trio
 from rillet._core._errors import RilletError
+from rillet._core._events import UniEvent
+from rillet._core._markers import AttemptReset
 from rillet._core._policy import Policy
 from rillet._turn._api import run_turn
 from rillet._turn._turn import SinkBatch, Turn, UniItem
@@ -20,10 +23,10 @@ from rillet.providers._registry import provider_from_env
 
 from ._log import log_run_end, log_run_start
 from ._replies import GONE, CloseConnection, ErrorReply
-from ._streamed import end_stream, until_gone
+from ._streamed import HeldHead, end_stream, until_gone
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Sequence
 
     from rillet._core._dialect import Provider
     from rillet._core._request import TurnRequest
@@ -32,39 +35,128 @@ if TYPE_CHECKING:
     from ._http11 import HttpConnection
     from ._shared import Shared
 
-__all__ = ["ChannelSink", "ModelNotFound", "route_model", "run_wire_turn"]
+__all__ = [
+    "ChannelSink",
+    "DirectDeltas",
+    "DirectWriter",
+    "Handed",
+    "ModelNotFound",
+    "route_model",
+    "run_wire_turn",
+]
 
 logger = logging.getLogger("rillet.transports.server")
+
+
+Handed = list[UniItem] | bytes
+"""What the turn hands a wire's pump: MMSP items to write, or bytes already encoded (`b""`:
+write out what is parked on the connection)."""
+
+
+class DirectWriter(Protocol):
+    """A wire's way to write a batch from the turn's own task (see `ChannelSink`)."""
+
+    def encode(self, items: Sequence[UniItem]) -> bytes | None:
+        """The bytes of a batch that needs nothing but writing (its state moves on: they must
+        go out), or None for one the pump must see (a reset, the stop, no head yet)."""
+
+    def write_nowait(self, data: bytes) -> bytes | None:
+        """Write `data` now (`HeldHead.write_nowait`): None once written, else what the pump
+        must still send."""
 
 
 @attrs.define(eq=False)
 class ChannelSink:
     """Hands a turn's MMSP items to the connection that streams them (backpressure: a client
-    that reads slowly slows its own turn, nobody else's)."""
+    that reads slowly slows its own turn, nobody else's).
 
-    send: trio.MemorySendChannel[list[UniItem]]
+    A batch goes the short way when it can: once the wire has set `direct`, a batch that
+    needs nothing but writing is encoded and written to the socket on the turn's own task,
+    when nothing handed to the pump is still unwritten (`owed`) and the socket takes it at
+    once; no task switch, no channel. Anything else (the head, a reset, the stop, a full
+    socket) goes through the channel to the wire's pump, in order."""
+
+    send: trio.MemorySendChannel[Handed]
+    receive: trio.MemoryReceiveChannel[Handed]
+    """The pump's end of the channel."""
+    direct: DirectWriter | None = None
+    """Set by the wire's pump once it can take the short way."""
+    owed: int = 0
+    """What was handed to the pump that it has not finished writing (`done`)."""
+    _stashed: bytes | None = None  # encoded, then refused by a full channel: `deliver` sends it
 
     def deliver_nowait(self, batch: SinkBatch) -> bool:
-        """Hand the batch's MMSP items on from the turn's own task when the channel has room
-        (no sink task between the turn and the connection); False when it is full."""
-        if batch.uni:
-            try:
-                self.send.send_nowait(list(batch.uni))
-            except trio.WouldBlock:
-                return False
-            except GONE:  # the response is over; the turn is cancelled
-                pass
+        """Write the batch's MMSP items at once, or hand them on from the turn's own task when
+        the channel has room (no sink task between the turn and the connection); False when
+        it is full."""
+        uni = batch.uni
+        if not uni:
+            return True
+        handed: bytes | None = None
+        direct = self.direct
+        if direct is not None and not self.owed:
+            data = direct.encode(uni)
+            if data is not None:
+                handed = direct.write_nowait(data) if data else None
+                if handed is None:
+                    return True
+        try:
+            self.send.send_nowait(list(uni) if handed is None else handed)
+        except trio.WouldBlock:
+            self._stashed = handed  # encoded already: the very bytes must go
+            return False
+        except GONE:  # the response is over; the turn is cancelled
+            return True
+        self.owed += 1
         return True
 
     async def deliver(self, batch: SinkBatch) -> None:
         """Hand the batch's MMSP items on (waiting while the connection is behind)."""
-        if batch.uni:
+        handed: Handed | None = self._stashed
+        self._stashed = None
+        if handed is None and batch.uni:
+            handed = list(batch.uni)
+        if handed is not None:
             with contextlib.suppress(*GONE):  # the response is over; the turn is cancelled
-                await self.send.send(list(batch.uni))
+                self.owed += 1
+                await self.send.send(handed)
+
+    def done(self) -> None:
+        """The pump has written what it was last handed."""
+        self.owed -= 1
 
     async def close(self) -> None:
         """The turn is over: end the channel."""
         await self.send.aclose()
+
+
+@attrs.define(eq=False)
+class DirectDeltas:
+    """The `DirectWriter` of a wire whose plain deltas each encode on their own (`frame`):
+    once the head is out, a batch of them is written on the turn's own task; a reset or the
+    stop goes to the pump, which alone knows what they mean there."""
+
+    head: HeldHead
+    frame: Callable[[UniEvent], bytes]
+    """An event's bytes on the wire (b"" for one the wire has no place for)."""
+    count: Callable[[int], None]
+    """Counts the events written (the server's metrics)."""
+
+    def encode(self, items: Sequence[UniItem]) -> bytes | None:
+        """The batch's bytes, or None when the pump must see it."""
+        if not self.head.started:
+            return None
+        for item in items:
+            if type(item) is AttemptReset or item.event_type == "stop":  # type: ignore[union-attr]
+                return None
+        frame = self.frame
+        out = [frame(item) for item in items]  # type: ignore[arg-type]
+        self.count(len(out))
+        return b"".join(out)
+
+    def write_nowait(self, data: bytes) -> bytes | None:
+        """`HeldHead.write_nowait`."""
+        return self.head.write_nowait(data)
 
 
 class ModelNotFound(Exception):
@@ -100,7 +192,7 @@ async def run_wire_turn(
     ticket: Ticket,
     turn_request: TurnRequest,
     provider: Provider,
-    pump: Callable[[Turn, trio.MemoryReceiveChannel[list[UniItem]]], Awaitable[None]],
+    pump: Callable[[Turn, ChannelSink], Awaitable[None]],
     *,
     route: str,
     whole: bool = False,
@@ -121,7 +213,7 @@ async def run_wire_turn(
         if queued and not await until_gone(http, admit, waiting=True):
             raise CloseConnection
         policy = shared.config.policy or Policy()
-        send, receive = trio.open_memory_channel[list[UniItem]](policy.channel_size)
+        sink = ChannelSink(*trio.open_memory_channel[Handed](policy.channel_size))
         shared.metrics.streams_started += 1
         shared.metrics.serving(provider)
         completed = False
@@ -131,7 +223,7 @@ async def run_wire_turn(
                     run_turn,
                     turn_request,
                     provider,
-                    sinks=[ChannelSink(send)],
+                    sinks=[sink],
                     policy=policy,
                     client=shared.client,
                     admission=shared.streams,
@@ -140,7 +232,7 @@ async def run_wire_turn(
             )
             log_run_start(turn.run_id, provider, route)
             try:
-                body = functools.partial(pump, turn, receive)
+                body = functools.partial(pump, turn, sink)
                 completed = await until_gone(http, body, waiting=whole)
             finally:
                 if not completed:
