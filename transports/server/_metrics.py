@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import attrs
-import httpx
 import trio
 
 if TYPE_CHECKING:
@@ -19,7 +18,7 @@ if TYPE_CHECKING:
     from rillet._core._dialect import Provider
     from rillet._turn._turn import TurnResult
 
-__all__ = ["CountingTransport", "Metrics", "Prometheus", "outcome_label"]
+__all__ = ["Metrics", "Prometheus", "outcome_label"]
 
 # seconds: a first event within a few hundred ms is usual; a run may take minutes
 _TTFE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -165,11 +164,11 @@ class Metrics:
         """`provider` answers runs: its requests are counted under its label."""
         self._origins.setdefault(_origin(provider.base_url), provider.label)
 
-    def provider_request(self, url: httpx.URL, status: int | None) -> None:
+    def provider_request(self, url: str, status: int | None) -> None:
         """A request to a provider got `status` (None: no answer)."""
         if self.prom is None:
             return
-        origin = _origin(str(url))
+        origin = _origin(url)
         label = self._origins.get(origin, origin)
         answer = str(status) if status is not None else "error"
         self.prom.provider_requests.labels(provider=label, status=answer).inc()
@@ -195,26 +194,3 @@ def _origin(url: str) -> str:
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     return f"{parts.scheme}://{parts.hostname}:{port}"
-
-
-@attrs.define(eq=False)
-class CountingTransport(httpx.AsyncBaseTransport):
-    """The upstream client's transport, counting each provider request by its answer's status
-    (`error` when none came) for the metrics."""
-
-    inner: httpx.AsyncBaseTransport
-    metrics: Metrics
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        """Send `request` through the inner transport and count it."""
-        try:
-            response = await self.inner.handle_async_request(request)
-        except BaseException:
-            self.metrics.provider_request(request.url, None)
-            raise
-        self.metrics.provider_request(request.url, response.status_code)
-        return response
-
-    async def aclose(self) -> None:
-        """Close the inner transport."""
-        await self.inner.aclose()

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 import httpx
 import trio
 from rillet._hub._hub import Hub, RunHub
+from rillet.transports.upstream import ObservedTransport
 
-from ._metrics import METRICS_EXTRA, CountingTransport, Metrics
+from ._metrics import METRICS_EXTRA, Metrics
 from ._routing import Server
 from ._shared import Shared
 
@@ -54,7 +55,8 @@ async def _serve(config: ServerConfig, hub: RunHub, task_status: trio.TaskStatus
     )
     metrics = Metrics()
     # every provider request goes through it, counted by its answer's status
-    transport = CountingTransport(httpx.AsyncHTTPTransport(limits=pool), metrics)
+    inner = httpx.AsyncHTTPTransport(limits=pool)
+    transport = ObservedTransport(inner, metrics.provider_request)
     async with (
         httpx.AsyncClient(
             timeout=httpx.Timeout(None), follow_redirects=False, transport=transport

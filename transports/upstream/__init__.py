@@ -13,6 +13,7 @@ from ._http import HttpUpstream as HttpUpstream
 from ._memory import MemoryExchange as MemoryExchange
 from ._memory import MemoryReply as MemoryReply
 from ._memory import MemoryUpstream as MemoryUpstream
+from ._observed import ObservedTransport as ObservedTransport
 from ._ws import SchemeUpstream as SchemeUpstream
 from ._ws import WebSocketExchange as WebSocketExchange
 from ._ws import WebSocketUpstream as WebSocketUpstream
@@ -24,6 +25,7 @@ __all__ = [
     "MemoryExchange",
     "MemoryReply",
     "MemoryUpstream",
+    "ObservedTransport",
     "SchemeUpstream",
     "WebSocketExchange",
     "WebSocketUpstream",

@@ -7,7 +7,8 @@ provider that thinks before its first token); the client's connect, write and po
 still apply. httpx's failures leave as `UpstreamError`, named by httpx's class.
 
 A plain client's requests go straight to its transport's pool (`_pool_path`: the same bytes,
-fewer layers); a reply that is complete before its body ended reads that end (`finish`), so its
+fewer layers), and their bodies are read straight from the connection (`_body_path`); a reply
+that is complete before its body ended reads that end (`finish`), so its
 connection goes back to the pool for the next turn.
 """
 
@@ -25,6 +26,7 @@ import httpx
 import trio
 from rillet._core._errors import UpstreamError
 
+from ._body_path import BodyPath
 from ._pool_path import PoolPath
 
 if TYPE_CHECKING:
@@ -129,10 +131,12 @@ class HttpExchange:
 
     `receive` is httpx's own iterator step (no frame of ours per read), so it raises httpx's
     `TransportError` as it is: the exchange names it in `failures`, and `failure` makes it the
-    `UpstreamError` it stands for (the `Exchange` protocol's fast path).
+    `UpstreamError` it stands for (the `Exchange` protocol's fast path). A reply that came the
+    short way (`PoolPath`) over HTTP/1.1 is read straight from its connection (`BodyPath`),
+    which raises the `UpstreamError` itself.
     """
 
-    __slots__ = ("_chunks", "_closed", "_headers", "receive", "response")
+    __slots__ = ("_chunks", "_closed", "_headers", "_short", "receive", "response")
 
     failures: tuple[type[BaseException], ...] = (httpx.TransportError,)
 
@@ -147,12 +151,18 @@ class HttpExchange:
         # raw: the response's own stream, not `aiter_raw`, whose layer per read only counts
         # bytes and re-chunks them (errors come the same: the transport's stream maps them)
         stream = response.stream
-        self._chunks: AsyncIterator[bytes] = (
+        # the short way (`BodyPath`): straight from httpcore's HTTP/1.1 connection
+        self._short = BodyPath.of(stream) if raw else None
+        self._chunks: AsyncIterator[bytes] | None = None
+        if self._short is not None:
+            self.receive: Callable[[], Awaitable[bytes]] = self._short.receive
+            return
+        self._chunks = (
             stream.__aiter__()
             if raw and isinstance(stream, httpx.AsyncByteStream)
             else response.aiter_bytes()
         )
-        self.receive: Callable[[], Awaitable[bytes]] = functools.partial(anext, self._chunks, b"")
+        self.receive = functools.partial(anext, self._chunks, b"")
         """The next body chunk; `b""` at the end (httpx yields no empty chunks)."""
 
     @property
@@ -177,9 +187,9 @@ class HttpExchange:
             return
         left = _FINISH_BYTES
         quiet = contextlib.suppress(httpx.HTTPError, httpx.StreamError)
-        with trio.move_on_after(_FINISH_GRACE), quiet:
+        with trio.move_on_after(_FINISH_GRACE), quiet, contextlib.suppress(UpstreamError):
             while left > 0:
-                chunk = await anext(self._chunks, b"")
+                chunk = await self.receive()
                 if not chunk:
                     return
                 left -= len(chunk)
@@ -207,6 +217,8 @@ class HttpExchange:
         with trio.CancelScope(shield=True):
             with trio.move_on_after(5):
                 await self.response.aclose()
+            if self._chunks is None:  # the short way: no iterator to end
+                return
             with trio.CancelScope() as drain:
                 drain.cancel()
                 with contextlib.suppress(Exception):

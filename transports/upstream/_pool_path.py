@@ -11,7 +11,9 @@ would have built (the client's default headers, the request's over them, `Host` 
 connections, the same bytes on the wire, the same httpx exceptions (httpx's own mapping), the
 same cookies kept and the same `httpx` log line.
 
-A client that is not plain takes `AsyncClient.send` as before (`PoolPath.of` says None).
+A client that is not plain takes `AsyncClient.send` as before (`PoolPath.of` says None). A
+client whose transport is an `ObservedTransport` over httpx's own is plain: the short way
+reports each request's status to it as the transport would have.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from ._observed import ObservedTransport
+
 try:  # httpx's own pieces of its transport: without them, every request takes `send`
     from httpx._transports import default as _httpx_transport
 except ImportError:  # pragma: no cover - an httpx that moved them
@@ -29,8 +33,9 @@ except ImportError:  # pragma: no cover - an httpx that moved them
 AsyncResponseStream: Any = getattr(_httpx_transport, "AsyncResponseStream", None)
 map_httpcore_exceptions: Any = getattr(_httpx_transport, "map_httpcore_exceptions", None)
 
+
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
 __all__ = ["PoolPath"]
 
@@ -55,11 +60,17 @@ def _target(url: str) -> tuple[Any, bytes] | None:
 class PoolPath:
     """Requests straight to a plain client's pool (see the module's docstring)."""
 
-    __slots__ = ("_client", "_limits", "_pool", "_timeout")
+    __slots__ = ("_client", "_limits", "_observe", "_pool", "_timeout")
 
-    def __init__(self, client: httpx.AsyncClient, pool: Any) -> None:
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        pool: Any,
+        observe: Callable[[str, int | None], object] | None = None,
+    ) -> None:
         self._client = client
         self._pool = pool
+        self._observe = observe  # an `ObservedTransport`'s report
         self._limits: httpx.Timeout | None = None
         self._timeout: dict[str, float | None] = {}
 
@@ -80,6 +91,9 @@ class PoolPath:
         if map_httpcore_exceptions is None or AsyncResponseStream is None:
             return None
         transport = getattr(client, "_transport", None)
+        observe = None
+        if type(transport) is ObservedTransport:  # its reports are made here instead
+            observe, transport = transport.observe, transport.inner
         if type(transport) is not httpx.AsyncHTTPTransport:
             return None
         pool = getattr(transport, "_pool", None)
@@ -94,7 +108,7 @@ class PoolPath:
             or client.is_closed
         ):
             return None
-        return cls(client, pool)
+        return cls(client, pool, observe)
 
     def usable(self, url: str) -> bool:
         """Whether a request to `url` may take the short way now (a cookie the client has
@@ -144,8 +158,16 @@ class PoolPath:
             content=body,
             extensions={"timeout": self._timeouts()},
         )
-        with map_httpcore_exceptions():
-            reply = await self._pool.handle_async_request(request)
+        observe = self._observe
+        try:
+            with map_httpcore_exceptions():
+                reply = await self._pool.handle_async_request(request)
+        except BaseException:
+            if observe is not None:
+                observe(url, None)
+            raise
+        if observe is not None:
+            observe(url, reply.status)
         response = httpx.Response(
             status_code=reply.status,
             headers=reply.headers,
