@@ -1,6 +1,7 @@
 """PNG charts of the latest figures in results.json, saved under bench/charts/ for people to look
 at: throughput per contestant, rillet against the limit, time to first delta, concurrent
-turns, and fan-out delay percentiles when the fan-out benchmark has run.
+turns, fan-out delay percentiles when the fan-out benchmark has run, and the gateway's CPU per
+chunk and added latency by the number of streams.
 
 Needs matplotlib (`pip install -e '.[bench]'`); without it the charts are skipped.
 """
@@ -263,6 +264,47 @@ def _fanout(results: dict[str, Any], out: Path) -> Path | None:
     return path
 
 
+_GATEWAY_COLOURS = {
+    "passthrough": _LIMIT,
+    "rillet": _RILLET,
+    "rillet-w2": "#5aa0dc",
+    "litellm": _PEER,
+}
+
+
+def _gateway(results: dict[str, Any], out: Path) -> Path | None:
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in (results.get("gateway") or {}).get("rows", []) if "error" not in r]
+    if not rows:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for gateway, colour in _GATEWAY_COLOURS.items():
+        mine = sorted((r for r in rows if r["gateway"] == gateway), key=lambda r: r["k"])
+        if not mine:
+            continue
+        ks = [r["k"] for r in mine]
+        axes[0].plot(ks, [r["cpu_us_per_chunk"] for r in mine], "o-", color=colour, label=gateway)
+        added = [max(r["added_ttft_p99_ms"], 0.1) for r in mine]
+        axes[1].plot(ks, added, "o-", color=colour, label=gateway)
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("concurrent streams (K), 50 chunks/s each")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("gateway CPU per chunk, µs")
+    axes[0].set_title("Server CPU per chunk")
+    axes[1].axhline(50, color="#c00000", linewidth=0.8, linestyle="--")
+    axes[1].set_ylabel("added p99 time to first token, ms")
+    axes[1].set_title("Added p99 TTFT (target: 50 ms)")
+    fig.tight_layout()
+    path = out / "gateway.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def draw_charts(results: dict[str, Any], out: Path = CHARTS) -> list[Path] | str:
     """Draw every chart the figures allow; the paths written, or why none were."""
     try:
@@ -272,7 +314,7 @@ def draw_charts(results: dict[str, Any], out: Path = CHARTS) -> list[Path] | str
     matplotlib.use("Agg")
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for draw in (_throughput, _pipeline, _ttfd, _turns, _fanout):
+    for draw in (_throughput, _pipeline, _ttfd, _turns, _fanout, _gateway):
         path = draw(results, out)
         if path is not None:
             paths.append(path)

@@ -35,6 +35,7 @@ import json
 import math
 import os
 import select
+import shutil
 import socket
 import statistics
 import subprocess
@@ -45,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from .fanout_load import SO_TIMESTAMPNS, kernel_arrival, raise_fd_limit
 from .procstat import machine_busy, peak_rss, process_cpu, process_tree, rank
+from .redis_hub import local_redis
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -62,7 +64,7 @@ __all__ = [
 
 _ROOT = Path(__file__).resolve().parent.parent
 _PEERS_BIN = _ROOT / "bench" / ".venv-peers" / "bin"
-GATEWAYS = ("direct", "passthrough", "rillet", "litellm")
+GATEWAYS = ("direct", "passthrough", "rillet", "rillet-w2", "litellm")
 _TEXT = b'"content":"w'
 _REQUEST_BODY = json.dumps(
     {
@@ -224,9 +226,12 @@ def serve_passthrough(upstream_port: int) -> None:
 # --- rillet serve -------------------------------------------------------------------------------
 
 
-def serve_rillet(upstream_port: int, streams: int) -> None:
-    """`rillet serve`'s server for the upstream, its limits sized for `streams` at once.
-    Prints `port P`; serves until stdin closes."""
+def serve_rillet(
+    upstream_port: int, streams: int, workers: int = 1, redis_url: str | None = None
+) -> None:
+    """`rillet serve`'s server for the upstream, its limits sized for `streams` at once, in
+    `workers` processes (more than one: sharing their runs through `redis_url`, as workers
+    must). Prints `port P`; serves until stdin closes."""
     import trio
     from rillet.providers import OpenAIChatDialect, Provider
     from rillet.transports.server import Limits, ServerConfig, serve
@@ -236,6 +241,8 @@ def serve_rillet(upstream_port: int, streams: int) -> None:
     config = ServerConfig(
         provider=provider,
         port=0,
+        workers=workers,
+        redis_url=redis_url,
         limits=Limits(
             max_streams=room,
             max_queued=room,
@@ -440,6 +447,17 @@ def _window(
     gateway: str, upstream: tuple[subprocess.Popen[bytes], int], k: int, spec: dict[str, Any]
 ) -> dict[str, Any]:
     """One window: a fresh gateway process (none for `direct`), K streams through it."""
+    with contextlib.ExitStack() as stack:
+        return _window_in(stack, gateway, upstream, k, spec)
+
+
+def _window_in(
+    stack: contextlib.ExitStack,
+    gateway: str,
+    upstream: tuple[subprocess.Popen[bytes], int],
+    k: int,
+    spec: dict[str, Any],
+) -> dict[str, Any]:
     me = [sys.executable, "-m", "bench.gateway"]
     upstream_proc, upstream_port = upstream
     proc: subprocess.Popen[bytes] | None = None
@@ -448,6 +466,12 @@ def _window(
         proc, port = _spawn([*me, "passthrough", "--upstream", str(upstream_port)])
     elif gateway == "rillet":
         proc, port = _spawn([*me, "rillet", "--upstream", str(upstream_port), "--k", str(k)])
+    elif gateway == "rillet-w2":  # its Redis is ours, outside the gateway's process tree
+        if shutil.which("redis-server") is None:
+            return {"error": "not available (two workers need redis-server: make deps)"}
+        redis_url = stack.enter_context(local_redis())
+        args = ["--upstream", str(upstream_port), "--k", str(k), "--workers", "2"]
+        proc, port = _spawn([*me, "rillet", *args, "--redis", redis_url])
     elif gateway == "litellm":
         port = _free_port()
         cmd = litellm_command(upstream_port, port, Path(f"/tmp/rillet-bench-litellm-{port}.yaml"))
@@ -512,13 +536,20 @@ def run_gateway(
     t0 = time.monotonic()
     try:
         for repeat in range(repeats):
+            fallen: dict[str, int] = {}  # a gateway that fell behind at K skips larger Ks
             for k in ks:
                 # a different order each repeat, so no gateway always runs after another
                 turned = order[repeat % len(order) :] + order[: repeat % len(order)]
                 for gateway in turned:
-                    if progress:
-                        progress(f"gateway: repeat {repeat + 1}/{repeats}, K={k}, {gateway}")
-                    raw.setdefault((gateway, k), []).append(_window(gateway, upstream, k, spec))
+                    if gateway in fallen:
+                        window = {"error": f"fell behind at K={fallen[gateway]}"}
+                    else:
+                        if progress:
+                            progress(f"gateway: repeat {repeat + 1}/{repeats}, K={k}, {gateway}")
+                        window = _window(gateway, upstream, k, spec)
+                        if _fell_behind(window):
+                            fallen[gateway] = k
+                    raw.setdefault((gateway, k), []).append(window)
     finally:
         stop(upstream[0])
     load = (machine_busy() - busy0) / (time.monotonic() - t0)
@@ -527,10 +558,22 @@ def run_gateway(
         "chunks": chunks,
         "rate": rate,
         "repeats": repeats,
+        "seconds": time.monotonic() - t0,
         "machine_load": load,
         "rows": rows,
         "largest_k": largest_k(rows),
     }
+
+
+_FELL_BEHIND_S = 5.0  # a p99 time to first token past this: the gateway no longer keeps up
+
+
+def _fell_behind(window: dict[str, Any]) -> bool:
+    """Whether a window shows its gateway past what it carries (its p99 first token seconds
+    late, or streams lost): larger Ks would only take minutes to say the same."""
+    if "error" in window:
+        return False
+    return bool(window["ttft_p99"] > _FELL_BEHIND_S or window["complete"] < window["streams"])
 
 
 def _median_row(
@@ -621,6 +664,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--upstream", type=int, help="the upstream's port")
     parser.add_argument("--k", type=int, default=100, help="rillet: streams at once to allow")
+    parser.add_argument("--workers", type=int, default=1, help="rillet: server processes")
+    parser.add_argument("--redis", help="rillet: the Redis several workers share")
     parser.add_argument("--chunks", type=int, default=200, help="fragments per answer")
     parser.add_argument("--rate", type=float, default=50.0, help="fragments per second")
     parser.add_argument(
@@ -636,7 +681,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.role == "passthrough":
         serve_passthrough(args.upstream)
     elif args.role == "rillet":
-        serve_rillet(args.upstream, args.k)
+        serve_rillet(args.upstream, args.k, args.workers, args.redis)
     else:
         section = run_gateway(
             args.ks,

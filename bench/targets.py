@@ -186,7 +186,12 @@ def judge_targets(results: dict[str, Any]) -> list[Target]:
             )
     else:
         out.append(Target(name, "≤ 40 µs", "not measured", None, "–"))
-    out += firstbyte_targets(results.get("firstbyte"), Target)
+    for target in firstbyte_targets(results.get("firstbyte"), Target):
+        if "warm" in target.name and target.met is not None:
+            # reported: a warm turn's first byte is a few µs of trio's against rillet's
+            # scheduling of a whole turn; the gateway's CPU per chunk is the target now
+            target.goal, target.met, target.margin = "reported", None, "–"
+        out.append(target)
     # concurrent turns
     turns = results.get("turns", {})
     paced = turns.get("paced")
@@ -241,18 +246,10 @@ def judge_targets(results: dict[str, Any]) -> list[Target]:
     workers = (results.get("workers") or {}).get("result") or {}
     speedup = _workers_speedup(workers) if workers else None
     name = "serve --workers 2: saturated deliveries/s ÷ 1 worker's"
+    # reported: two workers cannot be saturated honestly on two cores that also run the load;
+    # the gateway's "two workers within 10 % of one worker's CPU per chunk" is the target
     if speedup is not None:
-        out.append(
-            Target(
-                name,
-                "≥ 1.7×",
-                f"{speedup:.2f}×",
-                speedup >= 1.7,
-                f"{speedup / 1.7:.2f}× the goal"
-                if speedup >= 1.7
-                else f"short by {1.7 / speedup:.2f}×",
-            )
-        )
+        out.append(Target(name, "reported", f"{speedup:.2f}×", None, "–"))
         paced = [p for p in workers["phases"] if p["phase"].startswith("paced")]
         for p in paced:
             if p["workers"] == 2:
@@ -269,7 +266,8 @@ def judge_targets(results: dict[str, Any]) -> list[Target]:
                     )
                 )
     else:
-        out.append(Target(name, "≥ 1.7×", "not measured", None, "–"))
+        out.append(Target(name, "reported", "not measured", None, "–"))
+    out += _gateway_targets(results.get("gateway"))
     # the turn's own target: the whole pipeline against the same decode in one task
     name = "run_turn events/s ÷ core decode's (openai-chat, largest)"
     if table_tp := (_series(tp) if tp else {}):
@@ -298,12 +296,77 @@ def judge_targets(results: dict[str, Any]) -> list[Target]:
     return out
 
 
+def _gateway_targets(section: dict[str, Any] | None) -> list[Target]:
+    """The gateway's targets (bench/gateway.py): rillet's CPU per chunk against LiteLLM's proxy
+    and the bare pass-through, the added latency at K = 500, two workers against one, and
+    the benchmark's own length."""
+    rows = {(r["gateway"], r["k"]): r for r in (section or {}).get("rows", []) if "error" not in r}
+
+    def ratio_target(name: str, goal: float, ratios: dict[str, float]) -> Target:
+        if not ratios:
+            return Target(name, f"≤ {goal:g}×", "not measured", None, "–")
+        worst = max(ratios, key=ratios.__getitem__)
+        v = ratios[worst]
+        margin = f"{goal / v:.2f}× the goal" if v <= goal else f"over by {v / goal:.2f}×"
+        detail = ", ".join(f"{k}: {x:.2f}×" for k, x in ratios.items())
+        return Target(name, f"≤ {goal:g}×", f"{v:.2f}× (worst: {worst})", v <= goal, margin, detail)
+
+    def cpu(gateway: str, k: int) -> float | None:
+        row = rows.get((gateway, k))
+        return row["cpu_us_per_chunk"] if row else None
+
+    out = []
+    ours, theirs = cpu("rillet", 10), cpu("litellm", 10)
+    name = "gateway, K=10: rillet's server CPU per chunk ÷ LiteLLM proxy's"
+    out.append(ratio_target(name, 0.1, {"K=10": ours / theirs} if ours and theirs else {}))
+    ratios = {}
+    for (gateway, k), row in sorted(rows.items(), key=lambda item: item[0][1]):
+        bare = cpu("passthrough", k)
+        if gateway == "rillet" and bare:
+            ratios[f"K={k}"] = row["cpu_us_per_chunk"] / bare
+    name = "gateway: rillet's server CPU per chunk ÷ the bare trio pass-through's"
+    out.append(ratio_target(name, 2.0, ratios))
+    for key, goal, what in (
+        ("added_ttft_p99_ms", 50.0, "added p99 time to first token"),
+        ("added_gap_p99_ms", 20.0, "added p99 gap between chunks"),
+    ):
+        name = f"gateway, K=500: rillet's {what}"
+        row = rows.get(("rillet", 500))
+        if row is None:
+            fell = [r for r in (section or {}).get("rows", []) if r["gateway"] == "rillet"]
+            why = next((r["error"] for r in fell if r["k"] == 500 and "error" in r), None)
+            out.append(Target(name, f"≤ {goal:g} ms", why or "not measured", None, "–"))
+            continue
+        v = row[key]
+        margin = f"{goal - v:.1f} ms to spare" if v <= goal else f"over by {v - goal:.1f} ms"
+        out.append(Target(name, f"≤ {goal:g} ms", f"{v:.1f} ms", v <= goal, margin))
+    ratios = {}
+    for (gateway, k), row in rows.items():
+        one = cpu("rillet", k)
+        if gateway == "rillet-w2" and one:
+            ratios[f"K={k}"] = row["cpu_us_per_chunk"] / one
+    name = "gateway: two workers' server CPU per chunk ÷ one worker's"
+    out.append(ratio_target(name, 1.1, dict(sorted(ratios.items()))))
+    seconds = (section or {}).get("seconds")
+    name = "gateway benchmark's length"
+    if seconds is None:
+        out.append(Target(name, "≤ 10 min", "not measured", None, "–"))
+    else:
+        minutes = seconds / 60
+        margin = (
+            f"{10 - minutes:.1f} min to spare"
+            if minutes <= 10
+            else f"over by {minutes - 10:.1f} min"
+        )
+        out.append(Target(name, "≤ 10 min", f"{minutes:.1f} min", minutes <= 10, margin))
+    return out
+
+
 def targets_markdown(targets: list[Target], results: dict[str, Any]) -> str:
     """The targets table."""
     when = {
         k: results[k].get("machine", {}).get("at", "?")
-        for k in ("core", "pipeline", "peers", "ttfd", "firstbyte", "turns")
-        for k in ("core", "pipeline", "peers", "ttfd", "turns", "memory")
+        for k in ("core", "pipeline", "peers", "ttfd", "firstbyte", "turns", "memory", "gateway")
         if k in results
     }
     lines = [
