@@ -214,7 +214,7 @@ def test_the_firstbyte_benchmark_times_every_contestant_from_the_servers_clock()
     assert section["request_bytes"] > 300  # rillet's own request, as trio alone sends it
 
 
-def test_the_firstbyte_targets_are_the_worse_of_run_turn_and_open_turn() -> None:
+def test_the_firstbyte_targets_take_the_worse_turn_and_report_the_warm_one() -> None:
     from bench.targets import Target, judge_targets
 
     section = {
@@ -231,7 +231,8 @@ def test_the_firstbyte_targets_are_the_worse_of_run_turn_and_open_turn() -> None
     warm = judged["call to first request byte, warm: rillet ÷ trio alone"]
     assert isinstance(cold, Target)
     assert (cold.met, cold.measured) == (True, "1.40× (worst: open_turn)")
-    assert (warm.met, warm.measured) == (False, "1.60× (worst: open_turn)")
+    # the warm first byte is reported only: the gateway's CPU per chunk is its target now
+    assert (warm.met, warm.goal, warm.measured) == (None, "reported", "1.60× (worst: open_turn)")
     unmeasured = judge_targets({})
     assert [t.met for t in unmeasured if "first request byte" in t.name] == [None, None]
 
