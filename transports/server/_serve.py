@@ -12,6 +12,7 @@ import httpx
 import trio
 from rillet._hub._hub import Hub, RunHub
 from rillet.transports.upstream import ObservedTransport
+from rillet.transports.upstream._linear_pool import linear_pool
 
 from ._metrics import METRICS_EXTRA, Metrics
 from ._routing import Server
@@ -56,6 +57,7 @@ async def _serve(config: ServerConfig, hub: RunHub, task_status: trio.TaskStatus
     metrics = Metrics()
     # every provider request goes through it, counted by its answer's status
     inner = httpx.AsyncHTTPTransport(limits=pool)
+    linear_pool(inner)  # a pass per request in the pool's size, not its square
     transport = ObservedTransport(inner, metrics.provider_request)
     async with (
         httpx.AsyncClient(
