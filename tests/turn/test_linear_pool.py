@@ -102,7 +102,8 @@ def test_a_full_pool_closes_an_idle_connection_to_make_room_but_never_one_spoken
     assert theirs.connection is None
     pool._requests = [theirs]
     assert pool._assign_requests_to_connections() == [idle]  # now it may go
-    assert theirs.connection.can_handle_request(other)
+    assigned: Any = theirs.connection  # (set by the pass: not the None asserted above)
+    assert assigned.can_handle_request(other)
 
 
 async def test_requests_through_the_linear_pool_reuse_connections_within_the_limit() -> None:
