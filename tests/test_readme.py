@@ -217,8 +217,10 @@ async def check_mcp(code: str, tmp_path: Path) -> None:
     assert sent["messages"][-1]["content"][0]["text"] == "Why is the sky blue?"
 
 
-async def check_openai_sdk(code: str, tmp_path: Path) -> None:
-    """The OpenAI SDK, pointed at a rillet server, streams the server provider's answer."""
+async def _through_the_server(code: str, tmp_path: Path) -> tuple[str, dict[str, Any]]:
+    """Run a block of the OpenAI SDK against a rillet server (its URL in the block rewritten to
+    the server's port) with the loopback provider behind it: what it printed, and the one
+    request the provider got."""
     from .server.test_openai_interop import sdk_python
 
     python = sdk_python()  # skips, saying why, when the SDK's virtualenv cannot be made
@@ -233,10 +235,25 @@ async def check_openai_sdk(code: str, tmp_path: Path) -> None:
             done = await run_python(local, tmp_path, provider_env(provider.url), python=str(python))
             nursery.cancel_scope.cancel()
         (sent,) = bodies(provider.requests)
-    assert done.stdout.decode() == TEXT
+    return done.stdout.decode(), sent
+
+
+async def check_openai_sdk(code: str, tmp_path: Path) -> None:
+    """The OpenAI SDK, pointed at a rillet server, streams the server provider's answer."""
+    printed, sent = await _through_the_server(code, tmp_path)
+    assert printed == TEXT
     assert sent["model"] == "gpt-4.1-mini"
     assert sent["messages"] == [{"role": "user", "content": "Hello"}]
     assert sent["stream"] is True
+
+
+async def check_openai_responses(code: str, tmp_path: Path) -> None:
+    """The OpenAI SDK's Responses client, pointed at a rillet server, streams the server
+    provider's answer (a provider of the Chat Completions wire)."""
+    printed, sent = await _through_the_server(code, tmp_path)
+    assert printed == TEXT
+    assert sent["model"] == "gpt-4.1-mini"
+    assert sent["messages"] == [{"role": "user", "content": "Hello"}]
 
 
 Check = Callable[[str, Path], Awaitable[None]]
@@ -249,12 +266,13 @@ PYTHON_CHECKS: list[tuple[str, Check]] = [
     ("From asyncio", check_asyncio),
     ("As an MCP server", check_mcp),
     ("The server", check_openai_sdk),
+    ("The server", check_openai_responses),
 ]
 
 
 def test_every_python_block_of_the_readme_has_its_check() -> None:
     """A block added to the README must get its check here."""
-    assert len(PYTHON_BLOCKS) == 7
+    assert len(PYTHON_BLOCKS) == 8
     assert [title for title, _ in PYTHON_BLOCKS] == [title for title, _ in PYTHON_CHECKS]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import msgspec
@@ -43,6 +43,7 @@ from rillet.providers._openai_chat._inbound import (
     shown,
 )
 from rillet.providers._openai_chat._stream import is_refusal
+from rillet.providers._openai_responses._inbound import ResponsesBody
 
 from ._mmsp import mmsp_error
 from ._replies import ErrorReply
@@ -51,18 +52,24 @@ from ._streamed import HeldHead
 from ._wireturn import ChannelSink, DirectDeltas, ModelNotFound, route_model, run_wire_turn
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rillet._core._dialect import Provider
+    from rillet._core._request import TurnRequest
     from rillet._turn._turn import Turn, TurnResult
 
+    from ._capacity import Ticket
     from ._http11 import HttpConnection, Request
 
 __all__ = [
     "OpenAIChat",
+    "admit",
     "completion",
     "openai_error",
     "openai_finish_reason",
     "openai_usage",
     "refused",
+    "reply_error",
 ]
 
 
@@ -160,8 +167,9 @@ def _cause(result: TurnResult) -> BaseException | None:
     return error
 
 
-def _reply_error(reply: ErrorReply, kind: str, code: str | None) -> ErrorReply:
-    """One of the shared checks' refusals, reworded in OpenAI's error shape."""
+def reply_error(reply: ErrorReply, kind: str, code: str | None) -> ErrorReply:
+    """One of the shared checks' refusals, reworded in OpenAI's error shape (its `type` and
+    `code`), for the endpoints that speak OpenAI's wires."""
     message = msgspec.json.decode(reply.body)["error"]["message"]
     return ErrorReply(
         reply.status, kind, message, headers=reply.headers, close=reply.close, param=None, code=code
@@ -319,6 +327,58 @@ _INCOMPLETE = {
 }
 
 
+B = TypeVar("B", bound=ChatBody | ResponsesBody)
+
+
+async def admit(
+    shared: Shared,
+    http: HttpConnection,
+    request: Request,
+    decode: Callable[[bytes], B],
+    build: Callable[[B], TurnRequest],
+) -> tuple[B, TurnRequest, Provider, Ticket]:
+    """What both of OpenAI's wires do before a turn, each refusal in OpenAI's error shape: the
+    server key, the body (`decode`), the turn request (`build`, raising `BadRequest` with the
+    parameter at fault), the model's provider, and a place in the admission."""
+    try:
+        shared.require_key(request)
+    except ErrorReply as reply:
+        raise reply_error(reply, "authentication_error", "invalid_api_key") from None
+    try:
+        body: B = await shared.read_json(http, request, decode, "invalid_request_error")
+    except ErrorReply as reply:
+        raise reply_error(reply, "invalid_request_error", None) from None
+    try:
+        turn_request = build(body)
+    except BadRequest as exc:
+        raise ErrorReply(
+            400, "invalid_request_error", str(exc), param=exc.param, code=exc.code
+        ) from None
+    try:
+        provider = route_model(shared, body.model)
+    except ErrorReply as reply:  # a model that cannot be served as configured
+        raise reply_error(reply, "invalid_request_error", "model_unavailable") from None
+    except ModelNotFound:
+        raise ErrorReply(
+            404,
+            "invalid_request_error",
+            f"the model {shown(body.model)} does not exist or is not served here",
+            param="model",
+            code="model_not_found",
+        ) from None
+    try:
+        ticket = shared.reserve(request, mmsp=False)
+    except ErrorReply as reply:
+        raise reply_error(reply, "rate_limit_error", "rate_limit_exceeded") from None
+    return body, turn_request, provider, ticket
+
+
+def _chat_request(body: ChatBody) -> TurnRequest:
+    if len(body.messages) > _MAX_MESSAGES:  # refused before they are read: see there
+        raise BadRequest(f"`messages` holds more than {_MAX_MESSAGES} messages", "messages")
+    return chat_request(body)
+
+
 @attrs.define(eq=False)
 class OpenAIChat:
     """`POST /v1/chat/completions`."""
@@ -339,46 +399,9 @@ class OpenAIChat:
     async def _complete(
         self, http: HttpConnection, request: Request, tagged: tuple[tuple[str, str], ...]
     ) -> None:
-        try:
-            self.shared.require_key(request)
-        except ErrorReply as reply:
-            raise _reply_error(reply, "authentication_error", "invalid_api_key") from None
-        try:
-            body: ChatBody = await self.shared.read_json(
-                http, request, decode_chat_body, "invalid_request_error"
-            )
-        except ErrorReply as reply:
-            raise _reply_error(reply, "invalid_request_error", None) from None
-        if len(body.messages) > _MAX_MESSAGES:  # refused before they are read: see there
-            raise ErrorReply(
-                400,
-                "invalid_request_error",
-                f"`messages` holds more than {_MAX_MESSAGES} messages",
-                param="messages",
-                code=None,
-            )
-        try:
-            turn_request = chat_request(body)
-        except BadRequest as exc:
-            raise ErrorReply(
-                400, "invalid_request_error", str(exc), param=exc.param, code=exc.code
-            ) from None
-        try:
-            provider = route_model(self.shared, body.model)
-        except ErrorReply as reply:  # a model that cannot be served as configured
-            raise _reply_error(reply, "invalid_request_error", "model_unavailable") from None
-        except ModelNotFound:
-            raise ErrorReply(
-                404,
-                "invalid_request_error",
-                f"the model {shown(body.model)} does not exist or is not served here",
-                param="model",
-                code="model_not_found",
-            ) from None
-        try:
-            ticket = self.shared.reserve(request, mmsp=False)
-        except ErrorReply as reply:
-            raise _reply_error(reply, "rate_limit_error", "rate_limit_exceeded") from None
+        body, turn_request, provider, ticket = await admit(
+            self.shared, http, request, decode_chat_body, _chat_request
+        )
         completion_id = f"chatcmpl-{secrets.token_hex(12)}"
         model = body.model or provider.model
         if body.stream:

@@ -35,6 +35,7 @@ from ._mmsp import Mmsp
 from ._openai import OpenAIChat
 from ._page import Page
 from ._replies import GONE, CloseConnection, ErrorReply, error_body
+from ._responses import OpenAIResponses
 from ._runs import Runs
 from ._shared import Shared
 from ._uistream import UiStream
@@ -94,6 +95,7 @@ class Server:
     mmsp: Mmsp = attrs.field()
     openai: OpenAIChat = attrs.field()
     ui: UiStream = attrs.field()
+    responses: OpenAIResponses = attrs.field()
     page: Page = attrs.field(factory=Page)
     connection_cap: int = attrs.field()
     # every connection, by the scope its task runs in (cancelled to close it at the cap), and
@@ -127,6 +129,10 @@ class Server:
     def _ui(self) -> UiStream:
         return UiStream(self.shared)
 
+    @responses.default
+    def _responses(self) -> OpenAIResponses:
+        return OpenAIResponses(self.shared)
+
     def __attrs_post_init__(self) -> None:
         self._static = {
             "/": {"GET": self.page.serve},
@@ -138,6 +144,7 @@ class Server:
             "/v1/models": {"GET": self.mmsp.models},
             "/v1/stream": {"POST": self.mmsp.stream},
             "/v1/chat/completions": {"POST": self.openai.completions},
+            "/v1/responses": {"POST": self.responses.create},
             "/v1/ui/chat": {"POST": self.ui.chat},
             "/v1/runs": {"POST": self.runs.start_run},
         }

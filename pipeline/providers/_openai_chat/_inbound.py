@@ -30,12 +30,14 @@ if TYPE_CHECKING:
     from ..._core._events import ContentItem
 
 __all__ = [
+    "EFFORTS",
     "REFUSED",
-    "RESPONSES_FIELDS",
+    "SHARED_FIELDS",
     "BadRequest",
     "ChatBody",
     "chat_request",
     "decode_chat_body",
+    "other_fields",
     "shown",
 ]
 
@@ -110,13 +112,18 @@ _decode_fields = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode  # the read
 _decode_value = msgspec.json.Decoder().decode
 
 
+def other_fields(raw: bytes, read: frozenset[str]) -> dict[str, Any]:
+    """A JSON object's top-level fields other than `read`, as the client gave them (a null
+    one is none): what an OpenAI wire's body carries that the server does not act on."""
+    fields = _decode_fields(raw).items()
+    return {k: v for k, r in fields if k not in read and (v := _decode_value(r)) is not None}
+
+
 def decode_chat_body(raw: bytes) -> ChatBody:
     """A request body as a `ChatBody`, its fields rillet does not act on in `extra` (raises
     `msgspec.DecodeError`, `msgspec.ValidationError` included)."""
     body = _decode_read(raw)
-    fields = _decode_fields(raw).items()
-    extra = {k: v for k, r in fields if k not in _READ and (v := _decode_value(r)) is not None}
-    return ChatBody(**msgspec.structs.asdict(body), extra=extra)
+    return ChatBody(**msgspec.structs.asdict(body), extra=other_fields(raw, _READ))
 
 
 REFUSED = ("functions", "function_call", "audio")
@@ -124,7 +131,7 @@ REFUSED = ("functions", "function_call", "audio")
 `functions` and `function_call` (tools in the shape rillet's answer does not speak: their calls
 would come back as `function_call`), and `audio` (spoken output, which a chat completion from
 here does not carry)."""
-RESPONSES_FIELDS = (
+SHARED_FIELDS = (
     "top_p",
     "parallel_tool_calls",
     "user",
@@ -134,9 +141,9 @@ RESPONSES_FIELDS = (
     "prompt_cache_retention",
     "safety_identifier",
 )
-"""The fields OpenAI's Responses wire takes under the same name and meaning, sent as given to a
-provider of that wire."""
-_EFFORTS: dict[str, ThinkingLevel] = {
+"""The fields OpenAI's Chat Completions and Responses wires both take under the same name and
+meaning: what one endpoint's request passes, as given, to a provider of the other wire."""
+EFFORTS: dict[str, ThinkingLevel] = {
     "none": "none",
     "minimal": "low",
     "low": "low",
@@ -298,7 +305,7 @@ def chat_request(body: ChatBody) -> TurnRequest:
         raise BadRequest("`messages` holds no user or assistant message", "messages")
     effort = None
     if body.reasoning_effort is not None:
-        effort = _EFFORTS.get(body.reasoning_effort)
+        effort = EFFORTS.get(body.reasoning_effort)
         if effort is None:
             raise BadRequest("unknown reasoning_effort", "reasoning_effort")
     tools = []
@@ -333,7 +340,7 @@ def _passed_on(body: ChatBody) -> dict[str, dict[str, Any]]:
     `reasoning_effort` to both as given (`minimal` and `none` included, which the thinking
     levels other dialects read cannot say)."""
     chat = dict(body.extra)
-    responses = {name: body.extra[name] for name in RESPONSES_FIELDS if name in body.extra}
+    responses = {name: body.extra[name] for name in SHARED_FIELDS if name in body.extra}
     if body.reasoning_effort is not None:
         chat["reasoning_effort"] = body.reasoning_effort
         reasoning = {"effort": body.reasoning_effort}

@@ -1,0 +1,520 @@
+"""`POST /v1/responses`: OpenAI's Responses API (the open Responses specification's) over any
+provider the server routes to.
+
+A streamed response is the API's event stream: `response.created` and `response.in_progress`,
+then per output item `response.output_item.added`, its parts and deltas
+(`response.content_part.added`, `response.output_text.delta`, `response.refusal.delta`,
+`response.reasoning_summary_text.delta`, `response.function_call_arguments.delta`), their
+`.done`s and `response.output_item.done`, and last `response.completed` (or
+`response.incomplete`, with its reason, when the answer was cut at the token limit or by the
+provider's content rules) with the whole response and its usage. Every event carries its
+`sequence_number`, from 0, and the item it belongs to its `output_index` and `item_id`. Each
+MMSP group is one output item: text a `message`, thinking a `reasoning` item (its summary), a
+tool call a `function_call`.
+
+As on the Chat Completions endpoint the head waits up to one heartbeat for the first event, so a
+refusal upstream keeps its HTTP status and OpenAI's error object; after it, a failure is a
+`response.failed` event with the run's code, and a retry that voids what the client already has
+ends the stream so (this wire cannot take text back). A whole response is one `response`
+object. `store`, `previous_response_id` and background mode are not served: the server keeps no
+responses (see `rillet.providers._openai_responses._inbound`)."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import msgspec
+from rillet._core._encode import sse_json
+from rillet._core._errors import EmptyResponseError
+from rillet._core._events import (
+    TextDelta,
+    TextDone,
+    ThinkingDelta,
+    ThinkingDone,
+    ToolCallDelta,
+    ToolCallDone,
+    UniEvent,
+    UsageMetadata,
+)
+from rillet._core._markers import AttemptReset
+from rillet.providers._openai_chat._inbound import BadRequest
+from rillet.providers._openai_chat._stream import is_refusal
+from rillet.providers._openai_responses._inbound import (
+    ResponsesBody,
+    decode_responses_body,
+    responses_request,
+)
+
+from ._openai import admit, openai_error, withheld
+from ._replies import ErrorReply
+from ._shared import Shared
+from ._streamed import HeldHead
+from ._wireturn import ChannelSink, DirectDeltas, run_wire_turn
+
+if TYPE_CHECKING:
+    from rillet._core._dialect import Provider
+    from rillet._core._events import UniMessage
+    from rillet._core._request import TurnRequest
+    from rillet._turn._turn import Turn, TurnResult
+
+    from ._http11 import HttpConnection, Request
+
+__all__ = ["OpenAIResponses", "ResponseEvents", "responses_usage"]
+
+_MAX_ITEMS = 2048  # as many input items as the Chat endpoint takes messages
+
+
+def responses_usage(usage: UsageMetadata | None) -> dict[str, Any] | None:
+    """MMSP's usage in the Responses API's terms: its input tokens include the cached ones and
+    its output tokens the reasoning ones; MMSP counts each apart. None when none was reported."""
+    if usage is None or (usage.prompt_tokens is None and usage.response_tokens is None):
+        return None
+    cached = usage.cached_tokens or 0
+    thoughts = usage.thoughts_tokens or 0
+    given = (usage.prompt_tokens or 0) + cached
+    output = (usage.response_tokens or 0) + thoughts
+    return {
+        "input_tokens": given,
+        "input_tokens_details": {"cached_tokens": cached},
+        "output_tokens": output,
+        "output_tokens_details": {"reasoning_tokens": thoughts},
+        "total_tokens": given + output,
+    }
+
+
+def _arguments(value: Any) -> str:
+    return msgspec.json.encode(value).decode()
+
+
+@attrs.define
+class _Open:
+    """The output item being streamed."""
+
+    kind: str  # message, refusal, reasoning, function_call
+    item: dict[str, Any]
+    index: int
+    text: list[str] = attrs.field(factory=list)
+
+
+@attrs.define
+class ResponseEvents:
+    """Builds the events of one streamed response, and the response they describe."""
+
+    id: str
+    model: str
+    request: dict[str, Any]  # the request's echoed fields (instructions, tools, settings)
+    created_at: int = attrs.field(factory=lambda: int(time.time()))
+    sequence: int = 0
+    output: list[dict[str, Any]] = attrs.field(factory=list)
+    current: _Open | None = None
+    started: bool = False
+
+    def response(self, status: str, **fields: Any) -> dict[str, Any]:
+        """The response object as it stands (`status`, and any field given over it)."""
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "error": None,
+            "incomplete_details": None,
+            "model": self.model,
+            "output": list(self.output) if status != "in_progress" else [],
+            "usage": None,
+            **self.request,
+            **fields,
+        }
+
+    def event(self, kind: str, **fields: Any) -> bytes:
+        """One event, numbered."""
+        value = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return b"event: %s\n%s" % (kind.encode(), sse_json(value))
+
+    def start(self) -> bytes:
+        """`response.created` and `response.in_progress`, once."""
+        if self.started:
+            return b""
+        self.started = True
+        head = self.response("in_progress")
+        return self.event("response.created", response=head) + self.event(
+            "response.in_progress", response=head
+        )
+
+    def reset(self) -> None:
+        """Nothing sent yet: forget what a voided attempt built."""
+        self.output.clear()
+        self.current = None
+
+    def frames(self, event: UniEvent) -> bytes:
+        """The events of one MMSP delta (b"" for what this wire has no place for)."""
+        out = self.start()
+        for item in event.content_items:
+            kind = type(item)
+            if kind is TextDelta:
+                assert isinstance(item, TextDelta)
+                refusal = item.fidelity is not None and is_refusal(item.fidelity)
+                out += self._open("refusal" if refusal else "message")
+                if item.text:
+                    out += self._delta(item.text)
+            elif kind is ThinkingDelta:
+                assert isinstance(item, ThinkingDelta)
+                out += self._open("reasoning")
+                if item.thinking:
+                    out += self._delta(item.thinking)
+            elif kind is ToolCallDelta:
+                assert isinstance(item, ToolCallDelta)
+                out += self._open("function_call", item)
+                if item.arguments:
+                    out += self._delta(item.arguments)
+            elif isinstance(item, (TextDone, ThinkingDone, ToolCallDone)):
+                out += self.close_item(item)
+        return out
+
+    def _open(self, kind: str, call: ToolCallDelta | None = None) -> bytes:
+        if self.current is not None:
+            return b""
+        index = len(self.output)
+        if kind == "function_call":
+            assert call is not None
+            call_id = call.tool_call_id or f"call_{secrets.token_hex(12)}"
+            body: dict[str, Any] = {
+                "id": f"fc_{secrets.token_hex(12)}",
+                "type": "function_call",
+                "status": "in_progress",
+                "arguments": "",
+                "call_id": call_id,
+                "name": call.name,
+            }
+        elif kind == "reasoning":
+            body = {"id": f"rs_{secrets.token_hex(12)}", "type": "reasoning", "summary": []}
+        else:
+            body = {
+                "id": f"msg_{secrets.token_hex(12)}",
+                "type": "message",
+                "status": "in_progress",
+                "content": [],
+                "role": "assistant",
+            }
+        self.current = _Open(kind, body, index)
+        out = self.event("response.output_item.added", output_index=index, item=body)
+        where = {"item_id": body["id"], "output_index": index}
+        if kind == "message":
+            part = {"type": "output_text", "annotations": [], "logprobs": [], "text": ""}
+            out += self.event("response.content_part.added", **where, content_index=0, part=part)
+        elif kind == "refusal":
+            part = {"type": "refusal", "refusal": ""}
+            out += self.event("response.content_part.added", **where, content_index=0, part=part)
+        elif kind == "reasoning":
+            part = {"type": "summary_text", "text": ""}
+            out += self.event(
+                "response.reasoning_summary_part.added", **where, summary_index=0, part=part
+            )
+        return out
+
+    def _delta(self, text: str) -> bytes:
+        current = self.current
+        assert current is not None
+        current.text.append(text)
+        where = {"item_id": current.item["id"], "output_index": current.index}
+        if current.kind == "message":
+            return self.event(
+                "response.output_text.delta", **where, content_index=0, delta=text, logprobs=[]
+            )
+        if current.kind == "refusal":
+            return self.event("response.refusal.delta", **where, content_index=0, delta=text)
+        if current.kind == "reasoning":
+            return self.event(
+                "response.reasoning_summary_text.delta", **where, summary_index=0, delta=text
+            )
+        return self.event("response.function_call_arguments.delta", **where, delta=text)
+
+    def close_item(self, done: TextDone | ThinkingDone | ToolCallDone) -> bytes:
+        """The events that end an item (its `.done`s and `response.output_item.done`),
+        opening it first when no delta did."""
+        current = self.current
+        if current is None:  # a group with no delta of its own: open it first
+            if type(done) is TextDone:
+                refusal = done.fidelity is not None and is_refusal(done.fidelity)
+                head = self._open("refusal" if refusal else "message")
+            elif type(done) is ThinkingDone:
+                head = self._open("reasoning")
+            else:
+                assert isinstance(done, ToolCallDone)
+                delta = ToolCallDelta(name=done.name, arguments="", tool_call_id=done.tool_call_id)
+                head = self._open("function_call", delta)
+            return head + self.close_item(done)
+        self.current = None
+        item, where = current.item, {"item_id": current.item["id"], "output_index": current.index}
+        out = b""
+        if current.kind in ("message", "refusal"):
+            assert isinstance(done, TextDone)
+            if current.kind == "message":
+                part = {"type": "output_text", "annotations": [], "logprobs": [], "text": done.text}
+                out += self.event(
+                    "response.output_text.done",
+                    **where,
+                    content_index=0,
+                    text=done.text,
+                    logprobs=[],
+                )
+            else:
+                part = {"type": "refusal", "refusal": done.text}
+                out += self.event(
+                    "response.refusal.done", **where, content_index=0, refusal=done.text
+                )
+            out += self.event("response.content_part.done", **where, content_index=0, part=part)
+            item = {**item, "status": "completed", "content": [part]}
+        elif current.kind == "reasoning":
+            assert isinstance(done, ThinkingDone)
+            part = {"type": "summary_text", "text": done.thinking}
+            out += self.event(
+                "response.reasoning_summary_text.done", **where, summary_index=0, text=done.thinking
+            )
+            out += self.event(
+                "response.reasoning_summary_part.done", **where, summary_index=0, part=part
+            )
+            item = {**item, "summary": [part]}
+            encrypted = (done.fidelity or {}).get("encrypted_content")
+            if encrypted:
+                item["encrypted_content"] = encrypted
+        else:
+            assert isinstance(done, ToolCallDone)
+            arguments = _arguments(done.arguments)
+            out += self.event(
+                "response.function_call_arguments.done",
+                **where,
+                name=item["name"],
+                arguments=arguments,
+            )
+            item = {**item, "status": "completed", "arguments": arguments}
+        self.output.append(item)
+        return out + self.event("response.output_item.done", output_index=current.index, item=item)
+
+    def finish(self, stop: UniEvent, reason: str | None) -> bytes:
+        """The last event: `response.completed`, or `response.incomplete` with its reason
+        (`max_output_tokens`, `content_filter`)."""
+        out = self.start()
+        usage = responses_usage(stop.usage_metadata)
+        if reason is None:
+            return out + self.event(
+                "response.completed", response=self.response("completed", usage=usage)
+            )
+        whole = self.response("incomplete", usage=usage, incomplete_details={"reason": reason})
+        return out + self.event("response.incomplete", response=whole)
+
+    def failed(self, error: dict[str, Any]) -> bytes:
+        """`response.failed` with the run's code and its sentence."""
+        fault = {"code": error.get("code") or "server_error", "message": error["message"]}
+        return self.start() + self.event(
+            "response.failed", response=self.response("failed", error=fault)
+        )
+
+
+def _echoed(body: ResponsesBody) -> dict[str, Any]:
+    """The request's fields a response object repeats, as the client gave them."""
+    extra = body.extra
+    return {
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "metadata": extra.get("metadata") or {},
+        "parallel_tool_calls": extra.get("parallel_tool_calls", True),
+        "temperature": body.temperature,
+        "tool_choice": body.tool_choice or "auto",
+        "tools": body.tools or [],
+        "top_p": extra.get("top_p"),
+        "text": body.text or {"format": {"type": "text"}},
+        "reasoning": body.reasoning or {"effort": None, "summary": None},
+        "store": False,
+    }
+
+
+def whole_response(
+    events: ResponseEvents, message: UniMessage, reason: str | None
+) -> dict[str, Any]:
+    """A whole response for the turn's message: its items built as the stream would build
+    them, then the response object (`completed`, or `incomplete` with its reason)."""
+    for part in message.content_items:
+        if isinstance(part, (TextDone, ThinkingDone, ToolCallDone)):
+            events.close_item(part)
+    usage = responses_usage(message.usage_metadata)
+    if reason is None:
+        return events.response("completed", usage=usage)
+    return events.response("incomplete", usage=usage, incomplete_details={"reason": reason})
+
+
+_INCOMPLETE = {
+    "code": "IncompleteStreamError",
+    "message": "the upstream attempt failed mid-stream; retry the request",
+}
+
+
+@attrs.define(eq=False)
+class OpenAIResponses:
+    """`POST /v1/responses`."""
+
+    shared: Shared
+
+    async def create(self, http: HttpConnection, request: Request, _: str) -> None:
+        """A response, streamed or whole, once admitted; every answer carries an
+        `x-request-id`, as OpenAI's do."""
+        tagged = (("x-request-id", f"req_{secrets.token_hex(16)}"),)
+        try:
+            await self._create(http, request, tagged)
+        except ErrorReply as reply:
+            reply.headers = [*reply.headers, *tagged]
+            raise
+
+    async def _create(
+        self, http: HttpConnection, request: Request, tagged: tuple[tuple[str, str], ...]
+    ) -> None:
+        body, turn_request, provider, ticket = await admit(
+            self.shared, http, request, decode_responses_body, _responses_request
+        )
+        events = ResponseEvents(
+            f"resp_{secrets.token_hex(16)}", body.model or provider.model, _echoed(body)
+        )
+
+        async def pump(turn: Turn, sink: ChannelSink) -> None:
+            if body.stream:
+                await self._stream(http, turn, sink, provider, events, tagged)
+            else:
+                await self._whole(http, turn, sink, provider, events, tagged)
+
+        await run_wire_turn(
+            self.shared,
+            http,
+            ticket,
+            turn_request,
+            provider,
+            pump,
+            route="responses",
+            whole=not body.stream,
+        )
+
+    async def _whole(
+        self,
+        http: HttpConnection,
+        turn: Turn,
+        sink: ChannelSink,
+        provider: Provider,
+        events: ResponseEvents,
+        tagged: tuple[tuple[str, str], ...],
+    ) -> None:
+        async for _ in sink.receive:  # a whole reply: what the turn brings home is answered
+            sink.done()
+        result = await turn.result()
+        if result.ok or withheld(result):
+            reason = _reason(result)
+            whole = whole_response(events, result.message, reason)
+            if not result.ok:
+                assert isinstance(result.error, EmptyResponseError)
+                whole["usage"] = responses_usage(result.error.usage_metadata)
+            await http.respond(200, msgspec.json.encode(whole), tagged)
+            return
+        error, status, headers = openai_error(result, provider)
+        await http.respond(status, msgspec.json.encode({"error": error}), [*headers, *tagged])
+
+    async def _stream(
+        self,
+        http: HttpConnection,
+        turn: Turn,
+        sink: ChannelSink,
+        provider: Provider,
+        events: ResponseEvents,
+        tagged: tuple[tuple[str, str], ...],
+    ) -> None:
+        """The turn as the Responses event stream (see the module's docstring); plain deltas
+        written on the turn's own task once the head is out (`DirectDeltas`)."""
+        head = HeldHead(http, self.shared.limits.heartbeat, tagged)
+        sink.direct = DirectDeltas(head, events.frames, self.shared.metrics.count)
+        while (items := await head.receive(sink.receive)) is not None:
+            if type(items) is bytes:  # encoded by the turn, which could not write them
+                await head.send(items)
+                sink.done()
+                continue
+            out: list[bytes] = []
+            stop: UniEvent | None = None
+            reset = False
+            for item in items:
+                if type(item) is AttemptReset:
+                    if head.wrote:
+                        reset = True
+                        break
+                    out.clear()  # nothing sent yet: the voided events are dropped unsent
+                    events.reset()
+                    continue
+                assert isinstance(item, UniEvent)
+                if item.event_type == "stop":
+                    stop = item
+                    continue
+                out.append(events.frames(item))
+            frames = b"".join(out)
+            if frames:
+                self.shared.metrics.count(len(out))
+                await head.send(frames)
+            sink.done()
+            if reset:
+                await http.send_data(events.failed(_INCOMPLETE))
+                turn.cancel()
+                return
+            if stop is not None:
+                reason = None
+                if stop.finish_reason == "length":
+                    reason = "max_output_tokens"
+                elif stop.finish_reason == "unknown":
+                    # the stop is the turn's last event: its result says whether the
+                    # provider's content rules cut the answer
+                    reason = _reason(await turn.result())
+                await head.send(events.finish(stop, reason))
+                return
+        result = await turn.result()
+        if result.ok or withheld(result):  # a rescued reply, or one withheld whole
+            message = result.message
+            if not result.ok:
+                assert isinstance(result.error, EmptyResponseError)
+                stop = UniEvent(
+                    event_type="stop",
+                    content_items=[],
+                    usage_metadata=result.error.usage_metadata,
+                    finish_reason="unknown",
+                )
+                await head.send(events.finish(stop, "content_filter"))
+                return
+            frames = events.start()
+            for part in message.content_items:
+                if isinstance(part, (TextDone, ThinkingDone, ToolCallDone)):
+                    frames += events.close_item(part)
+            stop = UniEvent(
+                event_type="stop",
+                content_items=[],
+                usage_metadata=message.usage_metadata,
+                finish_reason=message.finish_reason,
+            )
+            await head.send(frames + events.finish(stop, _reason(result)))
+            return
+        error, status, headers = openai_error(result, provider)
+        if not head.started:
+            await http.respond(status, msgspec.json.encode({"error": error}), [*headers, *tagged])
+            return
+        await http.send_data(events.failed(error))
+
+
+def _responses_request(body: ResponsesBody) -> TurnRequest:
+    if isinstance(body.input, list) and len(body.input) > _MAX_ITEMS:
+        raise BadRequest(f"`input` holds more than {_MAX_ITEMS} items", "input")
+    return responses_request(body)
+
+
+def _reason(result: TurnResult) -> str | None:
+    """Why the turn's response is incomplete, or None when it completed."""
+    if not result.ok:
+        return "content_filter"  # withheld whole
+    if result.message.finish_reason == "length":
+        return "max_output_tokens"
+    if result.filtered and result.provider_finish_reason != "refusal":
+        return "content_filter"
+    return None
