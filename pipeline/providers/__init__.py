@@ -9,6 +9,8 @@ from .._core._dialect import Secret as Secret
 from .._core._dialect import StreamDecoder as StreamDecoder
 from .._core._public import fixup_module_metadata as _fixup_module_metadata
 from ._anthropic._dialect import AnthropicDialect as AnthropicDialect
+from ._azure import AzureOpenAIDialect as AzureOpenAIDialect
+from ._azure import AzureResponsesDialect as AzureResponsesDialect
 from ._embeddings import GeminiEmbeddingsDialect as GeminiEmbeddingsDialect
 from ._embeddings import OpenAIEmbeddingsDialect as OpenAIEmbeddingsDialect
 from ._gemini._dialect import GeminiDialect as GeminiDialect
@@ -27,6 +29,8 @@ __all__ = [
     "DIALECT_NAMES",
     "PROVIDER_KINDS",
     "AnthropicDialect",
+    "AzureOpenAIDialect",
+    "AzureResponsesDialect",
     "Dialect",
     "FramesDecoder",
     "GeminiDialect",

@@ -57,6 +57,7 @@ class _Kind:
     base_url_env: str | None = None
     model: str | None = None
     key_required: bool = False  # at the default endpoint
+    azure: bool = False  # a resource's endpoint, its deployment and API version (`_azure`)
 
 
 # OpenAI's and Gemini's endpoints and variables, shared by their chat and embedding kinds.
@@ -77,6 +78,15 @@ _GEMINI = _Kind(
     key_required=True,
 )
 _P = "rillet.providers."
+_AZURE = _Kind(
+    _P + "_azure",
+    "AzureOpenAIDialect",
+    base_url="",
+    key_envs=("AZURE_OPENAI_API_KEY", "AZURE_OPENAI_AD_TOKEN"),
+    base_url_env="AZURE_OPENAI_ENDPOINT",
+    key_required=True,
+    azure=True,
+)
 
 KINDS: dict[str, _Kind] = {
     "openai": attrs.evolve(
@@ -116,6 +126,9 @@ KINDS: dict[str, _Kind] = {
         base_url_env="MMSP_BASE_URL",
         model=None,  # the server's own table decides; GET {base}/models lists it
     ),
+    # Azure OpenAI: no default endpoint; a key (or an Entra ID token) and a deployment needed
+    "azure": _AZURE,
+    "azure-responses": attrs.evolve(_AZURE, cls="AzureResponsesDialect"),
     "openai-embeddings": attrs.evolve(
         _OPENAI,
         module=_P + "_embeddings",
@@ -302,6 +315,8 @@ def provider_from_env(
             )
         spec = found
 
+    if spec.azure:
+        return _azure_provider(kind, spec, model, base_url, api_key, env)
     env_url = _env_base_url(spec, env)
     if base_url is not None:
         target = _checked_url(kind, base_url, None)
@@ -342,6 +357,63 @@ def provider_from_env(
     return provider
 
 
+_AZURE_VERSIONS = ("AZURE_OPENAI_API_VERSION", "OPENAI_API_VERSION")
+_AZURE_DEPLOYMENT = "AZURE_OPENAI_DEPLOYMENT"
+
+
+def _azure_provider(
+    kind: str,
+    spec: _Kind,
+    model: str | None,
+    base_url: str | None,
+    api_key: str | None,
+    env: Mapping[str, str],
+) -> Provider:
+    """An Azure OpenAI kind: the resource's endpoint (`base_url`, else
+    `AZURE_OPENAI_ENDPOINT`), its deployment (`model`, else `AZURE_OPENAI_DEPLOYMENT`), its key
+    (`api_key` or `AZURE_OPENAI_API_KEY`, sent as `api-key`; else an Entra ID token in
+    `AZURE_OPENAI_AD_TOKEN`, sent as Bearer), and the classic API when an API version is set
+    (`AZURE_OPENAI_API_VERSION` or `OPENAI_API_VERSION`), the v1 API otherwise."""
+    endpoint = base_url if base_url is not None else _env_base_url(spec, env)
+    if endpoint is None:
+        raise ConfigurationError(
+            kind,
+            spec.base_url_env,
+            "no endpoint: set AZURE_OPENAI_ENDPOINT to https://<resource>.openai.azure.com"
+            " or pass --base-url",
+        )
+    endpoint = _checked_url(kind, endpoint, None if base_url is not None else spec.base_url_env)
+    bearer = False
+    if api_key is not None and api_key.strip():
+        key, source = Secret(api_key.strip()), "argument"
+    elif (found := _env_key(spec, env)) is not None:
+        source, key = found[0], Secret(found[1])
+        bearer = source == "AZURE_OPENAI_AD_TOKEN"
+    else:
+        raise ConfigurationError(
+            kind, spec.key_envs[0], f"no API key: set {_key_hint(spec)} or pass --api-key"
+        )
+    deployment = model or _env(env, _AZURE_DEPLOYMENT)
+    if not deployment:
+        raise ConfigurationError(
+            kind, _AZURE_DEPLOYMENT, "no deployment: pass --model with the deployment's name"
+        )
+    version = next((v for name in _AZURE_VERSIONS if (v := _env(env, name))), None)
+    module = importlib.import_module(spec.module)
+    dialect = getattr(module, spec.cls)(api_version=version, bearer=bearer)
+    target = module.azure_base_url(endpoint, deployment, version)
+    provider = Provider(dialect=dialect, base_url=target, model=deployment, api_key=key)
+    logger.debug(
+        "provider %s: deployment %s at %s, key %s from %s",
+        provider.label,
+        deployment,
+        target,
+        key.masked(),
+        source,
+    )
+    return provider
+
+
 def describe_providers(env: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """What each named kind would be configured as from `env` alone, keys masked (`…abcd`).
 
@@ -357,18 +429,21 @@ def describe_providers(env: Mapping[str, str] | None = None) -> list[dict[str, A
     for kind, spec in KINDS.items():
         env_url = _env_base_url(spec, env)
         found = _env_key(spec, env)
-        at_default = env_url is None or _endpoint(env_url) == _endpoint(spec.base_url)
+        at_default = spec.azure or env_url is None or _endpoint(env_url) == _endpoint(spec.base_url)
+        model = _env(env, _AZURE_DEPLOYMENT) if spec.azure else spec.model
         missing: str | None = None
-        if found is None and spec.key_required and at_default:
+        if spec.azure and env_url is None:
+            missing = "AZURE_OPENAI_ENDPOINT or --base-url"
+        elif found is None and spec.key_required and at_default:
             missing = f"{_key_hint(spec)} or --api-key"
-        elif spec.model is None:
+        elif model is None:
             missing = "--model"
         out.append(
             {
                 "kind": kind,
                 "base_url": env_url or spec.base_url,
                 "base_url_from": spec.base_url_env if env_url is not None else None,
-                "model": spec.model,
+                "model": model,
                 "api_key": Secret(found[1]).masked() if found is not None else None,
                 "api_key_from": found[0] if found is not None else None,
                 "ready": missing is None,
