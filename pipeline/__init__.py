@@ -57,6 +57,7 @@ from ._core._errors import RunExists as RunExists
 from ._core._errors import RunFailed as RunFailed
 from ._core._errors import ServerError as ServerError
 from ._core._errors import SSEEncodeError as SSEEncodeError
+from ._core._errors import SSEErrorField as SSEErrorField
 from ._core._errors import StreamError as StreamError
 from ._core._errors import StreamProtocolError as StreamProtocolError
 from ._core._errors import SubscriberDropped as SubscriberDropped
@@ -246,6 +247,7 @@ __all__ = [
     "RunStarted",
     "RunState",
     "SSEEncodeError",
+    "SSEErrorField",
     "ServerError",
     "Sink",
     "SinkBatch",

@@ -5,7 +5,8 @@ RilletError
 ├── FrameError                 the bytes a provider sent cannot be framed or decoded (remote)
 │   ├── FrameTooLarge          one frame is over the configured cap
 │   ├── FrameEncodingError     a frame is not valid UTF-8 (NDJSON, JSON bodies)
-│   └── MalformedFrameError    a frame is not JSON, has the wrong shape, or an unknown type
+│   ├── MalformedFrameError    a frame is not JSON, has the wrong shape, or an unknown type
+│   └── SSEErrorField          an SSE stream carried an `error:` line: the server's report
 ├── SSEEncodeError             we were asked to write an SSE field that would split a frame (local)
 ├── ConfigurationError         a provider cannot be configured as asked (local)
 ├── UnsupportedContentError    a message holds an item the provider cannot take (local)
@@ -88,6 +89,7 @@ __all__ = [
     "RunExists",
     "RunFailed",
     "SSEEncodeError",
+    "SSEErrorField",
     "ServerError",
     "StreamError",
     "StreamProtocolError",
@@ -238,6 +240,25 @@ class MalformedFrameError(FrameError):
         if isinstance(cause, msgspec.ValidationError):
             return False  # decoded fine, into the wrong shape
         return isinstance(cause, msgspec.DecodeError | json.JSONDecodeError)
+
+
+class SSEErrorField(FrameError):
+    """An SSE stream carried an `error:` line, a field the standard does not define:
+    llama.cpp-family servers (llama-box, GPUStack, llama.cpp's server before its late-2025
+    rewrite) end a failed stream so, with JSON (`{"code", "message", "type"}`, `{"detail"}`) or
+    plain text after the colon. The handler reads it as the provider's own error
+    (`rillet._turn._reply_errors.reported`); nothing of the stream after it is read.
+
+    Attributes:
+        text: what followed `error:`, bounded (4 KiB).
+    """
+
+    def __init__(self, text: str, *, offset: int | None = None) -> None:
+        self.text = text[:_FIELD_MAX]
+        super().__init__(f"the stream reported an error: {preview(text)}", offset=offset)
+
+
+_FIELD_MAX = 4096
 
 
 class SSEEncodeError(RilletError, ValueError):

@@ -57,6 +57,7 @@ from ._errors import (
     RunFailed,
     ServerError,
     SSEEncodeError,
+    SSEErrorField,
     StreamError,
     StreamProtocolError,
     SubscriberDropped,
@@ -100,6 +101,7 @@ ERROR_SHAPES: Mapping[type[RilletError], FailureClass] = {
     FrameTooLarge: P,  # the same frame would come back (F26)
     FrameEncodingError: T,  # invalid UTF-8 in an NDJSON line: corrupted on the way (F24)
     MalformedFrameError: W,  # valid JSON of the wrong shape, nesting past the decoder (F54)
+    SSEErrorField: T,  # a stream's `error:` line; the handler reads it as the provider's (S50)
     SSEEncodeError: P,
     ConfigurationError: P,
     UnsupportedContentError: P,

@@ -12,6 +12,12 @@ block even when it has no data, resets the event name after each dispatch, and d
 unfinished event at end of input. Comment lines are dropped as they arrive (those at the
 unfinished end of a chunk wait with it), so keep-alives never pile up in a pending event.
 
+One field the standard ignores is read: `error:`, which llama.cpp-family servers write instead
+of an event when a stream fails (`error: {"code":400,"message":...}`, `error: {"detail":...}`,
+or plain text). Dropped, it would leave a stream that looks cut and no cause; read, it ends the
+stream with `SSEErrorField` carrying the text. It is looked for only where a line's field name
+is not one the standard knows, off the fast paths.
+
 It holds at most one frame: a pending event larger than `max_frame` bytes (32 MiB by default)
 raises `FrameTooLarge`, and the rest is never looked at. The events completed before the
 oversized one in the same chunk are still returned; the error is raised by the next call (and
@@ -25,7 +31,7 @@ from typing import Any
 import msgspec
 
 from ._encode import encode_sse as encode_sse  # the encoder lives with the other wire encoders
-from ._errors import FrameTooLarge
+from ._errors import FrameTooLarge, SSEErrorField
 
 __all__ = ["DEFAULT_MAX_FRAME", "SSEDecoder", "SSEEvent", "encode_sse"]
 
@@ -68,6 +74,7 @@ class SSEDecoder:
         "_held_size",
         "_id",
         "_in_comment",
+        "_said",
         "_skip_lf",
         "_started",
         "comments",
@@ -89,6 +96,7 @@ class SSEDecoder:
         self._skip_lf = False  # the last chunk ended in CR: a LF starting the next one is its pair
         self._in_comment = False  # the last chunk ended inside a comment line (being dropped)
         self._error: Exception | None = None  # an oversized frame, raised by every later call
+        self._said: str | None = None  # an `error:` line's value, in the block being parsed
         self._started = False  # the stream's first bytes were seen (and a BOM stripped)
         self._data: list[bytes] = []
         self._event = ""
@@ -227,6 +235,9 @@ class SSEDecoder:
             fast = 0
             self._block(block, out)
             event_id = self._id
+            if self._said is not None:  # the server's report of a failed stream: it ends here
+                failed = SSEErrorField(self._said, offset=self.offset)
+                break
         if fast:
             self.frames += fast
             self.last_event_id = event_id
@@ -261,20 +272,23 @@ class SSEDecoder:
     def close(self) -> list[SSEEvent]:
         """End of input: an event not ended by a blank line is discarded, as the standard says,
         but a `retry` line of it whose line ended still sets the reconnection time (and a comment
-        line that ended counts). Raises the
-        `FrameTooLarge` a previous call deferred."""
+        line that ended counts), and an `error:` line that ended raises `SSEErrorField`. Raises
+        the `FrameTooLarge` a previous call deferred."""
         if self._error is not None:
             raise self._error
         held = b"".join(self._held)
         for line in held[: held.rfind(b"\n") + 1].split(b"\n"):
-            if line.startswith(b"retry:") or line.startswith(b":"):
-                self._field(line.decode("utf-8", "replace"))  # sets the time, counts a comment
+            if line.startswith((b"retry:", b":", b"error:")):
+                # sets the time, counts a comment, keeps a failed stream's report
+                self._field(line.decode("utf-8", "replace"))
         self._held.clear()
         self._held_size = 0
         self._held_lf = False
         self._in_comment = False
         self._data.clear()
         self._event = ""
+        if self._said is not None:  # a failed stream's report, its line ended: not discarded
+            raise self._fail(SSEErrorField(self._said, offset=self.offset))
         return []
 
     def _uncommented(self, piece: bytes, line_start: bool) -> bytes:
@@ -342,6 +356,8 @@ class SSEDecoder:
                 self._id = value
         elif name == "retry" and value.isascii() and value.isdigit():
             self.retry = int(value)
+        elif name == "error" and self._said is None:  # not SSE's: see the module docstring
+            self._said = value
 
     def _fail(self, error: Exception) -> Exception:
         """Refuse the rest: every later call raises `error`, and nothing more is held."""

@@ -68,6 +68,7 @@ from ._ratelimit import RateLimiter
 from ._reply_errors import (
     Failure,
     check_content_type,
+    reported,
     scrubbed,
     status_failure,
     transport_error,
@@ -403,7 +404,7 @@ class Handler:
         return self._note(Failure(error_shape(error), error), emitted)  # total, or a stall
 
     def _failure_of(self, error: RilletError, emitted: int) -> Failure:
-        error = scrubbed(self.provider, error)
+        error = scrubbed(self.provider, reported(self.provider, error))
         if isinstance(error, ProviderError):
             error.retry_after = usable_wait(error.retry_after)
         return self._note(Failure(error_shape(error), error), emitted)
@@ -548,7 +549,7 @@ class Handler:
             self.rescue_error = transport_error(exc, self.provider.label)
             return stream_outcome
         except RilletError as exc:
-            self.rescue_error = exc
+            self.rescue_error = reported(self.provider, exc)
             return stream_outcome
         if self.first_event_at is None:
             self.first_event_at = trio.current_time() - self._start

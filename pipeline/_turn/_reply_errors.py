@@ -5,7 +5,8 @@ redirect is named by where it points, never followed),
 with the wait the server directs (a header, else the body's hint; an unusable one counts as
 none, D5) and its class on the ladders (`http_shape`, `x-should-retry`); a streamed reply of
 the wrong Content-Type is a frame error (one labelled JSON may be the whole reply); a
-transport's failure becomes the provider's `TransportError`. Every error is scrubbed of the
+transport's failure becomes the provider's `TransportError`; an SSE stream's `error:` line is
+read as the provider's own error (`reported`). Every error is scrubbed of the
 turn's own credential, should a provider echo it back. The handler (`_handler`) decides what
 each such failure costs: a retry, a wait, the rescue, or the end.
 """
@@ -19,11 +20,18 @@ from typing import TYPE_CHECKING, TypeVar
 import attrs
 import trio
 
-from .._core._errors import REDIRECT, FrameError, ProviderError, RilletError, TransportError
+from .._core._errors import (
+    REDIRECT,
+    FrameError,
+    ProviderError,
+    RilletError,
+    SSEErrorField,
+    TransportError,
+)
 from .._core._failures import http_shape
 from .._core._policy import FailureClass, Policy, retry_after
 from .._core._reads import read_bounded
-from ..providers._error_body import provider_error
+from ..providers._error_body import body_text, error_from_body, provider_error
 
 if TYPE_CHECKING:
     from .._core._dialect import Provider
@@ -34,6 +42,7 @@ __all__ = [
     "Failure",
     "check_content_type",
     "error_from_response",
+    "reported",
     "scrubbed",
     "status_failure",
     "transport_error",
@@ -143,3 +152,17 @@ def transport_error(exc: UpstreamError, provider: str) -> TransportError:
     error = TransportError(provider, exc.kind)
     error.__cause__ = exc.__cause__ if exc.__cause__ is not None else exc
     return error
+
+
+def reported(provider: Provider, error: RilletError) -> RilletError:
+    """An SSE stream's `error:` line (`SSEErrorField`) as the typed error of what it says: its
+    JSON read as any provider error body is (`{"code", "message", "type"}`, `{"detail"}`), its
+    plain text by its words; any other error as it is. The provider's report is its cause, so a
+    request it says can never pass (a prompt past the context) is asked for once."""
+    if not isinstance(error, SSEErrorField):
+        return error
+    found = error_from_body(provider.label, None, error.text, in_stream=True)
+    if not found.provider_message:  # not JSON, or JSON of no known shape: its words
+        found = provider_error(provider.label, message=body_text(error.text), in_stream=True)
+    found.__cause__ = error
+    return found

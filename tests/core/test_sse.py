@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rillet import FrameTooLarge, RilletError
+from rillet._core._errors import SSEErrorField
 from rillet.frames import DEFAULT_MAX_FRAME, SSEDecoder, SSEEvent
 
 from ..sse_support import BOM, EMOJI, bytewise, datas, decode
@@ -614,3 +615,63 @@ def test_crlf_streams_read_alike_in_any_chunking(
     assert _counts(chunks) == [by_byte[end] for end in ends]
     for cut in range(len(stream) + 1):
         assert _counts([stream[:cut], stream[cut:]]) == [by_byte[cut], by_byte[-1]]
+
+
+# --- an `error:` line: the report llama.cpp-family servers write for a failed stream -----------
+
+LLAMA_FAILED = (
+    b'data: {"choices":[{"delta":{"content":"Hi"}}]}\n\n'
+    b'error: {"code":400,"message":"the request exceeds the available context size, try'
+    b' increasing it","type":"invalid_request_error"}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+
+def _until_failed(chunks: list[bytes]) -> tuple[list[SSEEvent], SSEErrorField]:
+    """The events given before the stream's `error:` line, and the error it ends with."""
+    decoder = SSEDecoder()
+    out: list[SSEEvent] = []
+    try:
+        for chunk in chunks:
+            out += decoder.feed(chunk)
+        decoder.close()
+    except SSEErrorField as error:
+        return out, error
+    raise AssertionError("the stream ended without its error")
+
+
+@pytest.mark.parametrize("cut", [None, 1], ids=["whole", "bytewise"])
+def test_an_error_line_ends_the_stream_with_its_text_after_the_events_before_it(
+    cut: int | None,
+) -> None:
+    chunks = [LLAMA_FAILED] if cut is None else bytewise(LLAMA_FAILED)
+    out, error = _until_failed(chunks)
+    assert [e.data for e in out] == ['{"choices":[{"delta":{"content":"Hi"}}]}']
+    assert error.text.startswith('{"code":400,"message":"the request exceeds the available')
+    assert "[DONE]" not in error.text  # nothing after the report is read
+
+
+@pytest.mark.parametrize(
+    ("line", "text"),
+    [
+        (b'error: {"detail": "failed to decode the prompt"}\n\n', '{"detail": "failed to decode'),
+        (b"error: the model crashed\n\n", "the model crashed"),
+        (b"error:no space\r\n\r\n", "no space"),
+        (b"error: cut at the end of the stream\n", "cut at the end"),  # no blank line after it
+    ],
+    ids=["detail-json", "plain-text", "crlf-no-space", "at-eof"],
+)
+def test_an_error_line_of_any_shape_is_read(line: bytes, text: str) -> None:
+    out, error = _until_failed([b": keep-alive\n\n", line])
+    assert out == []
+    assert error.text.startswith(text)
+
+
+def test_an_error_line_is_bounded() -> None:
+    _, error = _until_failed([b"error: " + b"x" * 100_000 + b"\n\n"])
+    assert len(error.text) == 4096
+
+
+def test_a_field_named_otherwise_is_still_ignored() -> None:
+    # only `error` is read: `errors:`, `Error:` and `x-error:` stay unknown fields (WHATWG)
+    assert decode(b"errors: a\nError: b\nx-error: c\ndata: d\n\n") == [SSEEvent("d")]
