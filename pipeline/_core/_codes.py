@@ -38,7 +38,7 @@ from ._errors import (
     UnsupportedContentError,
     UnsupportedOperationError,
     UpstreamError,
-    key_refused,
+    not_found,
     past_context,
 )
 from ._finish import filtered_reason
@@ -212,7 +212,6 @@ def retryable(code: str) -> bool:
 
 
 _PERMISSION_TYPES = frozenset({"permission_error", "permission_denied"})
-_NOT_FOUND_TYPES = frozenset({"not_found_error", "not_found", "model_not_found"})
 _LOCAL_REFUSALS = (ConfigurationError, UnsupportedContentError, UnsupportedOperationError)
 
 
@@ -262,13 +261,11 @@ def _provider_code(error: ProviderError) -> str:
     if isinstance(error, AuthenticationError) or status in (401, 403):
         denied = status == 403 or kind in _PERMISSION_TYPES
         return "permission_denied" if denied else "authentication_failed"
-    if key_refused(error):  # Gemini answers a wrong key with 400 INVALID_ARGUMENT
-        return "authentication_failed"
     if isinstance(error, RateLimitError):
         return "rate_limited"
     if isinstance(error, OverloadedError | ServerError) or (status is not None and status >= 500):
         return "provider_unavailable"
-    if status == 404 or kind in _NOT_FOUND_TYPES:
+    if not_found(error):
         return "model_not_found"
     if isinstance(error, InvalidRequestError) or status in (400, 422):
         return "invalid_request"

@@ -103,6 +103,7 @@ __all__ = [
     "UpstreamError",
     "failure",
     "key_refused",
+    "not_found",
     "past_context",
     "preview",
 ]
@@ -594,11 +595,18 @@ the request carries the key; the line a person reads names where it points."""
 
 CONTEXT_FULL = re.compile(
     r"maximum context length|context (?:length|window|size)|prompt is too long"
-    r"|input token count .* exceeds",
+    r"|input token count .* exceeds|input token count is \d+ but"
+    r"|maximum prompt length|maximum allowed input length|input is too long"
+    r"|model token limit|reduce the length of the messages|prompt token count of \d+ exceeds",
     re.IGNORECASE,
 )
-"""How providers say a request is longer than the model's context window, in words (OpenAI and
-vLLM, llama.cpp, Anthropic, Gemini): the same request never fits, however often it is sent."""
+"""How providers say a request is longer than the model's context window, in words: OpenAI and
+vLLM (`maximum context length`), llama.cpp (`available context size`), Anthropic (`prompt is
+too long`), Gemini (`input token count (N) exceeds`), Vertex (`input token count is N but model
+only supports up to M`), xAI (`maximum prompt length is N but the request contains M`),
+OpenRouter's backends (`maximum allowed input length`), Bedrock (`input is too long`), Kimi
+(`model token limit`), Groq (`reduce the length of the messages`), GitHub's (`prompt token count
+of N exceeds`). The same request never fits, however often it is sent."""
 
 UNCURABLE_CODES = QUOTA_CODES | {REQUEST_TOO_LARGE, MODEL_TOO_LARGE}
 """Provider error codes that no retry or wait cures."""
@@ -617,11 +625,14 @@ class ServerError(ProviderError):
 
 
 class InvalidRequestError(ProviderError):
-    """The provider refused the request as invalid (400, `invalid_request_error`)."""
+    """The provider refused the request as it is (400, 404, 422, `invalid_request_error`): an
+    option or a message it does not take, a model it does not know, a prompt past the context
+    window. Asking again unchanged gets the same answer."""
 
 
 class AuthenticationError(ProviderError):
-    """The provider refused our credentials or permissions (401, 403)."""
+    """The provider refused our credentials or permissions (401, 403, or a refused key in any
+    status's words: Gemini's and xAI's 400)."""
 
 
 _CONTEXT_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
@@ -642,16 +653,39 @@ def past_context(error: BaseException | None) -> bool:
     )
 
 
-_KEY_REFUSED = re.compile(r"\bapi[ _-]?key\b[^.]*\b(not valid|invalid|expired|revoked)\b", re.I)
-"""How a provider refuses a key it reports as a bad request (Gemini's 400 INVALID_ARGUMENT:
-`API key not valid. Please pass a valid API key.`, `API key expired. ...`)."""
+_KEY_REFUSED = re.compile(
+    r"\bapi[ _-]?key\b[^.]*\b(?:not valid|invalid|expired|revoked)\b"
+    r"|\b(?:incorrect|invalid|wrong) api[ _-]?key\b",
+    re.IGNORECASE,
+)
+"""How a provider refuses a key in words, sent as a bad request: Gemini's 400 INVALID_ARGUMENT
+(`API key not valid. Please pass a valid API key.`, `API key expired. ...`), xAI's 400
+(`Incorrect API key provided: xa***bc. You can obtain an API key from ...`), the words OpenAI's
+401 has too."""
 
 
-def key_refused(error: BaseException | None) -> bool:
-    """Whether the provider refused the key in a bad request's words (`_KEY_REFUSED`)."""
-    return isinstance(error, InvalidRequestError) and bool(
-        _KEY_REFUSED.search(error.provider_message)
-    )
+def key_refused(message: str) -> bool:
+    """Whether a provider's message says it refused the key (`_KEY_REFUSED`): what makes an
+    error an `AuthenticationError` whatever its status."""
+    return _KEY_REFUSED.search(message) is not None
+
+
+_NOT_FOUND_TYPES = frozenset(
+    {"not_found_error", "not_found", "model_not_found", "deploymentnotfound"}
+)
+"""Error types and codes of a model (or deployment) the provider does not know: Anthropic's,
+Gemini's status word, OpenAI's code (which OpenAI's Responses API sends with a 400), Azure's."""
+
+
+def not_found(error: BaseException | None) -> bool:
+    """Whether the provider said it does not know what was asked for (the model, a
+    deployment, the path): a 404, or a type or code that says so with another status."""
+    if not isinstance(error, ProviderError):
+        return False
+    if error.status == 404:
+        return True
+    said = ((error.error_type or "").lower(), error.provider_fields.get("code", "").lower())
+    return any(kind in _NOT_FOUND_TYPES for kind in said)
 
 
 def causes(error: BaseException) -> list[BaseException]:

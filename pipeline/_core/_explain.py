@@ -36,7 +36,7 @@ from ._errors import (
     TransportError,
     TurnTimeout,
     causes,
-    key_refused,
+    not_found,
     past_context,
 )
 from ._failures import cause_of
@@ -296,10 +296,6 @@ def _provider_error(
         return f"rate limited{status}{after}{said}{wait} — wait a little, or set --rpm"
     if isinstance(error, OverloadedError):
         return f"the provider is overloaded{status}{after}{said} — try again shortly"
-    if key_refused(error):
-        return (
-            f"the API key was refused{status}{said} — check {key_hint or 'the API key (--api-key)'}"
-        )
     if error.status == 404 and (
         "try pulling it" in error.provider_message
         or (error.provider == "ollama" and _NOT_PULLED.search(error.provider_message))
@@ -308,11 +304,13 @@ def _provider_error(
         # pulling it first`, and newer servers' `model 'x' not found` alone
         model = provider.model if provider is not None else "the model"
         return f"the model is not on the Ollama server{status}{said} — ollama pull {model}"
-    if error.status == 404:  # whatever its type says (Anthropic's `not_found_error`, Gemini's)
+    if not_found(error):  # whatever its type says (Anthropic's `not_found_error`, Gemini's)
         # an unknown model, or a base URL that misses the API's path (a server's root, no /v1)
         # OpenAI-compatible servers serve the API under /v1; Ollama's own API is at its root
         if provider is None:
             return f"not found{status}{said} — check the model, and the base URL"
+        if error.status != 404:  # said in the body of another status: the path was right
+            return f"not found{status}{said} — check --model"
         openai_like = provider.dialect.name.startswith("openai")
         root = openai_like and urlsplit(provider.base_url).path in ("", "/")
         path = "; it often ends in /v1" if root else ""

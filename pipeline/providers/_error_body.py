@@ -25,6 +25,7 @@ from rillet._core._errors import (
     ProviderError,
     RateLimitError,
     ServerError,
+    key_refused,
 )
 
 if TYPE_CHECKING:
@@ -96,6 +97,8 @@ _STATUSES: dict[int, type[ProviderError]] = {
     400: InvalidRequestError,
     401: AuthenticationError,
     403: AuthenticationError,
+    404: InvalidRequestError,  # a model it does not know: what OpenAI's type says, for all
+    422: InvalidRequestError,
     429: RateLimitError,
     500: ServerError,
     502: ServerError,
@@ -106,6 +109,8 @@ _STATUSES: dict[int, type[ProviderError]] = {
 
 
 _DECISIVE_STATUSES = frozenset({401, 403, 429, 503, 529})
+_REQUEST_CLASSES = (ProviderError, InvalidRequestError)
+"""The classes an error's words may make more specific: a refused request's, or none known."""
 
 
 def provider_error(
@@ -161,12 +166,12 @@ def provider_error(
             cls = _STATUSES.get(status, ProviderError)
     # a content-policy refusal keeps its code, which says more than the type beside it
     known = next((t for t in error_types if t and t.lower() in CONTENT_POLICY_CODES), known)
-    if (
-        cls is ProviderError
-        and (status is None or 400 <= status < 500)
-        and message
-        and CONTEXT_FULL.search(message)
-    ):
+    refused = cls in _REQUEST_CLASSES and (status is None or 400 <= status < 500)
+    if refused and status in (None, 400) and message and key_refused(message):
+        # a key refused in a bad request's words (Gemini's and xAI's 400): what to do next is
+        # to fix the key, as for a 401 (a 404 or a 422 says something else went wrong first)
+        cls = AuthenticationError
+    elif refused and cls is ProviderError and message and CONTEXT_FULL.search(message):
         # an error of no known type that says the request is longer than the context window
         # (Ollama's and LM Studio's plain `{"error": "..."}`): it never fits, however often sent
         cls, known = InvalidRequestError, known or "context_length_exceeded"

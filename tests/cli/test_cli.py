@@ -158,6 +158,45 @@ async def test_a_401_is_one_line_naming_the_cause_in_every_output_mode(output: s
         assert done_event["retryable"] is False
 
 
+XAI_BAD_KEY = (
+    Path(__file__).parent.parent / "fixtures/real/openai-chat/xai-400-incorrect-api-key.json"
+)
+XAI_TOO_LONG = (
+    b'{"code":"Client specified an invalid argument","error":"This model\'s maximum prompt'
+    b' length is 131072 but the request contains 150000 tokens."}'
+)
+
+
+async def test_xais_400_for_a_wrong_key_says_to_check_the_key_not_the_model() -> None:
+    body = XAI_BAD_KEY.read_bytes()
+    script = [Reply(status=400, chunks=(body,), content_type="application/json")] * 6
+    async with open_loopback_provider(script) as provider:
+        done = await _run_cli(["run", "hi"], provider.url)
+        requests = len(provider.requests)
+    assert done.returncode == 1
+    assert done.stderr.decode().strip().splitlines() == [
+        "rillet: authentication failed (400): Incorrect API key provided: ***. You can obtain an"
+        " API key from https://console.x.ai. — check OPENAI_API_KEY or --api-key"
+    ]
+    assert requests == 1
+
+
+async def test_xais_context_overflow_in_a_string_error_says_to_shorten() -> None:
+    script = [Reply(status=400, chunks=(XAI_TOO_LONG,), content_type="application/json")] * 6
+    async with open_loopback_provider(script) as provider:
+        done = await _run_cli(["run", "hi", "--output", "jsonl"], provider.url)
+        requests = len(provider.requests)
+    assert done.returncode == 1
+    assert done.stderr.decode().strip().splitlines() == [
+        "rillet: the conversation is longer than the model takes (400): This model's maximum"
+        " prompt length is 131072 but the request contains 150000 tokens. — shorten it (or lower"
+        " --max-tokens), or pick a model with a larger context window"
+    ]
+    done_event = json.loads(done.stdout.decode().splitlines()[-1])
+    assert (done_event["code"], done_event["retryable"]) == ("context_too_long", False)
+    assert requests == 1
+
+
 async def test_the_key_in_use_is_masked_in_the_cause() -> None:
     key = "sk-live-0123456789abcdef"
     body = b'{"error": {"message": "key ' + key.encode() + b' is revoked"}}'

@@ -28,7 +28,7 @@ def provider(
         (provider(errors.AuthenticationError, 403), "permission_denied"),
         (provider(errors.AuthenticationError, None, "permission_error"), "permission_denied"),
         (
-            provider(errors.InvalidRequestError, 400, "invalid_argument", "API key not valid."),
+            provider(errors.AuthenticationError, 400, "invalid_argument", "API key not valid."),
             "authentication_failed",
         ),
         (provider(errors.ProviderError, 404), "model_not_found"),

@@ -162,9 +162,9 @@ def test_an_invalid_request_points_at_the_options() -> None:
 def test_geminis_400_for_a_wrong_key_points_at_the_key() -> None:
     recorded = Path(__file__).parent.parent / "fixtures/real/gemini/400-api-key-invalid.json"
     error = error_from_body("gemini", 400, recorded.read_bytes())
-    assert isinstance(error, InvalidRequestError)  # what Gemini says: a bad argument
+    assert isinstance(error, AuthenticationError)  # a bad argument, Gemini says: the key
     assert explain(error, PROVIDER, key_hint="GEMINI_API_KEY") == (
-        "the API key was refused (400): API key not valid. Please pass a valid API key."
+        "authentication failed (400): API key not valid. Please pass a valid API key."
         " — check GEMINI_API_KEY"
     )
 

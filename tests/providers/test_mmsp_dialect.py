@@ -15,6 +15,7 @@ from rillet import (
     IncompleteStreamError,
     InlineDataDelta,
     InlineDataDone,
+    InvalidRequestError,
     MalformedFrameError,
     OverloadedError,
     ProviderError,
@@ -425,10 +426,10 @@ def test_a_refused_request_is_typed_by_its_type() -> None:
     assert (error.status, error.in_stream) == (401, False)
 
 
-def test_an_unknown_model_is_a_provider_error_with_the_servers_type() -> None:
+def test_an_unknown_model_is_an_invalid_request_with_the_servers_type() -> None:
     body = b'{"error": {"type": "NotFoundError", "message": "The model does not exist"}}'
     error = MMSPDialect().error_from_response(404, {}, body)
-    assert type(error) is ProviderError
+    assert type(error) is InvalidRequestError
     assert (error.status, error.error_type) == (404, "NotFoundError")
 
 

@@ -408,7 +408,7 @@ def test_non_streaming_body_that_is_not_utf8_is_an_encoding_error() -> None:
 def test_http_errors_are_typed_by_status() -> None:
     dialect = OllamaDialect()
     not_found = dialect.error_from_response(404, {}, b'{"error":"model \\"llama9\\" not found"}')
-    assert type(not_found) is ProviderError
+    assert type(not_found) is InvalidRequestError
     assert not_found.status == 404
     assert not_found.provider_message == 'model "llama9" not found'
     cases: list[tuple[int, type[ProviderError]]] = [
