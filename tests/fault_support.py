@@ -73,6 +73,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
     from rillet._core._policy import Outcome, Policy
+    from rillet._core._request import TurnRequest
 
 LIMIT = 3600.0  # virtual seconds: beyond every scripted wait, never reached by a passing test
 
@@ -101,6 +102,7 @@ async def loop_turn(
     limiter: RateLimiter | None = None,
     drained: float = 0.0,
     cancel_at: Callable[[LoopbackProvider, Turn], Awaitable[None]] | None = None,
+    request: TurnRequest = REQUEST,
 ) -> LoopTurn:
     """One turn against a loopback provider playing `script` (a consumer reads it live); the
     limiter's bucket for the provider emptied at `drained` requests a minute first, if given;
@@ -124,7 +126,7 @@ async def loop_turn(
                         turn: Turn = await nursery.start(
                             functools.partial(
                                 run_turn,
-                                REQUEST,
+                                request,
                                 provider,
                                 client=client,
                                 policy=pol or policy(),

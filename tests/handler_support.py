@@ -404,6 +404,7 @@ async def play(
     limiter: RateLimiter | None = None,
     base_url: str = BASE,
     sinks: Sequence[Sink] = (),
+    request: TurnRequest = REQUEST,
 ) -> Run:
     """Run one turn against the scripted provider, with a live consumer of its run events."""
     fake = FakeProvider(answers, rescue)
@@ -412,7 +413,7 @@ async def play(
         turn: Turn = await nursery.start(
             functools.partial(
                 run_turn,
-                REQUEST,
+                request,
                 provider_for(dialect, base_url),
                 client=client,
                 policy=pol or policy(),

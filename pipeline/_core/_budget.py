@@ -24,7 +24,7 @@ from ._errors import ContextWindowExceeded
 if TYPE_CHECKING:
     from ._request import TurnRequest
 
-__all__ = ["ContextBudget", "estimate_chars"]
+__all__ = ["ContextBudget", "estimate_chars", "least_tokens"]
 
 _encode = msgspec.json.encode
 
@@ -32,6 +32,36 @@ _encode = msgspec.json.encode
 def estimate_chars(text: str) -> int:
     """Tokens in `text`, roughly: one per four characters (a plain, provider-neutral guess)."""
     return math.ceil(len(text) / 4)
+
+
+LEAST_CHARS_PER_TOKEN = 5
+"""More characters than any common tokenizer puts in a token of ordinary text on average (prose
+is near 4, code and JSON fewer, other scripts far fewer): a count of text at this rate is at
+most what a provider counts."""
+
+
+def least_tokens(request: TurnRequest) -> int:
+    """The fewest tokens the request's prompt can take by any provider's count: its text (the
+    instructions, the messages' text, thinking and tool-call arguments, the tool schemas) at
+    `LEAST_CHARS_PER_TOKEN` characters a token; images and other bytes count nothing, since
+    providers count them by rules of their own. What a rate limit on tokens must at least
+    admit for the request to pass (`rillet._core._failures.past_limit`)."""
+    chars = len(request.system_prompt or "")
+    if request.tools:
+        chars += len(_encode(request.tools))
+    for message in request.messages:
+        for item in message.content_items:
+            for name in _TEXT_FIELDS:
+                value = getattr(item, name, None)
+                if isinstance(value, str):
+                    chars += len(value)
+                elif value is not None:  # a tool call's arguments
+                    chars += len(_encode(value))
+    return chars // LEAST_CHARS_PER_TOKEN
+
+
+_TEXT_FIELDS = ("text", "thinking", "arguments")
+"""The fields of an item that hold what a model reads as text."""
 
 
 @attrs.frozen

@@ -518,6 +518,16 @@ class ProviderError(RilletError):
         provider_fields: the `type`, `code` and `param` of the provider's own error object,
             those it sent as strings, as it spelt them: what a gateway in front of it passes on
             to its client.
+        token_limit: for a rate limit on tokens, the limit the provider stated (tokens per
+            window: OpenAI's `Limit N`, a Gemini quota's `quotaValue`, the
+            `x-ratelimit-limit-tokens` header), if it stated one.
+        tokens_needed: what the request needs of that limit: what the provider said it asked
+            for (`Requested N`), else, for a request refused as larger than the limit, the
+            least it can need (its text, counted low).
+        time_left: for a rate limit not waited for, the seconds the turn had left when the
+            provider asked to wait longer than that.
+        wait_cap: for a rate limit not waited for, the longest wait the turn takes (the
+            policy's `retry_after_max`), when the provider asked to wait longer than that.
     """
 
     def __init__(
@@ -538,6 +548,10 @@ class ProviderError(RilletError):
         self.provider_message = preview(provider_message)
         self.retry_after = retry_after
         self.in_stream = in_stream
+        self.token_limit: int | None = None
+        self.tokens_needed: int | None = None
+        self.time_left: float | None = None
+        self.wait_cap: float | None = None
         facts = ", ".join(
             part
             for part in (
@@ -579,11 +593,12 @@ CONTENT_POLICY_CODES = frozenset(
 with one keeps it as its type, whatever other type came with it."""
 
 REQUEST_TOO_LARGE = "request_too_large"
-"""The code of a request larger than the provider takes (Anthropic's 413 type, and OpenAI's 429
-`rate_limit_exceeded` whose message says the request alone asks for more than the limit:
-`Request too large ... Limit 30000, Requested 35364`). The same request would get the same
-answer however long it waited: it must shrink first. Like a quota code, it is a plain
-`ProviderError` carrying the code, never a `RateLimitError`."""
+"""The code of a request larger than the provider takes (Anthropic's 413 type), and of a rate
+limit the request alone exceeds: one that says so (OpenAI's `Request too large ... Limit 30000,
+Requested 35364`, a `Request too large` code beside Azure's `exceeded token rate limit`), or
+one whose stated token limit is below what the request needs (`past_limit`). The same request
+would get the same answer however long it waited: it must shrink first. Like a quota code, it
+is a plain `ProviderError` carrying the code, never a `RateLimitError`."""
 
 MODEL_TOO_LARGE = "model_too_large"
 """The code of a model too large for the server's memory (Ollama's 500 `model requires more

@@ -276,9 +276,15 @@ def _provider_error(
             " --base-url (a redirect is never followed: the request carries the key)"
         )
     if code == REQUEST_TOO_LARGE:
+        sizes = ""
+        if error.token_limit is not None and error.tokens_needed is not None:
+            sizes = (
+                f"; it needs at least {error.tokens_needed:,} tokens, the limit is"
+                f" {error.token_limit:,}"
+            )
         return (
-            f"the request is larger than the provider takes{status}{said} — send less (a "
-            "shorter conversation, fewer tools, a lower --max-tokens) or ask for a higher limit"
+            f"the request is larger than the provider takes{status}{said}{sizes} — send less (a"
+            " shorter conversation, fewer tools, a lower --max-tokens) or ask for a higher limit"
         )
     if code == MODEL_TOO_LARGE:
         return (
@@ -288,12 +294,7 @@ def _provider_error(
     if code in QUOTA_CODES:
         return f"the account cannot pay for this request{status}{said} — check its plan and billing"
     if isinstance(error, RateLimitError):
-        wait = (
-            f"; the provider asked to wait {error.retry_after:g} s"
-            if error.retry_after is not None
-            else ""
-        )
-        return f"rate limited{status}{after}{said}{wait} — wait a little, or set --rpm"
+        return _rate_limited(error, status, after, said)
     if isinstance(error, OverloadedError):
         return f"the provider is overloaded{status}{after}{said} — try again shortly"
     if error.status == 404 and (
@@ -329,6 +330,28 @@ def _provider_error(
     kind = f" ({error.error_type})" if error.error_type and error.status is None else ""
     stream = " in the stream" if error.in_stream else ""
     return f"provider error{code}{kind}{stream}{after}{said}"
+
+
+def _rate_limited(error: RateLimitError, status: str, after: str, said: str) -> str:
+    """A rate limit's line: the wait it asked for, and, when the turn would not wait that long,
+    which bound stopped it (what was left of the total deadline, the longest wait a turn
+    takes) and what to do."""
+    line = f"rate limited{status}{after}{said}"
+    asked = error.retry_after
+    if asked is None:
+        return f"{line} — wait a little, or set --rpm"
+    line += f"; the provider asked to wait {asked:g} s"
+    if error.wait_cap is not None:
+        return (
+            f"{line}, longer than a turn waits ({error.wait_cap:g} s) — ask again once that"
+            " time has passed"
+        )
+    if error.time_left is not None:
+        return (
+            f"{line}, more than the {max(error.time_left, 0.0):.3g} s the turn had left — ask"
+            " again after the wait, or raise --total-timeout"
+        )
+    return f"{line} — wait a little, or set --rpm"
 
 
 def _host(url: str) -> str:

@@ -7,7 +7,8 @@ disagree about what is retried. The failure classes (`FailureClass`, in `_policy
   whole (connect or read error, reset, EOF before the terminal marker, a frame that is not
   JSON, 408, 5xx but 503/529, an in-stream overloaded or server error). Back off and retry;
   when the budget is spent, the rescue.
-- rate limit (`RATE_LIMIT`): 429, 503, 529, `RateLimitError`. Wait as the server says.
+- rate limit (`RATE_LIMIT`): 429, 503, 529, `RateLimitError`. Wait as the server says, unless
+  the request alone exceeds the limit the provider stated (`past_limit`): then no wait helps.
 - permanent (`PERMANENT`): the same request would get the same answer (400, 401, 403, 404,
   409, 413, 422, grammar breaches, invalid tool arguments, a frame over the cap, quota errors
   such as `insufficient_quota`, and every local error). One attempt, no rescue.
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from ._errors import (
     NOT_TLS_REASONS,
+    REQUEST_TOO_LARGE,
     UNCURABLE_CODES,
     AppendConflict,
     AuthenticationError,
@@ -84,6 +86,7 @@ __all__ = [
     "cause_of",
     "error_shape",
     "http_shape",
+    "past_limit",
     "retry_reason",
     "status_shape",
 ]
@@ -257,6 +260,30 @@ def http_shape(status: int, error: ProviderError, should_retry: str = "") -> Fai
     if should_retry == "true" and shape is FailureClass.PERMANENT:
         shape = FailureClass.TRANSPORT
     return shape
+
+
+def past_limit(error: BaseException | None, needs: int) -> ProviderError | None:
+    """A rate limit the request alone exceeds, which no wait can cure: its stated token limit
+    (`ProviderError.token_limit`) below what the request needs (what the provider said it asked
+    for, else `needs`, the least the request can take: `rillet._core._budget.least_tokens`).
+    It comes back as the plain `ProviderError` carrying `request_too_large` that is asked for
+    once (a code no retry or wait cures); None for any other error."""
+    if not isinstance(error, RateLimitError) or error.token_limit is None:
+        return None
+    asked = error.tokens_needed if error.tokens_needed is not None else needs
+    if asked <= error.token_limit:
+        return None
+    refused = ProviderError(
+        error.provider,
+        error.provider_message,
+        status=error.status,
+        error_type=REQUEST_TOO_LARGE,
+        in_stream=error.in_stream,
+        provider_fields=error.provider_fields,
+    )
+    refused.token_limit, refused.tokens_needed = error.token_limit, asked
+    refused.__cause__ = error
+    return refused
 
 
 RETRY_REASONS = (

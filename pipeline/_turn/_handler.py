@@ -21,7 +21,9 @@ table of what is retried) and handled by its ladder:
   which would get the same frame again; the non-streaming rescue may still bring the reply home;
 - rate-limit-shaped (429/503/529, `RateLimitError` in the stream): wait as the server says (a
   header, else the error body's hint, else 5 s); a wait over 60 s, or past the total deadline,
-  or a spent budget ends the turn RateLimited at once; never rescued;
+  or a spent budget ends the turn RateLimited at once, the error saying which bound it met
+  (`wait_cap`, `time_left`); never rescued. A rate limit whose stated token limit is below
+  what the request alone needs (`past_limit`) is permanent instead: no wait helps;
 - transport-shaped (connect/read errors, 408, other 5xx, truncation, a frame that is not JSON,
   in-stream overloaded/server errors, stalls): back off and retry. A stall also counts a
   timeout; streaming is hopeless at the first budget spent (transport retries, consecutive
@@ -45,9 +47,10 @@ from typing import TYPE_CHECKING, cast
 import attrs
 import trio
 
+from .._core._budget import least_tokens
 from .._core._dialect import Provider
 from .._core._errors import OverloadedError, ProviderError, RilletError, TurnTimeout, UpstreamError
-from .._core._failures import error_shape, retry_reason
+from .._core._failures import error_shape, past_limit, retry_reason
 from .._core._markers import (
     AttemptOpen,
     AttemptReset,
@@ -422,10 +425,20 @@ class Handler:
         if failure.shape is FailureClass.PERMANENT or failure.shape is FailureClass.WRONG_SHAPE:
             return self._failed()  # the same request would get the same answer
         if failure.shape is FailureClass.RATE_LIMIT:
-            wait = failure.error.retry_after if isinstance(failure.error, ProviderError) else None
+            refused = past_limit(failure.error, least_tokens(self.request))
+            if refused is not None:  # the request alone exceeds the limit: no wait helps
+                failure.shape, failure.error = FailureClass.PERMANENT, refused  # nor a rescue
+                self.error = refused
+                return self._failed()
+            error = failure.error if isinstance(failure.error, ProviderError) else None
+            wait = error.retry_after if error is not None else None
             wait = wait if wait is not None else policy.retry_after_default
             now = trio.current_time()
             self.retry_after = wait
+            if error is not None and wait > policy.retry_after_max:
+                error.wait_cap = policy.retry_after_max  # the cause a person is told
+            elif error is not None and now + wait >= self._total_deadline:
+                error.time_left = self._total_deadline - now
             if (
                 failure.no_retry
                 or self._rate_used >= policy.rate_limit_retries

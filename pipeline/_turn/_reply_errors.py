@@ -1,14 +1,14 @@
 """What one attempt's reply says when it is not a stream to read: the error it carries.
 
 An error status is read into the dialect's typed error (its body bounded in time and bytes; a
-redirect is named by where it points, never followed),
-with the wait the server directs (a header, else the body's hint; an unusable one counts as
-none, D5) and its class on the ladders (`http_shape`, `x-should-retry`); a streamed reply of
-the wrong Content-Type is a frame error (one labelled JSON may be the whole reply); a
-transport's failure becomes the provider's `TransportError`; an SSE stream's `error:` line is
-read as the provider's own error (`reported`). Every error is scrubbed of the
-turn's own credential, should a provider echo it back. The handler (`_handler`) decides what
-each such failure costs: a retry, a wait, the rescue, or the end.
+redirect is named by where it points, never followed), with the wait the server directs (a
+header, else the body's hint; an unusable one counts as none, D5), the token limit a rate limit
+states (its body, else `x-ratelimit-limit-tokens`) and its class on the ladders (`http_shape`,
+`x-should-retry`); a streamed reply of the wrong Content-Type is a frame error (one labelled
+JSON may be the whole reply); a transport's failure becomes the provider's `TransportError`;
+an SSE stream's `error:` line is read as the provider's own error (`reported`). Every error is
+scrubbed of the turn's own credential, should a provider echo it back. The handler
+(`_handler`) decides what each such failure costs: a retry, a wait, the rescue, or the end.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from .._core._errors import (
     REDIRECT,
     FrameError,
     ProviderError,
+    RateLimitError,
     RilletError,
     SSEErrorField,
     TransportError,
@@ -110,6 +111,10 @@ async def status_failure(
     if told is None:
         told = usable_wait(error.retry_after)
     error.retry_after = told
+    if isinstance(error, RateLimitError) and error.token_limit is None:
+        # the limit a rate limit on tokens did not state in its body (OpenAI's and Azure's)
+        limit = headers.get("x-ratelimit-limit-tokens", "").strip()
+        error.token_limit = int(limit) if limit.isdigit() else None
     should = headers.get("x-should-retry", "").strip().lower()
     shape = http_shape(status, error, should)
     return Failure(shape, error, status, headers, no_retry=should == "false")

@@ -122,6 +122,7 @@ def provider_error(
     in_stream: bool = False,
     retry_after: float | None = None,
     provider_fields: Mapping[str, str] | None = None,
+    token_limit: int | None = None,
 ) -> ProviderError:
     """The typed error for what a provider reported: the first of `error_types` we know (the
     provider's error type, code or status word) decides, else the status, else `ProviderError`.
@@ -129,16 +130,19 @@ def provider_error(
 
     A quota code (`insufficient_quota`, sent with a 429 or in the stream) is a plain
     `ProviderError` carrying the code, whatever the status: no wait or retry cures it, so it must
-    not pass for a rate limit. So is a rate limit whose message says the request alone asks for
-    more than the limit (`REQUEST_TOO_LARGE`), or that the limit is 0 (`insufficient_quota`)."""
+    not pass for a rate limit. So is a rate limit that says the request alone asks for more than
+    the limit, in its message or its code (`REQUEST_TOO_LARGE`), or that the limit is 0
+    (`insufficient_quota`). A rate limit on tokens keeps the limit it states (`token_limit`,
+    given or read from the message) and what it says the request asked for, so the handler can
+    tell one the request alone exceeds (`rillet._core._failures.past_limit`)."""
     quota = next((t for t in error_types if t and t.lower() in UNCURABLE_CODES), None)
     limited = status == 429 or any(
         t and _ERROR_TYPES.get(t.lower()) is RateLimitError for t in error_types
     )
-    if quota is None and limited and message:
-        if _too_large(message):
+    if quota is None and limited:
+        if _too_large(message) or any(t and _TOO_LARGE.search(t) for t in error_types):
             quota = REQUEST_TOO_LARGE  # a rate limit the request alone exceeds: waiting won't do
-        elif _NO_QUOTA.search(message) or _NO_CREDIT.search(message):
+        elif message and (_NO_QUOTA.search(message) or _NO_CREDIT.search(message)):
             quota = "insufficient_quota"  # a limit of 0 (a model the plan does not include)
     if quota is not None:
         return ProviderError(
@@ -179,7 +183,7 @@ def provider_error(
         # the status outranks the body: OpenAI answers a bad key with 401 and
         # `invalid_request_error`, and what a caller does next follows the status
         cls = _STATUSES[status]
-    return cls(
+    error = cls(
         provider,
         message,
         status=status,
@@ -188,6 +192,10 @@ def provider_error(
         in_stream=in_stream,
         provider_fields=provider_fields,
     )
+    if cls is RateLimitError:
+        error.token_limit = token_limit if token_limit is not None else _token_limit(message)
+        error.tokens_needed = _number(_REQUESTED, message)
+    return error
 
 
 _NO_QUOTA = re.compile(r"\blimit:? 0(?!\d|[.,]\d)", re.IGNORECASE)
@@ -204,6 +212,41 @@ back. (Gemini's free tier says `check your plan and billing details` of a per-mi
 wait that does end: such words are not enough.)"""
 _LIMIT = re.compile(r"\bLimit:? ([\d,]+)")
 _REQUESTED = re.compile(r"\bRequested:? ([\d,]+)")
+_TOO_LARGE = re.compile(r"request[ _]?too[ _]?large", re.IGNORECASE)
+"""A rate limit's own words (or code) for a request that alone exceeds it: OpenAI's and Groq's
+`Request too large for ...`, a `RequestTooLarge` or `Request too large` code beside Azure's
+`exceeded token rate limit`."""
+_TOKEN_LIMITS = (
+    # OpenAI's and Groq's `on tokens per min (TPM): Limit 30000, Used ..., Requested ...`
+    re.compile(r"\btokens? per min\w*(?: \(TPM\))?: Limit:? ([\d,]+)", re.IGNORECASE),
+    # Azure AI Foundry's `Rate limit of 50000 per 60s exceeded for UserByModelByMinuteTokens`
+    re.compile(r"\brate limit of ([\d,]+) per \d+s exceeded for \w*tokens\b", re.IGNORECASE),
+    # Anthropic's `the rate limit for your organization ... of 20,000 input tokens per minute`
+    re.compile(r"\bof ([\d,]+) (?:input |output )?tokens per minute\b", re.IGNORECASE),
+    # Gemini's `Quota exceeded for metric: ..._input_token_count, limit: 250000, model: ...`
+    re.compile(r"input_token_count, limit:? ([\d,]+)", re.IGNORECASE),
+)
+"""How a rate limit on tokens states its limit, in words (each group: the limit)."""
+
+
+def _number(pattern: re.Pattern[str], message: str) -> int | None:
+    """The number `pattern`'s group finds in `message`, commas and all; None if none."""
+    found = pattern.search(message) if message else None
+    if found is None:
+        return None
+    try:
+        return int(found.group(1).replace(",", ""))
+    except ValueError:
+        return None
+
+
+def _token_limit(message: str) -> int | None:
+    """The token limit a rate limit's message states (`_TOKEN_LIMITS`), if it states one."""
+    for pattern in _TOKEN_LIMITS:
+        limit = _number(pattern, message)
+        if limit is not None:
+            return limit
+    return None
 
 
 def _too_large(message: str) -> bool:
@@ -211,15 +254,29 @@ def _too_large(message: str) -> bool:
     `Request too large for gpt-4o in organization ... (TPM): Limit 30000, Requested 35364.`)."""
     if not message:
         return False
-    if "request too large" in message.lower():
+    if _TOO_LARGE.search(message):
         return True
-    limit, requested = _LIMIT.search(message), _REQUESTED.search(message)
-    if limit is None or requested is None:
-        return False
-    try:
-        return int(requested.group(1).replace(",", "")) > int(limit.group(1).replace(",", ""))
-    except ValueError:
-        return False
+    limit, requested = _number(_LIMIT, message), _number(_REQUESTED, message)
+    return limit is not None and requested is not None and requested > limit
+
+
+def _token_quota(details: Any) -> int | None:
+    """The smallest quota on input tokens a Google error's details name (`QuotaFailure`
+    violations whose `quotaId` or `quotaMetric` is about input tokens, with a `quotaValue`):
+    the most tokens one request can ever carry under it. Request quotas are not tokens."""
+    if not isinstance(details, list):
+        return None
+    found: list[int] = []
+    for detail in details:
+        violations = detail.get("violations") if isinstance(detail, dict) else None
+        for violation in violations if isinstance(violations, list) else ():
+            if not isinstance(violation, dict):
+                continue
+            named = f"{violation.get('quotaId', '')} {violation.get('quotaMetric', '')}".lower()
+            value = str(violation.get("quotaValue", ""))
+            if ("inputtoken" in named or "input_token" in named) and value.isdigit():
+                found.append(int(value))
+    return min(found, default=None)
 
 
 def _zero_quota(details: Any) -> bool:
@@ -304,6 +361,7 @@ def error_from_body(
     error_types: tuple[str | None, ...] = ()
     message = ""
     code_status: int | None = None
+    token_limit: int | None = None
     fields: dict[str, str] = {}  # the error object's own `type`, `code` and `param`
     if isinstance(data, dict):
         err = data.get("error", data if data.get("object") == "error" else None)
@@ -323,6 +381,7 @@ def error_from_body(
             fields = {k: v for k in _FIELDS if isinstance(v := err.get(k), str)}
             if _zero_quota(err.get("details")):
                 error_types = ("insufficient_quota", *error_types)  # no wait brings a quota of 0
+            token_limit = _token_quota(err.get("details"))
         elif "detail" in data:  # FastAPI's: a string, or pydantic's list of what failed where
             detail = data["detail"]
             message = detail if isinstance(detail, str) else _encode_any(detail).decode()[:500]
@@ -346,4 +405,5 @@ def error_from_body(
         message=message,
         in_stream=in_stream,
         provider_fields=fields,
+        token_limit=token_limit,
     )

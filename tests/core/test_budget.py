@@ -13,6 +13,8 @@ from rillet import (
     ContextBudget,
     ContextWindowExceeded,
     Conversation,
+    ImageUrlDone,
+    InlineDataDone,
     TextDone,
     ToolCallDone,
     ToolResultDone,
@@ -23,6 +25,7 @@ from rillet import (
     run_agent,
     user,
 )
+from rillet._core._budget import LEAST_CHARS_PER_TOKEN, least_tokens
 from rillet.transports.testing import open_loopback_provider
 
 from ..agent_support import LIMIT, body_of, loop_clock, provider_at, text_reply
@@ -141,3 +144,34 @@ async def test_an_agent_fits_each_request_and_fails_before_calling_the_model(
             )
     assert (too_big.status, too_big.code) == ("error", "context_window_exceeded")
     assert len(server.requests) == 1  # the second run never called the model
+
+
+def test_the_least_tokens_count_text_low_and_bytes_not_at_all() -> None:
+    text = "x" * 1000
+    plain = TurnRequest(messages=[user(text)], system_prompt="s" * 500)
+    assert least_tokens(plain) == 1500 // LEAST_CHARS_PER_TOKEN
+    image = "data:image/png;base64," + "A" * 100_000
+    pictured = TurnRequest(
+        messages=[
+            user(text, ImageUrlDone(image_url=image)),
+            UniMessage(
+                role="assistant",
+                content_items=[InlineDataDone(data=b"\0" * 100_000, mime_type="image/png")],
+            ),
+        ],
+        system_prompt="s" * 500,
+    )
+    assert least_tokens(pictured) == least_tokens(plain)  # images are counted by their own rules
+    called = TurnRequest(
+        messages=[
+            UniMessage(
+                role="assistant",
+                content_items=[ToolCallDone(name="f", arguments={"q": "y" * 95}, tool_call_id="c")],
+            ),
+            UniMessage(
+                role="user", content_items=[ToolResultDone(text="z" * 400, tool_call_id="c")]
+            ),
+        ]
+    )
+    assert least_tokens(called) == (len('{"q":""}') + 95 + 400) // LEAST_CHARS_PER_TOKEN
+    assert least_tokens(plain) < estimate_chars(text + "s" * 500)  # below the budget's guess

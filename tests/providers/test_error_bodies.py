@@ -405,3 +405,120 @@ def test_the_error_objects_own_type_code_and_param_are_kept_as_spelt() -> None:
     # what is not a string (Gemini's numeric code, a null param) is not the provider's word
     gemini = {"error": {"code": 400, "message": "bad", "status": "INVALID_ARGUMENT"}}
     assert dict(error_from_body("gemini", 400, json.dumps(gemini).encode()).provider_fields) == {}
+
+
+# --- the token limit a rate limit states (S51) ---------------------------------------------------
+
+
+def _google_quota(quota_id: str, metric: str, value: str) -> dict[str, Any]:
+    violation = {"quotaId": quota_id, "quotaMetric": metric, "quotaValue": value}
+    return {
+        "error": {
+            "code": 429,
+            "message": "You exceeded your current quota.",
+            "status": "RESOURCE_EXHAUSTED",
+            "details": [
+                {"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [violation]}
+            ],
+        }
+    }
+
+
+def _openai_429(message: str, code: str = "rate_limit_exceeded") -> dict[str, Any]:
+    return {"error": {"message": message, "type": "tokens", "param": None, "code": code}}
+
+
+@pytest.mark.parametrize(
+    ("body", "limit", "asked"),
+    [
+        (
+            _google_quota(
+                "GenerateContentPaidTierInputTokensPerModelPerMinute",
+                "generativelanguage.googleapis.com/generate_content_paid_tier_input_token_count",
+                "1000000",
+            ),
+            1_000_000,
+            None,
+        ),
+        (  # a quota on requests says nothing of tokens
+            _google_quota(
+                "GenerateRequestsPerMinutePerProjectPerModel-FreeTier",
+                "generativelanguage.googleapis.com/generate_content_free_tier_requests",
+                "5",
+            ),
+            None,
+            None,
+        ),
+        (  # OpenAI's ordinary per-minute limit: the request fits, the minute is spent
+            _openai_429(
+                "Rate limit reached for gpt-4o in organization org-x on tokens per min (TPM):"
+                " Limit 30000, Used 27000, Requested 6000. Please try again in 6s."
+            ),
+            30_000,
+            6_000,
+        ),
+        (  # and on requests: no token limit
+            _openai_429(
+                "Rate limit reached for gpt-4o in organization org-x on requests per min (RPM):"
+                " Limit 3, Used 3, Requested 1. Please try again in 20s.",
+                "rate_limit_exceeded",
+            ),
+            None,
+            1,
+        ),
+        (
+            {
+                "error": {
+                    "code": "RateLimitReached",
+                    "message": "Rate limit of 40000 per 60s exceeded for UserByModelByMinuteTokens."
+                    " Please wait 60 seconds before retrying.",
+                }
+            },
+            40_000,
+            None,
+        ),
+        (
+            {
+                "type": "error",
+                "error": {
+                    "type": "rate_limit_error",
+                    "message": "This request would exceed the rate limit for your organization of"
+                    " 20,000 input tokens per minute.",
+                },
+            },
+            20_000,
+            None,
+        ),
+    ],
+    ids=[
+        "gemini-input-tokens",
+        "gemini-requests",
+        "openai-tpm",
+        "openai-rpm",
+        "foundry",
+        "anthropic",
+    ],
+)
+def test_a_rate_limit_keeps_the_token_limit_it_states(
+    body: dict[str, Any], limit: int | None, asked: int | None
+) -> None:
+    error = error_from_body("x", 429, json.dumps(body).encode())
+    assert type(error) is RateLimitError  # still a limit a wait may cure: the handler judges
+    assert (error.token_limit, error.tokens_needed) == (limit, asked)
+
+
+@pytest.mark.parametrize("code", ["RequestTooLarge", "request_too_large", "Request too large"])
+def test_a_rate_limit_whose_code_says_the_request_is_too_large_is_not_waited_for(
+    code: str,
+) -> None:
+    body = {
+        "error": {
+            "code": code,
+            "message": "Requests to the ChatCompletions_Create Operation under Azure OpenAI API"
+            " version 2024-10-21 have exceeded token rate limit of your current AIServices S0"
+            " pricing tier.",
+        }
+    }
+    error = error_from_body("x", 429, json.dumps(body).encode())
+    assert type(error) is ProviderError
+    assert error.error_type == "request_too_large"

@@ -103,7 +103,7 @@ def http_error(
     # request too large for the limit itself
     quota = (error.error_type or "").lower() in UNCURABLE_CODES
     cls = type(error) if quota else _STATUS_WINS.get(status, type(error))
-    return cls(
+    typed = cls(
         provider,
         error.provider_message,
         status=error.status,
@@ -111,6 +111,8 @@ def http_error(
         retry_after=retry_after(headers),
         provider_fields=error.provider_fields,
     )
+    typed.token_limit, typed.tokens_needed = error.token_limit, error.tokens_needed
+    return typed
 
 
 def _image(url: str) -> dict[str, Any]:
