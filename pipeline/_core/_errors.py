@@ -646,8 +646,8 @@ class InvalidRequestError(ProviderError):
 
 
 class AuthenticationError(ProviderError):
-    """The provider refused our credentials or permissions (401, 403, or a refused key in any
-    status's words: Gemini's and xAI's 400)."""
+    """The provider refused our credentials or permissions (401, 403, or a key refused in a bad
+    request's words: Gemini's and xAI's 400)."""
 
 
 _CONTEXT_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
@@ -680,8 +680,8 @@ _KEY_REFUSED = re.compile(
 
 
 def key_refused(message: str) -> bool:
-    """Whether a provider's message says it refused the key (`_KEY_REFUSED`): what makes an
-    error an `AuthenticationError` whatever its status."""
+    """Whether a provider's message says it refused the key (`_KEY_REFUSED`): what makes a bad
+    request (a 400, or an error in the stream) an `AuthenticationError`."""
     return _KEY_REFUSED.search(message) is not None
 
 

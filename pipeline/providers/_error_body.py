@@ -222,7 +222,8 @@ _TOKEN_LIMITS = (
     # Azure AI Foundry's `Rate limit of 50000 per 60s exceeded for UserByModelByMinuteTokens`
     re.compile(r"\brate limit of ([\d,]+) per \d+s exceeded for \w*tokens\b", re.IGNORECASE),
     # Anthropic's `the rate limit for your organization ... of 20,000 input tokens per minute`
-    re.compile(r"\bof ([\d,]+) (?:input |output )?tokens per minute\b", re.IGNORECASE),
+    # (a limit on output tokens is not one on what the request sends)
+    re.compile(r"\bof ([\d,]+) (?:input )?tokens per minute\b", re.IGNORECASE),
     # Gemini's `Quota exceeded for metric: ..._input_token_count, limit: 250000, model: ...`
     re.compile(r"input_token_count, limit:? ([\d,]+)", re.IGNORECASE),
 )

@@ -522,3 +522,17 @@ def test_a_rate_limit_whose_code_says_the_request_is_too_large_is_not_waited_for
     error = error_from_body("x", 429, json.dumps(body).encode())
     assert type(error) is ProviderError
     assert error.error_type == "request_too_large"
+
+
+def test_a_limit_on_output_tokens_is_not_one_on_what_the_request_sends() -> None:
+    body = {
+        "type": "error",
+        "error": {
+            "type": "rate_limit_error",
+            "message": "This request would exceed the rate limit for your organization of 8,000"
+            " output tokens per minute.",
+        },
+    }
+    error = error_from_body("x", 429, json.dumps(body).encode())
+    assert type(error) is RateLimitError
+    assert error.token_limit is None
