@@ -145,7 +145,7 @@ def provider_error(
         elif message and (_NO_QUOTA.search(message) or _NO_CREDIT.search(message)):
             quota = "insufficient_quota"  # a limit of 0 (a model the plan does not include)
     if quota is not None:
-        return ProviderError(
+        uncured = ProviderError(
             provider,
             message,
             status=status,
@@ -154,6 +154,10 @@ def provider_error(
             in_stream=in_stream,
             provider_fields=provider_fields,
         )
+        if quota == REQUEST_TOO_LARGE:  # the sizes it names, for the line a person reads
+            uncured.token_limit = _number(_LIMIT, message)
+            uncured.tokens_needed = _number(_REQUESTED, message)
+        return uncured
     if status is None:  # a type that names a status (Anthropic's `not_found_error`, in stream)
         status = next(
             (_TYPE_STATUSES[t.lower()] for t in error_types if t and t.lower() in _TYPE_STATUSES),

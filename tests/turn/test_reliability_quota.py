@@ -133,7 +133,7 @@ async def test_a_request_too_large_for_the_rate_limit_is_asked_once(
     assert run_done(run).requests == 1
     said = explain(error, provider_for())
     assert said.startswith("the request is larger than the provider takes (429): Request too")
-    assert "— send less" in said
+    assert "; it needs at least 35,364 tokens, the limit is 30,000 — send less" in said
 
 
 async def test_f55_insufficient_quota_in_the_stream_is_permanent(
