@@ -283,8 +283,9 @@ def _provider_error(
                 f" {error.token_limit:,}"
             )
         return (
-            f"the request is larger than the provider takes{status}{said}{sizes} — send less (a"
-            " shorter conversation, fewer tools, a lower --max-tokens) or ask for a higher limit"
+            f"the request is larger than the provider takes{status}{_ended(said, sizes)}{sizes}"
+            " — send less (a shorter conversation, fewer tools, a lower --max-tokens) or ask for"
+            " a higher limit"
         )
     if code == MODEL_TOO_LARGE:
         return (
@@ -336,11 +337,10 @@ def _rate_limited(error: RateLimitError, status: str, after: str, said: str) -> 
     """A rate limit's line: the wait it asked for, and, when the turn would not wait that long,
     which bound stopped it (what was left of the total deadline, the longest wait a turn
     takes) and what to do."""
-    line = f"rate limited{status}{after}{said}"
     asked = error.retry_after
     if asked is None:
-        return f"{line} — wait a little, or set --rpm"
-    line += f"; the provider asked to wait {asked:g} s"
+        return f"rate limited{status}{after}{said} — wait a little, or set --rpm"
+    line = f"rate limited{status}{after}{_ended(said, ';')}; the provider asked to wait {asked:g} s"
     if error.wait_cap is not None:
         return (
             f"{line}, longer than a turn waits ({error.wait_cap:g} s) — ask again once that"
@@ -352,6 +352,12 @@ def _rate_limited(error: RateLimitError, status: str, after: str, said: str) -> 
             " again after the wait, or raise --total-timeout"
         )
     return f"{line} — wait a little, or set --rpm"
+
+
+def _ended(said: str, more: str) -> str:
+    """The provider's words without their closing full stop when `more` follows them after a
+    semicolon (`...before retrying; it needs ...`, not `retrying.; it needs`)."""
+    return said[:-1] if more and said.endswith(".") else said
 
 
 def _host(url: str) -> str:

@@ -338,8 +338,8 @@ async def test_s52_a_wait_past_the_deadline_ends_the_turn_at_once_saying_so(
     assert error.time_left == pytest.approx(30.0)
     said = explain(error, provider_for(GeminiDialect()))
     assert said.endswith(
-        "; the provider asked to wait 48.9 s, more than the 30 s the turn had left — ask again"
-        " after the wait, or raise --total-timeout"
+        "Please retry in 48.9s; the provider asked to wait 48.9 s, more than the 30 s the turn"
+        " had left — ask again after the wait, or raise --total-timeout"
     )
 
 
