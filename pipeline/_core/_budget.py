@@ -12,6 +12,7 @@ alone do not fit, the request is never sent: `ContextWindowExceeded` (safe code
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -34,30 +35,30 @@ def estimate_chars(text: str) -> int:
     return math.ceil(len(text) / 4)
 
 
-LEAST_CHARS_PER_TOKEN = 5
-"""More characters than any common tokenizer puts in a token of ordinary text on average (prose
-is near 4, code and JSON fewer, other scripts far fewer): a count of text at this rate is at
-most what a provider counts."""
+_WORD = re.compile(r"[^\W_]+")
+"""A run of letters or digits: every tokenizer in use gives each at least one token of its own
+(they cut text at white space and punctuation before they merge, or never merge across them)."""
 
 
 def least_tokens(request: TurnRequest) -> int:
-    """The fewest tokens the request's prompt can take by any provider's count: its text (the
-    instructions, the messages' text, thinking and tool-call arguments, the tool schemas) at
-    `LEAST_CHARS_PER_TOKEN` characters a token; images and other bytes count nothing, since
-    providers count them by rules of their own. What a rate limit on tokens must at least
-    admit for the request to pass (`rillet._core._failures.past_limit`)."""
-    chars = len(request.system_prompt or "")
+    """The fewest tokens the request's prompt can take by any provider's count: the runs of
+    letters or digits in its text (the instructions, the messages' text, thinking and tool-call
+    arguments, the tool schemas), each at least one token wherever it is counted. Punctuation,
+    a long word's or a number's several tokens, a script written without spaces and images
+    count nothing, so the true count is higher, often by half: what a rate limit on tokens must
+    at least admit for the request to pass (`rillet._core._failures.past_limit`)."""
+    texts = [request.system_prompt or ""]
     if request.tools:
-        chars += len(_encode(request.tools))
+        texts.append(_encode(request.tools).decode())
     for message in request.messages:
         for item in message.content_items:
             for name in _TEXT_FIELDS:
                 value = getattr(item, name, None)
                 if isinstance(value, str):
-                    chars += len(value)
+                    texts.append(value)
                 elif value is not None:  # a tool call's arguments
-                    chars += len(_encode(value))
-    return chars // LEAST_CHARS_PER_TOKEN
+                    texts.append(_encode(value).decode())
+    return sum(len(_WORD.findall(text)) for text in texts)
 
 
 _TEXT_FIELDS = ("text", "thinking", "arguments")

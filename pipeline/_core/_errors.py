@@ -523,7 +523,7 @@ class ProviderError(RilletError):
             `x-ratelimit-limit-tokens` header), if it stated one.
         tokens_needed: what the request needs of that limit: what the provider said it asked
             for (`Requested N`), else, for a request refused as larger than the limit, the
-            least it can need (its text, counted low).
+            least it can need (its words, one token each).
         time_left: for a rate limit not waited for, the seconds the turn had left when the
             provider asked to wait longer than that.
         wait_cap: for a rate limit not waited for, the longest wait the turn takes (the

@@ -29,6 +29,7 @@ from __future__ import annotations
 import ssl
 from typing import TYPE_CHECKING
 
+from ._budget import least_tokens
 from ._errors import (
     NOT_TLS_REASONS,
     REQUEST_TOO_LARGE,
@@ -76,6 +77,8 @@ from ._policy import FailureClass
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
+
+    from ._request import TurnRequest
 
 __all__ = [
     "CAUSE_SHAPES",
@@ -262,15 +265,17 @@ def http_shape(status: int, error: ProviderError, should_retry: str = "") -> Fai
     return shape
 
 
-def past_limit(error: BaseException | None, needs: int) -> ProviderError | None:
+def past_limit(error: BaseException | None, request: TurnRequest) -> ProviderError | None:
     """A rate limit the request alone exceeds, which no wait can cure: its stated token limit
     (`ProviderError.token_limit`) below what the request needs (what the provider said it asked
-    for, else `needs`, the least the request can take: `rillet._core._budget.least_tokens`).
-    It comes back as the plain `ProviderError` carrying `request_too_large` that is asked for
-    once (a code no retry or wait cures); None for any other error."""
+    for, else the least the request can take: `rillet._core._budget.least_tokens`). It comes
+    back as the plain `ProviderError` carrying `request_too_large` that is asked for once (a
+    code no retry or wait cures); None for any other error."""
     if not isinstance(error, RateLimitError) or error.token_limit is None:
         return None
-    asked = error.tokens_needed if error.tokens_needed is not None else needs
+    asked = error.tokens_needed
+    if asked is None:
+        asked = least_tokens(request)
     if asked <= error.token_limit:
         return None
     refused = ProviderError(

@@ -47,7 +47,6 @@ from typing import TYPE_CHECKING, cast
 import attrs
 import trio
 
-from .._core._budget import least_tokens
 from .._core._dialect import Provider
 from .._core._errors import OverloadedError, ProviderError, RilletError, TurnTimeout, UpstreamError
 from .._core._failures import error_shape, past_limit, retry_reason
@@ -425,7 +424,7 @@ class Handler:
         if failure.shape is FailureClass.PERMANENT or failure.shape is FailureClass.WRONG_SHAPE:
             return self._failed()  # the same request would get the same answer
         if failure.shape is FailureClass.RATE_LIMIT:
-            refused = past_limit(failure.error, least_tokens(self.request))
+            refused = past_limit(failure.error, self.request)
             if refused is not None:  # the request alone exceeds the limit: no wait helps
                 failure.shape, failure.error = FailureClass.PERMANENT, refused  # nor a rescue
                 self.error = refused

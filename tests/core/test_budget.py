@@ -5,6 +5,8 @@ and a prompt whose required part does not fit is never sent (`context_window_exc
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 import pytest
 import trio
@@ -25,7 +27,7 @@ from rillet import (
     run_agent,
     user,
 )
-from rillet._core._budget import LEAST_CHARS_PER_TOKEN, least_tokens
+from rillet._core._budget import least_tokens
 from rillet.transports.testing import open_loopback_provider
 
 from ..agent_support import LIMIT, body_of, loop_clock, provider_at, text_reply
@@ -146,10 +148,11 @@ async def test_an_agent_fits_each_request_and_fails_before_calling_the_model(
     assert len(server.requests) == 1  # the second run never called the model
 
 
-def test_the_least_tokens_count_text_low_and_bytes_not_at_all() -> None:
-    text = "x" * 1000
-    plain = TurnRequest(messages=[user(text)], system_prompt="s" * 500)
-    assert least_tokens(plain) == 1500 // LEAST_CHARS_PER_TOKEN
+def test_the_least_tokens_are_the_words_of_the_text_and_bytes_count_nothing() -> None:
+    text = "The quick brown fox, it's said, jumps over 12,345 lazy dogs."
+    plain = TurnRequest(messages=[user(text)], system_prompt="Be brief.")
+    # The quick brown fox it s said jumps over 12 345 lazy dogs / Be brief
+    assert least_tokens(plain) == 13 + 2
     image = "data:image/png;base64," + "A" * 100_000
     pictured = TurnRequest(
         messages=[
@@ -159,19 +162,28 @@ def test_the_least_tokens_count_text_low_and_bytes_not_at_all() -> None:
                 content_items=[InlineDataDone(data=b"\0" * 100_000, mime_type="image/png")],
             ),
         ],
-        system_prompt="s" * 500,
+        system_prompt="Be brief.",
     )
     assert least_tokens(pictured) == least_tokens(plain)  # images are counted by their own rules
     called = TurnRequest(
         messages=[
             UniMessage(
                 role="assistant",
-                content_items=[ToolCallDone(name="f", arguments={"q": "y" * 95}, tool_call_id="c")],
+                content_items=[
+                    ToolCallDone(name="f", arguments={"query": "snow in Oslo"}, tool_call_id="c")
+                ],
             ),
             UniMessage(
-                role="user", content_items=[ToolResultDone(text="z" * 400, tool_call_id="c")]
+                role="user",
+                content_items=[ToolResultDone(text="-4 °C, light snow", tool_call_id="c")],
             ),
-        ]
+        ],
+        tools=[ToolSpec(name="f", description="Weather now", parameters={"type": "object"})],
     )
-    assert least_tokens(called) == (len('{"q":""}') + 95 + 400) // LEAST_CHARS_PER_TOKEN
-    assert least_tokens(plain) < estimate_chars(text + "s" * 500)  # below the budget's guess
+    # query snow in Oslo / 4 C light snow / the schema's words
+    schema_words = len(re.findall(r"[^\W_]+", msgspec.json.encode(called.tools).decode()))
+    assert least_tokens(called) == 4 + 4 + schema_words
+    # below what the budget guesses (four characters a token), for prose and for code alike
+    code = "def f(x):\n    return {'a': [x, x + 1]}\n" * 50
+    for sample in (text * 50, code):
+        assert least_tokens(TurnRequest(messages=[user(sample)])) < estimate_chars(sample)

@@ -126,8 +126,8 @@ async def test_s50_an_error_line_over_loopback_costs_one_request(
 
 # --- S51: a rate limit the request alone exceeds --------------------------------------------------
 
-# a prompt of 2.6 million characters: at least 520,000 tokens by any provider's count
-LARGE = TurnRequest(messages=[user("lorem ipsum " * 216_667)])
+# a prompt of 650,000 words: at least 650,000 tokens by any provider's count
+LARGE = TurnRequest(messages=[user("lorem ipsum dolor sit amet " * 130_000)])
 
 
 def gemini_input_tokens_429(quota: int = 250_000, delay: str = "48.9s") -> bytes:
@@ -205,7 +205,7 @@ async def test_s51_a_gemini_quota_on_input_tokens_below_the_request_is_asked_onc
     said = explain(error, provider_for(GeminiDialect()))
     assert said.startswith("the request is larger than the provider takes (429): You exceeded")
     needs = least_tokens(LARGE)
-    assert needs > 500_000
+    assert needs == 650_000
     assert f"it needs at least {needs:,} tokens, the limit is 250,000 — send less" in said
     assert not run_done(run).retryable
 
@@ -279,7 +279,7 @@ async def test_s51_a_token_rate_limit_the_request_alone_exceeds_is_asked_once(
     dialect: AnthropicDialect | None,
     limit: int,
 ) -> None:
-    # a request of 625,000 tokens or so against a limit well below it: before, six requests
+    # a request of 650,000 tokens or more against a limit below it: before, six requests
     run = await play([answer, ok()], dialect=dialect, request=LARGE, rescue=rescue_ok())
     _asked_once(run)
     error = run.result.error
