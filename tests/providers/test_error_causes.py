@@ -29,6 +29,7 @@ from rillet._core._explain import explain
 from rillet._core._failures import http_shape
 from rillet._core._policy import FailureClass
 from rillet.providers import Provider, dialect_from_name
+from rillet.providers._error_body import error_from_body
 
 REAL = Path(__file__).parent.parent / "fixtures" / "real"
 EXPECTED: dict[str, dict[str, Any]] = json.loads((REAL / "EXPECTED.json").read_text("utf-8"))
@@ -44,6 +45,7 @@ RECORDED = {
     "openai-chat/openai-401-invalid-api-key.json": BAD_KEY,
     "openai-chat/huggingface-401-invalid-credentials.json": BAD_KEY,
     "openai-chat/together-401-invalid-api-key.json": BAD_KEY,
+    "openai-chat/openrouter-401-no-cookie-auth.json": BAD_KEY,
     "openai-chat/xai-400-incorrect-api-key.json": BAD_KEY,
     "openai-responses/401-invalid-api-key.json": BAD_KEY,
     # an unknown model
@@ -221,3 +223,31 @@ def test_a_refused_option_stays_an_invalid_request(body: bytes) -> None:
     error = dialect_from_name(dialect).error_from_response(400, {}, body)
     assert type(error) is InvalidRequestError
     assert error_code(error) == "invalid_request"
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (
+            {
+                "error": "This model's maximum prompt length is 131072 but the request contains"
+                " 537812 tokens"
+            },
+            TOO_LONG,
+        ),
+        ({"error": {"message": "Incorrect API key provided: xa***bc."}}, BAD_KEY),
+        ({"type": "error", "error": {"type": "not_found_error", "message": "model: x"}}, NO_MODEL),
+        (
+            {"error": {"code": 404, "message": "models/x is not found", "status": "NOT_FOUND"}},
+            NO_MODEL,
+        ),
+    ],
+    ids=["xai-context", "key", "anthropic-model", "gemini-model"],
+)
+def test_the_same_words_in_a_stream_read_as_the_same_cause(
+    body: dict[str, Any], expected: tuple[type[ProviderError], str, str]
+) -> None:
+    # after a 200, in the stream: no status to go by, the same type and code all the same
+    error = error_from_body("x", None, json.dumps(body).encode(), in_stream=True)
+    assert type(error) is expected[0]
+    assert error_code(error) == expected[1]
