@@ -221,35 +221,40 @@ json.dump(out, sys.stdout, ensure_ascii=False)
 
 
 def sdk_python() -> Path:
-    """The interpreter of the virtualenv holding `openai==OPENAI_VERSION`, made if missing
+    """The interpreter of the virtualenv holding `openai==OPENAI_VERSION` (`venv_python`)."""
+    return venv_python("openai", OPENAI_VERSION, VENV)
+
+
+def venv_python(package: str, version: str, venv: Path) -> Path:
+    """The interpreter of the virtualenv at `venv` holding `package==version`, made if missing
     (built aside, then moved into place). Skips, saying why, when it cannot be made."""
-    python = VENV / "bin" / "python"
-    stamp = VENV / f".openai-{OPENAI_VERSION}"
+    python = venv / "bin" / "python"
+    stamp = venv / f".{package}-{version}"
     if stamp.exists() and python.exists():
         return python
-    VENV.parent.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(prefix=".openai-", dir=VENV.parent))
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=f".{package}-", dir=venv.parent))
     try:
         steps = {
             "python -m venv": [sys.executable, "-m", "venv", str(building)],
-            f"pip install openai=={OPENAI_VERSION}": [
+            f"pip install {package}=={version}": [
                 str(building / "bin" / "python"),
                 *("-m", "pip", "install", "-q", "--disable-pip-version-check"),
-                f"openai=={OPENAI_VERSION}",
+                f"{package}=={version}",
             ],
         }
         for name, step in steps.items():
             try:
                 done = subprocess.run(step, capture_output=True, text=True, timeout=900)
             except subprocess.TimeoutExpired:
-                pytest.skip(f"cannot make the openai SDK's virtualenv: {name} timed out")
+                pytest.skip(f"cannot make the {package} SDK's virtualenv: {name} timed out")
             if done.returncode != 0:
                 tail = (done.stderr or done.stdout).strip().splitlines()[-2:]
-                pytest.skip(f"cannot make the openai SDK's virtualenv: {name} failed ({tail})")
-        (building / f".openai-{OPENAI_VERSION}").touch()
+                pytest.skip(f"cannot make the {package} SDK's virtualenv: {name} failed ({tail})")
+        (building / f".{package}-{version}").touch()
         building.chmod(0o755)
-        shutil.rmtree(VENV, ignore_errors=True)
-        os.rename(building, VENV)
+        shutil.rmtree(venv, ignore_errors=True)
+        os.rename(building, venv)
     finally:
         shutil.rmtree(building, ignore_errors=True)
     return python

@@ -30,6 +30,7 @@ from ._http11 import (
     RequestTimeout,
 )
 from ._log import log_request
+from ._messages import Messages
 from ._metrics import METRICS_EXTRA
 from ._mmsp import Mmsp
 from ._openai import OpenAIChat
@@ -94,6 +95,7 @@ class Server:
     fanout: Fanout = attrs.field()
     mmsp: Mmsp = attrs.field()
     openai: OpenAIChat = attrs.field()
+    messages: Messages = attrs.field()
     ui: UiStream = attrs.field()
     responses: OpenAIResponses = attrs.field()
     page: Page = attrs.field(factory=Page)
@@ -125,6 +127,10 @@ class Server:
     def _openai(self) -> OpenAIChat:
         return OpenAIChat(self.shared)
 
+    @messages.default
+    def _messages(self) -> Messages:
+        return Messages(self.shared)
+
     @ui.default
     def _ui(self) -> UiStream:
         return UiStream(self.shared)
@@ -145,6 +151,8 @@ class Server:
             "/v1/stream": {"POST": self.mmsp.stream},
             "/v1/chat/completions": {"POST": self.openai.completions},
             "/v1/responses": {"POST": self.responses.create},
+            "/v1/messages": {"POST": self.messages.create},
+            "/v1/messages/count_tokens": {"POST": self.messages.count_tokens},
             "/v1/ui/chat": {"POST": self.ui.chat},
             "/v1/runs": {"POST": self.runs.start_run},
         }

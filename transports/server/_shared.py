@@ -80,13 +80,15 @@ class Shared:
         return self.config.limits
 
     def has_key(self, request: Request) -> bool:
-        """Whether the request sends the server key (`Authorization: Bearer`), compared in
-        constant time; False when the server has none."""
+        """Whether the request sends the server key (`Authorization: Bearer`, or `x-api-key`
+        as Anthropic's clients send it), compared in constant time; False when the server has
+        none."""
         key = self.config.api_key
         if key is None:
             return False
+        sent = request.bearer() or request.headers.get("x-api-key") or ""
         # digests of equal length: the comparison tells nothing, not even the key's length
-        given = hashlib.sha256((request.bearer() or "").encode()).digest()
+        given = hashlib.sha256(sent.encode()).digest()
         return hmac.compare_digest(given, hashlib.sha256(key.reveal().encode()).digest())
 
     def client_id(self, request: Request) -> ClientId:

@@ -32,11 +32,14 @@ SSE_HEADERS = (
 class HeldHead:
     """An event stream whose head waits for its first data up to one heartbeat, so a refusal
     upstream can still get its HTTP status; while nothing comes, a heartbeat comment goes out
-    every `heartbeat` seconds (the first of them sends the head).
+    every `heartbeat` seconds (the first of them sends the head). A wire whose clients read a
+    sign of life as an event of its own (Anthropic's `ping`) sets `beat`.
 
     Once the head is out, data may also be written from another task without waiting
     (`write_nowait`: a turn's own task, no hop to the wire's pump); the heartbeat then counts
     from that write too."""
+
+    beat = SSE_HEARTBEAT  # what a heartbeat sends
 
     def __init__(
         self, http: HttpConnection, heartbeat: float, headers: Sequence[tuple[str, str]] = ()
@@ -59,7 +62,7 @@ class HeldHead:
             if trio.current_time() < self._deadline:
                 continue  # data went out meanwhile (`write_nowait`): no heartbeat is due
             if self.started:
-                await self.http.send_data(SSE_HEARTBEAT)
+                await self.http.send_data(self.beat)
             else:
                 await self.start()
             self._deadline = trio.current_time() + self.heartbeat

@@ -9,7 +9,7 @@ without them. A field no provider behind this endpoint can honour is refused, ne
 from __future__ import annotations
 
 import reprlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -27,6 +27,8 @@ from ._stream import REFUSAL_FIDELITY
 from ._wire import NAME as OPENAI_CHAT
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..._core._events import ContentItem
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "chat_request",
     "decode_chat_body",
     "other_fields",
+    "read_with_extra",
     "shown",
 ]
 
@@ -106,6 +109,7 @@ class ChatBody(_Read, frozen=True, kw_only=True):
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
+Read = TypeVar("Read")
 _READ = frozenset(_Read.__struct_fields__)
 _decode_read = msgspec.json.Decoder(_Read).decode
 _decode_fields = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode  # the read ones stay raw
@@ -124,6 +128,14 @@ def decode_chat_body(raw: bytes) -> ChatBody:
     `msgspec.DecodeError`, `msgspec.ValidationError` included)."""
     body = _decode_read(raw)
     return ChatBody(**msgspec.structs.asdict(body), extra=other_fields(raw, _READ))
+
+
+def read_with_extra(
+    raw: bytes, decode: Callable[[bytes], Read], read: frozenset[str]
+) -> tuple[Read, dict[str, Any]]:
+    """A request body decoded by `decode`, and every other top-level field (not in `read`, and
+    not null) as the client gave it: what a served wire passes on to a provider of its own."""
+    return decode(raw), other_fields(raw, read)
 
 
 REFUSED = ("functions", "function_call", "audio")
