@@ -372,6 +372,7 @@ class Messages:
             404,
             "POST /v1/messages/count_tokens is not served here: rillet counts no tokens before "
             "a reply; read each reply's usage instead",
+            (("request-id", f"req_{secrets.token_hex(12)}"),),
         )
 
     async def create(self, http: HttpConnection, request: Request, _: str) -> None:

@@ -11,9 +11,10 @@ has it (`stop_sequences` as OpenAI's `stop`, `metadata.user_id` as its `user`) o
 refused, saying which field the routed provider cannot take: never dropped.
 
 Three things are accepted and not forwarded to other wires, since they steer no answer there:
-`cache_control` (a caching hint: OpenAI's wires cache by themselves), `citations` on an earlier
-answer's text, and `metadata` where the wire has no user field. A tool result's `is_error` has
-no field elsewhere either: its text goes as given.
+`cache_control` (a caching hint, on a block, a tool, a system block or the request: OpenAI's
+wires cache by themselves), `citations` on an earlier answer's text, and `metadata` where the
+wire has no user field. A tool result's `is_error` has no field elsewhere either: its text goes
+as given. `thinking` (manual, adaptive) and `output_config.effort` become a thinking level.
 
 A thinking block's `signature` is Anthropic's own, byte for byte, when the thinking came from
 Anthropic; thinking from another provider that must go back to it (OpenAI-compatible reasoning
