@@ -217,31 +217,32 @@ async def check_mcp(code: str, tmp_path: Path) -> None:
     assert sent["messages"][-1]["content"][0]["text"] == "Why is the sky blue?"
 
 
-async def _through_the_server(code: str, tmp_path: Path) -> tuple[str, dict[str, Any]]:
-    """Run a block of the OpenAI SDK against a rillet server (its URL in the block rewritten to
-    the server's port) with the loopback provider behind it: what it printed, and the one
-    request the provider got."""
-    from .server.test_openai_interop import sdk_python
-
-    python = sdk_python()  # skips, saying why, when the SDK's virtualenv cannot be made
+async def run_against_server(
+    code: str, tmp_path: Path, python: Path, served: str
+) -> tuple[subprocess.CompletedProcess[bytes], dict[str, Any]]:
+    """An SDK's example run by `python` against a rillet server (its URL in the example is
+    `served`) with a provider of OpenAI's wire behind it; what it printed, and what the
+    provider was sent."""
     async with open_loopback_provider(provider_reply) as provider:
         upstream = Provider(OpenAIChatDialect(), f"{provider.url}/v1", "gpt-4.1-mini")
         config = ServerConfig(provider=upstream, port=0)
         async with trio.open_nursery() as nursery:
             url = await nursery.start(functools.partial(serve, config))
-            served = "http://127.0.0.1:8787/v1"
             assert served in code
-            local = code.replace(served, f"{url}/v1")  # the server's port here, not 8787
+            local = code.replace(served, url + served.removeprefix("http://127.0.0.1:8787"))
             done = await run_python(local, tmp_path, provider_env(provider.url), python=str(python))
             nursery.cancel_scope.cancel()
         (sent,) = bodies(provider.requests)
-    return done.stdout.decode(), sent
+    return done, sent
 
 
 async def check_openai_sdk(code: str, tmp_path: Path) -> None:
     """The OpenAI SDK, pointed at a rillet server, streams the server provider's answer."""
-    printed, sent = await _through_the_server(code, tmp_path)
-    assert printed == TEXT
+    from .server.test_openai_interop import sdk_python
+
+    python = sdk_python()  # skips, saying why, when the SDK's virtualenv cannot be made
+    done, sent = await run_against_server(code, tmp_path, python, "http://127.0.0.1:8787/v1")
+    assert done.stdout.decode() == TEXT
     assert sent["model"] == "gpt-4.1-mini"
     assert sent["messages"] == [{"role": "user", "content": "Hello"}]
     assert sent["stream"] is True
@@ -250,10 +251,26 @@ async def check_openai_sdk(code: str, tmp_path: Path) -> None:
 async def check_openai_responses(code: str, tmp_path: Path) -> None:
     """The OpenAI SDK's Responses client, pointed at a rillet server, streams the server
     provider's answer (a provider of the Chat Completions wire)."""
-    printed, sent = await _through_the_server(code, tmp_path)
-    assert printed == TEXT
+    from .server.test_openai_interop import sdk_python
+
+    python = sdk_python()  # skips, saying why, when the SDK's virtualenv cannot be made
+    done, sent = await run_against_server(code, tmp_path, python, "http://127.0.0.1:8787/v1")
+    assert done.stdout.decode() == TEXT
     assert sent["model"] == "gpt-4.1-mini"
     assert sent["messages"] == [{"role": "user", "content": "Hello"}]
+
+
+async def check_anthropic_sdk(code: str, tmp_path: Path) -> None:
+    """Anthropic's SDK, pointed at a rillet server, streams the answer of a provider of
+    OpenAI's wire behind it."""
+    from .server.test_anthropic_interop import sdk_python
+
+    python = sdk_python()  # skips, saying why, when the SDK's virtualenv cannot be made
+    done, sent = await run_against_server(code, tmp_path, python, "http://127.0.0.1:8787")
+    assert done.stdout.decode() == TEXT
+    assert sent["model"] == "gpt-4.1-mini"
+    assert sent["messages"] == [{"role": "user", "content": "Hello"}]
+    assert sent["max_completion_tokens"] == 1024
 
 
 Check = Callable[[str, Path], Awaitable[None]]
@@ -267,12 +284,13 @@ PYTHON_CHECKS: list[tuple[str, Check]] = [
     ("As an MCP server", check_mcp),
     ("The server", check_openai_sdk),
     ("The server", check_openai_responses),
+    ("The server", check_anthropic_sdk),
 ]
 
 
 def test_every_python_block_of_the_readme_has_its_check() -> None:
     """A block added to the README must get its check here."""
-    assert len(PYTHON_BLOCKS) == 8
+    assert len(PYTHON_BLOCKS) == 9
     assert [title for title, _ in PYTHON_BLOCKS] == [title for title, _ in PYTHON_CHECKS]
 
 
