@@ -215,6 +215,7 @@ whole("image", model=m, max_tokens=64,
 whole("server_tool", model=m, max_tokens=64, messages=user("Search"),
       tools=[{"type": "web_search_20250305", "name": "web_search"}])
 whole("limited", model=m, max_tokens=64, messages=user("LIMITED"))
+events("limited_streamed", model=m, max_tokens=64, messages=user("LIMITED, STREAMED"))
 whole("overloaded", model=m, max_tokens=64, messages=user("OVERLOADED"))
 whole("too_long", model=m, max_tokens=64, messages=user("LONG"))
 whole("unknown_model", model="nobody/nothing", max_tokens=64, messages=user("Say hello"))
@@ -500,6 +501,10 @@ def test_upstream_errors_are_the_sdks_exception_classes(sdk: dict[str, Any]) -> 
         assert error["body"]["error"]["type"] == kind, name
         assert error["request_id"].startswith("req_"), name
     assert "too many tokens" in sdk["too_long"]["error"]["body"]["error"]["message"]
+    # streamed, a refusal before the first event keeps its status too
+    streamed = sdk["limited_streamed"]
+    assert streamed["events"] == []
+    assert (streamed["error"]["class"], streamed["error"]["status"]) == ("RateLimitError", 429)
 
 
 def test_the_key_may_come_as_x_api_key(sdk: dict[str, Any]) -> None:

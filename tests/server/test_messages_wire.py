@@ -28,7 +28,7 @@ from rillet.providers._anthropic._inbound import (
 )
 from rillet.providers._openai_chat._inbound import BadRequest
 from rillet.providers._registry import dialect_from_name
-from rillet.transports.server import ServerConfig, serve
+from rillet.transports.server import Limits, ServerConfig, serve
 from rillet.transports.testing import Reply, open_loopback_provider, openai_text_stream
 
 # --- the request ----------------------------------------------------------------------------------
@@ -184,12 +184,13 @@ def test_a_signature_carries_any_fidelity_there_and_back() -> None:
 # --- the server, over loopback --------------------------------------------------------------------
 
 
-async def _server(nursery: trio.Nursery, url: str, **policy: Any) -> str:
+async def _server(nursery: trio.Nursery, url: str, **config: Any) -> str:
     provider = Provider(dialect_from_name("openai"), f"{url}/v1", "loop-gpt")
     settings = ServerConfig(
         provider=provider,
         port=0,
-        policy=Policy(rate_limit_retries=0, backoff_base=0.01, random=lambda: 0.0, **policy),
+        policy=Policy(rate_limit_retries=0, backoff_base=0.01, random=lambda: 0.0),
+        **config,
     )
     served: str = await nursery.start(functools.partial(serve, settings))
     return served
@@ -204,13 +205,15 @@ def _events(text: str) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-async def _post(replies: list[Reply], body: dict[str, Any]) -> tuple[httpx.Response, int]:
+async def _post(
+    replies: list[Reply], body: dict[str, Any], **config: Any
+) -> tuple[httpx.Response, int]:
     with trio.fail_after(20):
         async with (
             open_loopback_provider(replies) as loopback,
             trio.open_nursery() as nursery,
         ):
-            url = await _server(nursery, loopback.url)
+            url = await _server(nursery, loopback.url, **config)
             async with httpx.AsyncClient(timeout=10) as http:
                 answer = await http.post(f"{url}/v1/messages", json=body)
             nursery.cancel_scope.cancel()
@@ -252,6 +255,19 @@ async def test_a_reply_withheld_whole_is_a_refusal_with_no_block(stream: bool) -
     else:
         assert answer.json()["content"] == []
         assert answer.json()["stop_reason"] == "refusal"
+
+
+async def test_a_quiet_stream_sends_pings_the_sdk_skips() -> None:
+    stream = openai_text_stream(["slow", " reply"])
+    frames = tuple(f + b"\n\n" for f in stream.split(b"\n\n") if f)
+    slow = Reply(chunks=frames, headers_delay=0.35, chunk_delay=0.25)
+    answer, _ = await _post([slow], {**SAY, "stream": True}, limits=Limits(heartbeat=0.1))
+    names = [name for name, _ in _events(answer.text)]
+    assert names[:2] == ["message_start", "ping"]  # the head went out before the first text
+    assert names.count("ping") >= 4
+    assert ": keep-alive" not in answer.text  # a sign of life is Anthropic's own event
+    texts = [e["delta"]["text"] for n, e in _events(answer.text) if n == "content_block_delta"]
+    assert texts == ["slow", " reply"]
 
 
 async def test_an_answer_cut_by_max_tokens_says_so() -> None:
