@@ -92,12 +92,10 @@ def _error(kind: str, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-def _reply(
-    status: int, message: str, headers: tuple[tuple[str, str], ...] = (), kind: str | None = None
-) -> ErrorReply:
-    """A refusal before the turn, in Anthropic's error shape."""
+def _reply(status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> ErrorReply:
+    """A refusal before the turn, in Anthropic's error shape, its type by its status."""
     reply = ErrorReply(status, "", "", headers=headers)
-    reply.body = msgspec.json.encode(_error(kind or _kind(status), message))
+    reply.body = msgspec.json.encode(_error(_kind(status), message))
     return reply
 
 

@@ -76,7 +76,7 @@ class _Read(msgspec.Struct, frozen=True, kw_only=True):
     stop_sequences: list[str] | None = None
     thinking: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
-    stream: bool = False
+    stream: bool | None = False
 
 
 class MessagesBody(_Read, frozen=True, kw_only=True):
