@@ -18,6 +18,7 @@ from rillet._core._events import (
     ThinkingDone,
     ToolCallDone,
     ToolResultDone,
+    UniMessage,
 )
 from rillet._core._policy import Policy
 from rillet.providers._anthropic._inbound import (
@@ -29,6 +30,7 @@ from rillet.providers._anthropic._inbound import (
 from rillet.providers._openai_chat._inbound import BadRequest
 from rillet.providers._registry import dialect_from_name
 from rillet.transports.server import Limits, ServerConfig, serve
+from rillet.transports.server._messages import anthropic_message
 from rillet.transports.testing import Reply, open_loopback_provider, openai_text_stream
 
 # --- the request ----------------------------------------------------------------------------------
@@ -179,6 +181,24 @@ def test_a_signature_carries_any_fidelity_there_and_back() -> None:
     assert thinking_fidelity("EuPi/+==") == {"signature": "EuPi/+=="}
     assert thinking_fidelity("rillet1.!!not base64") == {"signature": "rillet1.!!not base64"}
     assert thinking_fidelity("") is None
+
+
+def test_a_tool_calls_fidelity_goes_out_and_comes_back_as_its_signature() -> None:
+    call = ToolCallDone(
+        name="f", arguments={"x": 1}, tool_call_id="t1", fidelity={"signature": "Z2VtaW5p"}
+    )
+    reply = UniMessage(role="assistant", content_items=[call], finish_reason="tool_call")
+    (block,) = anthropic_message(reply, "msg_1", "gemini/gemini-3-pro", "tool_use")["content"]
+    assert block == {
+        "type": "tool_use",
+        "id": "t1",
+        "name": "f",
+        "signature": "Z2VtaW5p",
+        "input": {"x": 1},
+    }
+    messages = [{"role": "user", "content": "go"}, {"role": "assistant", "content": [block]}]
+    for dialect in ("gemini", "anthropic"):  # Anthropic's dialect sends no call fidelity
+        assert _request(dialect, messages=messages).messages[1].content_items == [call]
 
 
 # --- the server, over loopback --------------------------------------------------------------------

@@ -195,6 +195,17 @@ def _thinking_block(item: ThinkingDone) -> dict[str, Any]:
     return {"type": "thinking", "thinking": item.thinking, "signature": signature}
 
 
+def _tool_use(call_id: str, name: str, fidelity: dict[str, Any] | None) -> dict[str, Any]:
+    """A `tool_use` block's head. A call that carries a fidelity (Gemini's thought signature,
+    which Gemini wants back with the call) has it as `signature`, packed as a thinking
+    block's is: Anthropic's blocks have no field for it, and a client sends back the blocks it
+    was given, extra fields included."""
+    block = {"type": "tool_use", "id": call_id, "name": name}
+    if fidelity:
+        block["signature"] = thinking_signature(fidelity)
+    return block
+
+
 def anthropic_message(
     message: UniMessage, message_id: str, model: str, stop: str
 ) -> dict[str, Any]:
@@ -206,7 +217,7 @@ def anthropic_message(
         elif type(item) is ThinkingDone:
             content.append(_thinking_block(item))
         elif type(item) is ToolCallDone:
-            call = {"type": "tool_use", "id": item.tool_call_id, "name": item.name}
+            call = _tool_use(item.tool_call_id, item.name, item.fidelity)
             content.append({**call, "input": item.arguments})
     return {
         "id": message_id,
@@ -287,7 +298,7 @@ class _Blocks:
         if kind is ToolCallDelta:
             out = b""
             if self.open is None:
-                call = {"type": "tool_use", "id": item.tool_call_id, "name": item.name}
+                call = _tool_use(item.tool_call_id, item.name, item.fidelity)
                 out = self._open({**call, "input": {}})
             if item.arguments:
                 out += self._delta({"type": "input_json_delta", "partial_json": item.arguments})
@@ -310,7 +321,10 @@ class _Blocks:
             if self.open is None:
                 arguments = _json(item.arguments)
                 start = ToolCallDelta(
-                    name=item.name, arguments=arguments, tool_call_id=item.tool_call_id
+                    name=item.name,
+                    arguments=arguments,
+                    tool_call_id=item.tool_call_id,
+                    fidelity=item.fidelity,
                 )
                 out = self.item(start)
             return out + self._close()

@@ -19,7 +19,9 @@ as given. `thinking` (manual, adaptive) and `output_config.effort` become a thin
 A thinking block's `signature` is Anthropic's own, byte for byte, when the thinking came from
 Anthropic; thinking from another provider that must go back to it (OpenAI-compatible reasoning
 details, Gemini's thought signatures) travels as `rillet1.` and its fidelity in base64url, read
-back here (`thinking_signature`, `thinking_fidelity`).
+back here (`thinking_signature`, `thinking_fidelity`). A tool call's fidelity (Gemini's thought
+signature on a function call, which Gemini wants back) rides the same way in a `signature`
+field of its `tool_use` block, a field Anthropic's blocks do not have.
 """
 
 from __future__ import annotations
@@ -255,12 +257,18 @@ class _Reader:
                 arguments = block.get("input", {})
                 if not isinstance(arguments, dict):
                     raise BadRequest(f"{where}.input must be an object", where)
+                signature = block.pop("signature", "")  # a call's fidelity, as it went out
                 if not self.plain(block, "tool_use"):
                     items.append(self.kept(block, where))
                     continue
-                items.append(
-                    ToolCallDone(name=block["name"], arguments=arguments, tool_call_id=block["id"])
+                fidelity = thinking_fidelity(signature) if isinstance(signature, str) else None
+                call = ToolCallDone(
+                    name=block["name"],
+                    arguments=arguments,
+                    tool_call_id=block["id"],
+                    fidelity=fidelity,
                 )
+                items.append(call)
             elif kind in ("thinking", "redacted_thinking") and role == "assistant":
                 items.append(self.thinking(block, where))
             elif isinstance(kind, str):
