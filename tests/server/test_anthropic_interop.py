@@ -207,7 +207,8 @@ system = [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephem
 whole("a_settings", model=routed, max_tokens=40, system=system, extra_body={"top_k": 5},
       stop_sequences=["END"], metadata={"user_id": "end-user-1"}, messages=user("A_SETTINGS"),
       tools=[{**spec["tool"], "cache_control": {"type": "ephemeral"}}],
-      tool_choice={"type": "any", "disable_parallel_tool_use": True})
+      tool_choice={"type": "any", "disable_parallel_tool_use": True},
+      extra_headers={"anthropic-beta": "context-1m-2025-08-07"})
 image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBO"}}
 url = {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}
 whole("image", model=m, max_tokens=64,
@@ -457,6 +458,9 @@ def test_an_anthropic_upstream_gets_every_field_as_given(sdk: dict[str, Any]) ->
     assert (sent["top_k"], sent["stop_sequences"]) == (5, ["END"])
     assert sent["metadata"] == {"user_id": "end-user-1"}
     assert sent["model"] == "claude-sonnet-4-5"
+    headers = _sent(sdk, "A_SETTINGS", "/anthropic/")[0]["headers"]
+    assert headers["anthropic-beta"] == "context-1m-2025-08-07"
+    assert headers["anthropic-version"] == "2023-06-01"
 
 
 def test_images_reach_the_provider(sdk: dict[str, Any]) -> None:

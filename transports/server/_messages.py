@@ -424,6 +424,11 @@ class Messages:
             turn_request = messages_request(body, provider.dialect.name)
         except BadRequest as exc:
             raise _reply(400, str(exc)) from None
+        beta = request.headers.get("anthropic-beta")
+        if beta and provider.dialect.name == NAME:
+            # the features the client asked for by name, which only Anthropic's wire knows;
+            # another provider neither has them nor needs the name (`docs/decisions.md`)
+            provider = attrs.evolve(provider, headers={**provider.headers, "anthropic-beta": beta})
         try:
             ticket = self.shared.reserve(request, mmsp=False)
         except ErrorReply as reply:
