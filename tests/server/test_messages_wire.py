@@ -31,7 +31,13 @@ from rillet.providers._openai_chat._inbound import BadRequest
 from rillet.providers._registry import dialect_from_name
 from rillet.transports.server import Limits, ServerConfig, serve
 from rillet.transports.server._messages import anthropic_message
-from rillet.transports.testing import Reply, open_loopback_provider, openai_text_stream
+from rillet.transports.testing import (
+    RecordedRequest,
+    Reply,
+    open_loopback_provider,
+    openai_text_stream,
+    sse,
+)
 
 # --- the request ----------------------------------------------------------------------------------
 
@@ -204,8 +210,9 @@ def test_a_tool_calls_fidelity_goes_out_and_comes_back_as_its_signature() -> Non
 # --- the server, over loopback --------------------------------------------------------------------
 
 
-async def _server(nursery: trio.Nursery, url: str, **config: Any) -> str:
-    provider = Provider(dialect_from_name("openai"), f"{url}/v1", "loop-gpt")
+async def _server(nursery: trio.Nursery, url: str, dialect: str = "openai", **config: Any) -> str:
+    base = f"{url}/v1" if dialect == "openai" else url
+    provider = Provider(dialect_from_name(dialect), base, "loop-gpt")
     settings = ServerConfig(
         provider=provider,
         port=0,
@@ -227,7 +234,7 @@ def _events(text: str) -> list[tuple[str, dict[str, Any]]]:
 
 async def _post(
     replies: list[Reply], body: dict[str, Any], **config: Any
-) -> tuple[httpx.Response, int]:
+) -> tuple[httpx.Response, list[RecordedRequest]]:
     with trio.fail_after(20):
         async with (
             open_loopback_provider(replies) as loopback,
@@ -237,10 +244,11 @@ async def _post(
             async with httpx.AsyncClient(timeout=10) as http:
                 answer = await http.post(f"{url}/v1/messages", json=body)
             nursery.cancel_scope.cancel()
-    return answer, len(loopback.requests)
+    return answer, loopback.requests
 
 
-SAY = {"model": "loop-gpt", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
+ASKED = [{"role": "user", "content": "hi"}]
+SAY = {"model": "loop-gpt", "max_tokens": 64, "messages": ASKED}
 
 
 async def test_a_retry_voiding_blocks_the_client_has_ends_the_stream_with_an_error_event() -> None:
@@ -249,7 +257,7 @@ async def test_a_retry_voiding_blocks_the_client_has_ends_the_stream_with_an_err
     dropped = Reply(chunks=(stream[:cut], stream[cut:]), chunk_delay=0.2, drop_after_bytes=cut)
     answer, sent = await _post([dropped, Reply(chunks=(stream,))], {**SAY, "stream": True})
     events = _events(answer.text)
-    assert sent == 2  # the server did retry
+    assert len(sent) == 2  # the server did retry
     texts = [e["delta"]["text"] for name, e in events if name == "content_block_delta"]
     assert texts == ["Bonjour"]  # the retry's text is not appended to the voided one
     name, error = events[-1]
@@ -327,3 +335,79 @@ async def test_refusals_before_the_turn_are_anthropics_error_shape() -> None:
         assert answer.headers["request-id"].startswith("req_")
     assert len(huge_model.content) < 300  # the name is quoted cut short
     assert loopback.requests == []
+
+
+SEARCH = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}
+FOUND = {
+    "type": "web_search_tool_result",
+    "tool_use_id": "srvtoolu_1",
+    "content": [{"type": "web_search_result", "url": "https://example.com", "title": "E"}],
+}
+
+
+def _searched() -> bytes:
+    def event(name: str, **value: Any) -> bytes:
+        return sse({"type": name, **value}, event=name)
+
+    start = {
+        "id": "msg_up",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude",
+        "content": [],
+    }
+    return b"".join(
+        [
+            event(
+                "message_start", message={**start, "usage": {"input_tokens": 9, "output_tokens": 1}}
+            ),
+            event("content_block_start", index=0, content_block=SEARCH),
+            event(
+                "content_block_delta",
+                index=0,
+                delta={"type": "input_json_delta", "partial_json": '{"query": "x"}'},
+            ),
+            event("content_block_stop", index=0),
+            event("content_block_start", index=1, content_block=FOUND),
+            event("content_block_stop", index=1),
+            event("content_block_start", index=2, content_block={"type": "text", "text": ""}),
+            event(
+                "content_block_delta", index=2, delta={"type": "text_delta", "text": "Found it."}
+            ),
+            event("content_block_stop", index=2),
+            event("message_delta", delta={"stop_reason": "end_turn"}, usage={"output_tokens": 5}),
+            event("message_stop"),
+        ]
+    )
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_server_tool_blocks_from_anthropic_go_out_whole_and_back_as_they_came(
+    stream: bool,
+) -> None:
+    body = {
+        **SAY,
+        "stream": stream,
+        "tools": [{"type": "web_search_20250305", "name": "web_search"}],
+    }
+    answer, _ = await _post([Reply(chunks=(_searched(),))], body, dialect="anthropic")
+    searched = {**SEARCH, "input": {"query": "x"}}
+    if stream:
+        events = _events(answer.text)
+        starts = [e["content_block"] for name, e in events if name == "content_block_start"]
+        assert starts == [searched, FOUND, {"type": "text", "text": ""}]
+        assert [e["index"] for name, e in events if name == "content_block_stop"] == [0, 1, 2]
+        content = [*starts[:2], {"type": "text", "text": "Found it."}]
+    else:
+        content = answer.json()["content"]
+        assert content == [searched, FOUND, {"type": "text", "text": "Found it."}]
+    again = {
+        **body,
+        "stream": False,
+        "messages": [*ASKED, {"role": "assistant", "content": content}],
+    }
+    answer, sent = await _post([Reply(chunks=(_searched(),))], again, dialect="anthropic")
+    assert answer.status_code == 200
+    upstream = msgspec.json.decode(sent[0].body)
+    assert upstream["messages"][1]["content"] == content
+    assert upstream["tools"] == body["tools"]
