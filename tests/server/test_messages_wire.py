@@ -37,6 +37,7 @@ from rillet.transports.testing import (
     open_loopback_provider,
     openai_text_stream,
     sse,
+    status_reply,
 )
 
 # --- the request ----------------------------------------------------------------------------------
@@ -411,3 +412,23 @@ async def test_server_tool_blocks_from_anthropic_go_out_whole_and_back_as_they_c
     upstream = msgspec.json.decode(sent[0].body)
     assert upstream["messages"][1]["content"] == content
     assert upstream["tools"] == body["tools"]
+
+
+@pytest.mark.parametrize(
+    ("upstream", "status", "kind"),
+    [
+        (500, 500, "api_error"),
+        (529, 529, "overloaded_error"),
+        (401, 502, "api_error"),  # the provider refused the server's key, not the client's
+        (404, 404, "not_found_error"),
+    ],
+)
+async def test_an_upstream_refusal_before_the_stream_keeps_anthropics_status_and_type(
+    upstream: int, status: int, kind: str
+) -> None:
+    answer, _ = await _post([status_reply(upstream)], {**SAY, "stream": True})
+    assert answer.status_code == status
+    error = answer.json()
+    assert error["type"] == "error"
+    assert error["error"]["type"] == kind
+    assert "openai-chat" in error["error"]["message"]  # which provider, in words
