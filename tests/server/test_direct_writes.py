@@ -29,6 +29,13 @@ HI_MMSP = {
     "config": {},
 }
 HI_UI = {"messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "Hi"}]}]}
+HI_RESPONSES = {"model": "gpt-4o-mini", "input": "Hi", "stream": True}
+HI_MESSAGES = {
+    "model": "gpt-4o-mini",
+    "max_tokens": 1024,
+    "messages": [{"role": "user", "content": "Hi"}],
+    "stream": True,
+}
 
 
 def _chat_text(data: dict[str, Any]) -> str:
@@ -45,16 +52,27 @@ def _ui_text(data: dict[str, Any]) -> str:
     return str(data["delta"]) if data.get("type") == "text-delta" else ""
 
 
-WIRES: dict[str, tuple[str, dict[str, Any], Callable[[dict[str, Any]], str]]] = {
-    "chat": ("/v1/chat/completions", HI_CHAT, _chat_text),
-    "mmsp": ("/v1/stream", HI_MMSP, _mmsp_text),
-    "ui": ("/v1/ui/chat", HI_UI, _ui_text),
+def _responses_text(data: dict[str, Any]) -> str:
+    return str(data["delta"]) if data.get("type") == "response.output_text.delta" else ""
+
+
+def _messages_text(data: dict[str, Any]) -> str:
+    delta = data.get("delta") if data.get("type") == "content_block_delta" else None
+    return str(delta["text"]) if isinstance(delta, dict) and "text" in delta else ""
+
+
+WIRES: dict[str, tuple[str, dict[str, Any], Callable[[dict[str, Any]], str], str]] = {
+    "chat": ("/v1/chat/completions", HI_CHAT, _chat_text, "[DONE]"),
+    "mmsp": ("/v1/stream", HI_MMSP, _mmsp_text, "[DONE]"),
+    "ui": ("/v1/ui/chat", HI_UI, _ui_text, "[DONE]"),
+    "responses": ("/v1/responses", HI_RESPONSES, _responses_text, "response.completed"),
+    "messages": ("/v1/messages", HI_MESSAGES, _messages_text, "message_stop"),
 }
 
 
 @pytest.mark.parametrize("wire", sorted(WIRES))
 async def test_a_slow_reader_gets_every_fragment_once_in_order(wire: str) -> None:
-    path, payload, text_of = WIRES[wire]
+    path, payload, text_of, end = WIRES[wire]
     small = {"transport": httpx.AsyncHTTPTransport(socket_options=[_RCVBUF])}
     with trio.fail_after(60):
         async with serving([text_reply(WORDS, chunk_delay=0.0005)], client_options=small) as served:
@@ -69,7 +87,12 @@ async def test_a_slow_reader_gets_every_fragment_once_in_order(wire: str) -> Non
                     if reads in (2, 300, 600):  # the socket fills behind us meanwhile
                         await trio.sleep(0.3)
             events += decoder.close()
-    assert events[-1].data == "[DONE]"
-    datas = [json.loads(event.data) for event in events[:-1]]
-    assert not [data for data in datas if "error" in data or data.get("type") == "error"]
+    if end == "[DONE]":
+        assert events[-1].data == end
+        events.pop()
+    else:
+        assert json.loads(events[-1].data)["type"] == end
+    datas = [json.loads(event.data) for event in events]
+    failed = ("error", "response.failed")
+    assert not [data for data in datas if "error" in data or data.get("type") in failed]
     assert "".join(text_of(data) for data in datas) == "".join(WORDS)

@@ -55,12 +55,11 @@ from ._openai import refused, withheld
 from ._replies import ErrorReply
 from ._shared import Shared
 from ._streamed import HeldHead
-from ._wireturn import ModelNotFound, route_model, run_wire_turn
+from ._wireturn import ChannelSink, DirectDeltas, ModelNotFound, route_model, run_wire_turn
 
 if TYPE_CHECKING:
-    import trio
     from rillet._core._dialect import Provider
-    from rillet._turn._turn import Turn, TurnResult, UniItem
+    from rillet._turn._turn import Turn, TurnResult
 
     from ._http11 import HttpConnection, Request
 
@@ -436,12 +435,12 @@ class Messages:
         message_id = f"msg_{secrets.token_hex(12)}"
         blocks = _Blocks(message_id, body.model)
 
-        async def pump(turn: Turn, receive: trio.MemoryReceiveChannel[list[UniItem]]) -> None:
+        async def pump(turn: Turn, sink: ChannelSink) -> None:
             if body.stream:
-                await self._stream(http, turn, receive, provider, blocks, tagged)
+                await self._stream(http, turn, sink, provider, blocks, tagged)
                 return
-            async for _ in receive:  # a whole reply: what the turn brings home is answered
-                pass
+            async for _ in sink.receive:  # a whole reply: what the turn brings home is answered
+                sink.done()
             result = await turn.result()
             if result.ok or withheld(result):
                 message = result.message
@@ -471,7 +470,7 @@ class Messages:
         self,
         http: HttpConnection,
         turn: Turn,
-        receive: trio.MemoryReceiveChannel[list[UniItem]],
+        sink: ChannelSink,
         provider: Provider,
         blocks: _Blocks,
         tagged: tuple[tuple[str, str], ...],
@@ -479,15 +478,24 @@ class Messages:
         """The turn as Anthropic's events. The head waits up to one heartbeat for the first
         event so an upstream refusal gets its HTTP status; after that an error is one `error`
         event, and a reset that voids blocks the client has ends the stream so: Anthropic's
-        wire cannot take a block back."""
+        wire cannot take a block back. Once the head is out, the turn writes plain deltas itself
+        (`DirectDeltas`)."""
         head = _Head(http, self.shared.limits.heartbeat, tagged, blocks)
-        written = False  # a block reached the client
-        while (items := await head.receive(receive)) is not None:
+
+        def frame(event: UniEvent) -> bytes:
+            return b"".join([blocks.item(part) for part in event.content_items])
+
+        sink.direct = DirectDeltas(head, frame, self.shared.metrics.count)
+        while (items := await head.receive(sink.receive)) is not None:
+            if type(items) is bytes:  # encoded by the turn, which could not write them
+                await head.send(items)
+                sink.done()
+                continue
             out: list[bytes] = []
             for item in items:
                 if type(item) is AttemptReset:
                     self.shared.metrics.reset()
-                    if written:
+                    if head.wrote:
                         incomplete = _error("api_error", _INCOMPLETE)
                         await head.send(b"".join(out) + _event("error", incomplete))
                         turn.cancel()
@@ -511,7 +519,7 @@ class Messages:
             if frames:
                 self.shared.metrics.count(len(out))
                 await head.send(frames)
-                written = True
+            sink.done()
         result = await turn.result()
         if result.ok or withheld(result):  # a reply withheld whole: a refusal with no block
             usage = None
