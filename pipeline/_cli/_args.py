@@ -225,6 +225,13 @@ def build_parser() -> argparse.ArgumentParser:
         "run's act token (default: none, a run is one turn)",
     )
     serve.add_argument(
+        "--ui-resume",
+        action="store_true",
+        help="keep an AI SDK chat's stream running when its page reloads, so useChat({ resume: "
+        "true }) resumes it (GET /v1/ui/chat/{id}/stream); default: a reader that leaves stops "
+        "its stream and the provider's request",
+    )
+    serve.add_argument(
         "--route",
         metavar="KIND[,KIND...]",
         default="",

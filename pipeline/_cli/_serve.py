@@ -140,6 +140,7 @@ def serve_cli(
         tool_arguments=args.show_tool_arguments,
         redis_url=args.redis,
         tools=args.tools,
+        ui_resume=args.ui_resume,
         route_kinds=route_kinds(args.route),
         workers=args.workers,
         limits=serve_limits(args),

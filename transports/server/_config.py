@@ -125,6 +125,11 @@ class ServerConfig:
         redis_url: keep run logs in this Redis (`redis://...`, needs the `redis` extra), so that
             every server sharing it serves every run's subscribers; None keeps them in memory.
             An unreachable Redis stops the server from starting (no fallback to memory).
+        ui_resume: keep each AI SDK chat's current UI stream running when its reader leaves, so
+            `useChat({ resume: true })` resumes it after a reload (`GET
+            /v1/ui/chat/{id}/stream`, from its first part); `DELETE` there, or the chat's next
+            message, stops it. Off: a reader that leaves stops its stream and the provider's
+            request, and there is nothing to resume (204).
         tools: a named tool set (`demo`) runs may ask for (`"tools": "demo"` in
             `POST /v1/runs`): such a run is an agent run, its approvals answered at
             `POST /v1/runs/{id}/approvals/{approval_id}`. None: runs are single turns.
@@ -151,6 +156,7 @@ class ServerConfig:
     tool_arguments: bool = False
     redis_url: str | None = None
     tools: str | None = None
+    ui_resume: bool = False
     route_kinds: tuple[str, ...] = attrs.field(default=(), converter=_models)
     route_env: Mapping[str, str] | None = None
     workers: int = 1

@@ -319,6 +319,9 @@ class Server:
                 methods = self._per_run.get("/".join(parts[4:]))
                 if methods is None and len(parts) == 6 and parts[4] == "approvals" and parts[5]:
                     arg, methods = f"{parts[3]}/{parts[5]}", {"POST": self.runs.agents.answer}
+            elif len(parts) == 6 and parts[:4] == ["", "v1", "ui", "chat"] and parts[5] == "stream":
+                # a chat's kept UI stream (`ServerConfig.ui_resume`)
+                arg, methods = unquote(parts[4]), {"GET": self.ui.resume, "DELETE": self.ui.stop}
             elif len(parts) >= 4 and parts[:3] == ["", "v1", "models"] and parts[3]:
                 # one model (a routed one is named `kind/model`)
                 arg, methods = unquote("/".join(parts[3:])), {"GET": self.mmsp.model}

@@ -11,7 +11,7 @@ which the reader answers by dropping the step's parts: this wire can take text b
 from __future__ import annotations
 
 import secrets
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 import msgspec
@@ -38,14 +38,23 @@ from rillet.providers._openai_chat._inbound import shown
 
 from ._replies import ErrorReply
 from ._shared import Shared
-from ._streamed import SSE_HEADERS, HeldHead
-from ._wireturn import ChannelSink, DirectDeltas, ModelNotFound, route_model, run_wire_turn
+from ._streamed import SSE_HEADERS, HeldHead, end_stream
+from ._uiresume import ReplayConnection, UiReplay
+from ._wireturn import (
+    ChannelSink,
+    DirectDeltas,
+    ModelNotFound,
+    route_model,
+    run_kept_turn,
+    run_wire_turn,
+)
 
 if TYPE_CHECKING:
     from rillet._core._dialect import Provider
     from rillet._core._events import ContentItem
     from rillet._turn._turn import Turn
 
+    from ._capacity import ClientId, Ticket
     from ._http11 import HttpConnection, Request
 
 __all__ = [
@@ -332,9 +341,13 @@ def ui_usage(usage: UsageMetadata | None) -> dict[str, int]:
 
 @attrs.define(eq=False)
 class UiStream:
-    """`POST /v1/ui/chat`."""
+    """`POST /v1/ui/chat`, and with `ServerConfig.ui_resume` its kept streams:
+    `GET /v1/ui/chat/{id}/stream` resumes a chat's current one, `DELETE` stops it
+    (`_uiresume`)."""
 
     shared: Shared
+    replays: dict[str, UiReplay] = attrs.field(factory=dict)
+    """Each chat's kept stream, by the chat's id, while it runs."""
 
     async def chat(self, http: HttpConnection, request: Request, _: str) -> None:
         """A turn as the AI SDK's UI message stream, once admitted. Refusals of the request
@@ -353,11 +366,85 @@ class UiStream:
         ticket = self.shared.reserve(request, mmsp=False)
 
         message_id = response_message_id(body)
+        if self.shared.config.ui_resume and body.id:
+            replay = self._keep(body.id, self.shared.client_id(request))
+            self.shared.nursery.start_soon(
+                self._run_kept, body.id, replay, ticket, turn_request, provider, message_id
+            )
+            await self._follow(http, replay)  # its first reader
+            return
 
         async def pump(turn: Turn, sink: ChannelSink) -> None:
             await self._stream(http, turn, sink, provider, message_id)
 
         await run_wire_turn(self.shared, http, ticket, turn_request, provider, pump, route="ui")
+
+    def _keep(self, chat_id: str, owner: ClientId) -> UiReplay:
+        """A new kept stream for the chat; the one it had, if it still runs, is stopped (a new
+        message in a chat supersedes the answer still coming)."""
+        old = self.replays.pop(chat_id, None)
+        if old is not None and old.stop is not None:
+            old.stop()
+        replay = self.replays[chat_id] = UiReplay(owner)
+        return replay
+
+    async def _run_kept(
+        self,
+        chat_id: str,
+        replay: UiReplay,
+        ticket: Ticket,
+        turn_request: TurnRequest,
+        provider: Provider,
+        message_id: str,
+    ) -> None:
+        """A kept stream's run: its pump writes into the replay, whoever reads it."""
+        # the pump's connection is the replay's stand-in (it writes, never waits)
+        into = cast("HttpConnection", ReplayConnection(replay))
+
+        async def pump(turn: Turn, sink: ChannelSink) -> None:
+            await self._stream(into, turn, sink, provider, message_id)
+
+        def started(turn: Turn) -> None:
+            replay.stop = turn.cancel
+
+        try:
+            await run_kept_turn(
+                self.shared, ticket, turn_request, provider, pump, route="ui", started=started
+            )
+        finally:
+            replay.close()
+            if self.replays.get(chat_id) is replay:
+                del self.replays[chat_id]
+
+    def _mine(self, request: Request, chat_id: str) -> UiReplay | None:
+        """The chat's kept stream, if it runs and the asker started it."""
+        self.shared.require_key(request)
+        replay = self.replays.get(chat_id)
+        if replay is None or replay.owner != self.shared.client_id(request):
+            return None
+        return replay
+
+    async def resume(self, http: HttpConnection, request: Request, chat_id: str) -> None:
+        """`GET /v1/ui/chat/{id}/stream`: the chat's kept stream from its first part, then
+        what follows; 204 when it has none (`useChat` then shows what it stored)."""
+        replay = self._mine(request, chat_id)
+        if replay is None:
+            await http.respond(204, b"")
+            return
+        await self._follow(http, replay)
+
+    async def _follow(self, http: HttpConnection, replay: UiReplay) -> None:
+        """One reader of a kept stream, to its end or the reader's leaving."""
+        completed = await replay.follow(http, UI_STREAM_HEADERS)
+        await end_stream(http, completed, self.shared.limits.close_timeout)
+
+    async def stop(self, http: HttpConnection, request: Request, chat_id: str) -> None:
+        """`DELETE /v1/ui/chat/{id}/stream`: stop the chat's kept stream (its readers get
+        its end); 204 either way."""
+        replay = self._mine(request, chat_id)
+        if replay is not None and replay.stop is not None:
+            replay.stop()
+        await http.respond(204, b"")
 
     async def _stream(
         self,

@@ -26,7 +26,7 @@ from ._replies import GONE, CloseConnection, ErrorReply
 from ._streamed import HeldHead, end_stream, until_gone
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Sequence
+    from collections.abc import AsyncIterator, Awaitable, Sequence
 
     from rillet._core._dialect import Provider
     from rillet._core._request import TurnRequest
@@ -42,6 +42,7 @@ __all__ = [
     "Handed",
     "ModelNotFound",
     "route_model",
+    "run_kept_turn",
     "run_wire_turn",
 ]
 
@@ -186,6 +187,36 @@ def route_model(shared: Shared, model: str | None) -> Provider:
         raise ErrorReply(400, "invalid_request_error", "model unavailable") from None
 
 
+@contextlib.asynccontextmanager
+async def _serving(
+    shared: Shared, turn_request: TurnRequest, provider: Provider, route: str
+) -> AsyncIterator[tuple[Turn, ChannelSink]]:
+    """A turn run with the server's policy behind one `ChannelSink`, counted and logged (its
+    start line, then its end line once it has ended, as the runs API logs its runs)."""
+    policy = shared.config.policy or Policy()
+    sink = ChannelSink(*trio.open_memory_channel[Handed](policy.channel_size))
+    shared.metrics.streams_started += 1
+    shared.metrics.serving(provider)
+    async with trio.open_nursery() as nursery:
+        turn: Turn = await nursery.start(
+            functools.partial(
+                run_turn,
+                turn_request,
+                provider,
+                sinks=[sink],
+                policy=policy,
+                client=shared.client,
+                admission=shared.streams,
+                history=False,
+            )
+        )
+        log_run_start(turn.run_id, provider, route)
+        yield turn, sink
+    result = await turn.result()
+    shared.metrics.finished(result)
+    log_run_end(turn.run_id, provider, route, result)
+
+
 async def run_wire_turn(
     shared: Shared,
     http: HttpConnection,
@@ -212,34 +243,40 @@ async def run_wire_turn(
         queued = not shared.admission.try_admit(ticket)
         if queued and not await until_gone(http, admit, waiting=True):
             raise CloseConnection
-        policy = shared.config.policy or Policy()
-        sink = ChannelSink(*trio.open_memory_channel[Handed](policy.channel_size))
-        shared.metrics.streams_started += 1
-        shared.metrics.serving(provider)
         completed = False
-        async with trio.open_nursery() as nursery:
-            turn: Turn = await nursery.start(
-                functools.partial(
-                    run_turn,
-                    turn_request,
-                    provider,
-                    sinks=[sink],
-                    policy=policy,
-                    client=shared.client,
-                    admission=shared.streams,
-                    history=False,
-                )
-            )
-            log_run_start(turn.run_id, provider, route)
+        async with _serving(shared, turn_request, provider, route) as (turn, sink):
             try:
                 body = functools.partial(pump, turn, sink)
                 completed = await until_gone(http, body, waiting=whole)
             finally:
                 if not completed:
                     turn.cancel()
-        result = await turn.result()
-        shared.metrics.finished(result)
-        log_run_end(turn.run_id, provider, route, result)
         await end_stream(http, completed, shared.limits.close_timeout)
+    finally:
+        shared.admission.release(ticket)
+
+
+async def run_kept_turn(
+    shared: Shared,
+    ticket: Ticket,
+    turn_request: TurnRequest,
+    provider: Provider,
+    pump: Callable[[Turn, ChannelSink], Awaitable[None]],
+    *,
+    route: str,
+    started: Callable[[Turn], object],
+) -> None:
+    """A turn whose stream outlives any one reader (a kept UI stream): it waits for a slot,
+    runs with the server's policy and `pump` writes it, whoever reads; `started` gets the turn
+    once it runs (to stop it). The ticket is released here."""
+    try:
+        await shared.admission.admit(ticket)
+        async with _serving(shared, turn_request, provider, route) as (turn, sink):
+            started(turn)
+            try:
+                await pump(turn, sink)
+            except BaseException:
+                turn.cancel()
+                raise
     finally:
         shared.admission.release(ticket)
