@@ -63,7 +63,9 @@ async def test_a_code_block_has_a_bar_with_its_language_and_a_copy_button_over_n
         page.locator("#start").click()
         _ended(page)
         save(page, f"look-code-{width}.png")
-        copy = page.locator("#answer .codebar button.copy").bounding_box()
+        button = page.locator("#answer .codebar button.copy")
+        button.wait_for(state="visible")  # (the answer's last render may still be under way)
+        copy = button.bounding_box()
         code = page.locator("#answer pre code").bounding_box()
         return {
             "copy": copy,
