@@ -6,6 +6,7 @@ its usage once the next prompt is sent."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +66,11 @@ async def test_a_code_block_has_a_bar_with_its_language_and_a_copy_button_over_n
         save(page, f"look-code-{width}.png")
         button = page.locator("#answer .codebar button.copy")
         button.wait_for(state="visible")  # (the answer's last render may still be under way)
+        from playwright.sync_api import TimeoutError as Late
+
+        keyword = page.locator("#answer pre code .hljs-keyword").first
+        with contextlib.suppress(Late):  # highlighted once that render is done (asserted below)
+            keyword.wait_for(timeout=10_000)
         copy = button.bounding_box()
         code = page.locator("#answer pre code").bounding_box()
         return {
