@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import trio
-from rillet.transports.server import _uiresume
+from rillet.transports.server import _kept
 from rillet.transports.testing import Reply, openai_text_stream, split
 
 from ..server_support import serving
@@ -116,7 +116,7 @@ async def test_the_chats_next_message_stops_the_answer_still_coming() -> None:
 async def test_a_stream_past_what_a_replay_keeps_is_stopped_and_ends(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_uiresume, "REPLAY_BYTES", 2_000)
+    monkeypatch.setattr(_kept, "REPLAY_BYTES", 2_000)
     with trio.fail_after(30):
         async with serving([_slow_reply()], ui_resume=True) as served:
             reply = await served.client.post("/v1/ui/chat", json=_ask("chat-5"))

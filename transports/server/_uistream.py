@@ -36,10 +36,10 @@ from rillet._core._markers import AttemptReset
 from rillet._core._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
 from rillet.providers._openai_chat._inbound import shown
 
+from ._kept import KeptStream, ReplayConnection
 from ._replies import ErrorReply
 from ._shared import Shared
 from ._streamed import SSE_HEADERS, HeldHead, end_stream
-from ._uiresume import ReplayConnection, UiReplay
 from ._wireturn import (
     ChannelSink,
     DirectDeltas,
@@ -343,10 +343,10 @@ def ui_usage(usage: UsageMetadata | None) -> dict[str, int]:
 class UiStream:
     """`POST /v1/ui/chat`, and with `ServerConfig.ui_resume` its kept streams:
     `GET /v1/ui/chat/{id}/stream` resumes a chat's current one, `DELETE` stops it
-    (`_uiresume`)."""
+    (`_kept`)."""
 
     shared: Shared
-    replays: dict[str, UiReplay] = attrs.field(factory=dict)
+    replays: dict[str, KeptStream] = attrs.field(factory=dict)
     """Each chat's kept stream, by the chat's id, while it runs."""
 
     async def chat(self, http: HttpConnection, request: Request, _: str) -> None:
@@ -379,19 +379,19 @@ class UiStream:
 
         await run_wire_turn(self.shared, http, ticket, turn_request, provider, pump, route="ui")
 
-    def _keep(self, chat_id: str, owner: ClientId) -> UiReplay:
+    def _keep(self, chat_id: str, owner: ClientId) -> KeptStream:
         """A new kept stream for the chat; the one it had, if it still runs, is stopped (a new
         message in a chat supersedes the answer still coming)."""
         old = self.replays.pop(chat_id, None)
         if old is not None and old.stop is not None:
             old.stop()
-        replay = self.replays[chat_id] = UiReplay(owner)
+        replay = self.replays[chat_id] = KeptStream(owner)
         return replay
 
     async def _run_kept(
         self,
         chat_id: str,
-        replay: UiReplay,
+        replay: KeptStream,
         ticket: Ticket,
         turn_request: TurnRequest,
         provider: Provider,
@@ -399,7 +399,7 @@ class UiStream:
     ) -> None:
         """A kept stream's run: its pump writes into the replay, whoever reads it."""
         # the pump's connection is the replay's stand-in (it writes, never waits)
-        into = cast("HttpConnection", ReplayConnection(replay))
+        into = cast("HttpConnection", ReplayConnection(replay.append))
 
         async def pump(turn: Turn, sink: ChannelSink) -> None:
             await self._stream(into, turn, sink, provider, message_id)
@@ -416,7 +416,7 @@ class UiStream:
             if self.replays.get(chat_id) is replay:
                 del self.replays[chat_id]
 
-    def _mine(self, request: Request, chat_id: str) -> UiReplay | None:
+    def _mine(self, request: Request, chat_id: str) -> KeptStream | None:
         """The chat's kept stream, if it runs and the asker started it."""
         self.shared.require_key(request)
         replay = self.replays.get(chat_id)
@@ -433,7 +433,7 @@ class UiStream:
             return
         await self._follow(http, replay)
 
-    async def _follow(self, http: HttpConnection, replay: UiReplay) -> None:
+    async def _follow(self, http: HttpConnection, replay: KeptStream) -> None:
         """One reader of a kept stream, to its end or the reader's leaving."""
         completed = await replay.follow(http, UI_STREAM_HEADERS)
         await end_stream(http, completed, self.shared.limits.close_timeout)

@@ -1,11 +1,16 @@
-"""A UI message stream kept for resuming (`ServerConfig.ui_resume`): the AI SDK's
-`useChat({ resume: true })` asks `GET /v1/ui/chat/{id}/stream` after a reload, and gets the
-chat's current stream again from its first part, then what follows as it comes (the default
-transport replays, `resumeStreamIsReplay`), or 204 when the chat has none.
+"""Streams kept for resuming: a served stream that runs apart from any connection, so a reader
+that leaves (a reload, a dropped network) can come back for it.
 
-A kept stream runs apart from any connection: its turn is the server's, its pump writes into
-a `UiReplay` (through `ReplayConnection`, which stands in for the HTTP connection the pump
-would write to), and every reader, the request that started it first, follows the replay. A
+Two wires keep them. The AI SDK's UI stream (`ServerConfig.ui_resume`): `useChat({ resume:
+true })` asks `GET /v1/ui/chat/{id}/stream` after a reload and gets the chat's current stream
+again from its first part, then what follows as it comes (the default transport replays,
+`resumeStreamIsReplay`), or 204 when the chat has none. OpenAI's Responses API: a
+`background: true` response is resumed at `GET /v1/responses/{id}?stream=true&starting_after=N`
+from the event after the N-th (its chunks are its events, one each).
+
+A kept stream's turn is the server's, its pump writes into a `KeptStream` (through
+`ReplayConnection`, which stands in for the HTTP connection the pump would write to), and every
+reader, the request that started it first, follows it. A
 reader that leaves (a reload, a closed tab) leaves the run going; `DELETE
 /v1/ui/chat/{id}/stream`, or a new message in the same chat, stops it. Only the client that
 started a chat's stream may read or stop it; to anyone else there is none (204). A replay
@@ -29,15 +34,15 @@ if TYPE_CHECKING:
 
     from ._http11 import HttpConnection
 
-__all__ = ["REPLAY_BYTES", "ReplayConnection", "UiReplay"]
+__all__ = ["REPLAY_BYTES", "KeptStream", "ReplayConnection"]
 
 REPLAY_BYTES = 16 * 1024 * 1024
 """The most a kept stream holds: far past any answer a person reads, and bounded."""
 
 
 @attrs.define(eq=False)
-class UiReplay:
-    """One chat's current stream, as the bytes its readers get (see the module's docstring)."""
+class KeptStream:
+    """One kept stream, as the chunks its readers get (see the module's docstring)."""
 
     owner: ClientId
     chunks: list[bytes] = attrs.field(factory=list)
@@ -69,11 +74,13 @@ class UiReplay:
         self._changed.set()
         self._changed = trio.Event()
 
-    async def follow(self, http: HttpConnection, headers: Iterable[tuple[str, str]]) -> bool:
-        """Send the stream to one reader from its first byte, then what follows as it comes,
-        until it ends (True) or the reader leaves (False)."""
+    async def follow(
+        self, http: HttpConnection, headers: Iterable[tuple[str, str]], start: int = 0
+    ) -> bool:
+        """Send the stream to one reader from its chunk `start` (its first byte by default),
+        then what follows as it comes, until it ends (True) or the reader leaves (False)."""
         await http.start_stream(200, headers)
-        sent = 0
+        sent = start
 
         async def body() -> None:
             nonlocal sent
@@ -94,9 +101,10 @@ class UiReplay:
 class ReplayConnection:
     """What a wire's pump writes to when its stream is kept: the HTTP connection's writing
     side (`start_stream`, `send_data`, and the stream's `try_send` for writes from the turn's
-    own task), every byte appended to the replay, nothing ever waiting."""
+    own task), every byte handed to `keep` (a replay's `append`, or nothing for a wire that
+    keeps its events itself), nothing ever waiting."""
 
-    replay: UiReplay
+    keep: Callable[[bytes], object]
     streaming: bool = False
     chunked: bool = False  # the replay holds the stream's own bytes; readers frame them
 
@@ -117,12 +125,12 @@ class ReplayConnection:
 
     async def send_data(self, data: bytes) -> None:
         """Keep `data` for the readers."""
-        self.replay.append(data)
+        self.keep(data)
         await trio.lowlevel.checkpoint()
 
     def try_send(self, data: bytes) -> bool:
         """Keep `data` for the readers, at once."""
-        self.replay.append(data)
+        self.keep(data)
         return True
 
     async def flush(self) -> None:
