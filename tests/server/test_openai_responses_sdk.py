@@ -22,6 +22,7 @@ from rillet._core._policy import Policy
 from rillet.providers._registry import dialect_from_name
 from rillet.transports.server import ServerConfig, serve
 from rillet.transports.testing import (
+    LoopbackProvider,
     RecordedRequest,
     Reply,
     open_loopback_provider,
@@ -190,7 +191,10 @@ json.dump(out, sys.stdout, ensure_ascii=False)
 """
 
 
-async def _collect(python: Path) -> dict[str, Any]:
+async def run_sdk(python: Path, script: str) -> tuple[dict[str, Any], LoopbackProvider]:
+    """Run the SDK's `script` against a server with the scripted upstream behind it; what the
+    script printed (JSON), and the upstream. It waits, at most 3 s, for the server's runs to
+    end: a reader that left stopped its run long before the slow answer (10 s) would end."""
     with trio.fail_after(150):
         async with open_loopback_provider(_upstream) as loopback, trio.open_nursery() as nursery:
             provider = Provider(
@@ -204,19 +208,23 @@ async def _collect(python: Path) -> dict[str, Any]:
             )
             url = await nursery.start(functools.partial(serve, config))
             spec = {"base_url": f"{url}/v1", "key": SERVER_KEY, "model": MODEL}
-            done = await run_client(python, CLIENT, spec)
+            done = await run_client(python, script, spec)
             assert done.returncode == 0, done.stderr.decode(errors="replace")[-4000:]
-            # the reader that left: its turn ends long before the slow answer would (10 s)
             with trio.fail_after(3):
-                while True:
-                    async with httpx.AsyncClient() as http:
-                        key = {"authorization": f"Bearer {SERVER_KEY}"}
-                        metrics = (await http.get(f"{url}/metrics.json", headers=key)).json()
-                    if metrics["runs_active"] == 0:
-                        break
-                    await trio.sleep(0.05)
+                key = {"authorization": f"Bearer {SERVER_KEY}"}
+                async with httpx.AsyncClient() as http:
+                    while True:
+                        metrics = await http.get(f"{url}/metrics.json", headers=key)
+                        if not metrics.json()["runs_active"]:
+                            break
+                        await trio.sleep(0.05)
             nursery.cancel_scope.cancel()
     out: dict[str, Any] = json.loads(done.stdout)
+    return out, loopback
+
+
+async def _collect(python: Path) -> dict[str, Any]:
+    out, loopback = await run_sdk(python, CLIENT)
     out["_sent"] = [msgspec.json.decode(r.body) for r in loopback.requests]
     return out
 

@@ -20,11 +20,13 @@ saying why, which is the last thing its readers get.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import attrs
 import trio
+from rillet._core._encode import SSE_HEARTBEAT
 
 from ._capacity import ClientId
 from ._streamed import until_gone
@@ -75,10 +77,15 @@ class KeptStream:
         self._changed = trio.Event()
 
     async def follow(
-        self, http: HttpConnection, headers: Iterable[tuple[str, str]], start: int = 0
+        self,
+        http: HttpConnection,
+        headers: Iterable[tuple[str, str]],
+        start: int = 0,
+        heartbeat: float = math.inf,
     ) -> bool:
         """Send the stream to one reader from its chunk `start` (its first byte by default),
-        then what follows as it comes, until it ends (True) or the reader leaves (False)."""
+        then what follows as it comes, until it ends (True) or the reader leaves (False); an
+        SSE comment goes out whenever nothing came for `heartbeat` seconds."""
         await http.start_stream(200, headers)
         sent = start
 
@@ -92,7 +99,10 @@ class KeptStream:
                     continue
                 if self.done:
                     return
-                await self._changed.wait()
+                with trio.move_on_after(heartbeat) as quiet:
+                    await self._changed.wait()
+                if quiet.cancelled_caught:
+                    await http.send_data(SSE_HEARTBEAT)
 
         return await until_gone(http, body)
 

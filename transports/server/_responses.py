@@ -16,17 +16,25 @@ As on the Chat Completions endpoint the head waits up to one heartbeat for the f
 refusal upstream keeps its HTTP status and OpenAI's error object; after it, a failure is a
 `response.failed` event with the run's code, and a retry that voids what the client already has
 ends the stream so (this wire cannot take text back). A whole response is one `response`
-object. `store`, `previous_response_id` and background mode are not served: the server keeps no
-responses (see `rillet.providers._openai_responses._inbound`)."""
+object. `previous_response_id` and a stored conversation are not served: the server keeps no
+conversations (see `rillet.providers._openai_responses._inbound`).
+
+A `background: true` response runs apart from its connection (`_kept`): streamed, its reader
+follows its events and may leave and resume them at
+`GET /v1/responses/{id}?stream=true&starting_after=N`; whole, the request is answered at once
+(`queued`) and `GET /v1/responses/{id}` gives the response as it stands.
+`POST /v1/responses/{id}/cancel` stops it. Only the client that started a background response
+may read or cancel it, for `KEPT_SECONDS` after it ends, on the server process that runs it."""
 
 from __future__ import annotations
 
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 import msgspec
+import trio
 from rillet._core._encode import sse_json
 from rillet._core._errors import EmptyResponseError
 from rillet._core._events import (
@@ -40,7 +48,7 @@ from rillet._core._events import (
     UsageMetadata,
 )
 from rillet._core._markers import AttemptReset
-from rillet.providers._openai_chat._inbound import BadRequest
+from rillet.providers._openai_chat._inbound import BadRequest, shown
 from rillet.providers._openai_chat._stream import is_refusal
 from rillet.providers._openai_responses._inbound import (
     ResponsesBody,
@@ -48,11 +56,12 @@ from rillet.providers._openai_responses._inbound import (
     responses_request,
 )
 
-from ._openai import admit, openai_error, withheld
+from ._kept import KeptStream, ReplayConnection
+from ._openai import admit, openai_error, reply_error, withheld
 from ._replies import ErrorReply
 from ._shared import Shared
-from ._streamed import HeldHead
-from ._wireturn import ChannelSink, DirectDeltas, run_wire_turn
+from ._streamed import SSE_HEADERS, HeldHead, end_stream
+from ._wireturn import ChannelSink, DirectDeltas, run_kept_turn, run_wire_turn
 
 if TYPE_CHECKING:
     from rillet._core._dialect import Provider
@@ -60,6 +69,7 @@ if TYPE_CHECKING:
     from rillet._core._request import TurnRequest
     from rillet._turn._turn import Turn, TurnResult
 
+    from ._capacity import Ticket
     from ._http11 import HttpConnection, Request
 
 __all__ = ["OpenAIResponses", "ResponseEvents", "responses_usage"]
@@ -111,6 +121,7 @@ class ResponseEvents:
     output: list[dict[str, Any]] = attrs.field(factory=list)
     current: _Open | None = None
     started: bool = False
+    kept: KeptStream | None = None  # a background response's events, for its readers
 
     def response(self, status: str, **fields: Any) -> dict[str, Any]:
         """The response object as it stands (`status`, and any field given over it)."""
@@ -132,7 +143,10 @@ class ResponseEvents:
         """One event, numbered."""
         value = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
-        return b"event: %s\n%s" % (kind.encode(), sse_json(value))
+        data = b"event: %s\n%s" % (kind.encode(), sse_json(value))
+        if self.kept is not None:  # one chunk per event: a reader resumes by its number
+            self.kept.append(data)
+        return data
 
     def start(self) -> bytes:
         """`response.created` and `response.in_progress`, once."""
@@ -329,6 +343,7 @@ def _echoed(body: ResponsesBody) -> dict[str, Any]:
         "text": body.text or {"format": {"type": "text"}},
         "reasoning": body.reasoning or {"effort": None, "summary": None},
         "store": False,
+        "background": bool(body.background),
     }
 
 
@@ -352,11 +367,42 @@ _INCOMPLETE = {
 }
 
 
+KEPT_SECONDS = 600.0
+"""How long a background response stays to be read or resumed once it has ended."""
+KEPT_MOST = 256
+"""The most background responses a server process keeps; past it the oldest ended go first."""
+
+
+@attrs.define(eq=False)
+class _Background:
+    """A background response: its events as they came, and who may read them."""
+
+    stream: KeptStream
+    events: ResponseEvents
+    cancelled: bool = False
+
+    def snapshot(self) -> dict[str, Any]:
+        """The response as it stands: its last event's once it has ended, else in progress
+        with the items it has so far."""
+        if self.stream.done and self.stream.chunks:
+            last = self.stream.chunks[-1]
+            response: dict[str, Any] = msgspec.json.decode(last[last.index(b"data: ") + 6 :])[
+                "response"
+            ]
+            if self.cancelled:
+                response["status"] = "cancelled"
+            return response
+        return self.events.response("cancelled" if self.cancelled else "in_progress")
+
+
 @attrs.define(eq=False)
 class OpenAIResponses:
-    """`POST /v1/responses`."""
+    """`POST /v1/responses`; a background response's `GET /v1/responses/{id}` (whole, or its
+    events resumed with `stream=true&starting_after=N`) and `POST /v1/responses/{id}/cancel`."""
 
     shared: Shared
+    background: dict[str, _Background] = attrs.field(factory=dict)
+    """The background responses kept, by id, the oldest first."""
 
     async def create(self, http: HttpConnection, request: Request, _: str) -> None:
         """A response, streamed or whole, once admitted; every answer carries an
@@ -377,6 +423,9 @@ class OpenAIResponses:
         events = ResponseEvents(
             f"resp_{secrets.token_hex(16)}", body.model or provider.model, _echoed(body)
         )
+        if body.background:
+            await self._background(http, request, body, events, ticket, turn_request, provider)
+            return
 
         async def pump(turn: Turn, sink: ChannelSink) -> None:
             if body.stream:
@@ -394,6 +443,122 @@ class OpenAIResponses:
             route="responses",
             whole=not body.stream,
         )
+
+    async def _background(
+        self,
+        http: HttpConnection,
+        request: Request,
+        body: ResponsesBody,
+        events: ResponseEvents,
+        ticket: Ticket,
+        turn_request: TurnRequest,
+        provider: Provider,
+    ) -> None:
+        """`background: true`: the response runs apart from this connection, its events kept
+        (`_kept`) to be read or resumed; this request reads them from the first (streamed),
+        or is answered at once with the response queued."""
+        stream = KeptStream(self.shared.client_id(request))
+        events.kept = stream
+        kept = self.background[events.id] = _Background(stream, events)
+        self._forget_old()
+        self.shared.nursery.start_soon(self._run_background, kept, ticket, turn_request, provider)
+        if body.stream:
+            completed = await stream.follow(http, SSE_HEADERS, 0, self.shared.limits.heartbeat)
+            await end_stream(http, completed, self.shared.limits.close_timeout)
+            return
+        queued = msgspec.json.encode(events.response("queued"))
+        await http.respond(200, queued, [("content-type", "application/json")])
+
+    async def _run_background(
+        self,
+        kept: _Background,
+        ticket: Ticket,
+        turn_request: TurnRequest,
+        provider: Provider,
+    ) -> None:
+        # the events keep themselves (`ResponseEvents.kept`): what the pump writes is dropped
+        into = cast("HttpConnection", ReplayConnection(lambda data: None))
+
+        async def pump(turn: Turn, sink: ChannelSink) -> None:
+            await self._stream(into, turn, sink, provider, kept.events, ())
+
+        def started(turn: Turn) -> None:
+            kept.stream.stop = turn.cancel
+
+        try:
+            await run_kept_turn(
+                self.shared,
+                ticket,
+                turn_request,
+                provider,
+                pump,
+                route="responses",
+                started=started,
+            )
+        finally:
+            kept.stream.close()
+            await trio.sleep(KEPT_SECONDS)  # (cancelled with the server)
+            if self.background.get(kept.events.id) is kept:
+                del self.background[kept.events.id]
+
+    def _forget_old(self) -> None:
+        """Past `KEPT_MOST`, the oldest ended responses go."""
+        ended = [key for key, kept in self.background.items() if kept.stream.done]
+        for key in ended[: max(0, len(self.background) - KEPT_MOST)]:
+            del self.background[key]
+
+    def _mine(self, request: Request, response_id: str) -> _Background:
+        """A kept response the asker started; OpenAI's 404 otherwise."""
+        try:
+            self.shared.require_key(request)
+        except ErrorReply as reply:
+            raise reply_error(reply, "authentication_error", "invalid_api_key") from None
+        kept = self.background.get(response_id)
+        if kept is None or kept.stream.owner != self.shared.client_id(request):
+            raise ErrorReply(
+                404,
+                "invalid_request_error",
+                f"No response found with id {shown(response_id)}: only a background response"
+                " is kept, by the server process that runs it, for 10 minutes after it ends.",
+                param=None,
+                code=None,
+            )
+        return kept
+
+    async def retrieve(self, http: HttpConnection, request: Request, response_id: str) -> None:
+        """`GET /v1/responses/{id}`: the response as it stands, or with `stream=true` its
+        events from the first after `starting_after` (from the start without it)."""
+        kept = self._mine(request, response_id)
+        if request.query.get("stream", "").lower() != "true":
+            answer = msgspec.json.encode(kept.snapshot())
+            await http.respond(200, answer, [("content-type", "application/json")])
+            return
+        after = request.query.get("starting_after", "-1")
+        try:
+            start = int(after) + 1
+        except ValueError:
+            start = -1
+        if start < 0:
+            raise ErrorReply(
+                400,
+                "invalid_request_error",
+                "starting_after must be a sequence number (an integer from 0)",
+                param="starting_after",
+                code=None,
+            )
+        completed = await kept.stream.follow(http, SSE_HEADERS, start, self.shared.limits.heartbeat)
+        await end_stream(http, completed, self.shared.limits.close_timeout)
+
+    async def cancel(self, http: HttpConnection, request: Request, response_id: str) -> None:
+        """`POST /v1/responses/{id}/cancel`: stop a background response (its readers get its
+        end); the response, `cancelled` unless it had ended."""
+        kept = self._mine(request, response_id)
+        if not kept.stream.done:
+            kept.cancelled = True
+            if kept.stream.stop is not None:
+                kept.stream.stop()
+        answer = msgspec.json.encode(kept.snapshot())
+        await http.respond(200, answer, [("content-type", "application/json")])
 
     async def _whole(
         self,
@@ -497,9 +662,10 @@ class OpenAIResponses:
             await head.send(frames + events.finish(stop, _reason(result)))
             return
         error, status, headers = openai_error(result, provider)
-        if not head.started:
+        if not head.started and events.kept is None:
             await http.respond(status, msgspec.json.encode({"error": error}), [*headers, *tagged])
             return
+        await head.start()
         await http.send_data(events.failed(error))
 
 

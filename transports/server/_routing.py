@@ -319,6 +319,13 @@ class Server:
                 methods = self._per_run.get("/".join(parts[4:]))
                 if methods is None and len(parts) == 6 and parts[4] == "approvals" and parts[5]:
                     arg, methods = f"{parts[3]}/{parts[5]}", {"POST": self.runs.agents.answer}
+            elif len(parts) in (4, 5) and parts[:3] == ["", "v1", "responses"] and parts[3]:
+                # a background response (`OpenAIResponses`): whole or its events, or cancelled
+                arg = unquote(parts[3])
+                if len(parts) == 4:
+                    methods = {"GET": self.responses.retrieve}
+                elif parts[4] == "cancel":
+                    methods = {"POST": self.responses.cancel}
             elif len(parts) == 6 and parts[:4] == ["", "v1", "ui", "chat"] and parts[5] == "stream":
                 # a chat's kept UI stream (`ServerConfig.ui_resume`)
                 arg, methods = unquote(parts[4]), {"GET": self.ui.resume, "DELETE": self.ui.stop}

@@ -8,8 +8,8 @@ Every field rillet does not act on goes, unchanged, to a provider speaking OpenA
 wire (`extra_body`); those Chat Completions has under the same meaning go to a provider of that
 wire (`text.format` as its `response_format`, `reasoning.effort` as `reasoning_effort`); other
 dialects do without them, as the Chat Completions endpoint's do. What no provider behind the
-endpoint can honour (a conversation kept by the server, `previous_response_id`, background
-mode, built-in tools) is refused with OpenAI's `unsupported_parameter`, never dropped."""
+endpoint can honour (a conversation kept by the server, `previous_response_id`, built-in
+tools) is refused with OpenAI's `unsupported_parameter`, never dropped."""
 
 from __future__ import annotations
 
@@ -53,6 +53,7 @@ class _Read(msgspec.Struct, frozen=True, kw_only=True):
     reasoning: dict[str, Any] | None = None
     text: dict[str, Any] | None = None
     store: bool | None = None
+    background: bool | None = None
 
 
 class ResponsesBody(_Read, frozen=True, kw_only=True):
@@ -73,9 +74,10 @@ def decode_responses_body(raw: bytes) -> ResponsesBody:
     return ResponsesBody(**msgspec.structs.asdict(body), extra=other_fields(raw, _READ))
 
 
-_REFUSED = ("previous_response_id", "conversation", "background", "prompt")
-"""Fields that ask the server for what it does not keep or run: a stored conversation or
-prompt, a generation in the background. Refused with `unsupported_parameter`."""
+_REFUSED = ("previous_response_id", "conversation", "prompt")
+"""Fields that ask the server for what it does not keep: a stored conversation or prompt.
+Refused with `unsupported_parameter`. (`background` is the server's own to honour: the
+response runs apart from its connection and can be resumed; no provider is asked for it.)"""
 _ROLES = ("user", "assistant", "system", "developer")
 
 
