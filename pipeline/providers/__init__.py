@@ -24,6 +24,8 @@ from ._registry import PROVIDER_KINDS as PROVIDER_KINDS
 from ._registry import describe_providers as describe_providers
 from ._registry import dialect_from_name as dialect_from_name
 from ._registry import provider_from_env as provider_from_env
+from ._vertex import VertexAnthropicDialect as VertexAnthropicDialect
+from ._vertex import VertexGeminiDialect as VertexGeminiDialect
 
 __all__ = [
     "DIALECT_NAMES",
@@ -45,6 +47,8 @@ __all__ = [
     "Provider",
     "Secret",
     "StreamDecoder",
+    "VertexAnthropicDialect",
+    "VertexGeminiDialect",
     "describe_providers",
     "dialect_from_name",
     "provider_from_env",

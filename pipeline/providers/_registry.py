@@ -58,6 +58,7 @@ class _Kind:
     model: str | None = None
     key_required: bool = False  # at the default endpoint
     azure: bool = False  # a resource's endpoint, its deployment and API version (`_azure`)
+    vertex: bool = False  # a Google Cloud project and location, with a token (`_vertex`)
 
 
 # OpenAI's and Gemini's endpoints and variables, shared by their chat and embedding kinds.
@@ -78,6 +79,16 @@ _GEMINI = _Kind(
     key_required=True,
 )
 _P = "rillet.providers."
+_VERTEX = _Kind(
+    _P + "_vertex",
+    "VertexGeminiDialect",
+    base_url="",
+    key_envs=("GOOGLE_OAUTH_ACCESS_TOKEN",),
+    base_url_env="VERTEX_BASE_URL",
+    model="gemini-2.5-flash",
+    key_required=True,
+    vertex=True,
+)
 _AZURE = _Kind(
     _P + "_azure",
     "AzureOpenAIDialect",
@@ -129,6 +140,11 @@ KINDS: dict[str, _Kind] = {
     # Azure OpenAI: no default endpoint; a key (or an Entra ID token) and a deployment needed
     "azure": _AZURE,
     "azure-responses": attrs.evolve(_AZURE, cls="AzureResponsesDialect"),
+    # Vertex AI: a project (and location), and an access token
+    "vertex": _VERTEX,
+    "vertex-anthropic": attrs.evolve(
+        _VERTEX, cls="VertexAnthropicDialect", model="claude-sonnet-4-5"
+    ),
     "openai-embeddings": attrs.evolve(
         _OPENAI,
         module=_P + "_embeddings",
@@ -317,6 +333,8 @@ def provider_from_env(
 
     if spec.azure:
         return _azure_provider(kind, spec, model, base_url, api_key, env)
+    if spec.vertex:
+        return _vertex_provider(kind, spec, model, base_url, api_key, env)
     env_url = _env_base_url(spec, env)
     if base_url is not None:
         target = _checked_url(kind, base_url, None)
@@ -357,6 +375,20 @@ def provider_from_env(
     return provider
 
 
+def _cloud_key(
+    kind: str, spec: _Kind, api_key: str | None, env: Mapping[str, str], missing: str
+) -> tuple[Secret, str]:
+    """A cloud kind's credential, which it always needs (there is no keyless default
+    endpoint): `api_key`, else the first of its variables that is set; and where it came from.
+    Raises `ConfigurationError` saying `missing` when there is none."""
+    if api_key is not None and api_key.strip():
+        return Secret(api_key.strip()), "argument"
+    found = _env_key(spec, env)
+    if found is None:
+        raise ConfigurationError(kind, spec.key_envs[0], f"{missing} or pass --api-key")
+    return Secret(found[1]), found[0]
+
+
 _AZURE_VERSIONS = ("AZURE_OPENAI_API_VERSION", "OPENAI_API_VERSION")
 _AZURE_DEPLOYMENT = "AZURE_OPENAI_DEPLOYMENT"
 
@@ -383,16 +415,8 @@ def _azure_provider(
             " or pass --base-url",
         )
     endpoint = _checked_url(kind, endpoint, None if base_url is not None else spec.base_url_env)
-    bearer = False
-    if api_key is not None and api_key.strip():
-        key, source = Secret(api_key.strip()), "argument"
-    elif (found := _env_key(spec, env)) is not None:
-        source, key = found[0], Secret(found[1])
-        bearer = source == "AZURE_OPENAI_AD_TOKEN"
-    else:
-        raise ConfigurationError(
-            kind, spec.key_envs[0], f"no API key: set {_key_hint(spec)} or pass --api-key"
-        )
+    key, source = _cloud_key(kind, spec, api_key, env, f"no API key: set {_key_hint(spec)}")
+    bearer = source == "AZURE_OPENAI_AD_TOKEN"
     deployment = model or _env(env, _AZURE_DEPLOYMENT)
     if not deployment:
         raise ConfigurationError(
@@ -408,6 +432,49 @@ def _azure_provider(
         provider.label,
         deployment,
         target,
+        key.masked(),
+        source,
+    )
+    return provider
+
+
+_VERTEX_PROJECT = ("GOOGLE_CLOUD_PROJECT", "GCLOUD_PROJECT")
+_VERTEX_LOCATION = "GOOGLE_CLOUD_LOCATION"
+
+
+def _vertex_provider(
+    kind: str,
+    spec: _Kind,
+    model: str | None,
+    base_url: str | None,
+    api_key: str | None,
+    env: Mapping[str, str],
+) -> Provider:
+    """A Vertex AI kind: the project (`GOOGLE_CLOUD_PROJECT`) and location
+    (`GOOGLE_CLOUD_LOCATION`, `us-central1` by default), or a base URL naming both
+    (`base_url`, else `VERTEX_BASE_URL`); the access token (`api_key`, else
+    `GOOGLE_OAUTH_ACCESS_TOKEN`), sent as Bearer."""
+    root = base_url if base_url is not None else _env_base_url(spec, env)
+    module = importlib.import_module(spec.module)
+    if root is not None:
+        root = _checked_url(kind, root, None if base_url is not None else spec.base_url_env)
+    else:
+        project = next((p for name in _VERTEX_PROJECT if (p := _env(env, name))), None)
+        if project is None:
+            raise ConfigurationError(
+                kind, _VERTEX_PROJECT[0], "no project: set GOOGLE_CLOUD_PROJECT"
+            )
+        location = _env(env, _VERTEX_LOCATION) or "us-central1"
+        root = module.vertex_base_url(project, location)
+    missing = "no access token: set GOOGLE_OAUTH_ACCESS_TOKEN (gcloud auth print-access-token)"
+    key, source = _cloud_key(kind, spec, api_key, env, missing)
+    chosen = model or spec.model or ""
+    provider = Provider(getattr(module, spec.cls)(), base_url=root, model=chosen, api_key=key)
+    logger.debug(
+        "provider %s: model %s at %s, token %s from %s",
+        provider.label,
+        chosen,
+        root,
         key.masked(),
         source,
     )
@@ -434,6 +501,8 @@ def describe_providers(env: Mapping[str, str] | None = None) -> list[dict[str, A
         missing: str | None = None
         if spec.azure and env_url is None:
             missing = "AZURE_OPENAI_ENDPOINT or --base-url"
+        elif spec.vertex and env_url is None and not any(_env(env, n) for n in _VERTEX_PROJECT):
+            missing = "GOOGLE_CLOUD_PROJECT"
         elif found is None and spec.key_required and at_default:
             missing = f"{_key_hint(spec)} or --api-key"
         elif model is None:

@@ -109,7 +109,14 @@ def test_each_kind_has_its_dialect_endpoint_model_and_key(kind: str) -> None:
 
 
 def test_every_named_kind_is_tested() -> None:
-    assert set(PROVIDER_KINDS) == {*KINDS, "mmsp", "azure", "azure-responses"}  # (test_azure)
+    assert set(PROVIDER_KINDS) == {
+        *KINDS,
+        "mmsp",
+        "azure",
+        "azure-responses",
+        "vertex",
+        "vertex-anthropic",
+    }
 
 
 def test_arguments_win_over_the_environment() -> None:

@@ -1,11 +1,14 @@
-"""Azure OpenAI: a resource's endpoint, deployment, API version and credential, from the
-environment as Azure's own tools name them, and a turn against a loopback server standing in
-for the resource (its real recorded stream), with the request's path, query and headers as
-Azure takes them."""
+"""The clouds: Azure OpenAI (a resource's endpoint, deployment, API version and credential) and
+Vertex AI (a project, a location and an access token, for Gemini and for Anthropic's models),
+from the environment as the clouds' own tools name them, and a turn against a loopback server
+standing in for each (a real recorded stream of that cloud), with the request's path, query,
+headers and body as the cloud takes them."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -14,6 +17,8 @@ from rillet._turn._api import run_turn
 from rillet.providers import (
     AzureOpenAIDialect,
     AzureResponsesDialect,
+    VertexAnthropicDialect,
+    VertexGeminiDialect,
     describe_providers,
     provider_from_env,
 )
@@ -24,7 +29,8 @@ from ..handler_support import REQUEST
 KEY = "0123456789abcdef0123456789abcdef"
 TOKEN = "eyJ0eXAiOiJKV1QiLCJhbGciOiJSUzI1NiJ9.entra-token.signature"
 ENDPOINT = "https://contoso.openai.azure.com"
-REAL = Path(__file__).resolve().parent.parent / "fixtures" / "real" / "openai-chat"
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "real"
+REAL = FIXTURES / "openai-chat"
 
 
 def test_the_v1_api_is_the_endpoints_openai_v1_with_the_deployment_as_model() -> None:
@@ -122,3 +128,84 @@ async def test_a_turn_against_the_resource_reads_its_recorded_stream() -> None:
     )
     assert sent.headers["api-key"] == KEY
     assert "authorization" not in sent.headers
+
+
+# --- Vertex AI ----------------------------------------------------------------------------------
+
+GOOGLE_TOKEN = "ya29.a0-access-token-0123456789"
+
+
+def test_vertex_reaches_a_projects_model_in_its_location_with_a_bearer_token() -> None:
+    env = {"GOOGLE_CLOUD_PROJECT": "acme", "GOOGLE_OAUTH_ACCESS_TOKEN": GOOGLE_TOKEN}
+    gemini = provider_from_env("vertex", env=env)
+    assert type(gemini.dialect) is VertexGeminiDialect
+    http = gemini.dialect.build_request(REQUEST, gemini, stream=True)
+    root = "https://us-central1-aiplatform.googleapis.com/v1/projects/acme/locations/us-central1"
+    assert (
+        http.url
+        == f"{root}/publishers/google/models/gemini-2.5-flash:streamGenerateContent?alt=sse"
+    )
+    assert http.headers["authorization"] == f"Bearer {GOOGLE_TOKEN}"
+    assert "x-goog-api-key" not in http.headers
+    claude = provider_from_env(
+        "vertex-anthropic", model="claude-sonnet-4-5@20250929",
+        env={**env, "GOOGLE_CLOUD_LOCATION": "global"},
+    )  # fmt: skip
+    assert type(claude.dialect) is VertexAnthropicDialect
+    http = claude.dialect.build_request(REQUEST, claude, stream=False)
+    root = "https://aiplatform.googleapis.com/v1/projects/acme/locations/global"
+    assert http.url == f"{root}/publishers/anthropic/models/claude-sonnet-4-5@20250929:rawPredict"
+    body = json.loads(http.body)
+    assert "model" not in body
+    assert body["anthropic_version"] == "vertex-2023-10-16"
+    assert "x-api-key" not in http.headers
+    assert "anthropic-version" not in http.headers
+
+
+def test_vertex_names_what_is_missing_and_never_shows_the_token() -> None:
+    with pytest.raises(ConfigurationError, match="GOOGLE_CLOUD_PROJECT"):
+        provider_from_env("vertex", env={"GOOGLE_OAUTH_ACCESS_TOKEN": GOOGLE_TOKEN})
+    with pytest.raises(ConfigurationError, match="gcloud auth print-access-token"):
+        provider_from_env("vertex", env={"GOOGLE_CLOUD_PROJECT": "acme"})
+    env = {"GOOGLE_CLOUD_PROJECT": "acme", "GOOGLE_OAUTH_ACCESS_TOKEN": GOOGLE_TOKEN}
+    assert GOOGLE_TOKEN not in repr(provider_from_env("vertex", env=env))
+    (row,) = [r for r in describe_providers({}) if r["kind"] == "vertex"]
+    assert (row["ready"], row["missing"]) == (False, "GOOGLE_CLOUD_PROJECT")
+
+
+@pytest.mark.parametrize(
+    ("kind", "recording", "path"),
+    [
+        (
+            "vertex",
+            "gemini/vertex-gemini-3-flash-one-chunk-signature-flex.sse",
+            "/publishers/google/models/gemini-2.5-flash:streamGenerateContent?alt=sse",
+        ),
+        (
+            "vertex-anthropic",
+            "anthropic-messages/vertex-claude-37-text-padded-json.sse",
+            "/publishers/anthropic/models/claude-sonnet-4-5:streamRawPredict",
+        ),
+    ],
+)
+async def test_a_turn_against_vertex_reads_its_recorded_stream(
+    kind: str, recording: str, path: str
+) -> None:
+    recorded = (FIXTURES / recording).read_bytes()
+    expected = json.loads((FIXTURES / "EXPECTED.json").read_text())[recording]["text"]
+    issued = iter(["token-1"])
+    with trio.fail_after(10):
+        async with open_loopback_provider([Reply(chunks=split(recorded, 61))]) as server:
+            root = f"{server.url}/v1/projects/acme/locations/us-east5"
+            provider = provider_from_env(
+                kind, base_url=root, env={"GOOGLE_OAUTH_ACCESS_TOKEN": "x"}
+            )
+            cls: Any = type(provider.dialect)
+            dialect = cls(token_provider=lambda: next(issued))
+            provider = type(provider)(dialect=dialect, base_url=root, model=provider.model)
+            result = await run_turn(REQUEST, provider)
+    assert result.ok
+    assert result.text == expected
+    (sent,) = server.requests
+    assert sent.path == "/v1/projects/acme/locations/us-east5" + path
+    assert sent.headers["authorization"] == "Bearer token-1"  # from the token provider
