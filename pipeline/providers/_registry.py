@@ -37,6 +37,7 @@ __all__ = [
     "DIALECT_NAMES",
     "PROVIDER_KINDS",
     "ConfigurationError",
+    "bedrock_base_url",
     "describe_providers",
     "dialect_from_name",
     "ollama_base_url",
@@ -59,6 +60,7 @@ class _Kind:
     key_required: bool = False  # at the default endpoint
     azure: bool = False  # a resource's endpoint, its deployment and API version (`_azure`)
     vertex: bool = False  # a Google Cloud project and location, with a token (`_vertex`)
+    bedrock: bool = False  # an AWS region's OpenAI-compatible endpoint, a Bedrock API key
 
 
 # OpenAI's and Gemini's endpoints and variables, shared by their chat and embedding kinds.
@@ -79,6 +81,16 @@ _GEMINI = _Kind(
     key_required=True,
 )
 _P = "rillet.providers."
+_BEDROCK = _Kind(
+    _P + "_openai_chat",
+    "OpenAIChatDialect",
+    base_url="",
+    key_envs=("AWS_BEARER_TOKEN_BEDROCK",),
+    base_url_env="AWS_BEDROCK_BASE_URL",
+    model="openai.gpt-oss-120b-1:0",
+    key_required=True,
+    bedrock=True,
+)
 _VERTEX = _Kind(
     _P + "_vertex",
     "VertexGeminiDialect",
@@ -140,6 +152,11 @@ KINDS: dict[str, _Kind] = {
     # Azure OpenAI: no default endpoint; a key (or an Entra ID token) and a deployment needed
     "azure": _AZURE,
     "azure-responses": attrs.evolve(_AZURE, cls="AzureResponsesDialect"),
+    # Amazon Bedrock's OpenAI-compatible endpoint: a region and a Bedrock API key
+    "bedrock": _BEDROCK,
+    "bedrock-responses": attrs.evolve(
+        _BEDROCK, module=_P + "_openai_responses", cls="OpenAIResponsesDialect"
+    ),
     # Vertex AI: a project (and location), and an access token
     "vertex": _VERTEX,
     "vertex-anthropic": attrs.evolve(
@@ -335,6 +352,8 @@ def provider_from_env(
         return _azure_provider(kind, spec, model, base_url, api_key, env)
     if spec.vertex:
         return _vertex_provider(kind, spec, model, base_url, api_key, env)
+    if spec.bedrock:  # the region's endpoint is the default one
+        spec = attrs.evolve(spec, base_url=_default_url(spec, env))
     env_url = _env_base_url(spec, env)
     if base_url is not None:
         target = _checked_url(kind, base_url, None)
@@ -373,6 +392,20 @@ def provider_from_env(
         key_source,
     )
     return provider
+
+
+def _default_url(spec: _Kind, env: Mapping[str, str]) -> str:
+    """A kind's endpoint when no override names one (Bedrock's is its region's)."""
+    if spec.bedrock:
+        region = _env(env, "AWS_REGION") or _env(env, "AWS_DEFAULT_REGION") or "us-east-1"
+        return bedrock_base_url(region)
+    return spec.base_url
+
+
+def bedrock_base_url(region: str) -> str:
+    """Amazon Bedrock's OpenAI-compatible API in a region (its Chat Completions and
+    Responses)."""
+    return f"https://bedrock-runtime.{region}.amazonaws.com/openai/v1"
 
 
 def _cloud_key(
@@ -510,7 +543,7 @@ def describe_providers(env: Mapping[str, str] | None = None) -> list[dict[str, A
         out.append(
             {
                 "kind": kind,
-                "base_url": env_url or spec.base_url,
+                "base_url": env_url or _default_url(spec, env),
                 "base_url_from": spec.base_url_env if env_url is not None else None,
                 "model": model,
                 "api_key": Secret(found[1]).masked() if found is not None else None,

@@ -209,3 +209,44 @@ async def test_a_turn_against_vertex_reads_its_recorded_stream(
     (sent,) = server.requests
     assert sent.path == "/v1/projects/acme/locations/us-east5" + path
     assert sent.headers["authorization"] == "Bearer token-1"  # from the token provider
+
+
+# --- Amazon Bedrock ------------------------------------------------------------------------------
+
+BEDROCK_KEY = "ABSKQmVkcm9ja0FQSUtleS1leGFtcGxl0123456789"
+
+
+def test_bedrock_is_its_regions_openai_compatible_endpoint_with_its_api_key() -> None:
+    env = {"AWS_REGION": "us-west-2", "AWS_BEARER_TOKEN_BEDROCK": BEDROCK_KEY}
+    provider = provider_from_env("bedrock", env=env)
+    assert provider.base_url == "https://bedrock-runtime.us-west-2.amazonaws.com/openai/v1"
+    http = provider.dialect.build_request(REQUEST, provider, stream=True)
+    assert http.url.endswith("/openai/v1/chat/completions")
+    assert http.headers["authorization"] == f"Bearer {BEDROCK_KEY}"
+    (row,) = [r for r in describe_providers(env) if r["kind"] == "bedrock-responses"]
+    assert row["base_url"] == provider.base_url
+    assert row["ready"] is True
+    with pytest.raises(ConfigurationError, match="AWS_BEARER_TOKEN_BEDROCK"):
+        provider_from_env("bedrock", env={"AWS_REGION": "us-west-2"})
+    # a key from the environment goes to its own endpoint only
+    elsewhere = provider_from_env("bedrock", base_url="https://example.com/v1", env=env)
+    assert elsewhere.api_key is None
+
+
+async def test_a_turn_against_bedrock_reads_its_recorded_responses_stream() -> None:
+    recording = "openai-responses/bedrock-mantle-text-after-tool-results.sse"
+    recorded = (FIXTURES / recording).read_bytes()
+    expected = json.loads((FIXTURES / "EXPECTED.json").read_text())[recording]["text"]
+    with trio.fail_after(10):
+        async with open_loopback_provider([Reply(chunks=split(recorded, 61))]) as server:
+            env = {
+                "AWS_BEDROCK_BASE_URL": f"{server.url}/openai/v1",
+                "AWS_BEARER_TOKEN_BEDROCK": BEDROCK_KEY,
+            }
+            provider = provider_from_env("bedrock-responses", model="openai.gpt-oss-120b", env=env)
+            result = await run_turn(REQUEST, provider)
+    assert result.ok
+    assert result.text == expected
+    (sent,) = server.requests
+    assert sent.path == "/openai/v1/responses"
+    assert sent.headers["authorization"] == f"Bearer {BEDROCK_KEY}"

@@ -116,7 +116,9 @@ def test_every_named_kind_is_tested() -> None:
         "azure-responses",
         "vertex",
         "vertex-anthropic",
-    }
+        "bedrock",
+        "bedrock-responses",
+    }  # the clouds: tests/providers/test_clouds.py
 
 
 def test_arguments_win_over_the_environment() -> None:
