@@ -79,14 +79,16 @@ class RunStarted(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="
 
 class StatusEvent(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="status"):
     """What the run is doing: `requesting`, `backing_off`, `waiting_rate_limit`, `rescuing`,
-    `queued` (waiting for a provider-stream slot), `step` (an agent's next model request),
-    `fallback` (the next provider of a chain answers), `candidate_rejected` (buffered delivery).
+    `resuming` (the provider continues a stream that broke, from its last event: no reset
+    follows), `queued` (waiting for a provider-stream slot), `step` (an agent's next model
+    request), `fallback` (the next provider of a chain answers), `candidate_rejected`
+    (buffered delivery).
 
     `step` is the agent step it belongs to; `provider` / `model` name who answers (`fallback`);
-    `reason_code` is a safe code: why the last attempt failed (`backing_off`, `rescuing`: one
-    of `RETRY_REASONS`, such as `connect_failed` or `stalled`; `waiting_rate_limit`:
-    `overloaded` when the provider said so, else none), or why a candidate was rejected
-    (`candidate_rejected`)."""
+    `reason_code` is a safe code: why the last attempt failed (`backing_off`, `rescuing`,
+    `resuming`: one of `RETRY_REASONS`, such as `connect_failed` or `stalled`;
+    `waiting_rate_limit`: `overloaded` when the provider said so, else none), or why a
+    candidate was rejected (`candidate_rejected`)."""
 
     phase: str
     attempt: int

@@ -130,6 +130,23 @@ class WireDecoder:
             self._dialect, max_frame=self._max_frame, provider=self.provider, grammar=False
         )
 
+    def resume_point(self) -> Any:
+        """Where the reply, broken off, could be continued by the provider (its dialect's
+        decoder says, for a wire that can: OpenAI's Responses in background mode); None when
+        it cannot."""
+        point = getattr(self._stream, "resume_point", None)
+        return None if point is None else point()
+
+    def restart_framing(self) -> None:
+        """The reply goes on in a new body (a resumed stream): a frame the old one cut short is
+        dropped, and framing starts again at the new body's first byte."""
+        framer = self._framer
+        if type(framer) is SSEDecoder:
+            fresh = SSEDecoder(max_frame=self._max_frame)
+            fresh.raw = framer.raw
+            self._framer = fresh
+            self._split = self._streamed_split = fresh.feed
+
     @property
     def stopped(self) -> bool:
         """Whether the reply is over: its stop came (or, without the grammar, a lane ended

@@ -41,8 +41,10 @@ finally fails therefore still shows its last partial text.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 import trio
@@ -88,11 +90,17 @@ _YIELD_EVERY = 32
 """Reads handed on without waiting between two checkpoints: a body that is all in memory (a
 replay, a test transport) never yields on its own, and the turn must still let other tasks run
 and notice a cancel."""
+logger = logging.getLogger(__name__)
+
 _HELD_RUNS = 64
 """With runs of deltas (`DeltaRun`), a read whose batch is one run is not handed on by itself:
 only the accumulator reads runs, and no one reads it before the attempt ends (no sink, no
 handle). Up to this many such runs are held and handed on with the next batch, or when the
 attempt ends however it ends: one hand-over where there were many, the order unchanged."""
+_RESUMES = 3
+"""The most times one attempt's stream is continued by its provider before the attempt fails
+as a stream that broke does (and the next one starts over)."""
+_ABANDON_WITHIN = 2.0  # seconds a reply's cancel may take before it is left to expire
 _DEADLINE_SLACK = 0.001
 """The per-event deadline moves only once it would move by this much (seconds): a burst of
 reads does not pay for moving it on each, and it fires at most this early."""
@@ -132,6 +140,7 @@ class Handler:
     _total_deadline: float = math.inf
     _ended: bool = False  # the last streamed attempt's body ended (rather than being cut)
     _hops: bool = False  # the grammar is downstream: batches are lanes, verdicts come back
+    resumes: int = 0  # broken streams the provider continued (`_resume`)
 
     async def run(self, out: Outlet) -> Outcome:
         """Attempt, retry, rescue; send every batch to `out`; return the one outcome. Cancelling
@@ -217,6 +226,8 @@ class Handler:
         )
         grammar = decoder.grammar
         grammar.runs = runs = not hops and not out.wants_deltas  # (`DeltaRun`)
+        # the reply is kept by its provider, which can continue it (OpenAI's background mode)
+        keeps = not hops and getattr(self.provider.dialect, "resume", False) is True
         folded = 0  # `grammar.folded` as last counted
         held: list[Item] = []  # runs not handed on yet, after this attempt's reset if owed
         clock = trio.lowlevel.current_clock().current_time  # `trio.current_time`, one call fewer
@@ -250,6 +261,9 @@ class Handler:
             if check_content_type(self.provider, response):
                 decoder.sniff()  # it may be the whole reply: read as one, in this request
             receive = response.receive if not pending else Replay(pending, response).receive
+            # a provider that can continue a broken stream (`resume_request`) is asked to
+            resumes = _RESUMES if keeps else 0
+            breaks: tuple[type[BaseException], ...] = (UpstreamError, *failures) if resumes else ()
             # One scope guards every read; its deadline moves with each lane event and is lifted
             # while a batch waits for room downstream (a slow consumer is backpressure, not a
             # silent provider): the time spent blocked there is added back afterwards.
@@ -266,7 +280,21 @@ class Handler:
                     if rest:
                         chunk, rest = rest, b""
                     else:
-                        chunk = await receive()  # b"": the end of the reply
+                        broken: BaseException | None = None
+                        try:
+                            chunk = await receive()  # b"": the end of the reply
+                        except breaks as exc:
+                            chunk, broken = b"", exc
+                        if resumes and (broken is not None or not chunk) and not decoder.stopped:
+                            resumed = await self._resume(out, decoder, response)
+                            resumes -= 1
+                            if resumed is not None:  # the same reply goes on: read on
+                                response = resumed
+                                receive = resumed.receive
+                                head = 0
+                                continue
+                        if broken is not None:
+                            raise broken
                     if head > 0:
                         cut = decoder.head_piece(chunk)
                         head -= cut or len(chunk)  # the rest counts when its turn comes
@@ -364,6 +392,51 @@ class Handler:
                 out.offer(held)  # (no sink, no handle: it always takes them)
             if response is not None:
                 await response.aclose()
+            if keeps and not decoder.stopped:
+                await self._abandon(decoder)  # nobody will read it: the provider stops it
+
+    async def _resume(
+        self, out: Outlet, decoder: WireDecoder, broken: Exchange | None
+    ) -> Exchange | None:
+        """Ask the provider to continue a reply whose stream broke after its last event read
+        (`WireDecoder.resume_point`); the new exchange, or None when it cannot (then the
+        attempt fails as a broken stream does, and the next starts over)."""
+        point = decoder.resume_point()
+        if point is None:
+            return None
+        if broken is not None:
+            await broken.aclose()
+        await self._put(out, [Status("resuming", self.attempts, reason="connection_lost")])
+        dialect: Any = self.provider.dialect
+        self._sent()
+        try:
+            exchange = await self.upstream.open(dialect.resume_request(self.provider, point))
+        except UpstreamError:
+            return None
+        if exchange.status != 200:  # expired, unknown, not allowed: start over
+            await exchange.aclose()
+            return None
+        decoder.restart_framing()
+        self.resumes += 1
+        logger.info(
+            "%s: the stream broke; the provider continues it after event %d",
+            self.provider.label,
+            point[1],
+        )
+        return exchange
+
+    async def _abandon(self, decoder: WireDecoder) -> None:
+        """Cancel, at the provider, a reply kept for resuming that nobody will read (the
+        turn was cancelled, or the attempt failed): it would run on, and be paid for."""
+        point = decoder.resume_point()
+        if point is None:
+            return
+        dialect: Any = self.provider.dialect
+        cancel = dialect.cancel_request(self.provider, point[0])
+        quiet = contextlib.suppress(UpstreamError)
+        with trio.CancelScope(shield=True), trio.move_on_after(_ABANDON_WITHIN), quiet:
+            exchange = await self.upstream.open(cancel)
+            await exchange.aclose()
 
     def _sent(self, _: int = 0) -> None:
         """A request went out (the hedge's too): it counts, and the turn has started."""

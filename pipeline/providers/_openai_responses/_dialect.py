@@ -27,6 +27,7 @@ event whose fields have the wrong shape is a `MalformedFrameError`.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import quote
 
 from rillet._core._events import (
     ImageUrlDone,
@@ -160,6 +161,13 @@ def _tool_choice(choice: ToolChoice) -> Any:
     }
 
 
+def _signed(provider: Provider) -> dict[str, str]:
+    headers = dict(provider.headers)
+    if provider.api_key is not None:
+        headers["authorization"] = f"Bearer {provider.api_key.reveal()}"
+    return headers
+
+
 class OpenAIResponsesDialect:
     """OpenAI's Responses API, stateless: `store: false`, reasoning carried back as encrypted
     content.
@@ -171,13 +179,31 @@ class OpenAIResponsesDialect:
             model"), so by default (None) it is asked for when the turn sets a thinking level
             (other than `none`, which sends no `reasoning`); True asks always (a reasoning
             model used without a thinking level), False never.
+        resume: run each streamed response in OpenAI's background mode (`background: true`,
+            which needs `store: true`: the response is kept by OpenAI, which an account with
+            zero data retention may refuse), so a stream that breaks is continued where it
+            stopped (`resume_request`) instead of asked again: no second bill, no reset. Off
+            by default, as storing is the account's choice.
     """
 
     name = NAME
     framing: Literal["sse"] = "sse"
 
-    def __init__(self, *, encrypted_reasoning: bool | None = None) -> None:
+    def __init__(self, *, encrypted_reasoning: bool | None = None, resume: bool = False) -> None:
         self.encrypted_reasoning = encrypted_reasoning
+        self.resume = resume
+
+    def resume_request(self, provider: Provider, point: tuple[str, int]) -> HttpRequest:
+        """`GET {base}/responses/{id}?stream=true&starting_after=N`: the events of a
+        background response after the N-th, as a stream."""
+        response_id, after = point
+        path = f"responses/{quote(response_id, safe='')}?stream=true&starting_after={after}"
+        return HttpRequest(method="GET", url=provider.url(path), headers=_signed(provider))
+
+    def cancel_request(self, provider: Provider, response_id: str) -> HttpRequest:
+        """`POST {base}/responses/{id}/cancel`: stop a background response nobody reads."""
+        path = f"responses/{quote(response_id, safe='')}/cancel"
+        return HttpRequest(url=provider.url(path), headers=_signed(provider), body=b"")
 
     def build_request(
         self, request: TurnRequest, provider: Provider, *, stream: bool = True
@@ -204,6 +230,8 @@ class OpenAIResponsesDialect:
         if effort is not None:
             body["reasoning"] = {"effort": effort, "summary": "auto"}
         body["store"] = False
+        if self.resume and stream:  # OpenAI keeps it, so a broken stream can be continued
+            body["background"] = body["store"] = True
         encrypted = self.encrypted_reasoning
         if encrypted is None:
             encrypted = effort is not None

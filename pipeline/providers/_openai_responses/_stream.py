@@ -80,21 +80,25 @@ class ResponseBody(msgspec.Struct, frozen=True):
 
 class _Created(msgspec.Struct, frozen=True, tag="response.created"):
     response: ResponseBody
+    sequence_number: Any = -1  # its place in the stream (`resume_point`)
 
 
 class _ItemAdded(msgspec.Struct, frozen=True, tag="response.output_item.added"):
     output_index: int
     item: msgspec.Raw
+    sequence_number: Any = -1  # its place in the stream (`resume_point`)
 
 
 class _ItemDone(msgspec.Struct, frozen=True, tag="response.output_item.done"):
     output_index: int
     item: msgspec.Raw
+    sequence_number: Any = -1  # its place in the stream (`resume_point`)
 
 
 class _TextDelta(msgspec.Struct, frozen=True, gc=False, tag="response.output_text.delta"):
     output_index: int
     delta: str
+    sequence_number: Any = -1  # its place in the stream (`resume_point`)
 
 
 class _TextDone(msgspec.Struct, frozen=True, gc=False, tag="response.output_text.done"):
@@ -104,6 +108,7 @@ class _TextDone(msgspec.Struct, frozen=True, gc=False, tag="response.output_text
     output_index: Any = None
     content_index: Any = None
     text: Any = None
+    sequence_number: Any = -1  # its place in the stream (`resume_point`)
 
 
 class _SummaryDelta(
@@ -111,11 +116,13 @@ class _SummaryDelta(
 ):
     output_index: int
     delta: str
+    sequence_number: Any = -1  # its place in the stream (`resume_point`)
 
 
 class _ReasoningDelta(msgspec.Struct, frozen=True, gc=False, tag="response.reasoning_text.delta"):
     output_index: int
     delta: str
+    sequence_number: Any = -1  # its place in the stream (`resume_point`)
 
 
 class _RefusalDelta(msgspec.Struct, frozen=True, gc=False, tag="response.refusal.delta"):
@@ -123,6 +130,7 @@ class _RefusalDelta(msgspec.Struct, frozen=True, gc=False, tag="response.refusal
 
     output_index: int
     delta: str
+    sequence_number: Any = -1  # its place in the stream (`resume_point`)
 
 
 class _ArgumentsDelta(
@@ -130,24 +138,29 @@ class _ArgumentsDelta(
 ):
     output_index: int
     delta: str
+    sequence_number: Any = -1  # its place in the stream (`resume_point`)
 
 
 class _Completed(msgspec.Struct, frozen=True, tag="response.completed"):
     response: ResponseBody
+    sequence_number: Any = -1  # its place in the stream (`resume_point`)
 
 
 class _Incomplete(msgspec.Struct, frozen=True, tag="response.incomplete"):
     response: ResponseBody
+    sequence_number: Any = -1  # its place in the stream (`resume_point`)
 
 
 class _Failed(msgspec.Struct, frozen=True, tag="response.failed"):
     response: ResponseBody
+    sequence_number: Any = -1  # its place in the stream (`resume_point`)
 
 
 class _Error(msgspec.Struct, frozen=True, tag="error"):
     code: Any = None
     message: str | None = None
     error: Any = None
+    sequence_number: Any = -1  # its place in the stream (`resume_point`)
 
 
 _HANDLED: tuple[type[msgspec.Struct], ...] = (
@@ -240,6 +253,8 @@ class ResponsesStreamDecoder:
         "_streamed",
         "_tool_seen",
         "failed_at",
+        "response_id",
+        "sequence",
     )
 
     def __init__(self) -> None:
@@ -255,6 +270,15 @@ class ResponsesStreamDecoder:
         self._items_seen = False  # an item or a delta came: the output was streamed
         self._done = False  # a terminal event came: nothing after it is read
         self.failed_at = 0  # the frame `feed_frames` failed on
+        self.response_id = ""  # the response's id, once `response.created` said it
+        self.sequence = -1  # the last event read's `sequence_number` (`resume_point`)
+
+    def resume_point(self) -> tuple[str, int] | None:
+        """Where a broken stream of this response resumes: its id and the number of the last
+        event read (every event after it is still to come), once both are known."""
+        if not self.response_id or self.sequence < 0:
+            return None
+        return self.response_id, self.sequence
 
     sse_bytes = True  # an event may come as its data's bytes (`FramesDecoder`)
 
@@ -275,6 +299,9 @@ class ResponsesStreamDecoder:
                 return []  # an unnamed frame of a type we do not read
             event = strict_decode(_decode_event, data, NAME)  # types the error
         kind = type(event)
+        seq = event.sequence_number
+        if type(seq) is int and seq > self.sequence:
+            self.sequence = seq
         if kind is _TextDelta:
             self._streamed.add(event.output_index)
             return [
@@ -331,6 +358,7 @@ class ResponsesStreamDecoder:
             self._lone[index] = {event.content_index}
             return [*self._unopened(index, "text"), PartDelta(index, "text", text)]
         if kind is _Created:
+            self.response_id = event.response.id
             return [MessageStart(event.response.id, event.response.model)]
         self._done = kind in _TERMINAL
         if kind is _Completed or kind is _Incomplete:
@@ -385,6 +413,9 @@ class ResponsesStreamDecoder:
                     kind = type(event)
                     lane = "text" if kind is _TextDelta else kinds.get(kind)
                     if lane is not None:
+                        seq = event.sequence_number
+                        if type(seq) is int and seq > self.sequence:
+                            self.sequence = seq
                         index = event.output_index
                         if index != last:
                             if lane == "tool_call" and index not in self._kinds:
