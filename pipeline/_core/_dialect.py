@@ -37,6 +37,7 @@ __all__ = [
     "sse_event",
     "sse_text",
     "strict_decode",
+    "uncached_tokens",
 ]
 
 Framing = Literal["sse", "ndjson", "json", "message"]
@@ -261,6 +262,24 @@ def answer_tokens(
     if total is not None and prompt is not None and total == prompt + output + reasoning:
         return output
     return max(output - reasoning, 0)
+
+
+def uncached_tokens(
+    prompt: int | None, cached: int | None, output: int | None, total: int | None
+) -> int | None:
+    """The prompt's tokens not read from the cache, from usage whose `prompt` counts the cached
+    ones too (OpenAI's, Gemini's). Never negative: a server that counts the cached tokens
+    beside the prompt instead (its total is prompt + cached + output; an Azure AI Foundry
+    stream reports 7 prompt tokens and 161 cached) has its prompt taken as the uncached part,
+    and so does one whose cached tokens exceed its prompt with no total to say which: the
+    provider's numbers are kept as given rather than made to go below zero."""
+    if prompt is None or not cached:
+        return prompt
+    if cached > prompt:
+        return prompt
+    if total is not None and output is not None and total == prompt + cached + output:
+        return prompt
+    return prompt - cached
 
 
 def dumps_arguments(arguments: Any) -> str:

@@ -27,6 +27,7 @@ from ..._core._dialect import (
     sse_event,
     sse_text,
     strict_decode,
+    uncached_tokens,
 )
 from .._error_body import error_from_body
 from ._partial_args import PartialArg, StreamedCall
@@ -180,9 +181,7 @@ def _later(old: int | None, new: int | None) -> int | None:
 
 def _usage(u: _Usage) -> RawUsage:
     cached = u.cached_content_token_count
-    prompt = u.prompt_token_count
-    if prompt is not None and cached is not None:
-        prompt -= cached
+    prompt = uncached_tokens(u.prompt_token_count, cached, None, None)
     return RawUsage(
         cached_tokens=cached,
         prompt_tokens=prompt,

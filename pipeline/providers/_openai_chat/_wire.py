@@ -14,7 +14,7 @@ from rillet._core._lanes import (
     RawUsage,
 )
 
-from ..._core._dialect import answer_tokens, sse_text
+from ..._core._dialect import answer_tokens, sse_text, uncached_tokens
 from .._error_body import base_resp_error, body_text, error_from_body
 
 __all__ = ["NAME", "STREAM_AUDIO_MIME", "sniff_audio"]
@@ -321,7 +321,7 @@ def raw_usage(u: ChunkUsage) -> RawUsage:
     reasoning = None
     if u.completion_tokens_details is not None:
         reasoning = u.completion_tokens_details.reasoning_tokens
-    prompt = None if u.prompt_tokens is None else u.prompt_tokens - (cached or 0)
+    prompt = uncached_tokens(u.prompt_tokens, cached, u.completion_tokens, u.total_tokens)
     response = answer_tokens(u.completion_tokens, reasoning, u.total_tokens, u.prompt_tokens)
     return RawUsage(
         cached_tokens=cached,

@@ -27,6 +27,7 @@ from ..._core._dialect import (
     sse_event,
     sse_text,
     strict_decode,
+    uncached_tokens,
 )
 from .._error_body import error_from_body
 from ._items import (
@@ -205,7 +206,7 @@ def _usage(u: _Usage) -> RawUsage:
     reasoning = None
     if u.output_tokens_details is not None:
         reasoning = u.output_tokens_details.reasoning_tokens
-    prompt = None if u.input_tokens is None else u.input_tokens - (cached or 0)
+    prompt = uncached_tokens(u.input_tokens, cached, u.output_tokens, u.total_tokens)
     response = answer_tokens(u.output_tokens, reasoning, u.total_tokens, u.input_tokens)
     return RawUsage(
         cached_tokens=cached,
