@@ -313,6 +313,17 @@ def _provider_error(
             return f"not found{status}{said} — check the model, and the base URL"
         if error.status != 404:  # said in the body of another status: the path was right
             return f"not found{status}{said} — check --model"
+        cloud = provider.dialect.name.split("-", 1)[0]
+        if cloud == "azure":  # the model is a deployment of the resource
+            return (
+                f"not found{status}{said} — check that the deployment {provider.model!r}"
+                " exists on the resource AZURE_OPENAI_ENDPOINT names (--model, --base-url)"
+            )
+        if cloud == "vertex":  # the model is a publisher's, in the project's location
+            return (
+                f"not found{status}{said} — check --model, and that the model is offered in"
+                " the project's location (GOOGLE_CLOUD_PROJECT, GOOGLE_CLOUD_LOCATION)"
+            )
         openai_like = provider.dialect.name.startswith("openai")
         root = openai_like and urlsplit(provider.base_url).path in ("", "/")
         path = "; it often ends in /v1" if root else ""

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import trio
 from rillet._core._errors import ConfigurationError
+from rillet._core._explain import explain
 from rillet._turn._api import run_turn
 from rillet.providers import (
     AzureOpenAIDialect,
@@ -22,6 +23,7 @@ from rillet.providers import (
     describe_providers,
     provider_from_env,
 )
+from rillet.providers._error_body import error_from_body
 from rillet.transports.testing import Reply, open_loopback_provider, split
 
 from ..handler_support import REQUEST
@@ -250,3 +252,18 @@ async def test_a_turn_against_bedrock_reads_its_recorded_responses_stream() -> N
     (sent,) = server.requests
     assert sent.path == "/openai/v1/responses"
     assert sent.headers["authorization"] == f"Bearer {BEDROCK_KEY}"
+
+
+def test_a_clouds_404_says_what_to_check_there() -> None:
+    azure_env = {"AZURE_OPENAI_ENDPOINT": ENDPOINT, "AZURE_OPENAI_API_KEY": KEY}
+    azure = provider_from_env("azure", model="gpt-4o-prod", env=azure_env)
+    recorded = (REAL / "azure-404-deployment-not-found.json").read_bytes()
+    error = error_from_body("openai-chat", 404, recorded)
+    said = explain(error, azure)
+    assert "check that the deployment 'gpt-4o-prod' exists" in said
+    assert "AZURE_OPENAI_ENDPOINT" in said
+    vertex_env = {"GOOGLE_CLOUD_PROJECT": "acme", "GOOGLE_OAUTH_ACCESS_TOKEN": GOOGLE_TOKEN}
+    vertex = provider_from_env("vertex", env=vertex_env)
+    recorded = (FIXTURES / "gemini" / "404-model-not-found.json").read_bytes()
+    said = explain(error_from_body("gemini", 404, recorded), vertex)
+    assert "GOOGLE_CLOUD_LOCATION" in said
