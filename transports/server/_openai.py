@@ -335,11 +335,12 @@ async def admit(
     http: HttpConnection,
     request: Request,
     decode: Callable[[bytes], B],
-    build: Callable[[B], TurnRequest],
+    build: Callable[[B, str], TurnRequest],
 ) -> tuple[B, TurnRequest, Provider, Ticket]:
     """What both of OpenAI's wires do before a turn, each refusal in OpenAI's error shape: the
-    server key, the body (`decode`), the turn request (`build`, raising `BadRequest` with the
-    parameter at fault), the model's provider, and a place in the admission."""
+    server key, the body (`decode`), the model's provider, the turn request for its wire
+    (`build`, given the dialect's name, raising `BadRequest` with the parameter at fault), and
+    a place in the admission."""
     try:
         shared.require_key(request)
     except ErrorReply as reply:
@@ -348,12 +349,6 @@ async def admit(
         body: B = await shared.read_json(http, request, decode, "invalid_request_error")
     except ErrorReply as reply:
         raise reply_error(reply, "invalid_request_error", None) from None
-    try:
-        turn_request = build(body)
-    except BadRequest as exc:
-        raise ErrorReply(
-            400, "invalid_request_error", str(exc), param=exc.param, code=exc.code
-        ) from None
     try:
         provider = route_model(shared, body.model)
     except ErrorReply as reply:  # a model that cannot be served as configured
@@ -367,13 +362,19 @@ async def admit(
             code="model_not_found",
         ) from None
     try:
+        turn_request = build(body, provider.dialect.name)
+    except BadRequest as exc:
+        raise ErrorReply(
+            400, "invalid_request_error", str(exc), param=exc.param, code=exc.code
+        ) from None
+    try:
         ticket = shared.reserve(request, mmsp=False)
     except ErrorReply as reply:
         raise reply_error(reply, "rate_limit_error", "rate_limit_exceeded") from None
     return body, turn_request, provider, ticket
 
 
-def _chat_request(body: ChatBody) -> TurnRequest:
+def _chat_request(body: ChatBody, _dialect: str) -> TurnRequest:
     if len(body.messages) > _MAX_MESSAGES:  # refused before they are read: see there
         raise BadRequest(f"`messages` holds more than {_MAX_MESSAGES} messages", "messages")
     return chat_request(body)

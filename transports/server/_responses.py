@@ -669,10 +669,10 @@ class OpenAIResponses:
         await http.send_data(events.failed(error))
 
 
-def _responses_request(body: ResponsesBody) -> TurnRequest:
+def _responses_request(body: ResponsesBody, dialect: str) -> TurnRequest:
     if isinstance(body.input, list) and len(body.input) > _MAX_ITEMS:
         raise BadRequest(f"`input` holds more than {_MAX_ITEMS} items", "input")
-    return responses_request(body)
+    return responses_request(body, dialect)
 
 
 def _reason(result: TurnResult) -> str | None:

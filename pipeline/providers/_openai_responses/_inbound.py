@@ -6,10 +6,14 @@ generation settings.
 
 Every field rillet does not act on goes, unchanged, to a provider speaking OpenAI's Responses
 wire (`extra_body`); those Chat Completions has under the same meaning go to a provider of that
-wire (`text.format` as its `response_format`, `reasoning.effort` as `reasoning_effort`); other
-dialects do without them, as the Chat Completions endpoint's do. What no provider behind the
-endpoint can honour (a conversation kept by the server, `previous_response_id`, built-in
-tools) is refused with OpenAI's `unsupported_parameter`, never dropped."""
+wire (`text.format` as its `response_format`, `reasoning.effort` as `reasoning_effort`,
+`text.verbosity` as `verbosity`), and Anthropic's wire takes `top_p` and the end user's id. A
+field that would shape the answer and that the routed provider's wire has no place for is
+refused with OpenAI's `unsupported_parameter` naming it, never dropped; only hints that leave
+the answer as it is (a prompt cache key, the end user's id, `metadata`, which the response
+echoes) and settings at their default go without a place. What no provider behind the endpoint
+can honour (a conversation kept by the server, `previous_response_id`, built-in tools) is
+refused whatever the provider."""
 
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from ..._core._events import (
     UniMessage,
 )
 from ..._core._request import ToolChoice, ToolSpec, TurnRequest
+from .._anthropic._stream import NAME as ANTHROPIC
 from .._openai_chat._inbound import EFFORTS, SHARED_FIELDS, BadRequest, other_fields, shown
 from .._openai_chat._stream import REFUSAL_FIDELITY
 from .._openai_chat._wire import NAME as OPENAI_CHAT
@@ -231,11 +236,64 @@ def _tool_choice(value: str | dict[str, Any] | None) -> ToolChoice | None:
     raise BadRequest("tool_choice must be auto, none, required or a function", "tool_choice")
 
 
-def responses_request(body: ResponsesBody) -> TurnRequest:
-    """A Responses request as rillet's turn request. Raises `BadRequest`."""
+_HINTS = frozenset(
+    {
+        "metadata",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "safety_identifier",
+        "user",
+        "stream_options",
+    }
+)
+"""Fields any provider may go without: they leave the answer as it is (`metadata` is the
+response's own, echoed; the others are cache and abuse-tracking hints)."""
+_DEFAULTS: dict[str, tuple[Any, ...]] = {
+    "truncation": ("disabled",),
+    "service_tier": ("auto", "default"),
+    "parallel_tool_calls": (True,),
+    "include": ([], ["reasoning.encrypted_content"]),  # carried when the provider gives it
+}
+"""Settings at the value that asks a provider for nothing more than it does without them."""
+
+
+def _unsent(param: str, dialect: str) -> BadRequest:
+    message = (
+        f"Unsupported parameter: '{param}' cannot be sent to this model's provider ({dialect});"
+        " leave it out, or ask for a model served over OpenAI's Responses API."
+    )
+    return BadRequest(message, param, "unsupported_parameter")
+
+
+def _refuse_unsent(body: ResponsesBody, dialect: str) -> None:
+    """Refuse the first field that would shape the answer and that the `dialect`'s wire has
+    no place for (see the module's docstring)."""
+    if dialect == OPENAI_RESPONSES:
+        return
+    for name, value in body.extra.items():
+        carried = (dialect == OPENAI_CHAT and name in SHARED_FIELDS) or (
+            dialect == ANTHROPIC and name == "top_p"
+        )
+        if not carried and name not in _HINTS and value not in _DEFAULTS.get(name, ()):
+            raise _unsent(name, dialect)
+    for key, value in (body.text or {}).items():
+        kind = value.get("type") if isinstance(value, dict) else None
+        plain = key == "format" and kind in (None, "text")
+        chat = dialect == OPENAI_CHAT and (
+            (key == "format" and kind in ("json_schema", "json_object")) or key == "verbosity"
+        )
+        if not (plain or chat):
+            raise _unsent(f"text.{key}", dialect)
+
+
+def responses_request(body: ResponsesBody, dialect: str) -> TurnRequest:
+    """A Responses request as rillet's turn request for a provider of the `dialect` wire (its
+    name: `openai-responses`, `openai-chat`, `anthropic`...). Raises `BadRequest` for what
+    the server cannot honour, and for what that wire cannot take."""
     for name in _REFUSED:
         if name in body.extra and body.extra[name] not in (False, None):
             raise _unsupported(name)
+    _refuse_unsent(body, dialect)
     conversation = _Conversation()
     if isinstance(body.input, str):
         conversation.add("user", [TextDone(text=body.input)], join=False)
@@ -268,8 +326,9 @@ def responses_request(body: ResponsesBody) -> TurnRequest:
 def _passed_on(body: ResponsesBody) -> dict[str, dict[str, Any]]:
     """What goes, as the client gave it, to a provider of OpenAI's own wires: every field
     rillet does not act on (and `reasoning`, `text`, `store` as given) to Responses; to Chat
-    Completions those of the same meaning, `text.format` as its `response_format` and
-    `reasoning.effort` as `reasoning_effort`."""
+    Completions those of the same meaning, `text.format` as its `response_format`,
+    `text.verbosity` as `verbosity` and `reasoning.effort` as `reasoning_effort`; to
+    Anthropic's wire `top_p`, and the end user's id as its `metadata.user_id`."""
     responses = dict(body.extra)
     for name in ("reasoning", "text", "store"):
         if (value := getattr(body, name)) is not None:
@@ -283,5 +342,13 @@ def _passed_on(body: ResponsesBody) -> dict[str, dict[str, Any]]:
         chat["response_format"] = {"type": "json_schema", "json_schema": schema}
     elif isinstance(form, dict) and form.get("type") == "json_object":
         chat["response_format"] = {"type": "json_object"}
-    passed = {OPENAI_CHAT: chat, OPENAI_RESPONSES: responses}
+    if (body.text or {}).get("verbosity") is not None:
+        chat["verbosity"] = (body.text or {})["verbosity"]
+    anthropic: dict[str, Any] = {}
+    if "top_p" in body.extra:
+        anthropic["top_p"] = body.extra["top_p"]
+    end_user = body.extra.get("safety_identifier") or body.extra.get("user")
+    if isinstance(end_user, str):
+        anthropic["metadata"] = {"user_id": end_user}
+    passed = {OPENAI_CHAT: chat, OPENAI_RESPONSES: responses, ANTHROPIC: anthropic}
     return {name: fields for name, fields in passed.items() if fields}
