@@ -1,7 +1,7 @@
 """OpenAI's Responses wire piece by piece: the request's refusals for each upstream wire
 (sans-I/O), and the real server over loopback with Anthropic's Messages wire behind it (real
-recorded streams): thinking as a reasoning summary, an answer cut at the token limit, and a
-field Anthropic's wire has no place for."""
+recorded streams): thinking as a reasoning summary, an answer cut at the token limit, a failure
+mid-stream, and a field Anthropic's wire has no place for."""
 
 from __future__ import annotations
 
@@ -165,6 +165,19 @@ async def test_an_answer_cut_at_the_token_limit_is_incomplete(stream: bool) -> N
     assert response["status"] == "incomplete"
     assert response["incomplete_details"] == {"reason": "max_output_tokens"}
     assert response["output"][0]["content"][0]["text"].endswith("reshaped")
+
+
+async def test_an_upstream_failure_mid_stream_is_a_failed_response_saying_what_happened() -> None:
+    answer, _ = await _post(_recorded("error_overloaded"), {**ASK, "stream": True})
+    events = _events(answer.text)
+    deltas = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert deltas == "Sure, here is the"
+    last = events[-1]
+    assert last["type"] == "response.failed"
+    assert last["response"]["status"] == "failed"
+    error = last["response"]["error"]
+    assert error["code"]
+    assert "overloaded" in error["message"]  # a sentence saying what happened and what to do
 
 
 async def test_a_field_anthropics_wire_cannot_take_is_refused_and_nothing_goes_upstream() -> None:

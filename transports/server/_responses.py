@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, cast
 import attrs
 import msgspec
 import trio
+from rillet._core._codes import RUN_CODES
 from rillet._core._encode import sse_json
 from rillet._core._errors import EmptyResponseError
 from rillet._core._events import (
@@ -321,8 +322,13 @@ class ResponseEvents:
         return out + self.event("response.incomplete", response=whole)
 
     def failed(self, error: dict[str, Any]) -> bytes:
-        """`response.failed` with the run's code and its sentence."""
-        fault = {"code": error.get("code") or "server_error", "message": error["message"]}
+        """`response.failed` with the run's code and its sentence: the error object's message,
+        then what the code means and what to do (a reader shows the message alone)."""
+        code = error.get("code") or "server_error"
+        message = error["message"]
+        if (info := RUN_CODES.get(code)) is not None:
+            message = f"{message}: {info.sentence}"
+        fault = {"code": code, "message": message}
         return self.start() + self.event(
             "response.failed", response=self.response("failed", error=fault)
         )
