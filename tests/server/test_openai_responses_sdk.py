@@ -25,6 +25,7 @@ from rillet.transports.testing import (
     LoopbackProvider,
     RecordedRequest,
     Reply,
+    Script,
     open_loopback_provider,
     openai_text_stream,
     split,
@@ -110,14 +111,10 @@ def _upstream(request: RecordedRequest, _: int) -> Reply:
     return Reply(chunks=split(openai_text_stream(["Hello", ", ", "world", "!"]), 21))
 
 
-CLIENT = r"""
+CLIENT_HEAD = r"""
 import json, sys
 import openai
 from openai import OpenAI
-from pydantic import BaseModel
-
-class Weather(BaseModel):
-    city: str
 
 spec = json.load(sys.stdin)
 client = OpenAI(base_url=spec["base_url"], api_key=spec["key"], max_retries=0, timeout=30)
@@ -127,6 +124,15 @@ out = {}
 def error_of(exc):
     return {"class": type(exc).__name__, "status": getattr(exc, "status_code", None),
             "body": getattr(exc, "body", None)}
+"""
+"""The start of a client script: the SDK's client for the server in `spec`, `out` for what it
+prints, and `error_of` for what it raised."""
+
+CLIENT = r"""
+from pydantic import BaseModel
+
+class Weather(BaseModel):
+    city: str
 
 whole = client.responses.create(model=model, input="Say hello")
 out["whole"] = {"text": whole.output_text, "status": whole.status, "id": whole.id,
@@ -172,11 +178,15 @@ out["reasoning"] = {"summary": summaries, "text": thought.output_text,
 parsed = client.responses.parse(model=model, input="JSON for Paris", text_format=Weather)
 out["parsed"] = parsed.output_parsed.model_dump() if parsed.output_parsed else None
 
-for name, fields in (
+refused = (
     ("upstream_400", {"input": "TEMPERATURE", "temperature": 0.2}),
     ("refused_field", {"input": "hi", "previous_response_id": "resp_1"}),
     ("built_in_tool", {"input": "hi", "tools": [{"type": "web_search"}]}),
-):
+)
+"""
+
+REFUSED_THEN_LEFT = r"""
+for name, fields in refused:
     try:
         client.responses.create(model=model, **fields)
         out[name] = None
@@ -189,28 +199,40 @@ with client.responses.create(model=model, input="SLOW story", stream=True) as st
             break  # the reader leaves mid-stream
 json.dump(out, sys.stdout, ensure_ascii=False)
 """
+"""The end of a client script: each of its `refused` requests' error (`error_of`), then a
+stream it leaves after the first text (the upstream's `SLOW story` answer)."""
 
 
-async def run_sdk(python: Path, script: str) -> tuple[dict[str, Any], LoopbackProvider]:
-    """Run the SDK's `script` against a server with the scripted upstream behind it; what the
-    script printed (JSON), and the upstream. It waits, at most 3 s, for the server's runs to
-    end: a reader that left stopped its run long before the slow answer (10 s) would end."""
+async def run_sdk(
+    python: Path,
+    script: str,
+    *,
+    upstream: Script = _upstream,
+    model: str = MODEL,
+    **config: Any,
+) -> tuple[dict[str, Any], LoopbackProvider]:
+    """Run the SDK's `script` against a server with the scripted `upstream` behind it (its
+    OpenAI Chat provider at `/v1`, and what `config` adds to the server's configuration, a
+    function of the loopback's URL each); what the script printed (JSON), and the upstream.
+    It waits, at most 10 s, for the server's runs to end, and gives how long that took as
+    `_runs_ended_after`: a reader that left stopped its run long before the slow answer ends."""
     with trio.fail_after(150):
-        async with open_loopback_provider(_upstream) as loopback, trio.open_nursery() as nursery:
+        async with open_loopback_provider(upstream) as loopback, trio.open_nursery() as nursery:
             provider = Provider(
                 dialect_from_name("openai"),
                 f"{loopback.url}/v1",
                 MODEL,
                 api_key=Secret("sk-upstream-0123456789abcdef"),
             )
-            config = ServerConfig(
-                provider=provider, port=0, api_key=Secret(SERVER_KEY), policy=POLICY
-            )
-            url = await nursery.start(functools.partial(serve, config))
-            spec = {"base_url": f"{url}/v1", "key": SERVER_KEY, "model": MODEL}
+            settings: dict[str, Any] = {"port": 0, "api_key": Secret(SERVER_KEY), "policy": POLICY}
+            settings |= {name: value(loopback.url) for name, value in config.items()}
+            server = ServerConfig(provider=provider, **settings)
+            url = await nursery.start(functools.partial(serve, server))
+            spec = {"base_url": f"{url}/v1", "key": SERVER_KEY, "model": model}
             done = await run_client(python, script, spec)
             assert done.returncode == 0, done.stderr.decode(errors="replace")[-4000:]
-            with trio.fail_after(3):
+            left = trio.current_time()
+            with trio.move_on_after(10):
                 key = {"authorization": f"Bearer {SERVER_KEY}"}
                 async with httpx.AsyncClient() as http:
                     while True:
@@ -218,13 +240,15 @@ async def run_sdk(python: Path, script: str) -> tuple[dict[str, Any], LoopbackPr
                         if not metrics.json()["runs_active"]:
                             break
                         await trio.sleep(0.05)
+            ended = trio.current_time() - left
             nursery.cancel_scope.cancel()
     out: dict[str, Any] = json.loads(done.stdout)
+    out["_runs_ended_after"] = ended
     return out, loopback
 
 
 async def _collect(python: Path) -> dict[str, Any]:
-    out, loopback = await run_sdk(python, CLIENT)
+    out, loopback = await run_sdk(python, CLIENT_HEAD + CLIENT + REFUSED_THEN_LEFT)
     out["_sent"] = [msgspec.json.decode(r.body) for r in loopback.requests]
     return out
 
@@ -327,3 +351,7 @@ def test_what_the_server_cannot_honour_is_refused_by_name(sdk: dict[str, Any]) -
     assert tool["body"]["code"] == "unsupported_value"
     assert tool["body"]["param"] == "tools[0].type"
     assert not [b for b in sdk["_sent"] if _said(b) == "hi"]  # neither reached the provider
+
+
+def test_a_reader_that_leaves_cancels_the_providers_request(sdk: dict[str, Any]) -> None:
+    assert sdk["_runs_ended_after"] < 3.0  # the slow answer alone takes 10 s
