@@ -32,6 +32,8 @@ from ._core._codes import RUN_CODES as RUN_CODES
 from ._core._codes import CodeInfo as CodeInfo
 from ._core._conversation import Conversation as Conversation
 from ._core._conversation import PendingApproval as PendingApproval
+from ._core._cost import Price as Price
+from ._core._cost import usage_cost as usage_cost
 from ._core._errors import AppendConflict as AppendConflict
 from ._core._errors import AuthenticationError as AuthenticationError
 from ._core._errors import ConfigurationError as ConfigurationError
@@ -231,6 +233,7 @@ __all__ = [
     "OverloadedError",
     "PendingApproval",
     "Policy",
+    "Price",
     "ProviderError",
     "RateLimitError",
     "RateLimiter",
@@ -303,6 +306,7 @@ __all__ = [
     "shared_admission",
     "shared_breakers",
     "tool",
+    "usage_cost",
     "user",
 ]
 
