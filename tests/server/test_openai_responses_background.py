@@ -6,6 +6,7 @@ provider request; an id the server does not keep is the SDK's `NotFoundError`.""
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -76,7 +77,9 @@ json.dump(out, sys.stdout)
 
 async def _collect(python: Path) -> dict[str, Any]:
     out, loopback = await run_sdk(python, CLIENT)
-    out["_requests"] = len(loopback.requests)
+    # the cancelled one may be stopped before its request went out: the others are counted
+    said = [json.loads(r.body)["messages"][-1]["content"] for r in loopback.requests]
+    out["_requests"] = len([s for s in said if "SLOW" not in s])
     return out
 
 
@@ -105,4 +108,4 @@ def test_a_whole_background_response_is_queued_then_retrieved(sdk: dict[str, Any
 def test_cancel_and_an_unknown_id(sdk: dict[str, Any]) -> None:
     assert sdk["cancelled"] == "cancelled"
     assert sdk["unknown"] == {"class": "NotFoundError", "status": 404}
-    assert sdk["_requests"] == 3  # one provider request per response, resumed or not
+    assert sdk["_requests"] == 2  # one provider request per response, resumed or not
