@@ -140,6 +140,7 @@ from ._turn._breakers import CircuitBreakers as CircuitBreakers
 from ._turn._breakers import shared_breakers as shared_breakers
 from ._turn._options import RunOptions as RunOptions
 from ._turn._ratelimit import RateLimiter as RateLimiter
+from ._turn._telemetry import Telemetry as Telemetry
 from ._turn._turn import CallbackSink as CallbackSink
 from ._turn._turn import Sink as Sink
 from ._turn._turn import SinkBatch as SinkBatch
@@ -260,6 +261,7 @@ __all__ = [
     "StreamProtocolError",
     "SubscriberDropped",
     "Subscription",
+    "Telemetry",
     "TextDelta",
     "TextDone",
     "ThinkingDelta",

@@ -22,7 +22,7 @@ import re
 import secrets
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 import attrs
@@ -52,6 +52,7 @@ from .._turn._handle import open_run
 from .._turn._history import PlainLog
 from .._turn._options import RunOptions
 from .._turn._runstream import RunStream
+from .._turn._telemetry import Telemetry, observe
 from .._turn._turn import TurnResult
 from ._handle import Agent, AgentResult, AgentStatus
 from ._tools import Tool, ToolOutput, run_tool, tool
@@ -407,6 +408,7 @@ class AgentOptions(StepOptions, total=False):
     tool_results: bool
     breakers: CircuitBreakers | None
     chain_on_permanent: bool
+    telemetry: Telemetry | None
     fallback_on_permanent: bool | None  # chain_on_permanent's old name, for one release
     thread_limiter: trio.CapacityLimiter | None
     reset_tool_choice: bool
@@ -444,6 +446,7 @@ async def run_agent(
     tool_results: bool = False,
     breakers: CircuitBreakers | None = None,
     chain_on_permanent: bool = False,
+    telemetry: Telemetry | None = None,
     fallback_on_permanent: bool | None = None,
     thread_limiter: trio.CapacityLimiter | None = None,
     reset_tool_choice: bool = True,
@@ -480,10 +483,10 @@ async def run_agent(
     tool; later steps send `auto`, so a model that obeys it can still answer
     (`reset_tool_choice=False` keeps it on every step). `options` (a `RunOptions`) or the
     keywords that are its fields (`client`, `reasoning`, `tool_arguments`, `breakers`,
-    `chain_on_permanent`, `policy`, `upstream`, `limiter`, `admission`, `stream`; one or the
-    other) go to every step, as `run_turn` takes them; the agent keeps its own history, so
-    `history` does not apply. `on_text`, `on_thinking` and `on_reset` are called as
-    `run_turn` calls them, for every step's text the public stream shows.
+    `chain_on_permanent`, `policy`, `upstream`, `limiter`, `admission`, `stream`,
+    `telemetry`; one or the other) go to every step, as `run_turn` takes them; the agent keeps
+    its own history, so `history` does not apply. `on_text`, `on_thinking` and `on_reset` are
+    called as `run_turn` calls them, for every step's text the public stream shows.
     """
     if fallback_on_permanent is not None:
         renamed("run_agent(fallback_on_permanent=...)", "run_agent(chain_on_permanent=...)")
@@ -496,6 +499,7 @@ async def run_agent(
             "tool_arguments": tool_arguments,
             "breakers": breakers,
             "chain_on_permanent": chain_on_permanent,
+            "telemetry": telemetry,
             "policy": policy,
             "upstream": upstream,
             "limiter": limiter,
@@ -543,6 +547,10 @@ async def run_agent(
     )
     if on_text is not None or on_thinking is not None or on_reset is not None:
         sinks = [*sinks, FragmentSink(on_text, on_thinking, on_reset)]
+    # an `invoke_agent` span holding its steps' turns and a span per tool run
+    observer = observe(opts.telemetry, providers[0], "invoke_agent", turn=False)
+    if observer is not None:
+        sinks = [*sinks, observer]
     run_stream = RunStream(builder, sinks, run_log, uni_log)
     own: httpx.AsyncClient | None = None  # one client for every step
     if opts.client is None and opts.upstream is None:
@@ -573,7 +581,8 @@ async def run_agent(
             await run_stream.emit([builder.started(providers[0].label, providers[0].model)])
             task_status.started(agent)
             try:
-                await loop.run()
+                with observer.current() if observer is not None else nullcontext():
+                    await loop.run()
             except Exception as exc:  # a sink's or a tool runner's own failure: not a cancel
                 loop.end("error", "internal_error", exc)
                 raise

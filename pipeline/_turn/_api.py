@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from ._breakers import CircuitBreakers
     from ._graph import Sink
     from ._ratelimit import RateLimiter
+    from ._telemetry import Telemetry
 
 __all__ = ["TurnOptions", "open_turn", "run_turn"]
 
@@ -58,6 +59,7 @@ async def run_turn(
     history: bool = True,
     breakers: CircuitBreakers | None = None,
     chain_on_permanent: bool = False,
+    telemetry: Telemetry | None = None,
     fallback_on_permanent: bool | None = None,
     task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
 ) -> TurnResult:
@@ -88,8 +90,8 @@ async def run_turn(
         on_thinking: called with each fragment of the reasoning.
         on_reset: called with the attempt number when a retry voids what came before.
         policy: see `RunOptions`; as are `client`, `upstream`, `limiter`, `admission`,
-            `stream`, `reasoning`, `tool_arguments`, `history`, `breakers` and
-            `chain_on_permanent`.
+            `stream`, `reasoning`, `tool_arguments`, `history`, `breakers`,
+            `chain_on_permanent` and `telemetry`.
         fallback_on_permanent: `chain_on_permanent`'s old name, taken for one release; warns.
         task_status: for `nursery.start`: the `Turn` handle once its actors run.
     """
@@ -111,6 +113,7 @@ async def run_turn(
             "history": history,
             "breakers": breakers,
             "chain_on_permanent": chain_on_permanent,
+            "telemetry": telemetry,
         },
     )
     if on_text is not None or on_thinking is not None or on_reset is not None:
@@ -150,6 +153,7 @@ class TurnOptions(TypedDict, total=False):
     on_reset: Callable[[int], object] | None
     breakers: CircuitBreakers | None
     chain_on_permanent: bool
+    telemetry: Telemetry | None
     fallback_on_permanent: bool | None  # chain_on_permanent's old name, for one release
 
 

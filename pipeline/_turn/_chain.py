@@ -13,6 +13,7 @@ keeps failing.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ from ._breakers import shared_breakers
 from ._history import PlainLog
 from ._options import DEFAULT_OPTIONS, RunOptions
 from ._runstream import RunStream, StepSink
+from ._telemetry import observe
 from ._turn import Turn, TurnResult, run_one_turn
 
 if TYPE_CHECKING:
@@ -186,6 +188,10 @@ async def run_chain(
         reasoning=options.reasoning,
         tool_arguments=options.tool_arguments,
     )
+    # a span holding one per provider asked
+    observer = observe(options.telemetry, providers[0], turn=False)
+    if observer is not None:
+        sinks = [*sinks, observer]
     stream = RunStream(builder, sinks, run_log, uni_log, history=history)
     own: httpx.AsyncClient | None = None  # one client for every provider the chain asks
     if options.client is None and options.upstream is None:
@@ -200,13 +206,14 @@ async def run_chain(
             await stream.emit([builder.started(providers[0].label, providers[0].model)])
             task_status.started(turn)
             try:
-                step = await chain_turn(
-                    stream,
-                    request,
-                    providers,
-                    run_id=turn.run_id,
-                    options=options,
-                )
+                with observer.current() if observer is not None else contextlib.nullcontext():
+                    step = await chain_turn(
+                        stream,
+                        request,
+                        providers,
+                        run_id=turn.run_id,
+                        options=options,
+                    )
             except CircuitOpen as exc:
                 status, code = "error", "circuit_open"
                 error = exc

@@ -20,6 +20,7 @@ from .._core._upstream import Upstream
 from ._admission import Admission
 from ._breakers import CircuitBreakers
 from ._ratelimit import RateLimiter
+from ._telemetry import Telemetry
 
 __all__ = ["RunOptions"]
 
@@ -48,6 +49,8 @@ class RunOptions:
         breakers: a chain's circuit breakers; the process's shared ones when None.
         chain_on_permanent: hand a permanent request error (a 400, a bad key) to the chain's
             next provider too, instead of ending the chain with it.
+        telemetry: where OpenTelemetry spans and metrics go (`rillet[otel]`); the process's
+            global providers when None, and nothing at all when none is configured.
     """
 
     policy: Policy | None = None
@@ -61,6 +64,7 @@ class RunOptions:
     history: bool = True
     breakers: CircuitBreakers | None = None
     chain_on_permanent: bool = False
+    telemetry: Telemetry | None = None
 
     def replace(self, **changes: Any) -> RunOptions:
         """A copy with `changes` (field names as keywords)."""

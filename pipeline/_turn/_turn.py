@@ -60,6 +60,7 @@ from ._handler import Handler
 from ._history import PlainLog, RunHistory, UniHistory
 from ._options import DEFAULT_OPTIONS, RunOptions
 from ._ratelimit import shared_limiter
+from ._telemetry import observe
 
 __all__ = [
     "CallbackSink",
@@ -216,6 +217,9 @@ async def run_one_turn(
         client = options.client
         http = HttpUpstream() if client is None else HttpUpstream.wrapping(client)
         upstream = http
+    observer = observe(options.telemetry, provider)  # None unless a provider is configured
+    if observer is not None:
+        sinks = [*sinks, observer]
     accumulator = Accumulator()
     run_id = run_id or secrets.token_hex(8)
     # no one can read the history of a turn whose handle goes to no one (it is only handed

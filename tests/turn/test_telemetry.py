@@ -1,0 +1,205 @@
+"""OpenTelemetry GenAI spans and metrics of whole turns over real sockets: the loopback provider
+on 127.0.0.1 faulting then answering, a chain switching provider, a cancelled turn; read back
+with the SDK's in-memory span exporter and metric reader."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from rillet._core._dialect import Provider, Secret
+from rillet._turn._api import run_turn
+from rillet._turn._options import RunOptions
+from rillet._turn._ratelimit import RateLimiter
+from rillet._turn._telemetry import Telemetry, observe
+from rillet.providers._openai_chat._dialect import OpenAIChatDialect
+from rillet.transports.testing import (
+    LoopbackProvider,
+    Reply,
+    open_loopback_provider,
+    openai_text_stream,
+    refused_url,
+    status_reply,
+)
+
+from ..handler_support import KEY, REQUEST, policy
+
+if TYPE_CHECKING:
+    from rillet._turn._turn import Turn, TurnResult
+
+LIMIT = 3600.0
+ANSWER = Reply(chunks=(openai_text_stream(["Hel", "lo"]),))
+
+
+@pytest.fixture
+def loop_clock() -> trio.testing.MockClock:
+    return trio.testing.MockClock(autojump_threshold=0.02)
+
+
+class Otel:
+    """A tracer and a meter provider that keep everything in memory."""
+
+    def __init__(self, *, content: bool = False) -> None:
+        self.spans = InMemorySpanExporter()
+        self.tracers = TracerProvider()
+        self.tracers.add_span_processor(SimpleSpanProcessor(self.spans))
+        self.reader = InMemoryMetricReader()
+        self.meters = MeterProvider(metric_readers=[self.reader])
+        self.telemetry = Telemetry(
+            tracer_provider=self.tracers, meter_provider=self.meters, content=content
+        )
+
+    def finished(self) -> list[ReadableSpan]:
+        return list(self.spans.get_finished_spans())
+
+    def named(self, name: str) -> list[ReadableSpan]:
+        return [s for s in self.finished() if s.name == name]
+
+    def points(self, metric: str) -> list[Any]:
+        data = self.reader.get_metrics_data()
+        assert data is not None
+        return [
+            point
+            for resource in data.resource_metrics
+            for scope in resource.scope_metrics
+            for m in scope.metrics
+            if m.name == metric
+            for point in m.data.data_points
+        ]
+
+
+def at(url: str) -> Provider:
+    return Provider(
+        dialect=OpenAIChatDialect(), base_url=url, model="test-model", api_key=Secret(KEY)
+    )
+
+
+def served(server: LoopbackProvider) -> Provider:
+    return at(f"{server.url}/v1")
+
+
+async def turn_over(provider: Provider | list[Provider], otel: Otel) -> TurnResult:
+    with trio.fail_after(LIMIT):
+        async with httpx.AsyncClient() as client:
+            return await run_turn(
+                REQUEST,
+                provider,
+                options=RunOptions(
+                    client=client, policy=policy(), limiter=RateLimiter(), telemetry=otel.telemetry
+                ),
+            )
+
+
+def parent_of(span: ReadableSpan) -> int | None:
+    return span.parent.span_id if span.parent is not None else None
+
+
+async def test_a_retried_turn_has_a_span_per_attempt_with_its_cause() -> None:
+    otel = Otel()
+    async with open_loopback_provider([status_reply(503), ANSWER]) as server:
+        result = await turn_over(served(server), otel)
+    assert result.ok
+    assert result.attempts == 2
+    (turn,) = otel.named("chat test-model")
+    attrs = dict(turn.attributes or {})
+    assert attrs["gen_ai.operation.name"] == "chat"
+    assert attrs["gen_ai.provider.name"] == "openai"
+    assert attrs["gen_ai.request.model"] == "test-model"
+    assert attrs["gen_ai.usage.input_tokens"] == 12
+    assert attrs["gen_ai.usage.output_tokens"] == 2
+    assert attrs["gen_ai.response.finish_reasons"] == ("stop",)
+    assert "error.type" not in attrs
+    assert "gen_ai.output.messages" not in attrs  # content only when the host opts in
+    first, second = otel.named("attempt 1") + otel.named("attempt 2")
+    assert parent_of(first) == parent_of(second) == turn.context.span_id
+    assert first.context.trace_id == turn.context.trace_id
+    cause = dict(first.attributes or {})["error.type"]
+    assert cause == dict(second.attributes or {})["rillet.attempt.cause"]
+    assert cause != "first"
+    assert "error.type" not in dict(second.attributes or {})
+    (duration,) = otel.points("gen_ai.client.operation.duration")
+    assert duration.count == 1
+    assert duration.sum > 0  # the backoff counts: virtual seconds passed
+    tokens = {
+        p.attributes["gen_ai.token.type"]: p.sum for p in otel.points("gen_ai.client.token.usage")
+    }
+    assert tokens == {"input": 12, "output": 2}
+    (first_chunk,) = otel.points("gen_ai.client.operation.time_to_first_chunk")
+    assert first_chunk.count == 1
+    (per_chunk,) = otel.points("gen_ai.client.operation.time_per_output_chunk")
+    assert per_chunk.count == 1  # two fragments: one gap
+
+
+async def test_content_is_recorded_only_when_the_host_opts_in() -> None:
+    otel = Otel(content=True)
+    async with open_loopback_provider([ANSWER]) as server:
+        await turn_over(served(server), otel)
+    (turn,) = otel.named("chat test-model")
+    recorded = str(dict(turn.attributes or {})["gen_ai.output.messages"])
+    assert "Hello" in recorded
+    assert KEY not in str([s.to_json() for s in otel.finished()])
+
+
+async def test_a_chain_switch_holds_a_turn_span_per_provider() -> None:
+    otel = Otel()
+    async with open_loopback_provider([ANSWER]) as server:
+        result = await turn_over([at(refused_url()), served(server)], otel)
+    assert result.ok
+    spans = otel.named("chat test-model")
+    chain = next(s for s in spans if s.parent is None)
+    steps = [s for s in spans if s.parent is not None]
+    assert len(steps) == 2
+    assert all(parent_of(s) == chain.context.span_id for s in steps)
+    failed, answered = sorted(steps, key=lambda s: s.start_time or 0)
+    assert dict(failed.attributes or {})["error.type"] != ""
+    assert "error.type" not in dict(answered.attributes or {})
+    assert [e.name for e in chain.events] == ["fallback"]
+    # the metrics count the provider turns, not the chain that held them
+    assert sum(p.count for p in otel.points("gen_ai.client.operation.duration")) == 2
+
+
+async def test_a_cancelled_turn_ends_its_spans_cancelled() -> None:
+    otel = Otel()
+    stalled = Reply(chunks=(openai_text_stream(["Hel", "lo"]),), stall_after=0)
+    async with open_loopback_provider([stalled]) as server, httpx.AsyncClient() as client:
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                turn: Turn = await nursery.start(
+                    lambda task_status: run_turn(
+                        REQUEST,
+                        served(server),
+                        options=RunOptions(
+                            client=client,
+                            policy=policy(),
+                            limiter=RateLimiter(),
+                            telemetry=otel.telemetry,
+                        ),
+                        task_status=task_status,
+                    )
+                )
+                await server.wait_for_requests(1)
+                scope.cancel()
+        result = await turn.result()
+    assert not result.ok
+    (span,) = otel.named("chat test-model")
+    assert dict(span.attributes or {})["error.type"] == "cancelled"
+    (attempt,) = otel.named("attempt 1")
+    assert dict(attempt.attributes or {})["error.type"] == "cancelled"
+    (duration,) = otel.points("gen_ai.client.operation.duration")
+    assert duration.attributes["error.type"] == "cancelled"
+
+
+def test_without_a_configured_provider_a_turn_makes_no_observer() -> None:
+    from opentelemetry import metrics, trace
+
+    assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    assert not isinstance(metrics.get_meter_provider(), MeterProvider)
+    assert observe(None, at("http://127.0.0.1:1/v1")) is None
