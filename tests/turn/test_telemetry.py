@@ -15,6 +15,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from rillet import run_agent
 from rillet._core._dialect import Provider, Secret
 from rillet._turn._api import run_turn
 from rillet._turn._options import RunOptions
@@ -30,6 +31,8 @@ from rillet.transports.testing import (
     status_reply,
 )
 
+from ..agent_support import CASES, QUESTION
+from ..agent_support import provider_at as agent_provider_at
 from ..handler_support import KEY, REQUEST, policy
 
 if TYPE_CHECKING:
@@ -102,7 +105,9 @@ def parent_of(span: ReadableSpan) -> int | None:
     return span.parent.span_id if span.parent is not None else None
 
 
-async def test_a_retried_turn_has_a_span_per_attempt_with_its_cause() -> None:
+async def test_a_retried_turn_has_a_span_per_attempt_with_its_cause(
+    loop_clock: trio.testing.MockClock,
+) -> None:
     otel = Otel()
     async with open_loopback_provider([status_reply(503), ANSWER]) as server:
         result = await turn_over(served(server), otel)
@@ -138,7 +143,9 @@ async def test_a_retried_turn_has_a_span_per_attempt_with_its_cause() -> None:
     assert per_chunk.count == 1  # two fragments: one gap
 
 
-async def test_content_is_recorded_only_when_the_host_opts_in() -> None:
+async def test_content_is_recorded_only_when_the_host_opts_in(
+    loop_clock: trio.testing.MockClock,
+) -> None:
     otel = Otel(content=True)
     async with open_loopback_provider([ANSWER]) as server:
         await turn_over(served(server), otel)
@@ -148,7 +155,9 @@ async def test_content_is_recorded_only_when_the_host_opts_in() -> None:
     assert KEY not in str([s.to_json() for s in otel.finished()])
 
 
-async def test_a_chain_switch_holds_a_turn_span_per_provider() -> None:
+async def test_a_chain_switch_holds_a_turn_span_per_provider(
+    loop_clock: trio.testing.MockClock,
+) -> None:
     otel = Otel()
     async with open_loopback_provider([ANSWER]) as server:
         result = await turn_over([at(refused_url()), served(server)], otel)
@@ -166,7 +175,9 @@ async def test_a_chain_switch_holds_a_turn_span_per_provider() -> None:
     assert sum(p.count for p in otel.points("gen_ai.client.operation.duration")) == 2
 
 
-async def test_a_cancelled_turn_ends_its_spans_cancelled() -> None:
+async def test_a_cancelled_turn_ends_its_spans_cancelled(
+    loop_clock: trio.testing.MockClock,
+) -> None:
     otel = Otel()
     stalled = Reply(chunks=(openai_text_stream(["Hel", "lo"]),), stall_after=0)
     async with open_loopback_provider([stalled]) as server, httpx.AsyncClient() as client:
@@ -203,3 +214,39 @@ def test_without_a_configured_provider_a_turn_makes_no_observer() -> None:
     assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
     assert not isinstance(metrics.get_meter_provider(), MeterProvider)
     assert observe(None, at("http://127.0.0.1:1/v1")) is None
+
+
+async def get_weather(city: str = "", unit: str = "celsius") -> str:
+    """Today's weather.
+
+    Args:
+        city: the city.
+        unit: celsius or fahrenheit.
+    """
+    return f"22 degrees {unit} in {city}"
+
+
+async def test_an_agent_holds_its_steps_turns_and_a_span_per_tool_run(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    otel = Otel()
+    case = CASES["openai-chat"]
+    async with open_loopback_provider([case.tool_call, case.text]) as server:
+        with trio.fail_after(LIMIT):
+            result = await run_agent(
+                QUESTION, agent_provider_at(server), tools=[get_weather], telemetry=otel.telemetry
+            )
+    assert result.status == "completed", result.code
+    (agent,) = otel.named("invoke_agent")
+    assert dict(agent.attributes or {})["gen_ai.operation.name"] == "invoke_agent"
+    steps = otel.named("chat test-model")
+    assert len(steps) == 2
+    assert all(parent_of(s) == agent.context.span_id for s in steps)
+    (ran,) = otel.named("execute_tool get_weather")
+    attributes = dict(ran.attributes or {})
+    assert attributes["gen_ai.operation.name"] == "execute_tool"
+    assert attributes["gen_ai.tool.name"] == "get_weather"
+    assert attributes["gen_ai.tool.call.id"]
+    assert "gen_ai.tool.call.arguments" not in attributes
+    assert parent_of(ran) == agent.context.span_id
+    assert ran.context.trace_id == agent.context.trace_id
