@@ -11,12 +11,13 @@ message (a 401 body may echo the key), and request headers are never logged.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rillet._core._explain import explain
 from rillet._core._policy import Outcome
 
 from ._metrics import outcome_label
+from ._tracing import trace_id
 
 if TYPE_CHECKING:
     from rillet._core._dialect import Provider
@@ -52,14 +53,24 @@ def log_request(
         "client": client,
     }
     access.info(
-        "%s %s %s %d bytes %.3f s",
+        "%s %s %s %d bytes %.3f s%s",
         method,
         path,
         shown,
         size,
         duration,
+        _traced(fields),
         extra={"fields": fields},
     )
+
+
+def _traced(fields: dict[str, Any]) -> str:
+    """The line's trace id, when it belongs to one: in `fields`, and as the line's tail."""
+    found = trace_id()
+    if found is None:
+        return ""
+    fields["trace_id"] = found
+    return f" trace {found}"
 
 
 def log_run_start(run_id: str, provider: Provider, kind: str) -> None:
@@ -67,11 +78,12 @@ def log_run_start(run_id: str, provider: Provider, kind: str) -> None:
     served wire (`stream`, `chat`, `ui`)."""
     fields = {"run_id": run_id, "kind": kind, "provider": provider.label, "model": provider.model}
     logger.info(
-        "%s %s started: provider %s, model %s",
+        "%s %s started: provider %s, model %s%s",
         kind,
         run_id,
         provider.label,
         provider.model,
+        _traced(fields),
         extra={"fields": fields},
     )
 
@@ -111,13 +123,14 @@ def log_run_end(run_id: str, provider: Provider, kind: str, result: TurnResult) 
         "first_event_s": round(first, 3) if first is not None else None,
     }
     logger.info(
-        "%s %s ended: outcome %s, %d request(s), %.3f s, first event %s",
+        "%s %s ended: outcome %s, %d request(s), %.3f s, first event %s%s",
         kind,
         run_id,
         fields["outcome"],
         result.requests,
         result.total_time,
         f"{first:.3f} s" if first is not None else "never",
+        _traced(fields),
         extra={"fields": fields},
     )
     if result.outcome in _QUIET:

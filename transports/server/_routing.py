@@ -39,6 +39,7 @@ from ._replies import GONE, CloseConnection, ErrorReply, error_body
 from ._responses import OpenAIResponses
 from ._runs import Runs
 from ._shared import Shared
+from ._tracing import continued
 from ._uistream import UiStream
 
 if TYPE_CHECKING:
@@ -256,14 +257,15 @@ class Server:
         """Answer one request and log it; False when the connection must close after it."""
         started, sent = trio.current_time(), http.stream.sent
         http.status = None
-        try:
-            return await self._answer(http, request)
-        finally:
-            size = http.stream.sent - sent
-            self.shared.metrics.sent(size)
-            status = http.status or (101 if request.is_websocket and size else None)
-            duration = trio.current_time() - started
-            log_request(request.method, request.path, status, size, duration, request.client)
+        with continued(request.headers):  # the caller's trace, when it sent one
+            try:
+                return await self._answer(http, request)
+            finally:
+                size = http.stream.sent - sent
+                self.shared.metrics.sent(size)
+                status = http.status or (101 if request.is_websocket and size else None)
+                duration = trio.current_time() - started
+                log_request(request.method, request.path, status, size, duration, request.client)
 
     async def _answer(self, http: HttpConnection, request: Request) -> bool:
         try:
