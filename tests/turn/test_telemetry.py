@@ -1,10 +1,13 @@
-"""OpenTelemetry GenAI spans and metrics of whole turns over real sockets: the loopback provider
-on 127.0.0.1 faulting then answering, a chain switching provider, a cancelled turn; read back
-with the SDK's in-memory span exporter and metric reader."""
+"""OpenTelemetry GenAI spans and metrics of whole runs over real sockets: the loopback provider
+on 127.0.0.1 faulting then answering, a chain switching provider, a cancelled turn, an agent
+running a tool; read back with the SDK's in-memory span exporter and metric reader, and once
+exported over OTLP/HTTP to a collector on loopback (S60-S62)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import http.server
+import threading
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import httpx
 import pytest
@@ -250,3 +253,68 @@ async def test_an_agent_holds_its_steps_turns_and_a_span_per_tool_run(
     assert "gen_ai.tool.call.arguments" not in attributes
     assert parent_of(ran) == agent.context.span_id
     assert ran.context.trace_id == agent.context.trace_id
+
+
+class _Receiver(http.server.BaseHTTPRequestHandler):
+    """An OTLP/HTTP collector's one route: keep each body, answer 200."""
+
+    bodies: ClassVar[list[tuple[str, bytes]]]
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("content-length", "0"))
+        self.bodies.append((self.path, self.rfile.read(length)))
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+async def test_spans_export_over_otlp_http_to_a_collector(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    bodies: list[tuple[str, bytes]] = []
+    handler = type("Receiver", (_Receiver,), {"bodies": bodies})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    tracers = TracerProvider()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+    tracers.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    try:
+        async with open_loopback_provider([ANSWER]) as loopback, httpx.AsyncClient() as client:
+            result = await run_turn(
+                REQUEST,
+                served(loopback),
+                client=client,
+                policy=policy(),
+                limiter=RateLimiter(),
+                telemetry=Telemetry(tracer_provider=tracers),
+            )
+        assert result.ok
+        assert await trio.to_thread.run_sync(tracers.force_flush)
+    finally:
+        await trio.to_thread.run_sync(tracers.shutdown)
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    names = []
+    for path, body in bodies:
+        assert path == "/v1/traces"
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(body)
+        names += [
+            span.name
+            for resource in request.resource_spans
+            for scope in resource.scope_spans
+            for span in scope.spans
+        ]
+    assert sorted(names) == ["attempt 1", "chat test-model"]
