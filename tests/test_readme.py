@@ -273,6 +273,18 @@ async def check_anthropic_sdk(code: str, tmp_path: Path) -> None:
     assert sent["max_completion_tokens"] == 1024
 
 
+async def check_tracing(code: str, tmp_path: Path) -> None:
+    """The attempt, then the turn holding it, then the application's own span around it."""
+    done, requests = await run_against_provider(code, tmp_path)
+    assert len(requests) == 1
+    attempt, turn, outer = done.stdout.decode().splitlines()
+    assert attempt == "attempt 1 None"
+    name, tokens = turn.rsplit(" ", 1)
+    assert name.startswith("chat claude")
+    assert int(tokens) > 0
+    assert outer == "answer a question None"
+
+
 Check = Callable[[str, Path], Awaitable[None]]
 
 PYTHON_CHECKS: list[tuple[str, Check]] = [
@@ -280,6 +292,7 @@ PYTHON_CHECKS: list[tuple[str, Check]] = [
     ("Embedding it", check_embedding),
     ("Embedding it", check_events),
     ("Agents", check_agent),
+    ("Tracing", check_tracing),
     ("From asyncio", check_asyncio),
     ("As an MCP server", check_mcp),
     ("The server", check_openai_sdk),
@@ -290,7 +303,7 @@ PYTHON_CHECKS: list[tuple[str, Check]] = [
 
 def test_every_python_block_of_the_readme_has_its_check() -> None:
     """A block added to the README must get its check here."""
-    assert len(PYTHON_BLOCKS) == 9
+    assert len(PYTHON_BLOCKS) == 10
     assert [title for title, _ in PYTHON_BLOCKS] == [title for title, _ in PYTHON_CHECKS]
 
 
