@@ -94,8 +94,9 @@ _tracers: weakref.WeakKeyDictionary[Any, Tracer] = weakref.WeakKeyDictionary()
 
 def _configured(telemetry: Telemetry | None) -> tuple[Any, Any]:
     """The tracer and meter providers a run reports to; None for one not configured."""
-    given = telemetry or Telemetry()
-    tracers, meters = given.tracer_provider, given.meter_provider
+    tracers = meters = None
+    if telemetry is not None:
+        tracers, meters = telemetry.tracer_provider, telemetry.meter_provider
     if tracers is None and "opentelemetry.trace" in sys.modules:
         from opentelemetry import trace
 
@@ -388,8 +389,6 @@ class RunObserver:
         if span is not None and not self._ended:
             span.set_attribute("rillet.attempts", event.attempts)
             span.set_attribute("rillet.requests", event.requests)
-            if self.turn:
-                span.set_attribute("gen_ai.response.model", self.model)
             if self._finish is not None:
                 span.set_attribute("gen_ai.response.finish_reasons", [self._finish])
             usage = self._usage

@@ -27,8 +27,10 @@ from rillet._turn._telemetry import Telemetry, observe
 from rillet.providers._openai_chat._dialect import OpenAIChatDialect
 from rillet.transports.testing import (
     LoopbackProvider,
+    RecordedRequest,
     Reply,
     open_loopback_provider,
+    openai_text_body,
     openai_text_stream,
     refused_url,
     status_reply,
@@ -318,3 +320,57 @@ async def test_spans_export_over_otlp_http_to_a_collector(
             for span in scope.spans
         ]
     assert sorted(names) == ["attempt 1", "chat test-model"]
+
+
+async def test_a_stream_that_breaks_after_text_resets_with_an_event(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    otel = Otel()
+    body = openai_text_stream(["Hel", "lo"])
+    broken = Reply(chunks=(body,), drop_after_bytes=len(body) // 2)
+    async with open_loopback_provider([broken, ANSWER]) as server:
+        result = await turn_over(served(server), otel)
+    assert result.ok
+    (turn,) = otel.named("chat test-model")
+    resets = [e for e in turn.events if e.name == "attempt.reset"]
+    assert [dict(e.attributes or {})["rillet.attempt.number"] for e in resets] == [2]
+    (second,) = otel.named("attempt 2")
+    assert dict(second.attributes or {})["rillet.attempt.cause"] != "first"
+    # each attempt's first chunk is timed from its own request
+    assert sum(p.count for p in otel.points("gen_ai.client.operation.time_to_first_chunk")) == 2
+
+
+async def test_a_rate_limit_wait_is_an_event_of_the_attempt_it_delays(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    otel = Otel()
+    async with open_loopback_provider([status_reply(429, retry_after=2), ANSWER]) as server:
+        result = await turn_over(served(server), otel)
+    assert result.ok
+    (second,) = otel.named("attempt 2")
+    (wait,) = [e for e in second.events if e.name == "waiting_rate_limit"]
+    assert dict(wait.attributes or {})["rillet.wait_s"] == 2.0
+    (first,) = otel.named("attempt 1")
+    assert dict(first.attributes or {})["error.type"] == "rate_limited"
+
+
+async def test_a_rescued_turn_has_a_rescue_attempt_span(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    otel = Otel()
+    rescue = Reply(chunks=(openai_text_body("Hello"),), content_type="application/json")
+    stalled = Reply(chunks=(openai_text_stream(["Hel", "lo"]),), stall_headers=True)
+
+    def script(request: RecordedRequest, number: int) -> Reply:
+        return stalled if b'"stream":true' in request.body else rescue
+
+    async with open_loopback_provider(script) as server:
+        result = await turn_over(served(server), otel)
+    assert result.ok, result.code
+    spans = sorted(
+        (s for s in otel.finished() if s.name.startswith("attempt ")), key=lambda s: s.name
+    )
+    last = dict(spans[-1].attributes or {})
+    assert last["rillet.attempt.cause"] == "rescuing"
+    assert "error.type" not in last
+    assert all("error.type" in dict(s.attributes or {}) for s in spans[:-1])
