@@ -50,6 +50,10 @@ if TYPE_CHECKING:
 __all__ = ["RunObserver", "Telemetry", "observe"]
 
 _SCOPE = "rillet"
+# what the API hands out before a host sets a provider: a run reports nowhere then
+_UNSET = frozenset(
+    {"ProxyTracerProvider", "NoOpTracerProvider", "_ProxyMeterProvider", "NoOpMeterProvider"}
+)
 # the phases after which a new attempt begins, and what began it when the status names no reason
 _NEXT_ATTEMPT = {"backing_off": "retry", "rescuing": "rescue", "resuming": "resume"}
 _WAITS = ("waiting_rate_limit", "queued")
@@ -97,19 +101,13 @@ def _configured(telemetry: Telemetry | None) -> tuple[Any, Any]:
     tracers = meters = None
     if telemetry is not None:
         tracers, meters = telemetry.tracer_provider, telemetry.meter_provider
-    if tracers is None and "opentelemetry.trace" in sys.modules:
-        from opentelemetry import trace
-
+    if tracers is None and (trace := sys.modules.get("opentelemetry.trace")) is not None:
         tracers = trace.get_tracer_provider()
-        if isinstance(tracers, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+        if type(tracers).__name__ in _UNSET:
             tracers = None
-    if meters is None and "opentelemetry.metrics" in sys.modules:
-        from opentelemetry import metrics
-
+    if meters is None and (metrics := sys.modules.get("opentelemetry.metrics")) is not None:
         meters = metrics.get_meter_provider()
-        if isinstance(meters, metrics.NoOpMeterProvider) or type(meters).__name__.startswith(
-            "_Proxy"
-        ):
+        if type(meters).__name__ in _UNSET:
             meters = None
     return tracers, meters
 
