@@ -257,7 +257,7 @@ class Server:
         """Answer one request and log it; False when the connection must close after it."""
         started, sent = trio.current_time(), http.stream.sent
         http.status = None
-        with continued(request.headers):  # the caller's trace, when it sent one
+        with continued(request):  # the caller's trace, when it sent one
             try:
                 return await self._answer(http, request)
             finally:

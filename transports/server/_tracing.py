@@ -13,22 +13,25 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Iterator
+
+    from ._http11 import Request
 
 __all__ = ["continued", "trace_id"]
 
 _NONE = contextlib.nullcontext()
 
 
-def continued(headers: Mapping[str, str]) -> contextlib.AbstractContextManager[None]:
+def continued(request: Request) -> contextlib.AbstractContextManager[None]:
     """The block runs in the trace the request's `traceparent` (and `tracestate`) names."""
+    headers = request.headers
     if "traceparent" not in headers:
         return _NONE
     try:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
     except ImportError:  # the `otel` extra is not installed: nothing to continue it with
         return _NONE
-    return _attached(TraceContextTextMapPropagator().extract(dict(headers)))
+    return _attached(TraceContextTextMapPropagator().extract(headers))
 
 
 @contextlib.contextmanager
