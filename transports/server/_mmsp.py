@@ -165,7 +165,8 @@ class Mmsp:
             if frames:
                 self.shared.metrics.count(len(frames))
                 await head.send(b"".join(frames))
-            sink.done()
+            if not (reset or stopped):  # the end stays owed: nothing may be written after it
+                sink.done()
             if reset:
                 error = {
                     "type": "IncompleteStreamError",

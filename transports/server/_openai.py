@@ -488,7 +488,8 @@ class OpenAIChat:
             if frames:
                 self.shared.metrics.count(len(out))
                 await head.send(frames)
-            sink.done()
+            if not (reset or stopped):  # the end stays owed: nothing may be written after it
+                sink.done()
             if reset:
                 await http.send_data(sse_json({"error": _INCOMPLETE}) + SSE_DONE)
                 turn.cancel()

@@ -627,7 +627,8 @@ class OpenAIResponses:
             if frames:
                 self.shared.metrics.count(len(out))
                 await head.send(frames)
-            sink.done()
+            if not reset and stop is None:  # the end stays owed: nothing may follow it
+                sink.done()
             if reset:
                 await http.send_data(events.failed(_INCOMPLETE))
                 turn.cancel()

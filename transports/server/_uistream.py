@@ -492,7 +492,8 @@ class UiStream:
             if out:
                 self.shared.metrics.count(len(out))
                 await head.send(b"".join(sse_json(part) for part in out))
-            sink.done()
+            if not stopped:  # the end stays owed: nothing may be written after it
+                sink.done()
         if stopped:
             if unknown is not None:
                 # the stop is the turn's last event: its result is due, and says whether the
