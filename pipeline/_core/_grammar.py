@@ -298,6 +298,12 @@ class Grammar:
         gave one: what a stop's `unknown` stands for."""
         return self._finish
 
+    @property
+    def cache_write_tokens(self) -> int | None:
+        """Of the prompt, the tokens written to the provider's cache, if the reply said (rillet's
+        own count: MMSP's usage has no field for it; `TurnResult.cache_write_tokens`)."""
+        return None if self._usage is None else self._usage.cache_write_tokens
+
     def feed(self, event: LaneEvent, out: list[UniEvent] | None = None) -> list[UniEvent]:
         """Take one lane event; append the UniEvents it releases to `out` (a new list if None),
         in order, and return it. If it raises, `out` still holds every event released before
@@ -606,5 +612,8 @@ def _merge_usage(old: RawUsage | None, new: RawUsage) -> RawUsage:
         ),
         response_tokens=(
             new.response_tokens if new.response_tokens is not None else old.response_tokens
+        ),
+        cache_write_tokens=(
+            new.cache_write_tokens if new.cache_write_tokens is not None else old.cache_write_tokens
         ),
     )

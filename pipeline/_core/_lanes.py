@@ -83,12 +83,16 @@ class PartStop(msgspec.Struct, frozen=True, gc=False):
 
 
 class RawUsage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """Token counts already in MMSP's meaning (see `UsageMetadata`); None means not reported."""
+    """Token counts already in MMSP's meaning (see `UsageMetadata`); None means not reported.
+    `cache_write_tokens` is rillet's own (MMSP has no field for it): of `prompt_tokens`, those
+    written to the provider's prompt cache (Anthropic's `cache_creation_input_tokens`), priced
+    apart from the rest of the prompt."""
 
     cached_tokens: int | None = None
     prompt_tokens: int | None = None
     thoughts_tokens: int | None = None
     response_tokens: int | None = None
+    cache_write_tokens: int | None = None
 
 
 class MessageDelta(msgspec.Struct, frozen=True, kw_only=True, gc=False):

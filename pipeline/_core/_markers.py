@@ -81,6 +81,11 @@ class Verdict(Protocol):
         """The provider's own finish reason, as it spelt it, if the reply gave one."""
         ...
 
+    @property
+    def cache_write(self) -> int | None:
+        """The prompt tokens the reply says were written to the provider's cache, if it said."""
+        ...
+
 
 class Outlet(Protocol):
     """Where the handler's batches go. `offer` takes a batch at once and says whether it went

@@ -112,6 +112,7 @@ class GrammarVerdict:
     error: RilletError | None = None
     emitted: int = 0
     finish: str | None = None  # the provider's own finish reason (`Grammar.provider_finish`)
+    cache_write: int | None = None  # `Grammar.cache_write_tokens`
     done: trio.Event = attrs.field(factory=trio.Event)
 
 
@@ -272,6 +273,7 @@ class GrammarActor:
         verdict.emitted = self._emitted
         if self._grammar is not None:
             verdict.finish = self._grammar.provider_finish
+            verdict.cache_write = self._grammar.cache_write_tokens
         if self._emitted:
             self._owed_reset = True  # a next attempt means this one failed: its events are void
         self._grammar = None

@@ -130,6 +130,7 @@ class Handler:
     _rescue_failure: Failure | None = None  # an error status's verdict, read as a stream's is
     retry_after: float | None = None  # the server-directed wait that ended a RateLimited turn
     provider_finish: str | None = None  # the last attempt's own finish reason, as spelt
+    cache_write: int | None = None  # the last attempt's cache-write tokens, if it said
     emitted_attempt: bool = False  # some attempt emitted events (partial data was seen)
     _pending_reset: bool = False
     _ever_event: bool = False  # a lane event ever arrived in this turn
@@ -207,6 +208,7 @@ class Handler:
         grammar counts the events it releases into `events` itself, live.)"""
         if verdict.finish is not None:  # (the rescue's was read here: its grammar is ours)
             self.provider_finish = verdict.finish
+            self.cache_write = verdict.cache_write
         if verdict.error is not None:
             return self._failure_of(verdict.error, verdict.emitted)
         if failure is not None:
@@ -370,6 +372,7 @@ class Handler:
                     if not chunk or (batch and decoder.stopped):  # a stop releases an event
                         self._ended = not chunk
                         self.provider_finish = grammar.provider_finish
+                        self.cache_write = grammar.cache_write_tokens
                         if chunk:  # the reply is complete before its body: keep the connection
                             reading.deadline = math.inf  # complete: no deadline can undo it now
                             await _finish(response)
@@ -626,6 +629,7 @@ class Handler:
                     )
                     await read_reply(response, decoder, events, policy.max_body)
                     self.provider_finish = decoder.grammar.provider_finish
+                    self.cache_write = decoder.grammar.cache_write_tokens
                 finally:
                     await response.aclose()
             if scope.cancelled_caught:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 import trio
@@ -35,6 +35,7 @@ from rillet.transports.upstream._ws import SchemeUpstream
 
 from .._core._accumulator import Accumulator
 from .._core._codes import done_code
+from .._core._cost import usage_cost
 from .._core._dialect import Provider
 from .._core._errors import RescueFailed, failure
 from .._core._events import UniMessage
@@ -61,6 +62,11 @@ from ._history import PlainLog, RunHistory, UniHistory
 from ._options import DEFAULT_OPTIONS, RunOptions
 from ._ratelimit import shared_limiter
 from ._telemetry import observe
+
+if TYPE_CHECKING:
+    from decimal import Decimal
+
+    from .._core._cost import Price
 
 __all__ = [
     "CallbackSink",
@@ -129,6 +135,9 @@ class TurnResult:
         provider_finish_reason: the provider's own finish reason as it spelt it
             (`content_filter`, `SAFETY`, `end_turn`), if it gave one: what the message's
             `unknown` stands for, such as an answer its content rules cut short.
+        cache_write_tokens: of the message's `prompt_tokens`, those the provider wrote to its
+            prompt cache (Anthropic's `cache_creation_input_tokens`), if it said; MMSP's usage
+            has no field for them. Input tokens in all are `prompt_tokens + cached_tokens`.
     """
 
     message: UniMessage
@@ -144,6 +153,19 @@ class TurnResult:
     retry_after: float | None = None
     provider: Provider | None = None
     provider_finish_reason: str | None = None
+    cache_write_tokens: int | None = None
+
+    def cost(self, price: Price) -> Decimal | None:
+        """What the reply cost at the host's `price` for the model that answered (rillet has no
+        price list), cache reads and writes priced apart; None when no usage was reported.
+
+        Args:
+            price: the model's prices per million tokens.
+        """
+        usage = self.message.usage_metadata
+        if usage is None:
+            return None
+        return usage_cost(usage, price, cache_write_tokens=self.cache_write_tokens or 0)
 
     @property
     def ok(self) -> bool:
@@ -331,6 +353,7 @@ async def run_one_turn(
             retry_after=handler.retry_after if outcome is Outcome.RATE_LIMITED else None,
             provider=provider,
             provider_finish_reason=handler.provider_finish,
+            cache_write_tokens=handler.cache_write,
         )
         turn.finish(result)
         try:

@@ -7,7 +7,9 @@ One lane per content block, named by the block's index: `text`, `thinking` (its
 `tool_use` (a header fragment with the name and id, then `input_json_delta` fragments). `ping` is
 a sign of life; `event: error` ends the stream with the typed error it names. Usage comes from
 `message_start` and is overridden by a `message_delta` that repeats the input side: cached tokens
-are `cache_read_input_tokens`, the prompt is `input_tokens + cache_creation_input_tokens`.
+are `cache_read_input_tokens`, the prompt is `input_tokens + cache_creation_input_tokens` (as
+MMSP counts it), and the written share is kept apart too (`cache_write_tokens`), to be priced
+as written.
 
 Server tools' blocks (`server_tool_use`, `mcp_tool_use` and every `*_tool_result`) must go back
 unchanged for a turn Anthropic paused (`pause_turn`, which finishes `unknown`: neither done nor

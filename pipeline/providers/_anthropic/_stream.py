@@ -193,6 +193,7 @@ def raw_usage(u: _Usage) -> RawUsage:
         prompt_tokens=prompt,
         thoughts_tokens=thinking,
         response_tokens=response,
+        cache_write_tokens=u.cache_creation_input_tokens,
     )
 
 
