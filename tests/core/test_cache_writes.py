@@ -1,5 +1,6 @@
 """Cache writes are kept apart from the rest of the prompt: an Anthropic stream whose prompt was
-written to the cache gives the turn result its `cache_write_tokens` and a cost that prices them
+written to the cache (or an OpenAI-compatible server that reports the written share, as
+OpenRouter does) gives the turn result its `cache_write_tokens` and a cost that prices them
 at the write price, while the stop event's JSON stays MMSP's four usage fields."""
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import trio
 from rillet import Price, encode_json
 from rillet._core._dialect import Provider, Secret
 from rillet._turn._api import run_turn
-from rillet.providers import AnthropicDialect
-from rillet.transports.testing import Reply, open_loopback_provider
+from rillet.providers import AnthropicDialect, OpenAIChatDialect
+from rillet.transports.testing import Reply, open_loopback_provider, sse
 
 from ..handler_support import REQUEST
 
@@ -33,12 +34,12 @@ def _stream(written: int, read: int) -> bytes:
         "cache_read_input_tokens": read,
         "output_tokens": 1,
     }
-    message = {"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
-               "content": [], "stop_reason": None, "usage": usage}  # fmt: skip
+    message: dict[str, Any] = {"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
+                               "content": [], "stop_reason": None, "usage": usage}  # fmt: skip
     block = {"type": "text", "text": ""}
     delta = {"type": "text_delta", "text": "Hi"}
     end = {"stop_reason": "end_turn"}
-    events = [
+    events: list[tuple[str, dict[str, Any]]] = [
         ("message_start", {"message": message}),
         ("content_block_start", {"index": 0, "content_block": block}),
         ("content_block_delta", {"index": 0, "delta": delta}),
@@ -84,3 +85,28 @@ async def test_a_turn_without_cache_writes_says_none_were_written() -> None:
     result = await _turn(written=0, read=0)
     assert result.cache_write_tokens == 0
     assert result.cost(CLAUDE) == Decimal("0.001434")  # 3 × 3 + 95 × 15
+
+
+async def test_a_chat_server_reporting_cache_writes_has_them_priced_as_written() -> None:
+    # OpenRouter's documented usage: prompt_tokens counts the 100 written to the cache.
+    head = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    usage = {
+        "prompt_tokens": 194,
+        "completion_tokens": 2,
+        "total_tokens": 196,
+        "prompt_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 100},
+    }
+    delta = {"role": "assistant", "content": "Hi"}
+    body = sse(
+        {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {**head, "choices": [], "usage": usage},
+        "[DONE]",
+    )
+    with trio.fail_after(10):
+        async with open_loopback_provider([Reply(chunks=(body,))]) as server:
+            provider = Provider(OpenAIChatDialect(), f"{server.url}/v1", "m")
+            result = await run_turn(REQUEST, provider)
+    assert result.ok
+    assert result.cache_write_tokens == 100
+    assert result.cost(CLAUDE) == Decimal("0.000687")  # 94 × 3 + 100 × 3.75 + 2 × 15

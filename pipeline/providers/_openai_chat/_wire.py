@@ -116,6 +116,7 @@ class _Choice(msgspec.Struct, frozen=True, gc=False):
 
 class _PromptDetails(msgspec.Struct, frozen=True, gc=False):
     cached_tokens: int | None = None
+    cache_write_tokens: int | None = None  # OpenRouter's: of `prompt_tokens`, written to cache
 
 
 class _CompletionDetails(msgspec.Struct, frozen=True, gc=False):
@@ -313,9 +314,10 @@ def field_run(
 
 
 def raw_usage(u: ChunkUsage) -> RawUsage:
-    cached = None
+    cached = written = None
     if u.prompt_tokens_details is not None:
         cached = u.prompt_tokens_details.cached_tokens
+        written = u.prompt_tokens_details.cache_write_tokens
     elif u.prompt_cache_hit_tokens is not None:  # DeepSeek without prompt_tokens_details
         cached = u.prompt_cache_hit_tokens
     reasoning = None
@@ -328,6 +330,7 @@ def raw_usage(u: ChunkUsage) -> RawUsage:
         prompt_tokens=prompt,
         thoughts_tokens=reasoning,
         response_tokens=response,
+        cache_write_tokens=written,
     )
 
 
