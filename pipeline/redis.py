@@ -13,11 +13,12 @@ except ImportError as exc:  # pragma: no cover - the extra is installed wherever
         "rillet.redis needs the redis extra: pip install 'rillet[redis]'", name=exc.name
     ) from exc
 
+from ._hub._redis import Claim as Claim
 from ._hub._redis import RedisHub as RedisHub
 from ._hub._redis import RedisHubSink as RedisHubSink
 from ._hub._redis import RedisSubscription as RedisSubscription
 from ._hub._redis import open_redis_hub as open_redis_hub
 
-__all__ = ["RedisHub", "RedisHubSink", "RedisSubscription", "open_redis_hub"]
+__all__ = ["Claim", "RedisHub", "RedisHubSink", "RedisSubscription", "open_redis_hub"]
 
 _fixup_module_metadata(__name__, globals())

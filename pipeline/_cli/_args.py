@@ -209,6 +209,14 @@ def build_parser() -> argparse.ArgumentParser:
         "it serves every run; needs the `redis` extra. Default: in memory",
     )
     serve.add_argument(
+        "--no-takeover",
+        dest="takeover",
+        action="store_false",
+        help="with --redis, end a run whose server is lost as server_lost instead of running "
+        "it again on another server. Default: another server takes it over (the run's request "
+        "is kept in Redis while it runs)",
+    )
+    serve.add_argument(
         "--workers",
         type=_positive,
         default=1,

@@ -141,6 +141,7 @@ def serve_cli(
         redis_url=args.redis,
         tools=args.tools,
         ui_resume=args.ui_resume,
+        takeover=args.takeover,
         route_kinds=route_kinds(args.route),
         workers=args.workers,
         limits=serve_limits(args),

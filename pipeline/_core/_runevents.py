@@ -80,7 +80,8 @@ class RunStarted(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="
 class StatusEvent(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="status"):
     """What the run is doing: `requesting`, `backing_off`, `waiting_rate_limit`, `rescuing`,
     `resuming` (the provider continues a stream that broke, from its last event: no reset
-    follows), `queued` (waiting for a provider-stream slot), `step` (an agent's next model
+    follows), `taken_over` (the server running the run was lost; another runs it again: a
+    reset follows), `queued` (waiting for a provider-stream slot), `step` (an agent's next model
     request), `fallback` (the next provider of a chain answers), `candidate_rejected`
     (buffered delivery).
 

@@ -556,10 +556,13 @@ class RunHub(Protocol):
 
     subscribers: int
 
-    async def open_run(self, run_id: str, *, access: bytes | None = None) -> Sink:
+    async def open_run(
+        self, run_id: str, *, access: bytes | None = None, spec: bytes | None = None
+    ) -> Sink:
         """Open a new run and return the sink that appends its events. `access` (what the
         server checks its readers' and actors' tokens against) is kept with the run for
-        `access`. Raises `RunExists`, `HubUnavailable`."""
+        `access`; `spec`, what another server needs to take the run over should this one be
+        lost, with a hub shared between servers. Raises `RunExists`, `HubUnavailable`."""
         ...
 
     async def follow(
@@ -663,8 +666,11 @@ class Hub:
 
     # --- the `RunHub` interface: nothing here waits --------------------------------------------
 
-    async def open_run(self, run_id: str, *, access: bytes | None = None) -> HubSink:
-        """Open a run (`sink`), keeping `access` with it."""
+    async def open_run(
+        self, run_id: str, *, access: bytes | None = None, spec: bytes | None = None
+    ) -> HubSink:
+        """Open a run (`sink`), keeping `access` with it (`spec` has no use here: no other
+        server shares this hub)."""
         sink = self.sink(run_id)
         self.log.get(run_id).access = access
         return sink

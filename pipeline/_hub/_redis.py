@@ -10,11 +10,18 @@ after `retention`.
 
 A dead producer: the hub that drives a run holds its lease (a key that expires `lease` seconds
 after it was last renewed), renewed by each append and every `lease_interval` seconds while
-the run is open here. A hub that follows an open run whose lease is gone (its tail, idle for
-`block` seconds, asks; so does a new subscription, and a cancel or an answer for the run) ends
-it with `run.done` (`error`, `server_lost`) after what the stream kept, in one Lua call that
-checks the lease and the run's state together: exactly one server appends it, however many
-notice, and every reader, and every later resume, reaches that end.
+the run is open here, and the run names it as its `owner`. Each hub also looks, every
+`lease_interval` seconds, for open runs whose lease ran out (`rillet:leases`), and so does
+one that follows such a run (its tail, idle for `block` seconds, asks; so does a new
+subscription, and a cancel or an answer for the run). A run opened with a `spec` is offered
+to `takeover` (the server's: it may start the run again from its spec, here): the hub claims
+it in one Lua call that checks the run's state and lease, makes this hub its owner and takes
+its lease, so exactly one server continues it, with the next seq; the old producer, should it
+come back, is fenced off (its appends and renewals are refused, and its turn is stopped).
+Any other lost run (or one no server takes within a lease more) is ended with `run.done`
+(`error`, `server_lost`) after what the stream kept, in one Lua call that checks the lease and
+the run's state together: exactly one server appends it, however many notice, and every
+reader, and every later resume, reaches that end.
 
 Fan-out: for each run that has subscribers here, the hub keeps ONE tail, an `XREAD BLOCK` loop, and
 a window of the newest entries in memory; its subscribers are cursors into that window, with the
@@ -43,6 +50,9 @@ server that follows it then reaches an end instead of waiting for the run's keys
 from __future__ import annotations
 
 import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
@@ -51,6 +61,7 @@ import coredis
 import trio
 from coredis.exceptions import RedisError, ResponseError
 from coredis.retry import NoRetryPolicy
+from coredis.tokens import PureToken
 
 from .._core._codes import retryable
 from .._core._errors import (
@@ -74,13 +85,47 @@ if TYPE_CHECKING:
     from .._core._runevents import RunEvent
     from .._turn._turn import SinkBatch
 
-__all__ = ["RedisHub", "RedisHubSink", "RedisSubscription", "open_redis_hub"]
+__all__ = ["Claim", "RedisHub", "RedisHubSink", "RedisSubscription", "open_redis_hub"]
 
 logger = logging.getLogger(__name__)
 
 _UNAVAILABLE = "log_unavailable"
 _LOST = "server_lost"
 _FAILURES = (RedisError, OSError, TimeoutError)
+_SCAN = 100  # lost runs looked at per pass
+
+
+@attrs.frozen
+class _Info:
+    """What the hub knows of a run in Redis."""
+
+    state: str
+    access: bytes | None
+    first: int
+    last: int
+    leased: bool
+    spec: bool  # it may be taken over
+
+
+@attrs.frozen
+class Claim:
+    """A run this hub took over from a server that is gone: it produces it from now on.
+
+    Attributes:
+        run_id: the run.
+        last: the last seq its log holds; this hub appends from the next.
+        spec: what the run's first server kept for a taker (its own encoding).
+        access: the run's access digests.
+        elapsed_ms: the last event's `elapsed_ms` (the continuation's start from its own).
+        sink: appends the run's events from now on, as this hub's.
+    """
+
+    run_id: str
+    last: int
+    spec: bytes
+    access: bytes | None
+    elapsed_ms: int
+    sink: RedisHubSink
 
 
 class _Tail(RunState):
@@ -213,7 +258,12 @@ class RedisHub:
         lease: seconds a run's lease lasts unrenewed: an open run whose lease is gone has lost
             the server that drove it, and is ended as `server_lost`.
         lease_interval: seconds between renewals of the leases of the runs this hub drives
-            (a third of `lease`, so that two renewals may be late).
+            (a third of `lease`, so that two renewals may be late), and between looks for runs
+            whose server is gone.
+        owner: this hub's id, which its runs name as their producer.
+        takeover: offered each lost run that has a spec (its id): True when it took the run
+            (`claim`, then produces it) or another server did meanwhile; False to end the run as
+            `server_lost`. None: lost runs are ended.
     """
 
     url: str
@@ -232,9 +282,12 @@ class RedisHub:
     retry_interval: float = 1.0
     lease: float = 9.0
     lease_interval: float = 3.0
+    owner: str = attrs.field(factory=lambda: secrets.token_hex(8))
+    takeover: Callable[[str], Awaitable[bool]] | None = None
     subscribers: int = 0
     appended: int = 0
     delivered: int = 0
+    taken_over: int = 0
     _tails: dict[str, _Tail] = attrs.field(factory=dict)
     _producing: dict[str, int] = attrs.field(factory=dict)  # run -> last seq appended here
     _create: Any = attrs.field(init=False, default=None)
@@ -242,6 +295,8 @@ class RedisHub:
     _info: Any = attrs.field(init=False, default=None)
     _renew: Any = attrs.field(init=False, default=None)
     _lost: Any = attrs.field(init=False, default=None)
+    _claim: Any = attrs.field(init=False, default=None)
+    _offered: set[str] = attrs.field(init=False, factory=set)  # lost runs offered now
 
     def __attrs_post_init__(self) -> None:
         self._create = self._client.register_script(layout.CREATE)
@@ -249,6 +304,7 @@ class RedisHub:
         self._info = self._client.register_script(layout.INFO)
         self._renew = self._client.register_script(layout.RENEW)
         self._lost = self._client.register_script(layout.LOST)
+        self._claim = self._client.register_script(layout.CLAIM)
 
     def _run_keys(self, run_id: str) -> list[str]:
         """The run's hash, stream and lease keys, as the scripts take them."""
@@ -281,22 +337,81 @@ class RedisHub:
 
     # --- producing ------------------------------------------------------------------------------
 
-    async def create(self, run_id: str, *, access: bytes | None = None) -> None:
-        """Open a new, empty run. Raises `RunExists`, `HubUnavailable`."""
+    async def create(
+        self, run_id: str, *, access: bytes | None = None, spec: bytes | None = None
+    ) -> None:
+        """Open a new, empty run (with `spec`, one another server may take over if this one
+        is lost). Raises `RunExists`, `HubUnavailable`."""
         run_keys = self._run_keys(run_id)
-        args = [access.hex() if access else "", int(self.open_ttl * 1000), self._lease_ms]
+        args = [
+            access.hex() if access else "",
+            int(self.open_ttl * 1000),
+            self._lease_ms,
+            self.owner,
+            spec or b"",
+        ]
         try:
             created = await self._create(keys=run_keys, args=args)
+            if created:
+                await self._client.zadd(layout.LEASES, {run_id: self._lease_deadline()})
         except _FAILURES as exc:
             raise self._unavailable(exc) from exc
         if not created:
             raise RunExists(f"run {run_id} exists")
         self._producing[run_id] = 0
 
-    async def open_run(self, run_id: str, *, access: bytes | None = None) -> RedisHubSink:
-        """Open a run and return the sink that appends its events."""
-        await self.create(run_id, access=access)
+    async def open_run(
+        self, run_id: str, *, access: bytes | None = None, spec: bytes | None = None
+    ) -> RedisHubSink:
+        """Open a run and return the sink that appends its events (`spec`: as `create`'s)."""
+        await self.create(run_id, access=access, spec=spec)
         return RedisHubSink(self, run_id)
+
+    def _lease_deadline(self) -> float:
+        """When a lease renewed now runs out, as `rillet:leases` scores it."""
+        return time.time() * 1000 + self._lease_ms
+
+    async def spec(self, run_id: str) -> bytes | None:
+        """The spec an open run was opened with (what a taker reads before it claims the
+        run); None for a run without one, done or forgotten. Raises `HubUnavailable`."""
+        try:
+            with trio.fail_after(self.timeout):
+                spec = await self._client.hget(layout.keys(run_id)[0], "spec")
+        except (*_FAILURES, trio.TooSlowError) as exc:
+            raise self._unavailable(exc) from exc
+        return spec
+
+    async def claim(self, run_id: str) -> Claim | None:
+        """Take over an open run whose lease has run out and that has a spec: this hub is its
+        producer from now on (the old one is fenced off). None when it is done, forgotten,
+        leased (by its producer, or a server that took it first), or has no spec. Raises
+        `HubUnavailable`."""
+        try:
+            with trio.fail_after(self.timeout):
+                reply = await self._claim(
+                    keys=self._run_keys(run_id), args=[self.owner, self._lease_ms]
+                )
+                if reply:
+                    await self._client.zadd(layout.LEASES, {run_id: self._lease_deadline()})
+        except (*_FAILURES, trio.TooSlowError) as exc:
+            raise self._unavailable(exc) from exc
+        if not reply:
+            return None
+        last_id, spec, access, data = reply
+        last = layout.seq(last_id)
+        elapsed = layout.entry(last_id, {layout.FIELD: data}).event.elapsed_ms if data else 0
+        access_hex = layout.text(access)
+        self._producing[run_id] = last
+        self.taken_over += 1
+        logger.warning("run %s: taken over after seq %d (its server's lease expired)", run_id, last)
+        return Claim(
+            run_id=run_id,
+            last=last,
+            spec=spec if isinstance(spec, bytes) else str(spec).encode(),
+            access=bytes.fromhex(access_hex) if access_hex else None,
+            elapsed_ms=elapsed,
+            sink=RedisHubSink(self, run_id),
+        )
 
     async def append(self, run_id: str, events: Sequence[RunEvent]) -> None:
         """Append events whose seqs continue the run's stream. Raises `AppendConflict` (the
@@ -306,7 +421,14 @@ class RedisHub:
             return
         first = events[0].seq
         done = False
-        args: list[Any] = [self.max_events, int(self.open_ttl * 1000), 0, 0, self._lease_ms]
+        args: list[Any] = [
+            self.max_events,
+            int(self.open_ttl * 1000),
+            0,
+            0,
+            self._lease_ms,
+            self.owner,
+        ]
         entries: list[Entry] = []
         for i, event in enumerate(events):
             if event.seq != first + i:
@@ -329,6 +451,7 @@ class RedisHub:
         self.appended += len(events)
         if done:
             self._producing.pop(run_id, None)
+            await self._forget_lease(run_id)
         elif run_id in self._producing:
             self._producing[run_id] = events[-1].seq
         tail = self._tails.get(run_id)
@@ -337,7 +460,7 @@ class RedisHub:
 
     def _refused(self, run_id: str, first: int, exc: ResponseError) -> HubError:
         message = str(exc)
-        if "equal or smaller" in message:
+        if "equal or smaller" in message or "RILLET_FENCED" in message:
             return AppendConflict(run_id, first)
         if "RILLET_UNKNOWN" in message:
             return UnknownRun(run_id)
@@ -378,33 +501,97 @@ class RedisHub:
             self._read_instead(run_id)
 
     async def _keep_leases(self) -> None:
-        """Renew, every `lease_interval` seconds, the lease of each open run this hub drives
-        (an append renews it too). A run another hub has ended meanwhile is not driven here
-        any more."""
+        """Every `lease_interval` seconds: renew the lease of each open run this hub drives
+        (an append renews it too; a run another hub has ended or taken over meanwhile is not
+        driven here any more), then look for runs whose server is gone."""
         while True:
             await trio.sleep(self.lease_interval)
-            runs = list(self._producing)
-            if not runs:
-                continue
+            await self._renew_leases()
             try:
-                with trio.fail_after(self.timeout):
-                    async with self._client.pipeline(transaction=False) as pipe:
-                        replies = [
-                            self._renew(
-                                keys=[layout.keys(run_id)[0], layout.lease_key(run_id)],
-                                args=[self._lease_ms],
-                                client=pipe,
-                            )
-                            for run_id in runs
-                        ]
-                    held = [await reply for reply in replies]
-            except (*_FAILURES, trio.TooSlowError) as exc:
-                logger.warning("renewing the leases of %d runs failed: %s", len(runs), exc)
+                await self._find_lost()
+            except HubUnavailable as exc:
+                logger.warning("looking for runs whose server is gone failed: %s", exc)
+
+    async def _renew_leases(self) -> None:
+        runs = list(self._producing)
+        if not runs:
+            return
+        try:
+            with trio.fail_after(self.timeout):
+                async with self._client.pipeline(transaction=False) as pipe:
+                    replies = [
+                        self._renew(
+                            keys=[layout.keys(run_id)[0], layout.lease_key(run_id)],
+                            args=[self._lease_ms, self.owner],
+                            client=pipe,
+                        )
+                        for run_id in runs
+                    ]
+                held = [await reply for reply in replies]
+                deadline = self._lease_deadline()
+                kept: dict[str | bytes, int | float] = {
+                    run_id: deadline for run_id, ok in zip(runs, held, strict=True) if ok
+                }
+                if kept:
+                    await self._client.zadd(layout.LEASES, kept)
+        except (*_FAILURES, trio.TooSlowError) as exc:
+            logger.warning("renewing the leases of %d runs failed: %s", len(runs), exc)
+            return
+        for run_id, ok in zip(runs, held, strict=True):
+            if not ok and run_id in self._producing:
+                logger.warning("run %s: its lease is lost; it is no longer driven here", run_id)
+                self._stop_producing(run_id)
+
+    async def _find_lost(self) -> None:
+        """Offer (or end) the open runs whose lease ran out, as `rillet:leases` says; forget
+        there the runs that are over."""
+        try:
+            with trio.fail_after(self.timeout):
+                due = await self._client.zrange(
+                    layout.LEASES,
+                    0,
+                    time.time() * 1000,
+                    sortby=PureToken.BYSCORE,
+                    offset=0,
+                    count=_SCAN,
+                )
+        except (*_FAILURES, trio.TooSlowError) as exc:
+            raise self._unavailable(exc) from exc
+        for member in due:
+            run_id = layout.text(member)
+            if run_id in self._producing:
                 continue
-            for run_id, ok in zip(runs, held, strict=True):
-                if not ok and run_id in self._producing:
-                    logger.warning("run %s: its lease is lost; it is no longer driven here", run_id)
-                    self._stop_producing(run_id)
+            if await self._end_lost(run_id) or await self._run_info(run_id) is None:
+                await self._forget_lease(run_id)
+
+    async def _forget_lease(self, run_id: str) -> None:
+        """The run is over: it leaves `rillet:leases` (a hint: a failure here costs a look)."""
+        try:
+            with trio.fail_after(self.timeout):
+                await self._client.zrem(layout.LEASES, [run_id])
+        except (*_FAILURES, trio.TooSlowError) as exc:
+            logger.debug("run %s: not forgotten in %s: %s", run_id, layout.LEASES, exc)
+
+    async def _unclaimed_long(self, run_id: str) -> bool:
+        """Whether a lost run that may be taken over has waited a whole lease since its own
+        ran out (as `rillet:leases` says) with no server taking it: then it is ended. A
+        server that cannot take it (no room, no `takeover`) leaves it to others until then."""
+        try:
+            with trio.fail_after(self.timeout):
+                deadline = await self._client.zscore(layout.LEASES, run_id)
+        except (*_FAILURES, trio.TooSlowError) as exc:
+            raise self._unavailable(exc) from exc
+        return deadline is None or time.time() * 1000 > deadline + self._lease_ms
+
+    async def _offer(self, run_id: str) -> bool:
+        """Offer a lost run to `takeover` (once at a time): whether it was taken."""
+        if self.takeover is None or run_id in self._offered:
+            return False
+        self._offered.add(run_id)
+        try:
+            return await self.takeover(run_id)
+        finally:
+            self._offered.discard(run_id)
 
     async def _end_lost(self, run_id: str) -> bool:
         """End an open run whose lease has expired (the server driving it is gone) with
@@ -414,11 +601,16 @@ class RedisHub:
             info = await self._run_info(run_id)
             if info is None:
                 return False
-            state, _, _, last, leased = info
+            state, last, leased = info.state, info.last, info.leased
             if state != "open":
                 return True
-            if leased or run_id in self._producing:
+            if leased or run_id in self._producing or run_id in self._offered:
                 return False
+            if info.spec:
+                if await self._offer(run_id):
+                    continue  # taken (here or elsewhere): the next read says by whom
+                if not await self._unclaimed_long(run_id):
+                    return False  # another server may take it yet
             end = await self._end_after(run_id, last, _LOST)
             args = [last + 1, encode_json(end), max(1, int(self.retention * 1000)), self.max_events]
             try:
@@ -468,9 +660,9 @@ class RedisHub:
         while True:
             try:
                 info = await self._run_info(run_id)
-                if info is None or info[0] != "open":
+                if info is None or info.state != "open":
                     return
-                end = await self._end_after(run_id, info[3], _UNAVAILABLE)
+                end = await self._end_after(run_id, info.last, _UNAVAILABLE)
                 await self.append(run_id, [end])
             except HubUnavailable:
                 if trio.current_time() >= deadline:
@@ -489,9 +681,9 @@ class RedisHub:
 
     # --- reading --------------------------------------------------------------------------------
 
-    async def _run_info(self, run_id: str) -> tuple[str, bytes | None, int, int, bool] | None:
-        """The run's state, access, first and last seq kept, and whether its lease is held;
-        None for an unknown run."""
+    async def _run_info(self, run_id: str) -> _Info | None:
+        """The run's state, access, first and last seq kept, whether its lease is held and
+        whether it may be taken over; None for an unknown run."""
         try:
             with trio.fail_after(self.timeout):
                 reply = await self._info(keys=self._run_keys(run_id))
@@ -499,14 +691,15 @@ class RedisHub:
             raise self._unavailable(exc) from exc
         if not reply:
             return None
-        state, access, first, last, leased = reply
+        state, access, first, last, leased, spec = reply
         access_hex = layout.text(access)
-        return (
-            layout.text(state),
-            bytes.fromhex(access_hex) if access_hex else None,
-            layout.seq(first),
-            layout.seq(last),
-            bool(leased),
+        return _Info(
+            state=layout.text(state),
+            access=bytes.fromhex(access_hex) if access_hex else None,
+            first=layout.seq(first),
+            last=layout.seq(last),
+            leased=bool(leased),
+            spec=bool(spec),
         )
 
     async def _range(self, run_id: str, start: int, count: int) -> list[Entry]:
@@ -528,12 +721,12 @@ class RedisHub:
         info = await self._run_info(run_id)
         if info is None:
             raise UnknownRun(run_id)
-        if info[0] == "open" and not info[4] and run_id not in self._producing:
-            await self._end_lost(run_id)  # its server is gone: this subscriber reads its end
+        if info.state == "open" and not info.leased and run_id not in self._producing:
+            await self._end_lost(run_id)  # its server is gone: taken over, or ended here
             info = await self._run_info(run_id)
             if info is None:
                 raise UnknownRun(run_id)
-        state, _, first, last, _ = info
+        state, first, last = info.state, info.first, info.last
         if after < 0 or after > last:
             raise CursorInvalid("past the last event")
         if last and after + 1 < first:
@@ -571,7 +764,7 @@ class RedisHub:
     async def access(self, run_id: str) -> bytes | None:
         """The `access` the run was opened with; None for an unknown run or none given."""
         info = await self._run_info(run_id)
-        return None if info is None else info[1]
+        return None if info is None else info.access
 
     async def kept(self, run_ids: Sequence[str]) -> set[str]:
         """Which of these runs Redis still keeps."""
@@ -599,6 +792,7 @@ class RedisHub:
             "subscribers": self.subscribers,
             "appended": self.appended,
             "delivered": self.delivered,
+            "taken_over": self.taken_over,
         }
 
     # --- the tail -------------------------------------------------------------------------------
@@ -635,8 +829,8 @@ class RedisHub:
                             if info is None:
                                 reason = "run_expired"  # gone without run.done
                                 break
-                            if info[0] == "open" and not info[4]:
-                                await self._end_lost(tail.run_id)  # the next read has its end
+                            if info.state == "open" and not info.leased:
+                                await self._end_lost(tail.run_id)  # the next read says what
             except* Exception as group:  # Redis gone, or an entry that is not a run event
                 logger.error(
                     "run %s: reading its log failed (%s); its subscribers here are closed with %s",
@@ -676,7 +870,7 @@ class RedisHub:
         tail.wake()
 
 
-_SCRIPTS = (layout.CREATE, layout.APPEND, layout.INFO, layout.RENEW, layout.LOST)
+_SCRIPTS = (layout.CREATE, layout.APPEND, layout.INFO, layout.RENEW, layout.LOST, layout.CLAIM)
 
 
 @asynccontextmanager

@@ -335,8 +335,10 @@ async def test_a_second_producer_for_a_run_is_refused_and_the_log_keeps_the_firs
                 await b.append(run_id, deltas(run_id, 3, 4))
             with pytest.raises(AppendConflict):
                 await b.append(run_id, deltas(run_id, 2, 2))  # out of order
+            with pytest.raises(AppendConflict):  # next in line, but not b's run: fenced off
+                await b.append(run_id, deltas(run_id, 4, 4))
             with pytest.raises(HubError, match="expected seq 4, got 6") as gap:
-                await b.append(run_id, deltas(run_id, 6, 6))
+                await a.append(run_id, deltas(run_id, 6, 6))
             sink = RedisHubSink(b, run_id)
             with caplog.at_level(logging.ERROR, logger="rillet._hub._redis"):
                 await sink.deliver(SinkBatch(deltas(run_id, 3, 3), ()))  # logged, not raised

@@ -404,41 +404,64 @@ def test_a_cancel_reaching_the_other_worker_cancels_the_run(two: Served) -> None
 LEASE_AND_BLOCK = 9.0 + 5.0  # the hub's lease, then a quiet read's block before it checks
 
 
-def test_readers_of_a_run_whose_worker_is_killed_get_server_lost(
+@attrs.define
+class Killed:
+    """What readers saw of a run whose driving worker was SIGKILLed 2 s in."""
+
+    run: dict[str, Any]
+    live: Events  # the live reader's events, on the other worker
+    waited: float  # seconds from the kill to the live reader's end
+    resumed: Events  # a resume from after the live reader's sixth event
+    cancel: httpx.Response  # a cancel with the run's act token, after its end
+    taken: int  # runs taken over, over both workers
+
+
+def _kill_the_driver(served: Served, *, approve: bool = False) -> tuple[Killed, httpx.Response]:
+    """Start a run on worker 0, follow it live on worker 1, SIGKILL worker 0 2 s in; then
+    resume, cancel and (with `approve`) answer an approval on worker 1."""
+    driver, metrics = _on(served.url, 0)
+    reader, _ = _on(served.url, 1)
+    with closing(driver), closing(reader):
+        run = _start(driver)
+        path = _path(run["events_url"])
+        live: Events = []
+        follower = threading.Thread(
+            target=lambda: live.extend(_events(reader, path, within=60)), daemon=True
+        )
+        follower.start()
+        time.sleep(2.0)  # the run streams meanwhile
+        os.kill(metrics["pid"], signal.SIGKILL)
+        killed = time.monotonic()
+        follower.join(timeout=60)
+        assert not follower.is_alive()
+        waited = time.monotonic() - killed
+        other, _ = _on(served.url, 1)
+        with closing(other):
+            resumed = _events(other, path, last_event_id=live[5][0], within=30)
+            auth = {"authorization": f"Bearer {run['act_token']}"}
+            cancel = other.delete(f"/v1/runs/{run['run_id']}", headers=auth)
+            answer = other.post(
+                f"/v1/runs/{run['run_id']}/approvals/a1", headers=auth, json={"approve": approve}
+            )
+        taken = sum(_metrics(served.url, w)["runs_taken_over"] for w in (0, 1))
+    return Killed(run, live, waited, resumed, cancel, taken), answer
+
+
+def test_readers_of_a_run_whose_worker_is_killed_get_server_lost_without_takeover(
     redis_server: RedisServer,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    """SIGKILL to the worker driving a 30 s run, 2 s in: the live reader on the other worker gets
-    `run.done` (`error`, `server_lost`) within the lease time; a resume with its `Last-Event-ID`
-    gets the same end; a cancel answers as for a finished run (202), an approval 409."""
+    """`--no-takeover`, SIGKILL to the worker driving a 30 s run, 2 s in: the live reader on
+    the other worker gets `run.done` (`error`, `server_lost`) within the lease time; a resume
+    with its `Last-Event-ID` gets the same end; a cancel answers as for a finished run (202),
+    an approval 409."""
     with (
         _provider("--chunks", "600") as provider,
-        _serve(tmp_path, redis_server.url, provider, "--workers", "2") as served,
+        _serve(tmp_path, redis_server.url, provider, "--workers", "2", "--no-takeover") as served,
     ):
-        driver, metrics = _on(served.url, 0)
-        reader, _ = _on(served.url, 1)
-        with closing(driver), closing(reader):
-            run = _start(driver)
-            path = _path(run["events_url"])
-            live: Events = []
-            follower = threading.Thread(
-                target=lambda: live.extend(_events(reader, path, within=60)), daemon=True
-            )
-            follower.start()
-            time.sleep(2.0)  # the run streams meanwhile: 2 s in, of 30
-            os.kill(metrics["pid"], signal.SIGKILL)
-            killed = time.monotonic()
-            follower.join(timeout=60)
-            waited = time.monotonic() - killed
-            other, _ = _on(served.url, 1)
-            with closing(other):
-                resumed = _events(other, path, last_event_id=live[5][0], within=30)
-                auth = {"authorization": f"Bearer {run['act_token']}"}
-                cancel = other.delete(f"/v1/runs/{run['run_id']}", headers=auth)
-                approve = other.post(
-                    f"/v1/runs/{run['run_id']}/approvals/a1", headers=auth, json={"approve": True}
-                )
-    assert not follower.is_alive()
+        killed, approve = _kill_the_driver(served, approve=True)
+    live, waited, resumed, cancel = killed.live, killed.waited, killed.resumed, killed.cancel
+    assert killed.taken == 0
     assert [e["seq"] for _, e in live] == list(range(1, len(live) + 1))
     end = live[-1][1]
     assert (end["type"], end["status"], end["code"]) == ("run.done", "error", "server_lost")
@@ -446,9 +469,45 @@ def test_readers_of_a_run_whose_worker_is_killed_get_server_lost(
     assert waited < LEASE_AND_BLOCK + 3.0, waited
     assert resumed == live[6:]
     assert cancel.status_code == 202, cancel.text
-    assert cancel.json() == {"run_id": run["run_id"]}
+    assert cancel.json() == {"run_id": killed.run["run_id"]}
     assert approve.status_code == 409, approve.text
     assert approve.json()["error"]["type"] == "approval_not_waiting"
+
+
+TAKEN = 120  # deltas of a run taken over: 6 s
+
+
+def test_a_run_whose_worker_is_killed_finishes_on_another_with_every_character_once(
+    redis_server: RedisServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """SIGKILL to the worker driving a run, 2 s in: another worker takes the run over once the
+    lease has run out and runs it again. The live reader on the other worker gets one gapless
+    stream: what the lost worker streamed, `status` `taken_over`, `attempt.reset`, then the
+    whole answer once, `completed`; a resume from before the takeover gets the same rest; the
+    run's act token still reaches it (a cancel after its end answers 202)."""
+    with (
+        _provider("--chunks", str(TAKEN)) as provider,
+        _serve(tmp_path, redis_server.url, provider, "--workers", "2") as served,
+    ):
+        killed, _ = _kill_the_driver(served)
+    live, waited, resumed, cancel = killed.live, killed.waited, killed.resumed, killed.cancel
+    types = [e["type"] for _, e in live]
+    assert [e["seq"] for _, e in live] == list(range(1, len(live) + 1))
+    assert types.count("run.started") == 1
+    phases = [e.get("phase") for _, e in live if e["type"] == "status"]
+    assert phases.count("taken_over") == 1, phases
+    reset = max(i for i, kind in enumerate(types) if kind == "attempt.reset")
+    before = "".join(e["delta"] for _, e in live[:reset] if e["type"] == "answer.delta")
+    after = "".join(e["delta"] for _, e in live[reset:] if e["type"] == "answer.delta")
+    assert 0 < len(before) < len("".join(fragments(TAKEN)))  # cut midway by the kill
+    assert after == "".join(fragments(TAKEN))
+    end = live[-1][1]
+    assert (end["type"], end["status"], end["code"]) == ("run.done", "completed", "completed")
+    assert waited < LEASE_AND_BLOCK + 3.0 + TAKEN * GAP, waited
+    assert resumed == live[6:]
+    assert killed.taken == 1
+    assert cancel.status_code == 202, cancel.text
 
 
 def test_a_cancel_with_a_wrong_or_read_token_on_the_other_worker_is_not_found(

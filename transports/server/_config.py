@@ -125,6 +125,12 @@ class ServerConfig:
         redis_url: keep run logs in this Redis (`redis://...`, needs the `redis` extra), so that
             every server sharing it serves every run's subscribers; None keeps them in memory.
             An unreachable Redis stops the server from starting (no fallback to memory).
+        takeover: with `redis_url`, a run whose server is gone (killed, hung: its lease ran
+            out) is started again by another server sharing the Redis, its events following
+            the log's last (a `status` `taken_over`, an `attempt.reset`, the new attempt), so
+            that its readers get an answer, not `server_lost`. The run's request stays in Redis
+            while the run is open. Agent runs are never taken over. Off: such runs end
+            `server_lost`.
         ui_resume: keep each AI SDK chat's current UI stream running when its reader leaves, so
             `useChat({ resume: true })` resumes it after a reload (`GET
             /v1/ui/chat/{id}/stream`, from its first part); `DELETE` there, or the chat's next
@@ -157,6 +163,7 @@ class ServerConfig:
     redis_url: str | None = None
     tools: str | None = None
     ui_resume: bool = False
+    takeover: bool = True
     route_kinds: tuple[str, ...] = attrs.field(default=(), converter=_models)
     route_env: Mapping[str, str] | None = None
     workers: int = 1

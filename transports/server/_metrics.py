@@ -37,6 +37,7 @@ class Prometheus:
     provider_requests: Counter
     retries: Counter
     resets: Counter
+    taken_over: Counter
     bytes_sent: Counter
     active: Gauge
     queued: Gauge
@@ -70,6 +71,9 @@ class Prometheus:
             ),
             retries=counter("rillet_retries", "Attempts after a run's first one."),
             resets=counter("rillet_resets", "Attempts voided after they had streamed events."),
+            taken_over=counter(
+                "rillet_runs_taken_over", "Runs continued here after their server was lost."
+            ),
             bytes_sent=counter("rillet_bytes_sent", "Bytes sent to clients (counted per request)."),
             active=gauge("rillet_runs_active", "Runs streaming from a provider now."),
             queued=gauge("rillet_runs_queued", "Runs waiting for a provider-stream slot now."),
@@ -108,6 +112,7 @@ class Metrics:
     connections_refused: int = 0
     connections_evicted: int = 0  # idle ones closed at the cap to let a new one in
     subscribers_dropped: int = 0
+    runs_taken_over: int = 0
     prom: Prometheus | None = attrs.field(factory=Prometheus.create)
     _buckets: collections.deque[list[float]] = attrs.field(factory=collections.deque)
     _ttfe: collections.deque[float] = attrs.field(factory=lambda: collections.deque(maxlen=1024))
@@ -149,6 +154,12 @@ class Metrics:
         """A run was cancelled while it waited for a slot: it ended before reaching a provider."""
         if self.prom is not None:
             self.prom.runs.labels(outcome="cancelled").inc()
+
+    def taken_over(self) -> None:
+        """A run whose server was lost goes on here."""
+        self.runs_taken_over += 1
+        if self.prom is not None:
+            self.prom.taken_over.inc()
 
     def reset(self) -> None:
         """An attempt that had streamed events was voided (a retry after it)."""

@@ -411,6 +411,7 @@ class Server:
             "runs_queued": self.shared.admission.waiting,
             "runs_started": m.runs_started,
             "runs_kept": len(self.runs.runs),
+            "runs_taken_over": m.runs_taken_over,
             "streams_started": m.streams_started,
             "connections": m.connections,
             "connections_refused": m.connections_refused,

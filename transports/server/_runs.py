@@ -14,6 +14,17 @@ the agent loop with those tools, its events in the same run log as a turn's; its
 approvals are answered over HTTP (`POST /v1/runs/{id}/approvals/{approval_id}`, with the run's
 act token), and one no one answers within `approval_timeout` is denied, so a run never waits
 for ever holding its provider-stream slot.
+
+Taking over (`takeover`, with a hub shared through Redis): a turn run is opened with its spec
+(the model and the request, `_Spec`), which the hub keeps while the run is open. When the
+server producing it is gone (its lease ran out), another server's hub claims the run and hands
+it here: the run starts again from its spec on this server, its events following the log's
+last with the next seq: a `status` (`taken_over`), an `attempt.reset` voiding what the lost
+server streamed, then the new attempt's events (no second `run.started`). The run's tokens
+stay valid (the hub keeps their digests), a cancel reaches it here, and its old server, should
+it come back, can no longer append (its turn is stopped). Agent runs are not taken over: their
+tools may have acted already, and running them again is not the server's to decide; they end
+`server_lost`.
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ import logging
 import re
 import secrets
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 import msgspec
@@ -33,7 +44,14 @@ import trio
 from rillet._agent._demo_tools import toolset
 from rillet._agent._loop import Agent, run_agent
 from rillet._core._codes import retryable
-from rillet._core._errors import CursorExpired, CursorInvalid, HubError, HubUnavailable, UnknownRun
+from rillet._core._errors import (
+    AppendConflict,
+    CursorExpired,
+    CursorInvalid,
+    HubError,
+    HubUnavailable,
+    UnknownRun,
+)
 from rillet._core._events import UniMessage
 from rillet._core._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest, user
 from rillet._core._runevents import (
@@ -41,6 +59,7 @@ from rillet._core._runevents import (
     AttemptResetEvent,
     RunDone,
     RunEvent,
+    RunStarted,
     StatusEvent,
 )
 from rillet._hub._hub import Subscription, parse_cursor
@@ -119,9 +138,15 @@ class HubFeed:
     shift: int = 0
     offset_ms: int = 0  # how long the run waited before its turn started
     started: float = attrs.field(factory=trio.current_time)
+    continued: bool = False  # a run taken over: its log has its `run.started` already
 
     async def deliver(self, batch: SinkBatch) -> None:
-        """Count the batch's run events and append them (moved past the server's own)."""
+        """Count the batch's run events and append them (moved past the server's own). A run
+        whose append was refused because another server took it over stops its turn."""
+        if self.continued and batch.run and type(batch.run[0]) is RunStarted:
+            self.continued = False
+            self.shift -= 1
+            batch = SinkBatch(run=batch.run[1:], uni=batch.uni)
         if batch.run:
             self.metrics.count(len(batch.run))
             for event in batch.run:
@@ -136,11 +161,29 @@ class HubFeed:
                 ]
                 batch = SinkBatch(run=moved, uni=batch.uni)
             await self.inner.deliver(batch)
+            fenced = isinstance(getattr(self.inner, "failed", None), AppendConflict)
+            if fenced and self.turn is not None:  # another server produces the run now
+                self.turn.cancel()
 
     async def own(self, event: RunEvent) -> None:
         """One of the server's own events for the run (before the turn's, or instead)."""
         self.shift += 1
         await self.inner.deliver(SinkBatch(run=[event], uni=()))
+
+    async def end(self, status: Literal["error", "cancelled"], code: str) -> None:
+        """End the run before any turn of it reached a provider: the server's own `run.done`,
+        then the hub's sink closed."""
+        await self.own(
+            RunDone(
+                **self.envelope(),
+                status=status,
+                code=code,
+                attempts=0,
+                requests=0,
+                retryable=retryable(code),
+            )
+        )
+        await self.close()
 
     def envelope(self) -> dict[str, Any]:
         """The envelope of the server's next own event."""
@@ -170,6 +213,27 @@ class _RunBody(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _decode_run_body = msgspec.json.Decoder(_RunBody).decode
+
+
+class _Spec(msgspec.Struct, frozen=True, kw_only=True):
+    """What another server needs to take a run over: the model that answers it, where (the
+    dialect and the base URL: a server that would send the model elsewhere leaves the run to
+    others), and the request, as the run's first server read them."""
+
+    model: str
+    dialect: str
+    base_url: str
+    request: TurnRequest
+
+    def served_by(self, provider: Provider) -> bool:
+        """Whether `provider` is the upstream this run was started on."""
+        return (type(provider.dialect).__name__, provider.base_url) == (
+            self.dialect,
+            self.base_url,
+        )
+
+
+_decode_spec = msgspec.json.Decoder(_Spec).decode
 
 
 def _run_request(body: _RunBody) -> TurnRequest:
@@ -274,15 +338,26 @@ class Runs:
         ticket = self.shared.reserve(request, mmsp=False)
         run_id = secrets.token_hex(12)
         record = RunRecord(token=secrets.token_urlsafe(24), act=secrets.token_urlsafe(24))
+        agent = self.agents.wanted(body.tools)
+        spec = None
+        if self.shared.config.takeover and not agent:
+            spec = msgspec.json.encode(
+                _Spec(
+                    model=provider.model,
+                    dialect=type(provider.dialect).__name__,
+                    base_url=provider.base_url,
+                    request=turn_request,
+                )
+            )
         try:
             try:
-                inner = await self.shared.hub.open_run(run_id, access=record.access)
+                inner = await self.shared.hub.open_run(run_id, access=record.access, spec=spec)
             except HubUnavailable as exc:
                 logger.error("refusing a new run: %s", exc)
                 raise log_unavailable().reply() from None
             sink = HubFeed(inner, self.shared.metrics, run_id)
             self.runs[run_id] = record
-            runner = self.agents.run if self.agents.wanted(body.tools) else self._run
+            runner = self.agents.run if agent else self._run
             try:
                 await self.shared.nursery.start(
                     runner, turn_request, provider, run_id, sink, record, ticket
@@ -357,6 +432,60 @@ class Runs:
             self.shared.admission.release(ticket)
             record.turn = sink.turn = None
 
+    async def take_over(self, run_id: str) -> bool:
+        """Continue a run whose server is gone, from its spec (the hub's `takeover`): True once
+        it runs here (or another server took it first); False when this server has no room
+        for it now, or does not serve its model from the same upstream, so that another
+        server takes it (or, after a while, it ends `server_lost`)."""
+        from rillet._hub._redis import RedisHub  # the only hub that offers runs
+
+        hub = self.shared.hub
+        assert isinstance(hub, RedisHub)
+        kept = await hub.spec(run_id)
+        if kept is None:
+            return True  # done, forgotten, or taken meanwhile: the hub reads which
+        try:
+            spec = _decode_spec(kept)
+            provider = self.shared.provider(spec.model, mmsp=False)
+        except (msgspec.ValidationError, ErrorReply) as exc:
+            logger.warning("run %s: cannot be taken over here: %s", run_id, exc)
+            return False
+        if not spec.served_by(provider):
+            return False
+        ticket = self.shared.admission.reserve(ClientId(b"takeover:" + run_id.encode()))
+        if ticket is None:
+            return False
+        try:
+            claim = await hub.claim(run_id)
+        except BaseException:
+            self.shared.admission.release(ticket)
+            raise
+        if claim is None:
+            self.shared.admission.release(ticket)
+            return True
+        self.shared.metrics.taken_over()
+        record = RunRecord(token="", access=claim.access or b"")
+        self.runs[run_id] = record
+        sink = HubFeed(
+            claim.sink,
+            self.shared.metrics,
+            run_id,
+            shift=claim.last,
+            offset_ms=claim.elapsed_ms,
+            started=trio.current_time() - claim.elapsed_ms / 1000,
+            continued=True,
+        )
+        try:
+            await sink.own(StatusEvent(**sink.envelope(), phase="taken_over", attempt=0))
+            await sink.own(AttemptResetEvent(**sink.envelope(), attempt=0))
+            await self.shared.nursery.start(
+                self._run, spec.request, provider, run_id, sink, record, ticket
+            )
+        except BaseException:
+            self.shared.admission.release(ticket)
+            raise
+        return True
+
     async def _queued(
         self, sink: HubFeed, record: RunRecord, ticket: Ticket, task_status: trio.TaskStatus[None]
     ) -> None:
@@ -371,16 +500,7 @@ class Runs:
         if ticket.admitted:
             sink.offset_ms = int((trio.current_time() - sink.started) * 1000)
             return
-        stopped = RunDone(
-            **sink.envelope(),
-            status="cancelled",
-            code="cancelled",
-            attempts=0,
-            requests=0,
-            retryable=retryable("cancelled"),
-        )
-        await sink.own(stopped)
-        await sink.close()
+        await sink.end("cancelled", "cancelled")
 
     async def sweep(self) -> None:
         """Every `sweep_interval` seconds: the hub forgets expired runs, and the server the

@@ -76,6 +76,11 @@ async def _serve(config: ServerConfig, hub: RunHub, task_status: trio.TaskStatus
             control = Control(config.redis_url, server.runs.controlled)
             await nursery.start(control.run)
             server.shared.control = control
+            if config.takeover:  # runs whose server is gone go on here
+                from rillet._hub._redis import RedisHub
+
+                if isinstance(hub, RedisHub):
+                    hub.takeover = server.runs.take_over
         for listener in listeners:
             nursery.start_soon(_accept, listener, server, nursery)
         nursery.start_soon(server.runs.sweep)
