@@ -54,7 +54,9 @@ SETTINGS: dict[str, Any] = {
 
 
 def _reply(dialect: str) -> Reply:
-    folder = "openai-chat" if dialect == "openai" else "openai-responses"
+    folder = {"openai": "openai-chat", "anthropic": "anthropic-messages"}.get(
+        dialect, "openai-responses"
+    )
     return fixture_reply(wire_path(folder, "text"))
 
 
@@ -108,9 +110,14 @@ async def test_reasoning_effort_none_is_sent_as_none() -> None:
     assert sent[0]["reasoning_effort"] == "none"
 
 
+CHAT_ONLY = ("seed", "a_field_openai_adds_next_year")  # no place for them on Responses' wire
+
+
 async def test_what_the_responses_wire_takes_reaches_its_provider() -> None:
     body = {"messages": _messages(), "tools": [STRICT_TOOL], "reasoning_effort": "minimal"}
-    answer, sent = await _sent("openai-responses", {**body, **SETTINGS})
+    del body["messages"][0]["name"]
+    settings = {k: v for k, v in SETTINGS.items() if k not in CHAT_ONLY}
+    answer, sent = await _sent("openai-responses", {**body, **settings})
     assert answer.status_code == 200, answer.text
     upstream = sent[0]
     assert upstream["tools"][0]["strict"] is True
@@ -122,11 +129,57 @@ async def test_what_the_responses_wire_takes_reaches_its_provider() -> None:
         "service_tier",
         "prompt_cache_key",
         "safety_identifier",
+        "store",
     ):
         assert upstream[name] == SETTINGS[name], name
-    assert upstream["store"] is False  # the dialect's own: it is stateless
-    # Chat Completions' own shapes are not the Responses wire's: not sent under its names
-    assert not {"seed", "response_format", "a_field_openai_adds_next_year"} & set(upstream)
+    form = SETTINGS["response_format"]["json_schema"]
+    assert upstream["text"] == {"format": {"type": "json_schema", **form}, "verbosity": "low"}
+    assert "response_format" not in upstream
+
+
+@pytest.mark.parametrize(
+    ("dialect", "field", "value"),
+    [
+        ("openai-responses", "seed", 7),
+        ("openai-responses", "a_field_openai_adds_next_year", {"nested": [1]}),
+        ("openai-responses", "frequency_penalty", 0.5),
+        ("anthropic", "seed", 7),
+        ("anthropic", "response_format", SETTINGS["response_format"]),
+        ("anthropic", "store", True),
+    ],
+)
+async def test_a_field_the_providers_wire_cannot_take_is_refused_not_dropped(
+    dialect: str, field: str, value: Any
+) -> None:
+    """OpenAI's 400 naming the field, and the provider never asked."""
+    answer, sent = await _sent(dialect, {"messages": [_plain()], field: value})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert (error["param"], error["code"]) == (field, "unsupported_parameter")
+    assert dialect in error["message"]
+    assert sent == []
+
+
+async def test_a_speakers_name_is_refused_for_a_wire_without_names() -> None:
+    answer, sent = await _sent("anthropic", {"messages": _messages()})
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == "messages[0].name"
+    assert sent == []
+
+
+async def test_hints_and_defaults_go_without_a_place_and_anthropic_gets_what_it_takes() -> None:
+    hints = {k: SETTINGS[k] for k in ("metadata", "prompt_cache_key", "safety_identifier")}
+    defaults = {"store": False, "parallel_tool_calls": True, "service_tier": "auto"}
+    answer, sent = await _sent(
+        "anthropic", {"messages": [_plain()], "top_p": 0.5, **hints, **defaults}
+    )
+    assert answer.status_code == 200, answer.text
+    assert sent[0]["top_p"] == 0.5
+    assert sent[0]["metadata"] == {"user_id": "hashed-user"}
+
+
+def _plain() -> dict[str, Any]:
+    return {"role": "user", "content": "Weather in Paris?"}
 
 
 async def test_a_tool_not_strict_stays_as_the_client_said() -> None:

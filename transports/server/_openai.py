@@ -374,10 +374,10 @@ async def admit(
     return body, turn_request, provider, ticket
 
 
-def _chat_request(body: ChatBody, _dialect: str) -> TurnRequest:
+def _chat_request(body: ChatBody, dialect: str) -> TurnRequest:
     if len(body.messages) > _MAX_MESSAGES:  # refused before they are read: see there
         raise BadRequest(f"`messages` holds more than {_MAX_MESSAGES} messages", "messages")
-    return chat_request(body)
+    return chat_request(body, dialect)
 
 
 @attrs.define(eq=False)

@@ -3,8 +3,13 @@ developer ones as the system prompt, assistant tool calls, tool results, a speak
 the tools (`strict` included), the tool choice and the generation settings. Every other field
 (`stop`, `seed`, `response_format`, `metadata`, a field OpenAI adds next year, ...) and
 `reasoning_effort` as given go, unchanged, to a provider speaking OpenAI's Chat Completions wire
-(`extra_body`); those the Responses wire has too go to a provider of that wire; other dialects do
-without them. A field no provider behind this endpoint can honour is refused, never dropped."""
+(`extra_body`); those the Responses wire has too go to a provider of that wire
+(`response_format` as its `text.format`), and Anthropic's wire takes `top_p` and the end user's
+id. A field that would shape the answer and that the routed provider's wire has no place for
+(`seed` to Anthropic, a speaker's `name` to any wire but Chat's, ...) is refused with OpenAI's
+`unsupported_parameter` naming it; only hints that leave the answer as it is and settings at
+their default go without a place. A field no provider behind this endpoint can honour is
+refused whatever the provider: nothing is dropped."""
 
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from ..._core._events import (
     UniMessage,
 )
 from ..._core._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
+from .._anthropic._stream import NAME as ANTHROPIC
 from .._openai_responses._items import NAME as OPENAI_RESPONSES
 from ._stream import REFUSAL_FIDELITY
 from ._wire import NAME as OPENAI_CHAT
@@ -155,6 +161,58 @@ SHARED_FIELDS = (
 )
 """The fields OpenAI's Chat Completions and Responses wires both take under the same name and
 meaning: what one endpoint's request passes, as given, to a provider of the other wire."""
+HINTS = frozenset(
+    {
+        "metadata",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "safety_identifier",
+        "user",
+        "stream_options",
+    }
+)
+"""Fields any provider may go without: they leave the answer as it is (`metadata` is the
+response's own, echoed; the others are cache and abuse-tracking hints)."""
+_DEFAULTS: dict[str, tuple[Any, ...]] = {
+    "service_tier": ("auto", "default"),
+    "parallel_tool_calls": (True,),
+    "response_format": ({"type": "text"},),
+    "store": (False,),
+}
+"""Chat settings at the value that asks a provider for nothing more than it does without them."""
+_TO_RESPONSES = (*SHARED_FIELDS, "response_format", "verbosity", "store")
+"""The Chat fields a Responses provider carries (`response_format` and `verbosity` under
+`text`)."""
+
+
+def unsent(param: str, dialect: str, wire: str) -> BadRequest:
+    """The refusal of a field the routed provider's `dialect` has no place for: OpenAI's
+    `unsupported_parameter`, naming the field and the `wire` that would take it."""
+    message = (
+        f"Unsupported parameter: '{param}' cannot be sent to this model's provider ({dialect});"
+        f" leave it out, or ask for a model served over {wire}."
+    )
+    return BadRequest(message, param, "unsupported_parameter")
+
+
+def _refuse_unsent(body: ChatBody, dialect: str) -> None:
+    """Refuse the first field that would shape the answer and that the `dialect`'s wire has
+    no place for: a provider of OpenAI's Chat wire takes every field as given; one of the
+    Responses wire those of the same meaning; Anthropic's `top_p` and the end user's id; the
+    others only hints and settings at their default."""
+    if dialect == OPENAI_CHAT:
+        return
+    for i, message in enumerate(body.messages):
+        if message.name is not None:
+            raise unsent(f"messages[{i}].name", dialect, "OpenAI's Chat Completions API")
+    for name, value in body.extra.items():
+        carried = (dialect == OPENAI_RESPONSES and name in _TO_RESPONSES) or (
+            dialect == ANTHROPIC and name == "top_p"
+        )
+        if not carried and name not in HINTS and value not in _DEFAULTS.get(name, ()):
+            raise unsent(name, dialect, "OpenAI's Chat Completions API")
+
+
 EFFORTS: dict[str, ThinkingLevel] = {
     "none": "none",
     "minimal": "low",
@@ -246,10 +304,11 @@ def _tool_choice(value: str | dict[str, Any] | None) -> ToolChoice | None:
     raise BadRequest("tool_choice must be auto, none, required or a function", "tool_choice")
 
 
-def chat_request(body: ChatBody) -> TurnRequest:
-    """A Chat Completions request as rillet's turn request: system and developer messages are
-    the system prompt, assistant `tool_calls` are tool call items, `role: "tool"` messages are
-    tool results (consecutive ones in one user message). Raises `BadRequest`."""
+def chat_request(body: ChatBody, dialect: str = OPENAI_CHAT) -> TurnRequest:
+    """A Chat Completions request as rillet's turn request for a provider of the `dialect`
+    wire (its name): system and developer messages are the system prompt, assistant
+    `tool_calls` are tool call items, `role: "tool"` messages are tool results (consecutive
+    ones in one user message). Raises `BadRequest`, for a field that wire cannot take too."""
     if body.n not in (None, 1):
         raise BadRequest("only n=1 is supported", "n")
     # no dialect's turn brings token log probabilities back: refused as OpenAI refuses them for
@@ -261,6 +320,7 @@ def chat_request(body: ChatBody) -> TurnRequest:
     if refused:
         refusal = f"Unsupported parameter: '{refused[0]}' is not supported here."
         raise BadRequest(refusal, refused[0], "unsupported_parameter")
+    _refuse_unsent(body, dialect)
     system: list[str] = []
     messages: list[UniMessage] = []
     # the items of the last message while it holds tool results only: what the next joins (one
@@ -348,16 +408,36 @@ def chat_request(body: ChatBody) -> TurnRequest:
 
 def _passed_on(body: ChatBody) -> dict[str, dict[str, Any]]:
     """What goes, as the client gave it, to a provider of OpenAI's own wires: every field
-    rillet does not act on to Chat Completions, those of the same meaning to Responses, and
+    rillet does not act on to Chat Completions; to Responses those of the same meaning,
+    `response_format` as its `text.format` and `verbosity` as `text.verbosity`;
     `reasoning_effort` to both as given (`minimal` and `none` included, which the thinking
-    levels other dialects read cannot say)."""
-    chat = dict(body.extra)
-    responses = {name: body.extra[name] for name in SHARED_FIELDS if name in body.extra}
+    levels other dialects read cannot say); to Anthropic's wire `top_p`, and the end user's id
+    as its `metadata.user_id`."""
+    extra = body.extra
+    chat = dict(extra)
+    responses = {name: extra[name] for name in (*SHARED_FIELDS, "store") if name in extra}
     if body.reasoning_effort is not None:
         chat["reasoning_effort"] = body.reasoning_effort
         reasoning = {"effort": body.reasoning_effort}
         if body.reasoning_effort != "none":
             reasoning["summary"] = "auto"  # as the dialect asks, so the thinking is shown
         responses["reasoning"] = reasoning
-    passed = {OPENAI_CHAT: chat, OPENAI_RESPONSES: responses}
+    text: dict[str, Any] = {}
+    form = extra.get("response_format")
+    if isinstance(form, dict) and form.get("type") == "json_schema":
+        schema = form.get("json_schema")
+        text["format"] = {"type": "json_schema", **(schema if isinstance(schema, dict) else {})}
+    elif isinstance(form, dict) and form.get("type") in ("json_object", "text"):
+        text["format"] = {"type": form["type"]}
+    if extra.get("verbosity") is not None:
+        text["verbosity"] = extra["verbosity"]
+    if text:
+        responses["text"] = text
+    anthropic: dict[str, Any] = {}
+    if "top_p" in extra:
+        anthropic["top_p"] = extra["top_p"]
+    end_user = extra.get("safety_identifier") or extra.get("user")
+    if isinstance(end_user, str):
+        anthropic["metadata"] = {"user_id": end_user}
+    passed = {OPENAI_CHAT: chat, OPENAI_RESPONSES: responses, ANTHROPIC: anthropic}
     return {name: fields for name, fields in passed.items() if fields}

@@ -31,7 +31,15 @@ from ..._core._events import (
 )
 from ..._core._request import ToolChoice, ToolSpec, TurnRequest
 from .._anthropic._stream import NAME as ANTHROPIC
-from .._openai_chat._inbound import EFFORTS, SHARED_FIELDS, BadRequest, other_fields, shown
+from .._openai_chat._inbound import (
+    EFFORTS,
+    HINTS,
+    SHARED_FIELDS,
+    BadRequest,
+    other_fields,
+    shown,
+    unsent,
+)
 from .._openai_chat._stream import REFUSAL_FIDELITY
 from .._openai_chat._wire import NAME as OPENAI_CHAT
 from ._items import NAME as OPENAI_RESPONSES
@@ -236,18 +244,6 @@ def _tool_choice(value: str | dict[str, Any] | None) -> ToolChoice | None:
     raise BadRequest("tool_choice must be auto, none, required or a function", "tool_choice")
 
 
-_HINTS = frozenset(
-    {
-        "metadata",
-        "prompt_cache_key",
-        "prompt_cache_retention",
-        "safety_identifier",
-        "user",
-        "stream_options",
-    }
-)
-"""Fields any provider may go without: they leave the answer as it is (`metadata` is the
-response's own, echoed; the others are cache and abuse-tracking hints)."""
 _DEFAULTS: dict[str, tuple[Any, ...]] = {
     "truncation": ("disabled",),
     "service_tier": ("auto", "default"),
@@ -255,14 +251,6 @@ _DEFAULTS: dict[str, tuple[Any, ...]] = {
     "include": ([], ["reasoning.encrypted_content"]),  # carried when the provider gives it
 }
 """Settings at the value that asks a provider for nothing more than it does without them."""
-
-
-def _unsent(param: str, dialect: str) -> BadRequest:
-    message = (
-        f"Unsupported parameter: '{param}' cannot be sent to this model's provider ({dialect});"
-        " leave it out, or ask for a model served over OpenAI's Responses API."
-    )
-    return BadRequest(message, param, "unsupported_parameter")
 
 
 def _refuse_unsent(body: ResponsesBody, dialect: str) -> None:
@@ -274,8 +262,8 @@ def _refuse_unsent(body: ResponsesBody, dialect: str) -> None:
         carried = (dialect == OPENAI_CHAT and name in SHARED_FIELDS) or (
             dialect == ANTHROPIC and name == "top_p"
         )
-        if not carried and name not in _HINTS and value not in _DEFAULTS.get(name, ()):
-            raise _unsent(name, dialect)
+        if not carried and name not in HINTS and value not in _DEFAULTS.get(name, ()):
+            raise unsent(name, dialect, "OpenAI's Responses API")
     for key, value in (body.text or {}).items():
         kind = value.get("type") if isinstance(value, dict) else None
         plain = key == "format" and kind in (None, "text")
@@ -283,7 +271,7 @@ def _refuse_unsent(body: ResponsesBody, dialect: str) -> None:
             (key == "format" and kind in ("json_schema", "json_object")) or key == "verbosity"
         )
         if not (plain or chat):
-            raise _unsent(f"text.{key}", dialect)
+            raise unsent(f"text.{key}", dialect, "OpenAI's Responses API")
 
 
 def responses_request(body: ResponsesBody, dialect: str) -> TurnRequest:
