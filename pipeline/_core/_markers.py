@@ -86,6 +86,16 @@ class Verdict(Protocol):
         """The prompt tokens the reply says were written to the provider's cache, if it said."""
         ...
 
+    @property
+    def response_id(self) -> str:
+        """The reply's id as the provider gave it ("" when it gave none)."""
+        ...
+
+    @property
+    def response_model(self) -> str:
+        """The model that answered, as the provider named it ("" when it did not)."""
+        ...
+
 
 class Outlet(Protocol):
     """Where the handler's batches go. `offer` takes a batch at once and says whether it went

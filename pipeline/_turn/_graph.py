@@ -113,6 +113,8 @@ class GrammarVerdict:
     emitted: int = 0
     finish: str | None = None  # the provider's own finish reason (`Grammar.provider_finish`)
     cache_write: int | None = None  # `Grammar.cache_write_tokens`
+    response_id: str = ""  # `Grammar.message_id`
+    response_model: str = ""  # `Grammar.model`
     done: trio.Event = attrs.field(factory=trio.Event)
 
 
@@ -274,6 +276,8 @@ class GrammarActor:
         if self._grammar is not None:
             verdict.finish = self._grammar.provider_finish
             verdict.cache_write = self._grammar.cache_write_tokens
+            verdict.response_id = self._grammar.message_id
+            verdict.response_model = self._grammar.model
         if self._emitted:
             self._owed_reset = True  # a next attempt means this one failed: its events are void
         self._grammar = None

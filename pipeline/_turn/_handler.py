@@ -131,6 +131,8 @@ class Handler:
     retry_after: float | None = None  # the server-directed wait that ended a RateLimited turn
     provider_finish: str | None = None  # the last attempt's own finish reason, as spelt
     cache_write: int | None = None  # the last attempt's cache-write tokens, if it said
+    response_id: str = ""  # the last attempt's reply id, as the provider gave it
+    response_model: str = ""  # the model that gave it, as the provider named it
     emitted_attempt: bool = False  # some attempt emitted events (partial data was seen)
     _pending_reset: bool = False
     _ever_event: bool = False  # a lane event ever arrived in this turn
@@ -209,6 +211,7 @@ class Handler:
         if verdict.finish is not None:  # (the rescue's was read here: its grammar is ours)
             self.provider_finish = verdict.finish
             self.cache_write = verdict.cache_write
+            self.response_id, self.response_model = verdict.response_id, verdict.response_model
         if verdict.error is not None:
             return self._failure_of(verdict.error, verdict.emitted)
         if failure is not None:
@@ -373,6 +376,7 @@ class Handler:
                         self._ended = not chunk
                         self.provider_finish = grammar.provider_finish
                         self.cache_write = grammar.cache_write_tokens
+                        self.response_id, self.response_model = grammar.message_id, grammar.model
                         if chunk:  # the reply is complete before its body: keep the connection
                             reading.deadline = math.inf  # complete: no deadline can undo it now
                             await _finish(response)
@@ -630,6 +634,8 @@ class Handler:
                     await read_reply(response, decoder, events, policy.max_body)
                     self.provider_finish = decoder.grammar.provider_finish
                     self.cache_write = decoder.grammar.cache_write_tokens
+                    said = decoder.grammar
+                    self.response_id, self.response_model = said.message_id, said.model
                 finally:
                     await response.aclose()
             if scope.cancelled_caught:

@@ -336,6 +336,16 @@ class RunObserver:
                 {"gen_ai.request.model": event.model or "", "rillet.step": event.step or 0},
             )
 
+    def responded(self, response_id: str, model: str) -> None:
+        """The reply's id and the model that answered, as the provider said them
+        (`gen_ai.response.id`, `gen_ai.response.model`), before the run's end."""
+        if self.span is None or self._ended:
+            return
+        if response_id:
+            self.span.set_attribute("gen_ai.response.id", response_id)
+        if model:
+            self.span.set_attribute("gen_ai.response.model", model)
+
     def _tool_started(self, event: ToolStarted) -> None:
         if self.span is None:
             return

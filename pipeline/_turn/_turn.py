@@ -138,6 +138,10 @@ class TurnResult:
         cache_write_tokens: of the message's `prompt_tokens`, those the provider wrote to its
             prompt cache (Anthropic's `cache_creation_input_tokens`), if it said; MMSP's usage
             has no field for them. Input tokens in all are `prompt_tokens + cached_tokens`.
+        response_id: the reply's id as the provider gave it (`chatcmpl-...`, `msg_...`,
+            `resp_...`), what its support asks for; "" when it gave none.
+        response_model: the model that answered as the provider named it (often a dated
+            version of the one asked for); "" when it did not say.
     """
 
     message: UniMessage
@@ -154,6 +158,8 @@ class TurnResult:
     provider: Provider | None = None
     provider_finish_reason: str | None = None
     cache_write_tokens: int | None = None
+    response_id: str = ""
+    response_model: str = ""
 
     def cost(self, price: Price) -> Decimal | None:
         """What the reply cost at the host's `price` for the model that answered (rillet has no
@@ -336,6 +342,8 @@ async def run_one_turn(
             retry_after=handler.retry_after,
             provider_finish=handler.provider_finish,
         )
+        if observer is not None:
+            observer.responded(handler.response_id, handler.response_model)
         run_log.extend(final)
         run_log.close()
         uni_log.close()
@@ -354,6 +362,8 @@ async def run_one_turn(
             provider=provider,
             provider_finish_reason=handler.provider_finish,
             cache_write_tokens=handler.cache_write,
+            response_id=handler.response_id,
+            response_model=handler.response_model,
         )
         turn.finish(result)
         try:

@@ -114,8 +114,7 @@ CHAT_ONLY = ("seed", "a_field_openai_adds_next_year")  # no place for them on Re
 
 
 async def test_what_the_responses_wire_takes_reaches_its_provider() -> None:
-    body = {"messages": _messages(), "tools": [STRICT_TOOL], "reasoning_effort": "minimal"}
-    del body["messages"][0]["name"]
+    body = {"messages": [_plain()], "tools": [STRICT_TOOL], "reasoning_effort": "minimal"}
     settings = {k: v for k, v in SETTINGS.items() if k not in CHAT_ONLY}
     answer, sent = await _sent("openai-responses", {**body, **settings})
     assert answer.status_code == 200, answer.text

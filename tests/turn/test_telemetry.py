@@ -126,6 +126,9 @@ async def test_a_retried_turn_has_a_span_per_attempt_with_its_cause(
     assert attrs["gen_ai.usage.input_tokens"] == 12
     assert attrs["gen_ai.usage.output_tokens"] == 2
     assert attrs["gen_ai.response.finish_reasons"] == ("stop",)
+    # what the provider said of the answering attempt's reply, not the model asked for
+    assert attrs["gen_ai.response.id"] == result.response_id == "chatcmpl-loopback"
+    assert attrs["gen_ai.response.model"] == result.response_model == "gpt-4o-mini-2024-07-18"
     assert "error.type" not in attrs
     assert "gen_ai.output.messages" not in attrs  # content only when the host opts in
     first, second = otel.named("attempt 1") + otel.named("attempt 2")
