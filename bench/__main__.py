@@ -355,6 +355,14 @@ def _gateway(run: RunState) -> None:
     run.record("gateway", section, {"gateway": gateway_markdown(section)})
 
 
+def _telemetry(run: RunState) -> None:
+    from .telemetry import run_telemetry, telemetry_markdown
+
+    a = run.args
+    section = run_telemetry(rounds=a.rounds or (3 if a.quick else 5), progress=_progress)
+    run.record("telemetry", section, {"telemetry": telemetry_markdown(section)})
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m bench") -> None:
     """Parse the command line (as `prog` names the command) and run the chosen benchmarks."""
     parser = argparse.ArgumentParser(
@@ -374,6 +382,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> None:
         "redis",
         "workers",
         "gateway",
+        "telemetry",
         "all",
     )
     parser.add_argument("command", nargs="?", default="all", choices=commands)
@@ -430,6 +439,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> None:
         _memory(run)
     if c in ("gateway", "all"):
         _gateway(run)
+    if c in ("telemetry", "all"):
+        _telemetry(run)
     if c == "fanout" or (c == "all" and args.fanout):
         _fanout(run)
     if c == "redis" or (c == "all" and args.redis):

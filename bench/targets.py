@@ -268,6 +268,7 @@ def judge_targets(results: dict[str, Any]) -> list[Target]:
     else:
         out.append(Target(name, "reported", "not measured", None, "–"))
     out += _gateway_targets(results.get("gateway"))
+    out.append(_telemetry_target(results.get("telemetry")))
     # the turn's own target: the whole pipeline against the same decode in one task
     name = "run_turn events/s ÷ core decode's (openai-chat, largest)"
     if table_tp := (_series(tp) if tp else {}):
@@ -294,6 +295,17 @@ def judge_targets(results: dict[str, Any]) -> list[Target]:
         rows = {r["kind"]: 1 / r["ratio"] for r in core["results"] if r.get("ratio")}
     out.append(_at_most(name, 1.3, rows))
     return out
+
+
+def _telemetry_target(section: dict[str, Any] | None) -> Target:
+    """Tracing off costs a turn nothing: the OpenTelemetry API imported with no provider
+    configured, against a process that never imported it (bench/telemetry.py)."""
+    name = "turn with OpenTelemetry off ÷ without it (median µs/turn)"
+    if not section:
+        return Target(name, "≤ 1.05", "not measured", None, "–")
+    v = section["off_over_bare"]
+    margin = f"{(1.05 - v) * 100:.0f} points to spare" if v <= 1.05 else f"over by {v - 1:.0%}"
+    return Target(name, "≤ 1.05", f"{v:.2f}", v <= 1.05, margin)
 
 
 def _gateway_targets(section: dict[str, Any] | None) -> list[Target]:

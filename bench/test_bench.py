@@ -303,3 +303,26 @@ def test_the_largest_k_is_the_last_one_under_50_ms_with_every_stream_whole() -> 
         {"gateway": "passthrough", "k": 10, "added_ttft_p99_ms": 1.0, "incomplete": 2},
     ]
     assert largest_k(rows) == {"rillet": 100, "passthrough": None}
+
+
+@pytest.mark.parametrize(("mode", "imported"), [("bare", False), ("off", True), ("on", True)])
+def test_telemetry_modes_run_turns_with_and_without_opentelemetry(
+    mode: str, imported: bool
+) -> None:
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cmd = [sys.executable, "-m", "bench.telemetry", "--mode", mode, "--turns", "3"]
+    done = subprocess.run(
+        [*cmd, "--events", "10"],
+        cwd=Path(__file__).parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    figures = json.loads(done.stdout.splitlines()[-1])
+    assert figures["otel_imported"] is imported
+    assert figures["median_us"] > 0
