@@ -34,7 +34,7 @@ class AttemptReset(msgspec.Struct, frozen=True, gc=False):
 class Status(msgspec.Struct, frozen=True, gc=False):
     """Downstream marker: what the handler is doing (for the public stream's `status`)."""
 
-    phase: str  # requesting | waiting_rate_limit | backing_off | rescuing
+    phase: str  # requesting | waiting_rate_limit | backing_off | rescuing | resuming | hedged
     attempt: int
     delay: float = 0.0
     reason: str | None = None  # why the last attempt failed, a safe code (`retry_reason`)

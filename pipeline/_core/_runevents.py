@@ -80,10 +80,12 @@ class RunStarted(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="
 class StatusEvent(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="status"):
     """What the run is doing: `requesting`, `backing_off`, `waiting_rate_limit`, `rescuing`,
     `resuming` (the provider continues a stream that broke, from its last event: no reset
-    follows), `taken_over` (the server running the run was lost; another runs it again: a
-    reset follows), `queued` (waiting for a provider-stream slot), `step` (an agent's next model
-    request), `fallback` (the next provider of a chain answers), `candidate_rejected`
-    (buffered delivery).
+    follows), `hedged` (the first event was late, so the request went out a second time; the
+    first of the two to answer is read: `reason_code` `hedge_won` when the second one was,
+    `hedge_lost` when the first was), `taken_over` (the server running the run was lost;
+    another runs it again: a reset follows), `queued` (waiting for a provider-stream slot),
+    `step` (an agent's next model request), `fallback` (the next provider of a chain answers),
+    `candidate_rejected` (buffered delivery).
 
     `step` is the agent step it belongs to; `provider` / `model` name who answers (`fallback`);
     `reason_code` is a safe code: why the last attempt failed (`backing_off`, `rescuing`,

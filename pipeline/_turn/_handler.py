@@ -248,6 +248,7 @@ class Handler:
                     self._sent()
                     response = await self.upstream.open(http)
                 else:
+                    before = self.requests
                     opened = await open_hedged(
                         self.upstream,
                         http,
@@ -256,6 +257,9 @@ class Handler:
                         on_send=self._sent,
                     )
                     response, pending = opened.exchange, opened.pieces
+                    if self.requests - before > 1:  # the hedge went out: the run says which won
+                        won = "hedge_won" if opened.index == 1 else "hedge_lost"
+                        await self._put(out, [Status("hedged", self.attempts, reason=won)])
                     if opened.error is not None:
                         raise opened.error
             if response is None:

@@ -330,6 +330,10 @@ class RunObserver:
             if event.reason_code:
                 attributes["rillet.reason"] = event.reason_code
             (self._attempt or self.span).add_event(phase, attributes)
+        elif phase == "hedged" and self._attempt is not None:
+            won = event.reason_code == "hedge_won"
+            self._attempt.add_event("hedge", {"rillet.hedge.won": won})
+            self._attempt.set_attribute("rillet.attempt.hedged", True)
         elif phase == "fallback" and self.span is not None:
             self.span.add_event(
                 "fallback",

@@ -4,17 +4,13 @@ anything, so its output is never read."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import pytest
 import trio
+import trio.testing
 from rillet import Outcome, Policy, RateLimiter, TurnRequest, TurnResult, run_turn, user
 from rillet.providers import OpenAIChatDialect, Provider
 from rillet.transports.testing import openai_text_stream
 from rillet.transports.upstream import MemoryReply, MemoryUpstream
-
-if TYPE_CHECKING:
-    import trio.testing
 
 pytestmark = pytest.mark.usefixtures("graph")  # the race feeds either graph
 
@@ -121,3 +117,40 @@ async def test_the_hedge_is_off_by_default_and_checked() -> None:
     assert Policy().hedge_after is None
     with pytest.raises(ValueError, match="hedge_after"):
         Policy(hedge_after=0)
+
+
+async def _run_events(upstream: MemoryUpstream, **fields: object) -> list[tuple[str, str | None]]:
+    from rillet._core._runevents import StatusEvent
+
+    policy = Policy(random=lambda: 0.0, **fields)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        turn_ = await nursery.start(
+            lambda task_status: run_turn(
+                REQUEST,
+                provider(),
+                upstream=upstream,
+                policy=policy,
+                limiter=RateLimiter(),
+                task_status=task_status,
+            )
+        )
+        events = [e async for e in turn_.run_events()]
+    return [(e.phase, e.reason_code) for e in events if isinstance(e, StatusEvent)]
+
+
+@pytest.mark.parametrize(
+    ("delays", "said"),
+    [
+        ((10.0, 0.5), [("hedged", "hedge_won")]),
+        ((3.0, 5.0), [("hedged", "hedge_lost")]),
+        ((0.5, 0.0), []),  # in time: no hedge, nothing said
+    ],
+)
+async def test_the_run_says_a_hedge_went_out_and_which_request_answered(
+    autojump_clock: trio.testing.MockClock,
+    delays: tuple[float, float],
+    said: list[tuple[str, str]],
+) -> None:
+    upstream = MemoryUpstream([reply(delay=delays[0]), reply(delay=delays[1])])
+    statuses = await _run_events(upstream, hedge_after=2.0)
+    assert [s for s in statuses if s[0] == "hedged"] == said

@@ -377,3 +377,29 @@ async def test_a_rescued_turn_has_a_rescue_attempt_span(
     assert last["rillet.attempt.cause"] == "rescuing"
     assert "error.type" not in last
     assert all("error.type" in dict(s.attributes or {}) for s in spans[:-1])
+
+
+async def test_a_hedged_attempt_says_so_and_which_request_answered(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    from rillet.transports.upstream import MemoryReply, MemoryUpstream
+
+    from .test_hedge import EVENTS, SSE
+
+    otel = Otel()
+    slow, fast = MemoryReply(EVENTS, headers=SSE, delay=10.0), MemoryReply(EVENTS, headers=SSE)
+    with trio.fail_after(LIMIT):
+        result = await run_turn(
+            REQUEST,
+            at("http://hedge.invalid/v1"),
+            upstream=MemoryUpstream([slow, fast]),
+            policy=policy(hedge_after=2.0),
+            limiter=RateLimiter(),
+            telemetry=otel.telemetry,
+        )
+    assert result.ok
+    assert result.requests == 2
+    (attempt,) = otel.named("attempt 1")
+    assert dict(attempt.attributes or {})["rillet.attempt.hedged"] is True
+    (hedge,) = [e for e in attempt.events if e.name == "hedge"]
+    assert dict(hedge.attributes or {}) == {"rillet.hedge.won": True}

@@ -395,7 +395,7 @@ class TerminalSink:
     def _status(self, event: StatusEvent) -> None:
         delay = _seconds(event.delay_ms) if event.delay_ms else ""
         phase = event.phase
-        if phase == "requesting":
+        if phase in ("requesting", "hedged"):  # a hedge is a wait the person does not see
             return
         self._waiting = True
         if phase == "backing_off":
