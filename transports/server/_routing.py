@@ -40,6 +40,7 @@ from ._responses import OpenAIResponses
 from ._runs import Runs
 from ._shared import Shared
 from ._tracing import continued
+from ._uiagent import UiAgentRuns
 from ._uistream import UiStream
 
 if TYPE_CHECKING:
@@ -134,7 +135,7 @@ class Server:
 
     @ui.default
     def _ui(self) -> UiStream:
-        return UiStream(self.shared)
+        return UiStream(self.shared, agents=UiAgentRuns(self.shared))
 
     @responses.default
     def _responses(self) -> OpenAIResponses:

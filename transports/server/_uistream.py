@@ -11,7 +11,7 @@ which the reader answers by dropping the step's parts: this wire can take text b
 from __future__ import annotations
 
 import secrets
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import attrs
 import msgspec
@@ -339,6 +339,21 @@ def ui_usage(usage: UsageMetadata | None) -> dict[str, int]:
     return out
 
 
+class UiAgents(Protocol):
+    """Agent runs on this wire (the server's tools, `_uiagent`), for a request that brings no
+    tools of its own to a server configured with a tool set."""
+
+    def read(self, body: UiBody) -> Any:
+        """The request as an agent run. Raises `ValueError`."""
+        ...
+
+    async def run(
+        self, http: HttpConnection, ticket: Ticket, run: Any, provider: Provider, message_id: str
+    ) -> None:
+        """Run it and write its parts; the ticket is released there."""
+        ...
+
+
 @attrs.define(eq=False)
 class UiStream:
     """`POST /v1/ui/chat`, and with `ServerConfig.ui_resume` its kept streams:
@@ -346,6 +361,7 @@ class UiStream:
     (`_kept`)."""
 
     shared: Shared
+    agents: UiAgents | None = None
     replays: dict[str, KeptStream] = attrs.field(factory=dict)
     """Each chat's kept stream, by the chat's id, while it runs."""
 
@@ -355,8 +371,10 @@ class UiStream:
         transport throws; a turn that fails is an `error` part, which `useChat` shows."""
         self.shared.require_key(request)
         body: UiBody = await self.shared.read_json(http, request, _decode_body, "invalid_request")
+        agents = self.agents if self.shared.config.tools is not None and not body.tools else None
         try:
             turn_request = ui_request(body)
+            agent_run = agents.read(body) if agents is not None else None
         except ValueError as exc:
             raise ErrorReply(400, "invalid_request", str(exc)) from None
         try:
@@ -366,6 +384,9 @@ class UiStream:
         ticket = self.shared.reserve(request, mmsp=False)
 
         message_id = response_message_id(body)
+        if agents is not None:  # the server runs its tools (not kept for a resume)
+            await agents.run(http, ticket, agent_run, provider, message_id)
+            return
         if self.shared.config.ui_resume and body.id:
             replay = self._keep(body.id, self.shared.client_id(request))
             self.shared.nursery.start_soon(

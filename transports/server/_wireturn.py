@@ -217,6 +217,15 @@ async def _serving(
     log_run_end(turn.run_id, provider, route, result)
 
 
+async def admitted(shared: Shared, http: HttpConnection, ticket: Ticket) -> bool:
+    """A slot for the ticket: at once when one is free, else waited for while the client stays
+    (probed with a `100 Continue`); False when it left first."""
+    if shared.admission.try_admit(ticket):
+        return True
+    admit = functools.partial(shared.admission.admit, ticket)
+    return await until_gone(http, admit, waiting=True)
+
+
 async def run_wire_turn(
     shared: Shared,
     http: HttpConnection,
@@ -239,9 +248,7 @@ async def run_wire_turn(
     that an SSE comment could follow: a client that closes is probed with a `100 Continue`,
     as in the queue, and does not keep the turn (and its provider request) going to its end."""
     try:
-        admit = functools.partial(shared.admission.admit, ticket)
-        queued = not shared.admission.try_admit(ticket)
-        if queued and not await until_gone(http, admit, waiting=True):
+        if not await admitted(shared, http, ticket):
             raise CloseConnection
         completed = False
         async with _serving(shared, turn_request, provider, route) as (turn, sink):
