@@ -103,3 +103,45 @@ async def test_a_websocket_handshake_carries_the_trace_into_the_log(
     (upgrade,) = [r for r in access if "/ws" in r.getMessage()]
     assert getattr(upgrade, "fields", {})["trace_id"] == TRACE
     assert TRACE in upgrade.getMessage()
+
+
+async def test_an_agent_run_through_the_server_is_one_tree_under_its_caller(
+    spans: InMemorySpanExporter,
+) -> None:
+    """The caller's span, the agent's `invoke_agent`, each step's turn with its attempts (the
+    first failed: its cause on it) and the tool's `execute_tool`, in one trace."""
+    from rillet.transports.testing import RecordedRequest, Reply, status_reply
+
+    from ..cli.test_cli_agents import tool_then_answer
+
+    steps = tool_then_answer("get_weather", {"city": "Paris"})
+
+    def script(request: RecordedRequest, n: int) -> Reply:
+        return status_reply(503) if n == 0 else steps(request, n)
+
+    with trio.fail_after(20):
+        async with serving(script, tools="demo") as served:
+            run = await served.client.post(
+                "/v1/runs", json={"prompt": "Weather?"}, headers={"traceparent": TRACEPARENT}
+            )
+            assert run.status_code == 201, run.text
+            await served.wait_for(run.json()["run_id"])
+    finished = spans.get_finished_spans()
+    assert {format(s.context.trace_id, "032x") for s in finished} == {TRACE}
+    (agent,) = [s for s in finished if s.name == "invoke_agent"]
+    assert agent.parent is not None
+    assert format(agent.parent.span_id, "016x") == PARENT
+    turns = [s for s in finished if s.name.startswith("chat ")]
+    assert len(turns) == 2  # the call, then the answer
+    assert all(t.parent is not None and t.parent.span_id == agent.context.span_id for t in turns)
+    (tool,) = [s for s in finished if s.name == "execute_tool get_weather"]
+    assert tool.parent is not None
+    assert tool.parent.span_id == agent.context.span_id
+    first = min(turns, key=lambda s: s.start_time or 0)
+    attempts = sorted(
+        (s for s in finished if s.parent and s.parent.span_id == first.context.span_id),
+        key=lambda s: s.start_time or 0,
+    )
+    assert [a.name for a in attempts] == ["attempt 1", "attempt 2"]
+    assert dict(attempts[0].attributes or {})["error.type"] == "overloaded"  # the 503
+    assert dict(attempts[1].attributes or {})["rillet.attempt.cause"] == "overloaded"
