@@ -340,11 +340,14 @@ class RunObserver:
                 {"gen_ai.request.model": event.model or "", "rillet.step": event.step or 0},
             )
 
-    def responded(self, response_id: str, model: str) -> None:
+    def responded(self, response_id: str, model: str, cache_write: int | None = None) -> None:
         """The reply's id and the model that answered, as the provider said them
-        (`gen_ai.response.id`, `gen_ai.response.model`), before the run's end."""
+        (`gen_ai.response.id`, `gen_ai.response.model`), and the prompt tokens it wrote to its
+        cache (`gen_ai.usage.cache_creation.input_tokens`), before the run's end."""
         if self.span is None or self._ended:
             return
+        if cache_write is not None:
+            self.span.set_attribute("gen_ai.usage.cache_creation.input_tokens", cache_write)
         if response_id:
             self.span.set_attribute("gen_ai.response.id", response_id)
         if model:
@@ -390,7 +393,7 @@ class RunObserver:
             usage = self._usage
             if usage is not None:
                 for kind, count in (
-                    ("input", usage.prompt_tokens),
+                    ("input", _input_tokens(usage)),
                     ("output", usage.response_tokens),
                 ):
                     if count is not None:
@@ -404,8 +407,10 @@ class RunObserver:
             if self._finish is not None:
                 span.set_attribute("gen_ai.response.finish_reasons", [self._finish])
             usage = self._usage
-            if usage is not None and usage.prompt_tokens is not None:
-                span.set_attribute("gen_ai.usage.input_tokens", usage.prompt_tokens)
+            if usage is not None and (counted := _input_tokens(usage)) is not None:
+                span.set_attribute("gen_ai.usage.input_tokens", counted)
+            if usage is not None and usage.cached_tokens is not None:
+                span.set_attribute("gen_ai.usage.cache_read.input_tokens", usage.cached_tokens)
             if usage is not None and usage.response_tokens is not None:
                 span.set_attribute("gen_ai.usage.output_tokens", usage.response_tokens)
             if self.content and self.turn:
@@ -434,3 +439,11 @@ class RunObserver:
                 self.span.set_attribute("error.type", error)
                 self.span.set_status(StatusCode.ERROR)
             self.span.end()
+
+
+def _input_tokens(usage: UsageEvent) -> int | None:
+    """`gen_ai.usage.input_tokens` as the conventions count it: every input token, those read
+    from the provider's cache included (MMSP's `prompt_tokens` leaves them out)."""
+    if usage.prompt_tokens is None:
+        return None
+    return usage.prompt_tokens + (usage.cached_tokens or 0)

@@ -343,7 +343,7 @@ async def run_one_turn(
             provider_finish=handler.provider_finish,
         )
         if observer is not None:
-            observer.responded(handler.response_id, handler.response_model)
+            observer.responded(handler.response_id, handler.response_model, handler.cache_write)
         run_log.extend(final)
         run_log.close()
         uni_log.close()

@@ -403,3 +403,32 @@ async def test_a_hedged_attempt_says_so_and_which_request_answered(
     assert dict(attempt.attributes or {})["rillet.attempt.hedged"] is True
     (hedge,) = [e for e in attempt.events if e.name == "hedge"]
     assert dict(hedge.attributes or {}) == {"rillet.hedge.won": True}
+
+
+async def test_input_tokens_count_the_cached_ones_and_the_cache_is_apart(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    """Anthropic's recorded reply: 377 uncached input tokens, 2,048 read from the cache, none
+    written. The conventions' `input_tokens` counts all of them; the cache's are apart too."""
+    from rillet.providers._registry import dialect_from_name
+    from rillet.transports.testing import fixture_reply
+
+    from ..wire_cases import wire_path
+
+    otel = Otel()
+    path = wire_path("anthropic-messages", "tool_use")
+    async with open_loopback_provider(lambda *_: fixture_reply(path)) as server:
+        anthropic = Provider(
+            dialect_from_name("anthropic"), f"{server.url}/v1", "claude", api_key=Secret(KEY)
+        )
+        result = await turn_over(anthropic, otel)
+    assert result.ok
+    (turn,) = otel.named("chat claude")
+    attrs = dict(turn.attributes or {})
+    assert attrs["gen_ai.usage.input_tokens"] == 377 + 2048
+    assert attrs["gen_ai.usage.cache_read.input_tokens"] == 2048
+    assert attrs["gen_ai.usage.cache_creation.input_tokens"] == 0
+    tokens = {
+        p.attributes["gen_ai.token.type"]: p.sum for p in otel.points("gen_ai.client.token.usage")
+    }
+    assert tokens["input"] == 377 + 2048
