@@ -96,6 +96,11 @@ class Control:
                     "runs wait until it is back",
                     _describe(exc),
                 )
+            except BaseExceptionGroup as group:  # cancelled: the client's closing may add its
+                cancelled, _ = group.split(trio.Cancelled)  # own error (a closed stream)
+                if cancelled is None:
+                    raise
+                raise cancelled from None
             await trio.sleep(1.0)
 
     def _dispatch(self, message: Any, nursery: trio.Nursery) -> None:
