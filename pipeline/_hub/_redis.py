@@ -118,6 +118,7 @@ class Claim:
         access: the run's access digests.
         elapsed_ms: the last event's `elapsed_ms` (the continuation's start from its own).
         sink: appends the run's events from now on, as this hub's.
+        kept: the id of the reply the run's provider keeps, if its producer said one.
     """
 
     run_id: str
@@ -126,6 +127,7 @@ class Claim:
     access: bytes | None
     elapsed_ms: int
     sink: RedisHubSink
+    kept: str | None = None
 
 
 class _Tail(RunState):
@@ -296,6 +298,7 @@ class RedisHub:
     _renew: Any = attrs.field(init=False, default=None)
     _lost: Any = attrs.field(init=False, default=None)
     _claim: Any = attrs.field(init=False, default=None)
+    _keep: Any = attrs.field(init=False, default=None)
     _offered: set[str] = attrs.field(init=False, factory=set)  # lost runs offered now
 
     def __attrs_post_init__(self) -> None:
@@ -305,6 +308,7 @@ class RedisHub:
         self._renew = self._client.register_script(layout.RENEW)
         self._lost = self._client.register_script(layout.LOST)
         self._claim = self._client.register_script(layout.CLAIM)
+        self._keep = self._client.register_script(layout.KEEP)
 
     def _run_keys(self, run_id: str) -> list[str]:
         """The run's hash, stream and lease keys, as the scripts take them."""
@@ -381,6 +385,16 @@ class RedisHub:
             raise self._unavailable(exc) from exc
         return spec
 
+    async def keep(self, run_id: str, reply_id: str) -> None:
+        """Note the id of the reply the run's provider keeps (for a server that takes the run
+        over), if the run is still this hub's. A failure is logged: it costs a taker only the
+        answer generated again."""
+        try:
+            with trio.fail_after(self.timeout):
+                await self._keep(keys=[layout.keys(run_id)[0]], args=[self.owner, reply_id])
+        except (*_FAILURES, trio.TooSlowError) as exc:
+            logger.warning("run %s: its kept reply's id was not noted: %s", run_id, exc)
+
     async def claim(self, run_id: str) -> Claim | None:
         """Take over an open run whose lease has run out and that has a spec: this hub is its
         producer from now on (the old one is fenced off). None when it is done, forgotten,
@@ -397,7 +411,7 @@ class RedisHub:
             raise self._unavailable(exc) from exc
         if not reply:
             return None
-        last_id, spec, access, data = reply
+        last_id, spec, access, data, kept = reply
         last = layout.seq(last_id)
         elapsed = layout.entry(last_id, {layout.FIELD: data}).event.elapsed_ms if data else 0
         access_hex = layout.text(access)
@@ -411,6 +425,7 @@ class RedisHub:
             access=bytes.fromhex(access_hex) if access_hex else None,
             elapsed_ms=elapsed,
             sink=RedisHubSink(self, run_id),
+            kept=layout.text(kept) or None,
         )
 
     async def append(self, run_id: str, events: Sequence[RunEvent]) -> None:
@@ -870,7 +885,15 @@ class RedisHub:
         tail.wake()
 
 
-_SCRIPTS = (layout.CREATE, layout.APPEND, layout.INFO, layout.RENEW, layout.LOST, layout.CLAIM)
+_SCRIPTS = (
+    layout.CREATE,
+    layout.APPEND,
+    layout.INFO,
+    layout.RENEW,
+    layout.LOST,
+    layout.CLAIM,
+    layout.KEEP,
+)
 
 
 @asynccontextmanager

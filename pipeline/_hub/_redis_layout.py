@@ -8,7 +8,9 @@ Cluster):
   of the run's read and act tokens, so any server can authorize the run's readers and actors),
   `owner` (the id of the hub that produces the run: only its appends are taken, so a producer
   another server took the run from is fenced off for good), and while the run is open, `spec`
-  (what another server needs to take the run over, when its producer allows it).
+  (what another server needs to take the run over, when its producer allows it), and `kept`
+  once its provider said it keeps the reply (a background response's id: a taker reads it
+  again rather than asking anew).
 - `rillet:{<run_id>}:log`, the stream. Entry `<seq>-0` holds the event's JSON, encoded once, in
   field `e`: an SSE `Last-Event-ID` is a stream cursor, and Redis itself refuses a duplicate or
   out-of-order entry id.
@@ -34,6 +36,7 @@ __all__ = [
     "CREATE",
     "FIELD",
     "INFO",
+    "KEEP",
     "LEASES",
     "LOST",
     "RENEW",
@@ -108,12 +111,23 @@ redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[1])
 return 1
 """
 
+# KEYS: run. ARGV: owner, id. Keeps the id of the reply the run's provider keeps (its
+# background response), for a server that takes the run over: 1, or 0 when the run is done,
+# forgotten or another's.
+KEEP = """
+local meta = redis.call('HMGET', KEYS[1], 'state', 'owner')
+if meta[1] ~= 'open' or meta[2] ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'kept', ARGV[2])
+return 1
+"""
+
 # KEYS: run, log, lease. ARGV: owner, lease_ms. Takes over an open run whose lease has
 # expired and that has a spec: the owner becomes ARGV[1] (the old producer's appends are
-# refused from now on) and holds the lease. {last id, spec, access, last entry's JSON or ''}
-# when taken; {} when the run is done, forgotten, leased, or not to be taken over.
+# refused from now on) and holds the lease. {last id, spec, access, last entry's JSON or '',
+# kept reply's id or ''} when taken; {} when the run is done, forgotten, leased, or not to be
+# taken over.
 CLAIM = """
-local meta = redis.call('HMGET', KEYS[1], 'state', 'spec', 'access')
+local meta = redis.call('HMGET', KEYS[1], 'state', 'spec', 'access', 'kept')
 if meta[1] ~= 'open' or not meta[2] then return {} end
 if redis.call('EXISTS', KEYS[3]) == 1 then return {} end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1])
@@ -126,7 +140,7 @@ if top[1] then
     if top[1][2][i] == 'e' then data = top[1][2][i + 1] end
   end
 end
-return {last, meta[2], meta[3] or '', data}
+return {last, meta[2], meta[3] or '', data, meta[4] or ''}
 """
 
 # KEYS: run, log, lease. ARGV: seq, json, retention_ms, maxlen. Ends an open run whose lease

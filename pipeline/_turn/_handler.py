@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import attrs
@@ -144,6 +145,9 @@ class Handler:
     _ended: bool = False  # the last streamed attempt's body ended (rather than being cut)
     _hops: bool = False  # the grammar is downstream: batches are lanes, verdicts come back
     resumes: int = 0  # broken streams the provider continued (`_resume`)
+    replay: str | None = None  # a kept reply to read again first (`RunOptions.replay`)
+    on_kept: Callable[[str], object] | None = None  # told the id of the reply kept
+    _replaying: bool = False  # this attempt reads a kept reply again
 
     async def run(self, out: Outlet) -> Outcome:
         """Attempt, retry, rescue; send every batch to `out`; return the one outcome. Cancelling
@@ -163,6 +167,9 @@ class Handler:
             if failure is None:
                 return Outcome.COMPLETED
             self.error = failure.error
+            if self._replaying:  # the kept reply could not be read: ask anew, at once
+                self._replaying = False
+                continue
             if self._adapted(failure):
                 continue  # asked again at once, without what the server refused
             hopeless = await self._next(failure, out)
@@ -193,8 +200,14 @@ class Handler:
         )
 
     async def _attempt(self, out: Outlet) -> Failure | None:
+        dialect = self.provider.dialect
+        replay, self.replay = self.replay, None
+        self._replaying = replay is not None and hasattr(dialect, "resume_request")
         try:
-            http = self.provider.dialect.build_request(self.request, self.provider, stream=True)
+            if self._replaying:  # the reply the provider kept, from its start: not asked again
+                http = dialect.resume_request(self.provider, (replay, -1))  # type: ignore[attr-defined]
+            else:
+                http = dialect.build_request(self.request, self.provider, stream=True)
         except RilletError as exc:  # the request cannot be sent as it is: no attempt helps
             return Failure(error_shape(exc), exc)
         if not self._hops:
@@ -233,6 +246,7 @@ class Handler:
         grammar.runs = runs = not hops and not out.wants_deltas  # (`DeltaRun`)
         # the reply is kept by its provider, which can continue it (OpenAI's background mode)
         keeps = not hops and getattr(self.provider.dialect, "resume", False) is True
+        unsaid = keeps and self.on_kept is not None  # the kept reply's id is still to be told
         folded = 0  # `grammar.folded` as last counted
         held: list[Item] = []  # runs not handed on yet, after this attempt's reset if owed
         clock = trio.lowlevel.current_clock().current_time  # `trio.current_time`, one call fewer
@@ -319,6 +333,11 @@ class Handler:
                             decoder.close(batch)
                     except RilletError as exc:
                         error = exc
+                    if unsaid and decoder.lane_events != before:
+                        point = decoder.resume_point()
+                        if point is not None and self.on_kept is not None:
+                            unsaid = False
+                            self.on_kept(point[0])
                     if decoder.lane_events != before:
                         now = clock()
                         if self.first_event_at is None:

@@ -278,6 +278,8 @@ async def run_one_turn(
         policy,
         options.limiter or shared_limiter(),
         stream=options.stream,
+        replay=options.replay,
+        on_kept=options.on_kept,
     )
     start = trio.current_time()
     outcome = Outcome.CANCELLED

@@ -161,3 +161,47 @@ def test_resume_is_off_unless_asked_for() -> None:
     )
     assert "background" not in body
     assert body["store"] is False
+
+
+async def _run_with(script: Any, **options: Any) -> tuple[Any, list[RecordedRequest]]:
+    from rillet._turn._options import RunOptions
+
+    with trio.fail_after(10):
+        async with open_loopback_provider(script) as server:
+            result = await run_turn(
+                REQUEST, _provider(server.url), options=RunOptions(policy=POLICY, **options)
+            )
+    return result, server.requests
+
+
+async def test_a_kept_reply_is_read_again_from_its_start_instead_of_asked_anew() -> None:
+    def script(request: RecordedRequest, _: int) -> Reply:
+        assert request.method == "GET"  # never asked anew
+        return Reply(chunks=(RECORDED,))
+
+    result, requests = await _run_with(script, replay=RESPONSE_ID)
+    assert result.ok
+    assert result.text == TEXT
+    (read,) = requests
+    assert read.path == f"/v1/responses/{RESPONSE_ID}?stream=true"  # every event, from 0
+    assert result.requests == 1
+
+
+async def test_a_kept_reply_that_cannot_be_read_is_asked_anew_at_once() -> None:
+    def script(request: RecordedRequest, _: int) -> Reply:
+        if request.method == "GET":
+            error = {"message": "Response not found", "type": "invalid_request_error"}
+            return status_reply(404, body={"error": error})
+        return Reply(chunks=(RECORDED,))
+
+    result, requests = await _run_with(script, replay="resp_gone")
+    assert result.ok
+    assert result.text == TEXT
+    assert [r.method for r in requests] == ["GET", "POST"]
+
+
+async def test_the_id_of_the_reply_the_provider_keeps_is_told_once() -> None:
+    told: list[str] = []
+    result, _ = await _run_with(lambda *_: Reply(chunks=(RECORDED,)), on_kept=told.append)
+    assert result.ok
+    assert told == [RESPONSE_ID]

@@ -30,6 +30,7 @@ tools may have acted already, and running them again is not the server's to deci
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import hmac
 import logging
@@ -64,6 +65,7 @@ from rillet._core._runevents import (
 )
 from rillet._hub._hub import Subscription, parse_cursor
 from rillet._turn._api import run_turn
+from rillet._turn._options import RunOptions
 from rillet._turn._turn import Sink, SinkBatch, Turn, TurnResult
 from rillet.providers._openai_chat._inbound import BadRequest, chat_request, decode_chat_body
 
@@ -387,10 +389,30 @@ class Runs:
         record: RunRecord,
         ticket: Ticket,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+        *,
+        replay: str | None = None,
     ) -> None:
         """One run, in the server's nursery: it goes on whoever watches, or nobody. Started
         once its turn runs (so it can be cancelled); the turn is let go when it ends (the hub
-        keeps its events)."""
+        keeps its events). A reply its provider keeps is noted in a hub that lets another
+        server take the run over; `replay`, such a reply a taken-over run reads again."""
+        hub = self.shared.hub
+        keep = getattr(hub, "keep", None) if self.shared.config.takeover else None
+
+        def kept(reply_id: str) -> None:
+            assert keep is not None
+            self.shared.nursery.start_soon(keep, run_id, reply_id)
+
+        options = RunOptions(
+            policy=self.shared.config.policy,
+            client=self.shared.client,
+            admission=self.shared.streams,
+            reasoning=self.shared.config.reasoning,
+            tool_arguments=self.shared.config.tool_arguments,
+            history=False,  # the hub keeps the events; the turn need not keep a replay
+            replay=replay,
+            on_kept=kept if keep is not None else None,
+        )
 
         async def turn_task(
             task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
@@ -399,13 +421,8 @@ class Runs:
                 request,
                 provider,
                 sinks=[sink],
-                policy=self.shared.config.policy,
-                client=self.shared.client,
-                admission=self.shared.streams,
+                options=options,
                 run_id=run_id,
-                reasoning=self.shared.config.reasoning,
-                tool_arguments=self.shared.config.tool_arguments,
-                history=False,  # the hub keeps the events; the turn need not keep a replay
                 task_status=task_status,
             )
 
@@ -478,8 +495,9 @@ class Runs:
         try:
             await sink.own(StatusEvent(**sink.envelope(), phase="taken_over", attempt=0))
             await sink.own(AttemptResetEvent(**sink.envelope(), attempt=0))
+            run = functools.partial(self._run, replay=claim.kept)
             await self.shared.nursery.start(
-                self._run, spec.request, provider, run_id, sink, record, ticket
+                run, spec.request, provider, run_id, sink, record, ticket
             )
         except BaseException:
             self.shared.admission.release(ticket)

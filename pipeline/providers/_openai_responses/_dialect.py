@@ -195,9 +195,12 @@ class OpenAIResponsesDialect:
 
     def resume_request(self, provider: Provider, point: tuple[str, int]) -> HttpRequest:
         """`GET {base}/responses/{id}?stream=true&starting_after=N`: the events of a
-        background response after the N-th, as a stream."""
+        background response after the N-th, as a stream (every event, from its start, for an
+        N below 0)."""
         response_id, after = point
-        path = f"responses/{quote(response_id, safe='')}?stream=true&starting_after={after}"
+        path = f"responses/{quote(response_id, safe='')}?stream=true"
+        if after >= 0:
+            path += f"&starting_after={after}"
         return HttpRequest(method="GET", url=provider.url(path), headers=_signed(provider))
 
     def cancel_request(self, provider: Provider, response_id: str) -> HttpRequest:
