@@ -145,7 +145,7 @@ class Handler:
     _ended: bool = False  # the last streamed attempt's body ended (rather than being cut)
     _hops: bool = False  # the grammar is downstream: batches are lanes, verdicts come back
     resumes: int = 0  # broken streams the provider continued (`_resume`)
-    replay: str | None = None  # a kept reply to read again first (`RunOptions.replay`)
+    replay: str | None = None  # a kept reply to read again first (`run_one_turn`)
     on_kept: Callable[[str], object] | None = None  # told the id of the reply kept
     _replaying: bool = False  # this attempt reads a kept reply again
 

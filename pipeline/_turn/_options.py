@@ -10,7 +10,6 @@ and hand it over with `options=`, as httpx takes one `Timeout` or `Limits`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -52,12 +51,6 @@ class RunOptions:
             next provider too, instead of ending the chain with it.
         telemetry: where OpenTelemetry spans and metrics go (`rillet[otel]`); the process's
             global providers when None, and nothing at all when none is configured.
-        replay: the id of a reply the provider keeps (a background response of
-            `OpenAIResponsesDialect(resume=True)`) to read again from its start before asking
-            the provider anew: what a server taking over another's run uses, so the answer is
-            not generated (and paid) twice. Asked anew when it cannot be read.
-        on_kept: called once, on the turn's task, with the id of a reply the provider keeps
-            for this turn, as soon as the provider says it (for `replay` elsewhere).
     """
 
     policy: Policy | None = None
@@ -72,8 +65,6 @@ class RunOptions:
     breakers: CircuitBreakers | None = None
     chain_on_permanent: bool = False
     telemetry: Telemetry | None = None
-    replay: str | None = None
-    on_kept: Callable[[str], object] | None = None
 
     def replace(self, **changes: Any) -> RunOptions:
         """A copy with `changes` (field names as keywords)."""

@@ -228,9 +228,17 @@ async def run_one_turn(
     run_id: str | None = None,
     options: RunOptions = DEFAULT_OPTIONS,
     task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
+    replay: str | None = None,
+    on_kept: Callable[[str], object] | None = None,
 ) -> TurnResult:
     """Run one turn against one provider to its end (`run_turn` without its chain and
-    callbacks, which it has already attached as a sink)."""
+    callbacks, which it has already attached as a sink).
+
+    `replay`: the id of a reply the provider keeps (a background response of
+    `OpenAIResponsesDialect(resume=True)`) to read again from its start before asking anew:
+    what a server taking over another's run uses, so the answer is not generated (and paid)
+    twice; asked anew when it cannot be read. `on_kept`: called once, on the turn's task, with
+    the id of the reply the provider keeps for this turn, as soon as it says it."""
     if options.breakers is not None or options.chain_on_permanent:
         named = [n for n in ("breakers", "chain_on_permanent") if getattr(options, n)]
         raise TypeError(f"unexpected options for one provider: {named}")
@@ -278,8 +286,8 @@ async def run_one_turn(
         policy,
         options.limiter or shared_limiter(),
         stream=options.stream,
-        replay=options.replay,
-        on_kept=options.on_kept,
+        replay=replay,
+        on_kept=on_kept,
     )
     start = trio.current_time()
     outcome = Outcome.CANCELLED

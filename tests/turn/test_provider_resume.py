@@ -163,13 +163,14 @@ def test_resume_is_off_unless_asked_for() -> None:
     assert body["store"] is False
 
 
-async def _run_with(script: Any, **options: Any) -> tuple[Any, list[RecordedRequest]]:
+async def _run_with(script: Any, **kept: Any) -> tuple[Any, list[RecordedRequest]]:
     from rillet._turn._options import RunOptions
+    from rillet._turn._turn import run_one_turn
 
     with trio.fail_after(10):
         async with open_loopback_provider(script) as server:
-            result = await run_turn(
-                REQUEST, _provider(server.url), options=RunOptions(policy=POLICY, **options)
+            result = await run_one_turn(
+                REQUEST, _provider(server.url), options=RunOptions(policy=POLICY), **kept
             )
     return result, server.requests
 

@@ -64,9 +64,8 @@ from rillet._core._runevents import (
     StatusEvent,
 )
 from rillet._hub._hub import Subscription, parse_cursor
-from rillet._turn._api import run_turn
 from rillet._turn._options import RunOptions
-from rillet._turn._turn import Sink, SinkBatch, Turn, TurnResult
+from rillet._turn._turn import Sink, SinkBatch, Turn, TurnResult, run_one_turn
 from rillet.providers._openai_chat._inbound import BadRequest, chat_request, decode_chat_body
 
 from ._capacity import ClientId, Shares, Ticket, session_share, uncount
@@ -410,20 +409,20 @@ class Runs:
             reasoning=self.shared.config.reasoning,
             tool_arguments=self.shared.config.tool_arguments,
             history=False,  # the hub keeps the events; the turn need not keep a replay
-            replay=replay,
-            on_kept=kept if keep is not None else None,
         )
 
         async def turn_task(
             task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
         ) -> TurnResult:
-            return await run_turn(
+            return await run_one_turn(
                 request,
                 provider,
                 sinks=[sink],
                 options=options,
                 run_id=run_id,
                 task_status=task_status,
+                replay=replay,
+                on_kept=kept if keep is not None else None,
             )
 
         self.shared.metrics.runs_started += 1
