@@ -40,7 +40,7 @@ __all__ = [
     "uncached_tokens",
 ]
 
-Framing = Literal["sse", "ndjson", "json", "message"]
+Framing = Literal["sse", "ndjson", "eventstream", "json", "message"]
 Frame = SSEEvent | str
 
 
@@ -139,8 +139,9 @@ class Dialect(Protocol):
 
     @property
     def framing(self) -> Framing:
-        """How its streams are framed: `sse`, `ndjson`, one `json` body, or `message` (a
-        message transport's messages, each one whole frame)."""
+        """How its streams are framed: `sse`, `ndjson`, `eventstream` (AWS's binary event
+        stream), one `json` body, or `message` (a message transport's messages, each one whole
+        frame)."""
         ...
 
     def build_request(

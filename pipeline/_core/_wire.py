@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ._errors import FrameEncodingError, FrameError, FrameTooLarge, MalformedFrameError
+from ._eventstream import EventStreamDecoder
 from ._grammar import Grammar, wall_clock_ms
 from ._lanes import MessageStop, ProviderErrorEvent
 from ._ndjson import NDJSONDecoder, utf8
@@ -92,7 +93,7 @@ class WireDecoder:
         self._many: Callable[[list[Any], list[LaneEvent]], None] | None = getattr(
             self._stream, "feed_frames", None
         )
-        self._framer: SSEDecoder | NDJSONDecoder | _Messages | None
+        self._framer: SSEDecoder | NDJSONDecoder | EventStreamDecoder | _Messages | None
         if dialect.framing == "message":
             self._framer = _Messages(max_frame)
         elif not stream:
@@ -103,6 +104,8 @@ class WireDecoder:
             self._framer.raw = getattr(self._stream, "sse_bytes", False) is True
         elif dialect.framing == "ndjson":
             self._framer = NDJSONDecoder(max_frame=max_frame)
+        elif dialect.framing == "eventstream":
+            self._framer = EventStreamDecoder(max_frame=max_frame)
         else:
             self._framer = None
         self._split: Callable[[bytes], list[Any]] | None = None

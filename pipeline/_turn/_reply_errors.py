@@ -51,7 +51,11 @@ __all__ = [
 ]
 
 _E = TypeVar("_E", bound=RilletError)
-_STREAM_TYPES = {"sse": ("text/event-stream",), "ndjson": ("ndjson", "json", "text/plain")}
+_STREAM_TYPES = {
+    "sse": ("text/event-stream",),
+    "ndjson": ("ndjson", "json", "text/plain"),
+    "eventstream": ("vnd.amazon.eventstream",),
+}
 
 
 @attrs.define(eq=False)
