@@ -11,6 +11,7 @@ from .._core._public import fixup_module_metadata as _fixup_module_metadata
 from ._anthropic._dialect import AnthropicDialect as AnthropicDialect
 from ._azure import AzureOpenAIDialect as AzureOpenAIDialect
 from ._azure import AzureResponsesDialect as AzureResponsesDialect
+from ._bedrock_converse import BedrockConverseDialect as BedrockConverseDialect
 from ._embeddings import GeminiEmbeddingsDialect as GeminiEmbeddingsDialect
 from ._embeddings import OpenAIEmbeddingsDialect as OpenAIEmbeddingsDialect
 from ._gemini._dialect import GeminiDialect as GeminiDialect
@@ -33,6 +34,7 @@ __all__ = [
     "AnthropicDialect",
     "AzureOpenAIDialect",
     "AzureResponsesDialect",
+    "BedrockConverseDialect",
     "Dialect",
     "FramesDecoder",
     "GeminiDialect",

@@ -61,6 +61,7 @@ class _Kind:
     azure: bool = False  # a resource's endpoint, its deployment and API version (`_azure`)
     vertex: bool = False  # a Google Cloud project and location, with a token (`_vertex`)
     bedrock: bool = False  # an AWS region's OpenAI-compatible endpoint, a Bedrock API key
+    bedrock_runtime: bool = False  # ...or its runtime root (Converse), key or AWS credentials
 
 
 # OpenAI's and Gemini's endpoints and variables, shared by their chat and embedding kinds.
@@ -156,6 +157,15 @@ KINDS: dict[str, _Kind] = {
     "bedrock": _BEDROCK,
     "bedrock-responses": attrs.evolve(
         _BEDROCK, module=_P + "_openai_responses", cls="OpenAIResponsesDialect"
+    ),
+    # Amazon Bedrock's ConverseStream API: a Bedrock API key, else SigV4 (`rillet[bedrock]`)
+    "bedrock-converse": attrs.evolve(
+        _BEDROCK,
+        module=_P + "_bedrock_converse",
+        cls="BedrockConverseDialect",
+        model="anthropic.claude-3-5-haiku-20241022-v1:0",
+        key_required=False,
+        bedrock_runtime=True,
     ),
     # Vertex AI: a project (and location), and an access token
     "vertex": _VERTEX,
@@ -398,6 +408,8 @@ def _default_url(spec: _Kind, env: Mapping[str, str]) -> str:
     """A kind's endpoint when no override names one (Bedrock's is its region's)."""
     if spec.bedrock:
         region = _env(env, "AWS_REGION") or _env(env, "AWS_DEFAULT_REGION") or "us-east-1"
+        if spec.bedrock_runtime:
+            return f"https://bedrock-runtime.{region}.amazonaws.com"
         return bedrock_base_url(region)
     return spec.base_url
 

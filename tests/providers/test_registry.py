@@ -118,6 +118,7 @@ def test_every_named_kind_is_tested() -> None:
         "vertex-anthropic",
         "bedrock",
         "bedrock-responses",
+        "bedrock-converse",  # tests/providers/test_bedrock_converse.py
     }  # the clouds: tests/providers/test_clouds.py
 
 
