@@ -5,10 +5,10 @@ A message is a 12-byte prelude (total length, headers length, both big-endian ui
 CRC32 of those 8 bytes), the headers, the payload, and the CRC32 of everything before it. Each
 header is a name (1-byte length, UTF-8), a type byte (0 true, 1 false, 2 byte, 3 short, 4 int,
 5 long, 6 bytes, 7 string, 8 timestamp in ms, 9 UUID) and its value. Both CRCs are checked: a
-bad one, or a length no message can have, raises `EventStreamFrameError` at once and for every
-call after it, so a broken stream never waits for bytes that cannot come. The decoder holds at
-most one message: one whose total length is past `max_frame` raises `FrameTooLarge` before its
-bytes are held. Bytes cut anywhere decode to the same messages.
+bad one, a length no message can have, or a header named twice raises `EventStreamFrameError`
+at once and for every call after it, so a broken stream never waits for bytes that cannot come.
+The decoder holds at most one message: one whose total length is past `max_frame` raises
+`FrameTooLarge` before its bytes are held. Bytes cut anywhere decode to the same messages.
 """
 
 from __future__ import annotations
@@ -182,6 +182,10 @@ def _headers(raw: bytes, where: int, index: int) -> dict[str, Any]:
                 )
             if at > len(raw):
                 raise IndexError
+            if name in headers:  # which one would count is anyone's guess: refused
+                raise EventStreamFrameError(
+                    f"event-stream header {name!r} appears twice", offset=where, frame_index=index
+                )
             headers[name] = value
     except (IndexError, struct.error, UnicodeDecodeError):
         raise EventStreamFrameError(

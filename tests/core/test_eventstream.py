@@ -4,9 +4,12 @@ the bytes can be broken (a CRC, a length) raising a typed error at once."""
 
 from __future__ import annotations
 
+import json
 import struct
 import uuid
 import zlib
+from pathlib import Path
+from typing import Any
 
 import pytest
 from rillet._core._errors import FrameTooLarge
@@ -125,3 +128,37 @@ def test_a_truncated_message_at_the_end_is_nothing() -> None:
     decoder = EventStreamDecoder()
     assert decoder.feed(STREAM[:-3]) != []
     assert decoder.close() == []
+
+
+VECTORS = json.loads(
+    (Path(__file__).parent.parent / "fixtures/bedrock-converse/reference-vectors.json").read_text()
+)
+
+
+def _expected(value: object) -> object:
+    if isinstance(value, dict) and "bytes" in value:
+        return bytes.fromhex(value["bytes"])
+    if isinstance(value, dict) and "uuid" in value:
+        return uuid.UUID(bytes=bytes.fromhex(value["uuid"]))
+    return value
+
+
+@pytest.mark.parametrize("case", VECTORS["positive"], ids=lambda c: c["name"])
+def test_the_formats_reference_messages_decode_as_the_suite_says(case: dict[str, Any]) -> None:
+    (message,) = EventStreamDecoder().feed(bytes.fromhex(case["hex"]))
+    assert message.headers == {k: _expected(v) for k, v in case["headers"].items()}
+    assert message.payload == bytes.fromhex(case["payload"])
+
+
+def test_the_reference_messages_decode_one_after_another_cut_anywhere() -> None:
+    stream = b"".join(bytes.fromhex(c["hex"]) for c in VECTORS["positive"])
+    whole = _all([stream])
+    assert len(whole) == len(VECTORS["positive"])
+    for cut in range(1, len(stream), 5):
+        assert _all([stream[:cut], stream[cut:]]) == whole
+
+
+@pytest.mark.parametrize("case", VECTORS["negative"], ids=lambda c: c["name"])
+def test_the_formats_corrupted_reference_messages_are_refused(case: dict[str, Any]) -> None:
+    with pytest.raises(EventStreamFrameError):
+        EventStreamDecoder().feed(bytes.fromhex(case["hex"]))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hmac
 import json
 import re
+from pathlib import Path
 
 import httpx
 import pytest
@@ -394,3 +395,85 @@ def test_the_registry_knows_the_kind() -> None:
     )
     keyless = provider_from_env("bedrock-converse", env={"AWS_REGION": "eu-west-3"})
     assert keyless.api_key is None  # signed with AWS credentials instead
+
+
+RECORDED = Path(__file__).parent.parent / "fixtures" / "bedrock-converse"
+EXPECTED = json.loads((RECORDED / "EXPECTED.json").read_text("utf-8"))
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.parametrize("size", [0, 7])
+async def test_a_real_recorded_stream_replays_to_what_it_carries(
+    name: str, size: int, loop_clock: trio.testing.MockClock
+) -> None:
+    body = (RECORDED / name).read_bytes()
+    chunks = [body] if not size else [body[i : i + size] for i in range(0, len(body), size)]
+    expected = EXPECTED[name]
+    async with (
+        open_loopback_provider([stream_reply(chunks)]) as server,
+        httpx.AsyncClient() as client,
+    ):
+        result = await run_turn(
+            REQUEST, _provider(server.url, "bedrock-api-key-0000"), client=client, reasoning=True
+        )
+    assert result.ok, result.error
+    assert len(server.requests) == 1
+    assert result.text == expected["text"]
+    assert result.provider_finish_reason == expected["stop"]
+    usage = result.message.usage_metadata
+    assert usage is not None
+    assert (usage.prompt_tokens, usage.response_tokens) == (
+        expected["input_tokens"],
+        expected["output_tokens"],
+    )
+    items = result.message.content_items
+    thinking = [i for i in items if type(i) is ThinkingDone]
+    assert len(thinking) == expected["thinking"]
+    assert sum(bool((t.fidelity or {}).get("signature")) for t in thinking) == (
+        expected["signatures"] + expected["redacted"]
+    )
+    assert sum(t.thinking == "_REDACTED_THINKING" for t in thinking) == expected["redacted"]
+    calls = [
+        {"name": c.name, "id": c.tool_call_id, "arguments": c.arguments}
+        for c in items
+        if type(c) is ToolCallDone
+    ]
+    assert calls == expected["tool_calls"]
+
+
+async def test_a_400_without_an_error_type_header_is_typed_by_its_status(
+    aws_env: None, loop_clock: trio.testing.MockClock
+) -> None:
+    # the body and status a real Bedrock sent for an unknown model (a recorded cassette kept no
+    # x-amzn-ErrorType header: pydantic/pydantic-ai, test_bedrock_streaming_error.yaml)
+    refusal = Reply(
+        status=400,
+        content_type="application/json",
+        chunks=(b'{"message":"The provided model identifier is invalid."}',),
+    )
+    base: list[str] = []
+    async with open_loopback_provider(checked([refusal], base)) as server:  # type: ignore[arg-type]
+        base.append(server.url)
+        async with httpx.AsyncClient() as client:
+            result = await run_turn(REQUEST, _provider(server.url), client=client)
+    assert isinstance(result.error, InvalidRequestError)
+    assert "model identifier is invalid" in str(result.error)
+    assert len(server.requests) == 1
+
+
+async def test_a_corrupted_frame_is_a_framing_error_that_is_retried(
+    aws_env: None, loop_clock: trio.testing.MockClock
+) -> None:
+    good = b"".join(text_stream(["fine"]))
+    broken = bytearray(good)
+    broken[40] ^= 0xFF  # inside the first message: its CRC no longer matches
+    base: list[str] = []
+    replies = [stream_reply([bytes(broken)]), stream_reply([good])]
+    async with open_loopback_provider(checked(replies, base)) as server:  # type: ignore[arg-type]
+        base.append(server.url)
+        async with httpx.AsyncClient() as client:
+            with trio.fail_after(60):
+                result = await run_turn(REQUEST, _provider(server.url), client=client)
+    assert result.ok, result.error
+    assert result.text == "fine"
+    assert len(server.requests) == 2
