@@ -41,6 +41,7 @@ from ._core._errors import ContextWindowExceeded as ContextWindowExceeded
 from ._core._errors import CursorExpired as CursorExpired
 from ._core._errors import CursorInvalid as CursorInvalid
 from ._core._errors import EmptyResponseError as EmptyResponseError
+from ._core._errors import EventStreamFrameError as EventStreamFrameError
 from ._core._errors import FrameEncodingError as FrameEncodingError
 from ._core._errors import FrameError as FrameError
 from ._core._errors import FrameTooLarge as FrameTooLarge
@@ -212,6 +213,7 @@ __all__ = [
     "EmptyResponseError",
     "Entry",
     "EventItem",
+    "EventStreamFrameError",
     "FinishReason",
     "FrameEncodingError",
     "FrameError",

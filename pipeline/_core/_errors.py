@@ -71,6 +71,7 @@ __all__ = [
     "CursorExpired",
     "CursorInvalid",
     "EmptyResponseError",
+    "EventStreamFrameError",
     "FrameEncodingError",
     "FrameError",
     "FrameTooLarge",
@@ -205,6 +206,12 @@ class FrameTooLarge(FrameError):
 
 class FrameEncodingError(FrameError):
     """A frame that must be UTF-8 (an NDJSON line, a JSON body) is not."""
+
+
+class EventStreamFrameError(FrameError):
+    """AWS event-stream bytes that are not a message: a prelude or message CRC that does not
+    match, a length no message can have, or headers that do not parse. The bytes were damaged on
+    the way (or are not an event stream at all): nothing after them is read."""
 
 
 class MalformedFrameError(FrameError):

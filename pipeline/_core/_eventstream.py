@@ -20,21 +20,15 @@ from typing import Any
 
 import attrs
 
-from ._errors import FrameError, FrameTooLarge
+from ._errors import EventStreamFrameError, FrameError, FrameTooLarge
 from ._sse import DEFAULT_MAX_FRAME
 
-__all__ = ["EventStreamDecoder", "EventStreamFrameError", "EventStreamMessage"]
+__all__ = ["EventStreamDecoder", "EventStreamMessage"]
 
 _PRELUDE = 12
 _MIN = _PRELUDE + 4  # a message with no headers and no payload
 _FIXED = {0: 0, 1: 0, 2: 1, 3: 2, 4: 4, 5: 8, 8: 8, 9: 16}  # type -> value size (6, 7: sized)
 _INTS = {2: ">b", 3: ">h", 4: ">i", 5: ">q", 8: ">q"}
-
-
-class EventStreamFrameError(FrameError):
-    """The event-stream bytes are not a message: a prelude or message CRC that does not match,
-    a length no message can have, or headers that do not parse. The bytes were damaged on the
-    way (or are not an event stream at all): nothing after them is read."""
 
 
 @attrs.frozen

@@ -41,6 +41,7 @@ from ._errors import (
     CursorExpired,
     CursorInvalid,
     EmptyResponseError,
+    EventStreamFrameError,
     FrameEncodingError,
     FrameError,
     FrameTooLarge,
@@ -106,6 +107,7 @@ ERROR_SHAPES: Mapping[type[RilletError], FailureClass] = {
     FrameError: T,  # bytes that cannot be framed (a non-stream Content-Type, F21)
     FrameTooLarge: P,  # the same frame would come back (F26)
     FrameEncodingError: T,  # invalid UTF-8 in an NDJSON line: corrupted on the way (F24)
+    EventStreamFrameError: T,  # an AWS event-stream CRC or length: corrupted on the way (S54)
     MalformedFrameError: W,  # valid JSON of the wrong shape, nesting past the decoder (F54)
     SSEErrorField: T,  # a stream's `error:` line; the handler reads it as the provider's (S50)
     SSEEncodeError: P,

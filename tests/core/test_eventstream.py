@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rillet._core._errors import FrameTooLarge
-from rillet._core._eventstream import EventStreamDecoder, EventStreamFrameError
+from rillet._core._errors import EventStreamFrameError, FrameTooLarge
+from rillet._core._eventstream import EventStreamDecoder
 
 from ..providers.eventstream_frames import event, exception, frame, text_stream
 

@@ -365,7 +365,7 @@ async def test_a_throttled_stream_is_retried_and_then_answers(
     assert all(signed_rightly(r, server.url) for r in server.requests)  # each signed anew
 
 
-def test_without_a_key_or_botocore_the_error_says_what_to_do(
+async def test_without_a_key_or_botocore_the_error_says_what_to_do(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import builtins
@@ -380,6 +380,12 @@ def test_without_a_key_or_botocore_the_error_says_what_to_do(
     monkeypatch.setattr(builtins, "__import__", no_botocore)
     with pytest.raises(ConfigurationError, match=r"AWS_BEARER_TOKEN_BEDROCK.*rillet\[bedrock\]"):
         BedrockConverseDialect().build_request(REQUEST, _provider("https://x.example"))
+    async with open_loopback_provider([stream_reply(text_stream(["never"]))]) as server:
+        result = await run_turn(REQUEST, _provider(server.url))
+    assert isinstance(result.error, ConfigurationError)
+    assert "install rillet[bedrock]" in str(result.error)
+    assert result.requests == 0
+    assert server.requests == []  # nothing went out unsigned
 
 
 def test_the_registry_knows_the_kind() -> None:
