@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
 import re
+import sys
 from pathlib import Path
 
 import httpx
@@ -483,3 +485,37 @@ async def test_a_corrupted_frame_is_a_framing_error_that_is_retried(
     assert result.ok, result.error
     assert result.text == "fine"
     assert len(server.requests) == 2
+
+
+async def test_rillet_run_with_the_bedrock_converse_kind_signs_and_streams() -> None:
+    """The command line: `rillet run --provider bedrock-converse`, its endpoint and AWS
+    credentials from the environment only, against the checking loopback server."""
+    base: list[str] = []
+    reply = stream_reply(text_stream(["Hel", "lo"]))
+    async with open_loopback_provider(checked([reply], base)) as server:  # type: ignore[arg-type]
+        base.append(server.url)
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("AWS_") and not k.endswith("_API_KEY")
+        }
+        env.update(
+            AWS_ACCESS_KEY_ID=KEY_ID,
+            AWS_SECRET_ACCESS_KEY=SECRET,
+            AWS_SESSION_TOKEN=TOKEN,
+            AWS_REGION=REGION,
+            AWS_BEDROCK_BASE_URL=server.url,
+            AWS_CONFIG_FILE="/nonexistent/config",
+            AWS_SHARED_CREDENTIALS_FILE="/nonexistent/credentials",
+            AWS_EC2_METADATA_DISABLED="true",
+        )
+        cmd = [sys.executable, "-m", "rillet", "run", "hi", "--provider", "bedrock-converse"]
+        with trio.fail_after(60):
+            done = await trio.run_process(
+                cmd, capture_stdout=True, capture_stderr=True, check=False, env=env
+            )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode() == "Hello\n"
+    (sent,) = server.requests
+    assert signed_rightly(sent, server.url)
+    assert sent.path.startswith("/model/anthropic.claude-3-5-haiku-20241022-v1%3A0/")
