@@ -12,6 +12,7 @@ import trio
 import trio.testing
 from rillet import MalformedFrameError, TextDone, ToolCallDone, TurnRequest, UniMessage, user
 from rillet._core._policy import Outcome
+from rillet._core._request import ToolSpec
 from rillet.lowlevel import WireDecoder
 from rillet.providers import Provider, Secret
 from rillet.providers._anthropic._dialect import AnthropicDialect
@@ -431,3 +432,46 @@ def test_input_deltas_are_the_input_whatever_the_start_held() -> None:
     # the same without event names, which the deltas' fast path does not take, gives the same
     unnamed = b"".join(line + b"\n" for line in data.split(b"\n") if not line.startswith(b"event:"))
     assert _tool_done(unnamed) == [WHOLE_INPUT]
+
+
+TOOLS = TurnRequest(
+    messages=[user("Weather?")],
+    tools=[ToolSpec(name="get_weather", parameters={"type": "object"})],
+)
+
+
+def _tools_sent(dialect: AnthropicDialect, *, stream: bool) -> list[dict[str, Any]]:
+    provider = Provider(dialect, "http://anthropic.invalid", "claude", api_key=Secret("k" * 16))
+    body = json.loads(dialect.build_request(TOOLS, provider, stream=stream).body)
+    tools: list[dict[str, Any]] = body["tools"]
+    return tools
+
+
+def test_a_streamed_request_asks_for_every_tools_input_as_it_is_written() -> None:
+    (streamed,) = _tools_sent(AnthropicDialect(), stream=True)
+    assert streamed["eager_input_streaming"] is True
+    (whole,) = _tools_sent(AnthropicDialect(), stream=False)  # the rescue: nothing streams
+    assert "eager_input_streaming" not in whole
+    (buffered,) = _tools_sent(AnthropicDialect(eager_tools=False), stream=True)
+    assert "eager_input_streaming" not in buffered
+
+
+async def test_a_tool_input_cut_off_at_max_tokens_ends_as_malformed_arguments_once(
+    loop_clock: trio.testing.MockClock,
+) -> None:
+    """Fine-grained tool streaming passes input on unchecked: a call cut off by the token limit
+    is half a JSON object. It ends the turn as malformed arguments, asked once (the same request
+    would be cut the same way), never as a call."""
+    call = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}
+    body = sse(
+        start(),
+        block_start(0, call),
+        block_delta(0, {"type": "input_json_delta", "partial_json": '{"city": "Par'}),
+        block_stop(0),
+        *end("max_tokens"),
+    )
+    result, requests = await turn_over_loopback(AnthropicDialect(), body)
+    assert not result.ok
+    assert requests == 1
+    assert not [i for i in result.message.content_items if isinstance(i, ToolCallDone)]
+    assert result.code == "tool_arguments_invalid"

@@ -126,10 +126,22 @@ def _image(url: str) -> dict[str, Any]:
 
 
 class AnthropicDialect:
-    """Anthropic's Messages API."""
+    """Anthropic's Messages API.
+
+    Args:
+        eager_tools: in a streamed request, mark every tool `eager_input_streaming` (Anthropic's
+            fine-grained tool streaming, on every model): a call's input arrives as the model
+            writes it rather than buffered and checked by the provider first, so a long
+            argument starts seconds sooner. The input is then checked here: a call cut off
+            (at `max_tokens`) ends as malformed arguments, never as a call with half its input.
+            False asks for buffered input.
+    """
 
     name = NAME
     framing: Literal["sse"] = "sse"
+
+    def __init__(self, *, eager_tools: bool = True) -> None:
+        self.eager_tools = eager_tools
 
     def build_request(
         self, request: TurnRequest, provider: Provider, *, stream: bool = True
@@ -153,6 +165,9 @@ class AnthropicDialect:
                 }
                 for t in request.tools
             ]
+            if stream and self.eager_tools:  # fine-grained tool streaming (see the class)
+                for spec in body["tools"]:
+                    spec["eager_input_streaming"] = True
         choice = request.tool_choice
         if choice == "auto":
             body["tool_choice"] = {"type": "auto"}
