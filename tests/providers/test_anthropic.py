@@ -475,3 +475,58 @@ async def test_a_tool_input_cut_off_at_max_tokens_ends_as_malformed_arguments_on
     assert requests == 1
     assert not [i for i in result.message.content_items if isinstance(i, ToolCallDone)]
     assert result.code == "tool_arguments_invalid"
+
+
+LONG = "Notes on the weather, kept for the whole conversation. " * 100  # over 1,024 tokens
+
+
+def _sent(request: TurnRequest, dialect: AnthropicDialect | None = None) -> dict[str, Any]:
+    dialect = dialect or AnthropicDialect()
+    provider = Provider(dialect, "http://anthropic.invalid", "claude", api_key=Secret("k" * 16))
+    sent: dict[str, Any] = json.loads(dialect.build_request(request, provider).body)
+    return sent
+
+
+def _conversation(**fields: Any) -> TurnRequest:
+    history = [
+        user("What is the weather in Paris?"),
+        UniMessage(role="assistant", content_items=[TextDone(text="Rain, 18 °C.")]),
+        user("And tomorrow?"),
+    ]
+    return TurnRequest(messages=history, system_prompt=LONG, **fields)
+
+
+def test_a_long_prefix_is_marked_for_the_prompt_cache_at_its_stable_points() -> None:
+    tools = [ToolSpec(name="a", parameters={"type": "object"}), ToolSpec(name="b")]
+    body = _sent(_conversation(tools=tools))
+    ephemeral = {"type": "ephemeral"}
+    assert body["system"] == [{"type": "text", "text": LONG, "cache_control": ephemeral}]
+    assert "cache_control" not in body["tools"][0]
+    assert body["tools"][-1]["cache_control"] == ephemeral
+    *earlier, last = body["messages"]
+    assert last["content"][-1] == {
+        "type": "text",
+        "text": "And tomorrow?",
+        "cache_control": ephemeral,
+    }
+    assert not [b for m in earlier for b in m["content"] if "cache_control" in b]
+    marks = json.dumps(body).count('"cache_control"')
+    assert marks == 3  # Anthropic allows four
+
+
+def test_a_short_request_or_the_switch_marks_nothing() -> None:
+    short = _sent(TurnRequest(messages=[user("hi")], system_prompt="Be brief."))
+    assert short["system"] == "Be brief."
+    assert "cache_control" not in json.dumps(short)
+    off = _sent(_conversation(), AnthropicDialect(cache=False))
+    assert off["system"] == LONG
+    assert "cache_control" not in json.dumps(off)
+
+
+def test_the_callers_own_blocks_are_not_changed_by_the_mark() -> None:
+    kept = {"type": "server_tool_use", "id": "srv_1", "name": "web_search", "input": {}}
+    echoed = TextDone(text="", fidelity={"block": kept})
+    request = _conversation()
+    last = UniMessage(role="user", content_items=[*request.messages[-1].content_items, echoed])
+    _sent(TurnRequest(messages=[*request.messages[:-1], last], system_prompt=LONG))
+    assert "cache_control" not in kept

@@ -114,6 +114,33 @@ def _content(message: UniMessage) -> list[dict[str, Any]]:
     return blocks
 
 
+_EPHEMERAL = {"type": "ephemeral"}
+_CACHEABLE_CHARS = 4 * 1024  # about the 1,024 tokens below which Anthropic caches nothing
+_UNMARKABLE = frozenset({"thinking", "redacted_thinking"})
+
+
+def _mark_cache(body: dict[str, Any]) -> None:
+    """Prompt-cache breakpoints on the request's stable prefix (`AnthropicDialect.cache`):
+    the last tool, the system prompt, the last message's last block that can carry one."""
+    if len(msgspec.json.encode(body)) < _CACHEABLE_CHARS:
+        return
+    if body.get("tools"):
+        body["tools"][-1]["cache_control"] = _EPHEMERAL
+    system = body.get("system")
+    if isinstance(system, str) and system:
+        body["system"] = [{"type": "text", "text": system, "cache_control": _EPHEMERAL}]
+    messages = body["messages"]
+    if not messages:
+        return
+    blocks = messages[-1]["content"]
+    for i in range(len(blocks) - 1, -1, -1):
+        block = blocks[i]
+        empty = block.get("type") == "text" and not block.get("text")
+        if block.get("type") not in _UNMARKABLE and not empty:
+            blocks[i] = {**block, "cache_control": _EPHEMERAL}  # a block echoed is not ours
+            return
+
+
 def _image(url: str) -> dict[str, Any]:
     if url.startswith("data:"):
         head, _, data = url.partition(",")
@@ -135,13 +162,21 @@ class AnthropicDialect:
             argument starts seconds sooner. The input is then checked here: a call cut off
             (at `max_tokens`) ends as malformed arguments, never as a call with half its input.
             False asks for buffered input.
+        cache: mark the request's stable prefix for Anthropic's prompt cache: the last tool,
+            the system prompt and the conversation's last message (three of the four
+            breakpoints allowed), so the next turn of the same conversation reads them from the
+            cache (a tenth of the input price) instead of paying for them again. Only for a
+            request long enough to be cached at all (about 1,024 tokens, by its length); the
+            first request of a prefix pays Anthropic's cache-write rate on it (1.25x input),
+            which one later turn more than repays. False marks nothing.
     """
 
     name = NAME
     framing: Literal["sse"] = "sse"
 
-    def __init__(self, *, eager_tools: bool = True) -> None:
+    def __init__(self, *, eager_tools: bool = True, cache: bool = True) -> None:
         self.eager_tools = eager_tools
+        self.cache = cache
 
     def build_request(
         self, request: TurnRequest, provider: Provider, *, stream: bool = True
@@ -182,6 +217,8 @@ class AnthropicDialect:
             budget = min(_BUDGETS[level], max(1024, body["max_tokens"] - 1))
             body["thinking"] = {"type": "enabled", "budget_tokens": budget}
         body["stream"] = stream  # explicit either way: a non-streaming request says so
+        if self.cache:
+            _mark_cache(body)
         body.update(request.extra_body.get(NAME, {}))
         headers = {
             "content-type": "application/json",
