@@ -9,9 +9,11 @@ time, so these waits are real.
 
 from __future__ import annotations
 
+import functools
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
+import httpx
 import pytest
 import trio
 from rillet._core._errors import AppendConflict
@@ -19,7 +21,10 @@ from rillet._core._runevents import RunDone
 from rillet._hub._redis import Claim, RedisHub, open_redis_hub
 from rillet._hub._redis_layout import lease_key
 from rillet._turn._turn import SinkBatch
+from rillet.transports.server import ServerConfig, serve
+from rillet.transports.testing import open_loopback_provider
 
+from ..server_support import chat_provider, text_reply
 from .test_redis_hub import (
     deltas,
     done,
@@ -33,6 +38,8 @@ from .test_redis_lease import LEASE, _stream_ends
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+
+    from .test_redis_hub import RedisServer
 
 pytestmark = pytest.mark.slow
 
@@ -209,3 +216,25 @@ async def test_of_two_hubs_offered_a_lost_run_exactly_one_takes_it(
             assert len(claims) == 1
             await claims[0].sink.deliver(SinkBatch([done(run_id, 2)], ()))
     assert await _stream_ends(redis_url, run_id) == ["completed"]
+
+
+async def test_a_server_gives_its_hub_the_lease_its_config_names(
+    redis_server: RedisServer,  # noqa: F811
+) -> None:
+    """`ServerConfig.hub_options` reach the Redis hub a server opens: a run it drives holds a
+    lease of the configured length (1.5 s here, 9 s by default)."""
+    async with open_loopback_provider(lambda request, n: text_reply(stall_after=3)) as loopback:
+        config = ServerConfig(
+            provider=chat_provider(loopback.url),
+            port=0,
+            redis_url=redis_server.url,
+            hub_options={"lease": 1.5, "lease_interval": 0.5},
+        )
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery, probe(redis_server.url) as client:
+                url = await nursery.start(functools.partial(serve, config))
+                async with httpx.AsyncClient(base_url=url) as http:
+                    run = (await http.post("/v1/runs", json={"prompt": "hi"})).json()
+                ttl = await client.pttl(lease_key(run["run_id"]))
+                nursery.cancel_scope.cancel()
+    assert 0 < ttl <= 1500, ttl

@@ -149,6 +149,10 @@ class ServerConfig:
             and the kernel spreads connections among them (what each worker does).
         worker: which worker this process is (0-based, set by the supervisor; shown at
             `/metrics.json`); None when it is no worker.
+        hub_options: with `redis_url`, settings of the Redis hub (`RedisHub`'s attributes:
+            `lease`, `lease_interval`, `retention`, `block`, ...) over its defaults; a
+            deployment rarely needs them (the chaos soak shortens the lease so that a killed
+            worker's runs are taken over within seconds).
     """
 
     provider: Provider | Callable[[str], Provider]
@@ -169,6 +173,7 @@ class ServerConfig:
     workers: int = 1
     reuse_port: bool = False
     worker: int | None = None
+    hub_options: Mapping[str, float] = attrs.field(factory=dict)
 
     @property
     def loopback(self) -> bool:

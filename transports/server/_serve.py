@@ -38,9 +38,8 @@ async def serve_in_process(
     if hub is None and config.redis_url is not None:
         from rillet._hub._redis import open_redis_hub
 
-        async with open_redis_hub(
-            config.redis_url, max_subscribers_per_run=limits.max_subscribers_per_run
-        ) as shared:
+        options = {"max_subscribers_per_run": limits.max_subscribers_per_run, **config.hub_options}
+        async with open_redis_hub(config.redis_url, **options) as shared:
             await _serve(config, shared, task_status)
         return
     await _serve(
