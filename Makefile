@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-load soak lint demo bench deps clean
+.PHONY: test test-load soak soak-workers lint demo bench deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -31,6 +31,10 @@ test-load: $(STAMP) deps
 
 soak: $(STAMP)
 	$(BIN)/python -m tests.soak
+
+# the same against two worker processes, with worker kills and Redis restarts (redis-server)
+soak-workers: $(STAMP)
+	$(BIN)/python -m tests.soak --workers 2 --turns 1000 --seconds 1200
 
 # the scripted turns in the terminal, then the live page stays up until Ctrl-C
 demo: $(STAMP)

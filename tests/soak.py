@@ -3,6 +3,11 @@ provider, faults drawn at random from the reliability catalogue, subscribers tha
 resume at random.
 
     python -m tests.soak [--turns N] [--seconds S] [--concurrency C] [--seed X]
+    python -m tests.soak --workers 2 [--kill-every S] [...]
+
+With `--workers` the server is several worker processes sharing a `redis-server`, and workers
+are killed and Redis restarted on top of the provider's faults (tests/soak_workers.py says
+how); without it, everything runs in this process, as follows.
 
 Each turn (a run started with `POST /v1/runs`) gets a plan: zero to four faults, one per
 attempt, then the whole reply. Faults: a dropped connection (orderly or reset), a stall after the
@@ -31,6 +36,7 @@ import hashlib
 import random
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import attrs
 import httpx
@@ -61,6 +67,9 @@ from rillet.transports.testing import (
 
 from .load._support import open_fds, rss, tasks
 from .load.test_load import Subscriber, sse_subscriber, ws_subscriber
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
 
 FAULTS = (
     "drop",
@@ -218,6 +227,26 @@ async def subscribe(url_sse: str, url_ws: str, kind: str, rng: random.Random) ->
     return sub
 
 
+async def followers(
+    rng: random.Random, read: Callable[[str], Awaitable[Subscriber]]
+) -> list[Subscriber] | None:
+    """One to three subscribers of a run, SSE or WebSocket (`read(kind)` follows it to its
+    end), some joining late; None when one of them is not done within two minutes."""
+    kinds = [rng.choice(["sse", "ws"]) for _ in range(rng.randint(1, 3))]
+    subs: list[Subscriber] = []
+
+    async def follow(kind: str) -> None:
+        if rng.random() < 0.3:
+            await trio.sleep(rng.uniform(0, 1.0))  # some join late
+        subs.append(await read(kind))
+
+    with trio.move_on_after(120) as scope:
+        async with trio.open_nursery() as nursery:
+            for kind in kinds:
+                nursery.start_soon(follow, kind)
+    return None if scope.cancelled_caught else subs
+
+
 async def one_turn(
     client: httpx.AsyncClient, hub: Hub, plan: Plan, tally: Tally, rng: random.Random
 ) -> None:
@@ -226,19 +255,8 @@ async def one_turn(
         tally.mismatch(plan.turn, f"POST /v1/runs answered {reply.status_code}")
         return
     run = reply.json()
-    kinds = [rng.choice(["sse", "ws"]) for _ in range(rng.randint(1, 3))]
-    subs: list[Subscriber] = []
-
-    async def follow(kind: str) -> None:
-        if rng.random() < 0.3:
-            await trio.sleep(rng.uniform(0, 1.0))  # some join late
-        subs.append(await subscribe(run["events_url"], run["ws_url"], kind, rng))
-
-    with trio.move_on_after(120) as scope:
-        async with trio.open_nursery() as nursery:
-            for kind in kinds:
-                nursery.start_soon(follow, kind)
-    if scope.cancelled_caught:
+    subs = await followers(rng, lambda kind: subscribe(run["events_url"], run["ws_url"], kind, rng))
+    if subs is None:
         tally.mismatch(plan.turn, "a subscriber never got run.done (hang)")
         return
     log = [entry.data for entry in hub.log.get(run["run_id"]).entries]
@@ -305,6 +323,26 @@ def make_plan(turn: int, rng: random.Random) -> Plan:
     return Plan(turn, pieces, faults, random.Random(rng.random()))
 
 
+def soak_provider(url: str) -> Provider:
+    """The stand-in provider at `url`, as the server uses it."""
+    return Provider(
+        dialect=OpenAIChatDialect(),
+        base_url=f"{url}/v1",
+        model="soak-model",
+        api_key=Secret("sk-soak-0123456789"),
+    )
+
+
+def soak_limits(runs: int) -> Limits:
+    """Limits that admit `runs` runs at once (and a few more), all from one client."""
+    return Limits(
+        max_subscribers_per_client=10_000,
+        max_active_runs=runs + 10,
+        max_streams=runs + 10,
+        max_runs_per_client=runs + 10,
+    )
+
+
 WARM_UP = 60  # turns run (and counted) before the baseline is taken
 
 
@@ -325,19 +363,10 @@ async def soak(turns: int, seconds: float, concurrency: int, seed: int) -> Tally
     provider_server = LoopbackProvider(script)
     async with trio.open_nursery() as nursery:
         await nursery.start(provider_server.serve)
-        provider = Provider(
-            dialect=OpenAIChatDialect(),
-            base_url=f"{provider_server.url}/v1",
-            model="soak-model",
-            api_key=Secret("sk-soak-0123456789"),
+        limits = soak_limits(concurrency)  # every run streams at once, from one client
+        config = ServerConfig(
+            provider=soak_provider(provider_server.url), port=0, policy=POLICY, limits=limits
         )
-        limits = Limits(
-            max_subscribers_per_client=10_000,
-            max_active_runs=concurrency + 10,
-            max_streams=concurrency + 10,  # every run streams at once, from one client
-            max_runs_per_client=concurrency + 10,
-        )
-        config = ServerConfig(provider=provider, port=0, policy=POLICY, limits=limits)
         url = await nursery.start(
             lambda task_status: serve(config, hub=hub, task_status=task_status)
         )
@@ -447,9 +476,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-record", action="store_true", help="do not write the summary to bench/RESULTS.md"
     )
+    parser.add_argument(
+        "--workers", type=int, default=None, help="worker processes (default: in this process)"
+    )
+    parser.add_argument(
+        "--kill-every", type=float, default=15.0, help="with --workers: seconds between faults"
+    )
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     print(f"soak: seed {seed}", file=sys.stderr)
+    if args.workers is not None:
+        return workers_main(args, seed)
     start = time.perf_counter()
     tally = trio.run(soak, args.turns, args.seconds, args.concurrency, seed)
     text = summary(tally, time.perf_counter() - start)
@@ -464,6 +501,28 @@ def main(argv: list[str] | None = None) -> int:
             "## Chaos soak\n\n"
             f"`make soak` (`python -m tests.soak --seed {seed}` reruns it), "
             f"{time.strftime('%Y-%m-%d %H:%M')} UTC: {verdict}.\n\n```\n{text}\n```",
+        )
+    return 1 if failed else 0
+
+
+def workers_main(args: argparse.Namespace, seed: int) -> int:
+    """The soak against `args.workers` worker processes (tests/soak_workers.py)."""
+    from .soak_workers import run
+
+    text, failed = run(args, seed)
+    print(text)
+    if not args.no_record:
+        from bench.report import replace_section
+
+        verdict = "FAILED" if failed else "passed"
+        command = (
+            f"python -m tests.soak --workers {args.workers} --turns {args.turns} "
+            f"--concurrency {args.concurrency} --kill-every {args.kill_every:g} --seed {seed}"
+        )
+        replace_section(
+            "soak-workers",
+            "## Chaos soak against worker processes\n\n"
+            f"`{command}`, {time.strftime('%Y-%m-%d %H:%M')} UTC: {verdict}.\n\n```\n{text}\n```",
         )
     return 1 if failed else 0
 

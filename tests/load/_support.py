@@ -98,15 +98,21 @@ async def provider_process(
     chunks: int, *, per_chunk: int = 1, gap: float = 0.0
 ) -> AsyncIterator[str]:
     """The loopback provider (`tests.load._provider`) in a child process: its base URL."""
+    args = ("--chunks", str(chunks), "--per-chunk", str(per_chunk), "--gap", str(gap))
+    async with child_provider("tests.load._provider", *args) as url:
+        yield url
+
+
+@asynccontextmanager
+async def child_provider(module: str, *args: str) -> AsyncIterator[str]:
+    """A provider `python -m module *args` serves in a child process (it prints `PORT <n>`
+    once listening, and serves until its standard input closes): its base URL."""
     root = Path(__file__).parents[2]
-    command = [
-        sys.executable,
-        "-m",
-        "tests.load._provider",
-        *("--chunks", str(chunks), "--per-chunk", str(per_chunk), "--gap", str(gap)),
-    ]
     process = await trio.lowlevel.open_process(
-        command, cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        [sys.executable, "-m", module, *args],
+        cwd=root,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
     )
     try:
         assert process.stdout is not None
@@ -122,6 +128,9 @@ async def provider_process(
             assert process.stdin is not None
             await process.stdin.aclose()
             with trio.move_on_after(10):
+                await process.wait()
+            if process.returncode is None:
+                process.kill()
                 await process.wait()
             if process.returncode is None:
                 process.kill()

@@ -240,7 +240,9 @@ async def ws_subscriber(
         await stream.send_all(head.encode())
         buffer = bytearray()
         while b"\r\n\r\n" not in buffer:
-            buffer += await stream.receive_some(65536)
+            data = await stream.receive_some(65536)
+            assert data, "the connection closed before the handshake's answer"
+            buffer += data
         answer, _, rest = bytes(buffer).partition(b"\r\n\r\n")
         assert answer.startswith(b"HTTP/1.1 101 "), answer
         buffer = bytearray(rest)
