@@ -68,7 +68,6 @@ from .load.test_load import Subscriber, sse_subscriber, ws_subscriber
 from .soak import POLICY, Plan, check, followers, make_plan, soak_limits, soak_provider
 from .soak import Tally as SoakTally
 
-ROOT = Path(__file__).parent.parent
 LEASE = 3.0  # seconds: a killed worker's runs are taken over 3-4 s later
 HUB_OPTIONS = {"lease": LEASE, "lease_interval": 1.0, "block": 1.0}
 # the codes of a plan meant to fail: past its rate-limit budget, or past its transport budget
@@ -88,13 +87,14 @@ def plan_for(seed: int, turn: int) -> Plan:
     return make_plan(turn, random.Random(f"{seed}:{turn}"))
 
 
-def expected(plan: Plan) -> set[str]:
-    """The codes the plan's faults allow its run to end with, when nothing else met it."""
-    if plan.rescue_fails:
-        return {"completed"} | FAILED  # (completed: taken over after its faults were spent)
-    if plan.faults == ["429"] * 6:
-        return {"completed"} | RATE_LIMITED
-    return {"completed"}
+def expected(plan: Plan, *, fresh: bool) -> set[str]:
+    """The codes the plan's faults allow its run to end with, when no outage met it; with
+    `fresh`, a plan meant to fail may complete (the run's later attempts begin where other
+    requests spent the plan's faults)."""
+    failing = FAILED if plan.rescue_fails else RATE_LIMITED if plan.faults == ["429"] * 6 else None
+    if failing is None:
+        return {"completed"}
+    return failing | {"completed"} if fresh else failing
 
 
 # --- the provider's process -----------------------------------------------------------------------
@@ -230,25 +230,28 @@ async def subscribe(run: dict[str, Any], kind: str, rng: random.Random, tally: T
     return sub
 
 
-async def start_run(url: str, turn: int, tally: Tally) -> dict[str, Any] | None:
+async def start_run(url: str, turn: int, tally: Tally) -> tuple[dict[str, Any] | None, bool]:
     """`POST /v1/runs` on a connection of its own (so the kernel spreads runs over the
-    workers), sent again while a kill cuts it or an outage refuses it (for a minute)."""
+    workers), sent again while a kill cuts it or an outage refuses it (for a minute): the run,
+    and whether a send was cut (a run the soak never learned of may share the turn's plan)."""
+    cut = False
     for _ in range(240):
         try:
             async with httpx.AsyncClient(base_url=url, timeout=30) as client:
                 reply = await client.post("/v1/runs", json={"prompt": f"soak {turn}"})
         except httpx.TransportError:
             reply = None
+            cut = True
         if reply is not None and reply.status_code == 201:
             run: dict[str, Any] = reply.json()
-            return run
+            return run, cut
         if reply is not None and reply.status_code != 503:
             tally.mismatch(turn, f"POST /v1/runs answered {reply.status_code}")
-            return None
+            return None, cut
         tally.reposts += 1
         await trio.sleep(0.25)
     tally.mismatch(turn, "POST /v1/runs refused for a minute")
-    return None
+    return None, cut
 
 
 async def read_log(redis: coredis.Redis[bytes], run_id: str) -> list[RunEvent]:
@@ -273,7 +276,7 @@ async def one_turn(
     rng: random.Random,
 ) -> None:
     start = trio.current_time()
-    run = await start_run(url, plan.turn, tally)
+    run, cut = await start_run(url, plan.turn, tally)
     if run is None:
         return
     subs = await followers(rng, lambda kind: subscribe(run, kind, rng, tally))
@@ -298,7 +301,9 @@ async def one_turn(
     if len(tally.mismatches) > mismatches or not isinstance(events[-1], RunDone):
         return
     code = events[-1].code
-    allowed = expected(plan)  # a kill allows nothing more: its runs are taken over
+    # a kill allows no more (its runs are taken over); a run the soak never learned of (a cut
+    # POST) may have spent the plan's faults, as a run taken over may
+    allowed = expected(plan, fresh=taken or cut)
     if "outage" in met:
         allowed |= {"log_unavailable"}
     if code not in allowed:
