@@ -362,7 +362,10 @@ async def chaos_loop(
         if not candidates:
             continue
         worker = rng.choice(candidates)
-        found = await metrics(url, worker)
+        try:
+            found = await metrics(url, worker)
+        except RuntimeError:  # not serving again yet: another time
+            continue
         os.kill(found["pid"], signal.SIGKILL)
         chaos.kills.append(trio.current_time())
         deaths[worker].append(trio.current_time())
