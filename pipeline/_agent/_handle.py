@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import attrs
 import trio
 
 from .._core._conversation import Conversation, PendingApproval
+from .._core._cost import Price
 from .._core._dialect import Provider
 from .._core._errors import failure
 from .._core._events import UniMessage
 from .._turn._handle import RunHandle
 from .._turn._turn import TurnResult
 from ._tools import ToolOutput
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from decimal import Decimal
 
 __all__ = ["Agent", "AgentResult", "AgentStatus"]
 
@@ -60,6 +65,29 @@ class AgentResult:
     def requests(self) -> int:
         """HTTP requests sent to providers by every step (retries and rescues included)."""
         return sum(t.requests for t in self.turns)
+
+    def cost(self, price: Price | Mapping[str, Price]) -> Decimal | None:
+        """What every step's reply cost, at the host's prices (`TurnResult.cost` summed);
+        None when no step reported usage. A step whose usage is unknown adds nothing.
+
+        Args:
+            price: one model's prices, or the prices of each model a step may be answered
+                by (a chain's), by the model's name; a model not in it is a `KeyError`
+                naming it, never a cost of nothing.
+        """
+        total: Decimal | None = None
+        for turn in self.turns:
+            if isinstance(price, Price):
+                priced = price
+            else:
+                model = turn.provider.model if turn.provider is not None else ""
+                if model not in price:
+                    raise KeyError(f"no price for the model {model!r} that answered a step")
+                priced = price[model]
+            cost = turn.cost(priced)
+            if cost is not None:
+                total = cost if total is None else total + cost
+        return total
 
     def raise_for_outcome(self) -> AgentResult:
         """Raise the error that ended the run if it ended `error` or `cancelled`; else return
