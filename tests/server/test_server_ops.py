@@ -109,6 +109,32 @@ async def test_a_turn_that_retried_once_shows_two_provider_requests_and_one_retr
     assert value(samples, "rillet_bytes_sent_total") > len(stream.events) * 50
 
 
+async def test_tokens_are_counted_by_kind_as_the_provider_reported_them() -> None:
+    """OpenAI's recorded usage: 1,210 prompt tokens of which 1,024 read from the cache, 86
+    completion tokens of which 64 reasoning."""
+    from rillet.transports.testing import fixture_reply
+
+    from ..wire_cases import wire_path
+
+    reply = fixture_reply(wire_path("openai-chat", "usage_final_chunk"))
+    with trio.fail_after(10):
+        async with serving([reply]) as served:
+            run = await served.start()
+            await read_sse(served.client, run["events_url"])
+            samples = await scrape_until(served, ended(1))
+    tokens = {kind: value(samples, "rillet_tokens_total", kind=kind) for kind in KINDS}
+    assert tokens == {
+        "input": 1210 - 1024,
+        "cache_read": 1024,
+        "cache_write": 0,  # not reported: never counted
+        "output": 86,
+        "reasoning": 64,
+    }
+
+
+KINDS = ("input", "cache_read", "cache_write", "output", "reasoning")
+
+
 async def test_a_reset_is_counted_with_its_retry() -> None:
     words = ["one ", "two ", "three ", "four"]
     with trio.fail_after(10):

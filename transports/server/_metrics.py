@@ -38,6 +38,7 @@ class Prometheus:
     retries: Counter
     resets: Counter
     taken_over: Counter
+    tokens: Counter
     bytes_sent: Counter
     active: Gauge
     queued: Gauge
@@ -73,6 +74,13 @@ class Prometheus:
             resets=counter("rillet_resets", "Attempts voided after they had streamed events."),
             taken_over=counter(
                 "rillet_runs_taken_over", "Runs continued here after their server was lost."
+            ),
+            tokens=counter(
+                "rillet_tokens",
+                "Tokens the providers reported for the turns that ended here, by kind: `input` "
+                "(uncached prompt), `cache_read`, `cache_write` (of the input), `output` "
+                "(reasoning included), `reasoning` (of the output).",
+                ("kind",),
             ),
             bytes_sent=counter("rillet_bytes_sent", "Bytes sent to clients (counted per request)."),
             active=gauge("rillet_runs_active", "Runs streaming from a provider now."),
@@ -144,6 +152,17 @@ class Metrics:
         if prom is None:
             return
         prom.runs.labels(outcome=outcome_label(result)).inc()
+        usage = result.message.usage_metadata
+        if usage is not None:
+            for kind, count in (
+                ("input", usage.prompt_tokens),
+                ("cache_read", usage.cached_tokens),
+                ("cache_write", result.cache_write_tokens),
+                ("output", (usage.response_tokens or 0) + (usage.thoughts_tokens or 0)),
+                ("reasoning", usage.thoughts_tokens),
+            ):
+                if count:
+                    prom.tokens.labels(kind=kind).inc(count)
         if result.attempts > 1:
             prom.retries.inc(result.attempts - 1)
         if result.time_to_first_event is not None:
