@@ -47,7 +47,7 @@ from rillet._turn._turn import SinkBatch
 
 from ._shared import Shared
 from ._streamed import HeldHead, end_stream, until_gone
-from ._uistream import UiParts, ui_request
+from ._uistream import UI_VERSION, UiParts, ui_request, ui_start
 from ._wireturn import admitted
 
 if TYPE_CHECKING:
@@ -58,8 +58,6 @@ if TYPE_CHECKING:
     from ._uistream import UiBody
 
 __all__ = ["UiAgentRuns", "UiConversation", "ui_conversation"]
-
-_UI_VERSION = ("x-vercel-ai-ui-message-stream", "v1")
 
 
 @attrs.frozen
@@ -291,11 +289,9 @@ async def _write(
     provider: Provider,
     message_id: str,
 ) -> None:
-    head = HeldHead(http, shared.limits.heartbeat, (_UI_VERSION,))
+    head = HeldHead(http, shared.limits.heartbeat, (UI_VERSION,))
     await head.start()
-    about = {"model": provider.model, "provider": provider.label}
-    start = {"type": "start", "messageId": message_id, "messageMetadata": about}
-    await head.send(sse_json(start) + sse_json({"type": "start-step"}))
+    await head.send(ui_start(provider, message_id))
     parts = _AgentParts(dict(run.calls))
     done: RunDone | None = None
     while (batch := await head.receive(receive)) is not None:

@@ -59,11 +59,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "UI_STREAM_HEADERS",
+    "UI_VERSION",
     "UiBody",
     "UiParts",
     "UiStream",
     "response_message_id",
     "ui_request",
+    "ui_start",
     "ui_usage",
 ]
 
@@ -92,8 +94,9 @@ class UiBody(msgspec.Struct, frozen=True, kw_only=True):
 
 _decode_body = msgspec.json.Decoder(UiBody).decode
 
-_UI_VERSION = ("x-vercel-ai-ui-message-stream", "v1")
-UI_STREAM_HEADERS = (*SSE_HEADERS, _UI_VERSION)
+UI_VERSION = ("x-vercel-ai-ui-message-stream", "v1")
+"""The header that names the UI message stream protocol's version."""
+UI_STREAM_HEADERS = (*SSE_HEADERS, UI_VERSION)
 """The head of a UI message stream: an event stream, and the protocol's version."""
 
 
@@ -317,6 +320,14 @@ class UiParts:
         return part
 
 
+def ui_start(provider: Provider, message_id: str) -> bytes:
+    """A reply's first parts: `start`, with the model that answers as message metadata a
+    front end can show (`message.metadata`), and the first `start-step`."""
+    about = {"model": provider.model, "provider": provider.label}
+    start = {"type": "start", "messageId": message_id, "messageMetadata": about}
+    return sse_json(start) + sse_json({"type": "start-step"})
+
+
 def ui_usage(usage: UsageMetadata | None) -> dict[str, int]:
     """Token usage as the AI SDK counts it (`LanguageModelUsage`): input with the cached
     tokens in it, output with the reasoning tokens in it, and each of those apart; a count the
@@ -479,12 +490,10 @@ class UiStream:
         after it, the turn writes plain deltas itself (`DirectDeltas`), and everything else
         comes here: a reset (`reset-step`), the stop, the turn's end."""
         parts = UiParts()
-        head = HeldHead(http, self.shared.limits.heartbeat, (_UI_VERSION,))
+        head = HeldHead(http, self.shared.limits.heartbeat, (UI_VERSION,))
         await head.start()
         # the model that answers, as message metadata a front end can show (`message.metadata`)
-        about = {"model": provider.model, "provider": provider.label}
-        start = {"type": "start", "messageId": message_id, "messageMetadata": about}
-        await http.send_data(sse_json(start) + sse_json({"type": "start-step"}))
+        await http.send_data(ui_start(provider, message_id))
 
         def frame(event: UniEvent) -> bytes:
             return b"".join([sse_json(part) for part in parts.event(event)])
