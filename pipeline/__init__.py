@@ -32,12 +32,17 @@ from ._core._codes import RUN_CODES as RUN_CODES
 from ._core._codes import CodeInfo as CodeInfo
 from ._core._conversation import Conversation as Conversation
 from ._core._conversation import PendingApproval as PendingApproval
+from ._core._cost import GenAIPrices as GenAIPrices
 from ._core._cost import Price as Price
+from ._core._cost import Prices as Prices
+from ._core._cost import PriceTable as PriceTable
+from ._core._cost import TokenUsage as TokenUsage
 from ._core._cost import usage_cost as usage_cost
 from ._core._errors import AppendConflict as AppendConflict
 from ._core._errors import AuthenticationError as AuthenticationError
 from ._core._errors import ConfigurationError as ConfigurationError
 from ._core._errors import ContextWindowExceeded as ContextWindowExceeded
+from ._core._errors import CostLimitExceeded as CostLimitExceeded
 from ._core._errors import CursorExpired as CursorExpired
 from ._core._errors import CursorInvalid as CursorInvalid
 from ._core._errors import EmptyResponseError as EmptyResponseError
@@ -204,6 +209,7 @@ __all__ = [
     "ContextBudget",
     "ContextWindowExceeded",
     "Conversation",
+    "CostLimitExceeded",
     "CursorExpired",
     "CursorInvalid",
     "DeltaItem",
@@ -218,6 +224,7 @@ __all__ = [
     "FrameEncodingError",
     "FrameError",
     "FrameTooLarge",
+    "GenAIPrices",
     "Hub",
     "HubError",
     "HubSink",
@@ -237,6 +244,8 @@ __all__ = [
     "PendingApproval",
     "Policy",
     "Price",
+    "PriceTable",
+    "Prices",
     "ProviderError",
     "RateLimitError",
     "RateLimiter",
@@ -269,6 +278,7 @@ __all__ = [
     "ThinkingDelta",
     "ThinkingDone",
     "ThinkingLevel",
+    "TokenUsage",
     "Tool",
     "ToolCallArgumentParseError",
     "ToolCallDelta",

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal
 
 import attrs
 import trio
 
 from .._core._conversation import Conversation, PendingApproval
-from .._core._cost import Price
+from .._core._cost import Price, Prices, PriceTable
 from .._core._dialect import Provider
 from .._core._errors import failure
 from .._core._events import UniMessage
@@ -17,7 +18,6 @@ from .._turn._turn import TurnResult
 from ._tools import ToolOutput
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
     from decimal import Decimal
 
 __all__ = ["Agent", "AgentResult", "AgentStatus"]
@@ -66,25 +66,27 @@ class AgentResult:
         """HTTP requests sent to providers by every step (retries and rescues included)."""
         return sum(t.requests for t in self.turns)
 
-    def cost(self, price: Price | Mapping[str, Price]) -> Decimal | None:
-        """What every step's reply cost, at the host's prices (`TurnResult.cost` summed);
-        None when no step reported usage. A step whose usage is unknown adds nothing.
+    def cost(self, price: Prices | Mapping[str, Price] | None = None) -> Decimal | None:
+        """What every step's reply cost (`TurnResult.cost` summed): at `price`, or at the run's
+        prices when None; None when no step reported usage. A step whose usage is unknown
+        adds nothing.
 
         Args:
-            price: one model's prices, or the prices of each model a step may be answered
-                by (a chain's), by the model's name; a model not in it is a `KeyError`
-                naming it, never a cost of nothing.
+            price: one model's prices (a `Price`), a table of them (`Prices`), or the prices
+                of each model a step may be answered by (a chain's), by the model's name; a
+                model with no price is a `KeyError` naming it, never a cost of nothing.
         """
         total: Decimal | None = None
         for turn in self.turns:
-            if isinstance(price, Price):
-                priced = price
+            if price is None or isinstance(price, Price):
+                cost = turn.cost(price)
             else:
                 model = turn.provider.model if turn.provider is not None else ""
-                if model not in price:
+                if isinstance(price, Mapping):
+                    price = PriceTable(price)
+                cost = turn.cost(price)
+                if cost is None and turn.message.usage_metadata is not None:
                     raise KeyError(f"no price for the model {model!r} that answered a step")
-                priced = price[model]
-            cost = turn.cost(priced)
             if cost is not None:
                 total = cost if total is None else total + cost
         return total

@@ -23,6 +23,7 @@ import secrets
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, nullcontext
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 import attrs
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
     import httpx
     from typing_extensions import Unpack
 
+    from .._core._cost import Prices
     from .._core._policy import Policy
     from .._core._runevents import RunEvent
     from .._core._upstream import Upstream
@@ -157,7 +159,7 @@ class _Loop:
                     run_id=f"{self.agent.run_id}.{step}",
                     hold_text=self.buffered,
                     step=step,
-                    options=self.options,
+                    options=self._step_options(),
                 )
             except CircuitOpen as exc:
                 return self.end("error", "circuit_open", exc)
@@ -201,6 +203,15 @@ class _Loop:
                 await chained.sink.release()
             conversation.record(result.message)
             return self.end("completed", "completed")
+
+    def _step_options(self) -> RunOptions:
+        """The options of the next step: with a `max_cost`, what the steps so far left of it
+        (a step whose cost is unknown, its usage unreported, counts nothing)."""
+        limit = self.options.max_cost
+        if limit is None:
+            return self.options
+        spent = sum((t.charge for t in self.turns if t.charge is not None), Decimal(0))
+        return self.options.replace(max_cost=max(limit - spent, Decimal(0)))
 
     def _tool_called(self) -> None:
         """A step called tools: a choice that forces a call (`required`, or names to pick
@@ -409,6 +420,8 @@ class AgentOptions(StepOptions, total=False):
     breakers: CircuitBreakers | None
     chain_on_permanent: bool
     telemetry: Telemetry | None
+    prices: Prices | None
+    max_cost: Decimal | None
     fallback_on_permanent: bool | None  # chain_on_permanent's old name, for one release
     thread_limiter: trio.CapacityLimiter | None
     reset_tool_choice: bool
@@ -447,6 +460,8 @@ async def run_agent(
     breakers: CircuitBreakers | None = None,
     chain_on_permanent: bool = False,
     telemetry: Telemetry | None = None,
+    prices: Prices | None = None,
+    max_cost: Decimal | None = None,
     fallback_on_permanent: bool | None = None,
     thread_limiter: trio.CapacityLimiter | None = None,
     reset_tool_choice: bool = True,
@@ -484,7 +499,8 @@ async def run_agent(
     (`reset_tool_choice=False` keeps it on every step). `options` (a `RunOptions`) or the
     keywords that are its fields (`client`, `reasoning`, `tool_arguments`, `breakers`,
     `chain_on_permanent`, `policy`, `upstream`, `limiter`, `admission`, `stream`,
-    `telemetry`; one or the other) go to every step, as `run_turn` takes them; the agent keeps
+    `telemetry`, `prices`; one or the other) go to every step, as `run_turn` takes them;
+    `max_cost` is the whole run's, each step's request capped at what is left. The agent keeps
     its own history, so `history` does not apply. `on_text`, `on_thinking` and `on_reset` are
     called as `run_turn` calls them, for every step's text the public stream shows.
     """
@@ -500,6 +516,8 @@ async def run_agent(
             "breakers": breakers,
             "chain_on_permanent": chain_on_permanent,
             "telemetry": telemetry,
+            "prices": prices,
+            "max_cost": max_cost,
             "policy": policy,
             "upstream": upstream,
             "limiter": limiter,

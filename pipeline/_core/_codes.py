@@ -22,6 +22,7 @@ from ._errors import (
     AuthenticationError,
     ConfigurationError,
     ContextWindowExceeded,
+    CostLimitExceeded,
     EmptyResponseError,
     FrameError,
     InvalidRequestError,
@@ -177,6 +178,12 @@ RUN_CODES: Mapping[str, CodeInfo] = {
         "what must be sent does not fit the context budget; nothing was sent",
         "shorten the question or raise the budget",
     ),
+    CostLimitExceeded.code: CodeInfo(
+        False,
+        "the run reached its spending limit (max_cost): the next request was not sent, or the "
+        "reply was cut at what the rest would buy",
+        "raise max_cost, or ask a shorter question",
+    ),
     "approval_required": CodeInfo(
         False,
         "a tool waits for a person's approval (approvals deferred)",
@@ -240,8 +247,8 @@ def error_code(error: BaseException | None) -> str:
         return "tool_arguments_invalid"
     if isinstance(error, StreamProtocolError | FrameError):
         return "protocol_error"
-    if isinstance(error, ContextWindowExceeded):
-        return ContextWindowExceeded.code
+    if isinstance(error, ContextWindowExceeded | CostLimitExceeded):
+        return error.code
     if isinstance(error, _LOCAL_REFUSALS):
         return "invalid_request"
     return "provider_error"
@@ -278,7 +285,9 @@ def done_code(outcome: Outcome, error: BaseException | None, finish_reason: str 
     that waited out its rate limit: `rate_limited`, or `provider_unavailable` when the provider
     said it was overloaded)."""
     if outcome.succeeded:
-        return "provider_length" if finish_reason == "length" else "completed"
+        if finish_reason != "length":
+            return "completed"
+        return error.code if isinstance(error, CostLimitExceeded) else "provider_length"
     if outcome is Outcome.CANCELLED:
         return "cancelled"
     if outcome in (Outcome.TOTAL_TIMEOUT, Outcome.EVENT_TIMEOUT):

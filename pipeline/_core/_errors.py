@@ -30,6 +30,7 @@ RilletError
 ├── UpstreamError              a transport could not carry an exchange (remote; the handler
 │                                  makes it a TransportError for the provider)
 ├── ContextWindowExceeded      what must be sent does not fit the context budget (local)
+├── CostLimitExceeded          the run's money would not pay for its next request (local)
 ├── HubError                   the hub refused a subscription or an append
 │   ├── UnknownRun                 no such run, or forgotten after its retention
 │   ├── RunExists                  a run with this id is already open
@@ -61,6 +62,7 @@ import msgspec
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from decimal import Decimal
 
 __all__ = [
     "CONTENT_POLICY_CODES",
@@ -68,6 +70,7 @@ __all__ = [
     "AuthenticationError",
     "ConfigurationError",
     "ContextWindowExceeded",
+    "CostLimitExceeded",
     "CursorExpired",
     "CursorInvalid",
     "EmptyResponseError",
@@ -764,6 +767,31 @@ class ContextWindowExceeded(RilletError):
         super().__init__(f"the prompt needs about {required} tokens, the budget allows {available}")
         self.required = required
         self.available = available
+
+
+class CostLimitExceeded(RilletError):
+    """The run's money (`max_cost`) ran out: it would not pay for the next request's prompt,
+    or one token of its reply (nothing was sent), or the reply was cut at the tokens it
+    bought (`needed` None).
+
+    Attributes:
+        remaining: what the run had left to spend.
+        needed: what the prompt alone would have cost, by its estimate; None for a cut reply.
+    """
+
+    code = "max_cost"
+
+    def __init__(self, remaining: Decimal, needed: Decimal | None = None) -> None:
+        if needed is None:
+            said = f"the reply was cut at the tokens the run's remaining {remaining} buys"
+        else:
+            said = (
+                f"the run has {remaining} left to spend; the next request's prompt alone "
+                f"costs about {needed}"
+            )
+        super().__init__(said)
+        self.remaining = remaining
+        self.needed = needed
 
 
 # --- the hub's refusals -----------------------------------------------------------------------

@@ -22,6 +22,7 @@ from ._errors import (
     REQUEST_TOO_LARGE,
     AuthenticationError,
     ConfigurationError,
+    CostLimitExceeded,
     EmptyResponseError,
     FrameError,
     IncompleteStreamError,
@@ -255,6 +256,17 @@ def _explain_one(
         return f"the provider sent a stream that cannot be read: {error}{tries}"
     if isinstance(error, ConfigurationError):
         return str(error)
+    if isinstance(error, CostLimitExceeded):
+        if error.needed is None:
+            return (
+                "the answer was cut off at the run's spending limit (max_cost: "
+                f"{error.remaining} was left for it) — raise --max-cost for a longer answer"
+            )
+        return (
+            f"the run's spending limit would not pay for the request, so it was not sent ("
+            f"{error.remaining} left to spend; the prompt alone costs about {error.needed}) — "
+            "raise --max-cost (max_cost), or ask a shorter question"
+        )
     text = str(error)
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 

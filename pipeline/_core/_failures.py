@@ -38,6 +38,7 @@ from ._errors import (
     AuthenticationError,
     ConfigurationError,
     ContextWindowExceeded,
+    CostLimitExceeded,
     CursorExpired,
     CursorInvalid,
     EmptyResponseError,
@@ -131,6 +132,7 @@ ERROR_SHAPES: Mapping[type[RilletError], FailureClass] = {
     AuthenticationError: P,
     UpstreamError: T,  # the transport's own failure; the handler makes it a TransportError
     ContextWindowExceeded: P,  # nothing was sent: the same prompt would not fit again
+    CostLimitExceeded: P,  # the run's money is spent: asking again costs more, not less
     HubError: P,  # the hub's refusals are no attempt's
     UnknownRun: P,
     RunExists: P,

@@ -17,6 +17,7 @@ final outcome into run events, numbering them.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import attrs
@@ -36,6 +37,8 @@ from ._text import AnswerText
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+
+    from ._events import UsageMetadata
 
 
 _E = TypeVar("_E", bound="_Envelope")
@@ -188,12 +191,17 @@ class ApprovalResolved(
 
 
 class UsageEvent(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="usage"):
-    """Token counts (None: not reported)."""
+    """The reply's token counts (None: not reported), MMSP's four (the prompt without cache
+    reads, the response without thinking) and the prompt's share written to the provider's
+    cache; with the run's prices, its `cost` (exact, a decimal string in JSON), so a page or
+    a bill shows what the answer cost. Sent once per reply, before `answer.done`."""
 
     cached_tokens: int | None = None
     prompt_tokens: int | None = None
     thoughts_tokens: int | None = None
     response_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    cost: Decimal | None = None
 
 
 class AnswerDone(_Envelope, frozen=True, kw_only=True, omit_defaults=True, tag="answer.done"):
@@ -339,17 +347,8 @@ class RunEventBuilder:
     def uni(self, event: UniEvent) -> RunEvent | None:
         """The run event a UniEvent shows as, if any."""
         if event.event_type == "stop":
-            self.finish_reason = event.finish_reason
-            u = event.usage_metadata
-            if u is None:
-                return None
-            return UsageEvent(
-                **self._env(),
-                cached_tokens=u.cached_tokens,
-                prompt_tokens=u.prompt_tokens,
-                thoughts_tokens=u.thoughts_tokens,
-                response_tokens=u.response_tokens,
-            )
+            self.finish_reason = event.finish_reason  # its usage comes with the closing events
+            return None
         item = event.content_items[0]
         kind = type(item)
         if kind is TextDelta:
@@ -463,14 +462,31 @@ class RunEventBuilder:
         requests: int | None = None,
         retry_after: float | None = None,
         provider_finish: str | None = None,
+        usage: UsageMetadata | None = None,
+        cache_write: int | None = None,
+        cost: Decimal | None = None,
     ) -> list[RunEvent]:
-        """The closing events: `answer.done` when a complete answer arrived, then `run.done`.
+        """The closing events: `usage` when the reply reported some (with its `cache_write`
+        tokens and `cost`), `answer.done` when a complete answer arrived, then `run.done`.
 
         `requests` (the HTTP requests sent) defaults to `attempts`. A reply cut by the length
-        limit ends `error` / `provider_length`, keeping its partial
-        text and without `answer.done`; so does one without visible text (`empty_response`).
+        limit ends `error` / `provider_length` (`max_cost` when the run's money set the
+        limit: `error` says so), keeping its partial text and without `answer.done`; so does
+        one without visible text (`empty_response`).
         """
         out: list[RunEvent] = []
+        if usage is not None:
+            out.append(
+                UsageEvent(
+                    **self._env(),
+                    cached_tokens=usage.cached_tokens,
+                    prompt_tokens=usage.prompt_tokens,
+                    thoughts_tokens=usage.thoughts_tokens,
+                    response_tokens=usage.response_tokens,
+                    cache_write_tokens=cache_write,
+                    cost=cost,
+                )
+            )
         code = done_code(outcome, error, self.finish_reason)
         if outcome.succeeded:
             answer = self._answer

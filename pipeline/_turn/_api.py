@@ -22,10 +22,12 @@ from ._turn import Turn, TurnResult, run_one_turn
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
+    from decimal import Decimal
 
     import httpx
     from typing_extensions import Unpack
 
+    from .._core._cost import Prices
     from .._core._policy import Policy
     from .._core._request import TurnRequest
     from .._core._upstream import Upstream
@@ -60,6 +62,8 @@ async def run_turn(
     breakers: CircuitBreakers | None = None,
     chain_on_permanent: bool = False,
     telemetry: Telemetry | None = None,
+    prices: Prices | None = None,
+    max_cost: Decimal | None = None,
     fallback_on_permanent: bool | None = None,
     task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED,
 ) -> TurnResult:
@@ -91,7 +95,7 @@ async def run_turn(
         on_reset: called with the attempt number when a retry voids what came before.
         policy: see `RunOptions`; as are `client`, `upstream`, `limiter`, `admission`,
             `stream`, `reasoning`, `tool_arguments`, `history`, `breakers`,
-            `chain_on_permanent` and `telemetry`.
+            `chain_on_permanent`, `telemetry`, `prices` and `max_cost`.
         fallback_on_permanent: `chain_on_permanent`'s old name, taken for one release; warns.
         task_status: for `nursery.start`: the `Turn` handle once its actors run.
     """
@@ -114,6 +118,8 @@ async def run_turn(
             "breakers": breakers,
             "chain_on_permanent": chain_on_permanent,
             "telemetry": telemetry,
+            "prices": prices,
+            "max_cost": max_cost,
         },
     )
     if on_text is not None or on_thinking is not None or on_reset is not None:
@@ -154,6 +160,8 @@ class TurnOptions(TypedDict, total=False):
     breakers: CircuitBreakers | None
     chain_on_permanent: bool
     telemetry: Telemetry | None
+    prices: Prices | None
+    max_cost: Decimal | None
     fallback_on_permanent: bool | None  # chain_on_permanent's old name, for one release
 
 

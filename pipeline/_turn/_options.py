@@ -10,11 +10,13 @@ and hand it over with `options=`, as httpx takes one `Timeout` or `Limits`.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import attrs
 import httpx
 
+from .._core._cost import Prices, as_money, as_prices
 from .._core._policy import Policy
 from .._core._upstream import Upstream
 from ._admission import Admission
@@ -51,6 +53,12 @@ class RunOptions:
             next provider too, instead of ending the chain with it.
         telemetry: where OpenTelemetry spans and metrics go (`rillet[otel]`); the process's
             global providers when None, and nothing at all when none is configured.
+        prices: what the models cost (a `Price`, a mapping of them by model name, a
+            `PriceTable`, `GenAIPrices`, or the host's own `Prices`): each reply's cost is then
+            in its `usage` event and `TurnResult.cost()`.
+        max_cost: the most the run may spend, in the prices' currency (needs `prices`): a
+            request whose prompt alone would cost more is not sent, and each reply is capped
+            at the tokens the rest buys; the run then ends `max_cost`.
     """
 
     policy: Policy | None = None
@@ -65,6 +73,14 @@ class RunOptions:
     breakers: CircuitBreakers | None = None
     chain_on_permanent: bool = False
     telemetry: Telemetry | None = None
+    prices: Prices | None = attrs.field(default=None, converter=as_prices)
+    max_cost: Decimal | None = attrs.field(default=None, converter=as_money)
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_cost is not None and self.prices is None:
+            raise ValueError("max_cost needs prices: pass prices= too (a Price, or a table)")
+        if self.max_cost is not None and self.max_cost < 0:
+            raise ValueError("max_cost must not be negative")
 
     def replace(self, **changes: Any) -> RunOptions:
         """A copy with `changes` (field names as keywords)."""

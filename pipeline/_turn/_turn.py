@@ -26,18 +26,20 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Sequence
+from decimal import Decimal
 from typing import TYPE_CHECKING, TypeVar
 
 import attrs
+import msgspec
 import trio
 from rillet.transports.upstream._http import HttpUpstream
 from rillet.transports.upstream._ws import SchemeUpstream
 
 from .._core._accumulator import Accumulator
 from .._core._codes import done_code
-from .._core._cost import usage_cost
+from .._core._cost import Price, TokenUsage, price_of, spend_cap, usage_cost
 from .._core._dialect import Provider
-from .._core._errors import RescueFailed, failure
+from .._core._errors import CostLimitExceeded, RescueFailed, failure
 from .._core._events import UniMessage
 from .._core._finish import filtered_stop
 from .._core._markers import Status
@@ -64,9 +66,7 @@ from ._ratelimit import shared_limiter
 from ._telemetry import observe
 
 if TYPE_CHECKING:
-    from decimal import Decimal
-
-    from .._core._cost import Price
+    from .._core._cost import Prices
 
 __all__ = [
     "CallbackSink",
@@ -142,6 +142,10 @@ class TurnResult:
             `resp_...`), what its support asks for; "" when it gave none.
         response_model: the model that answered as the provider named it (often a dated
             version of the one asked for); "" when it did not say.
+        usage: the reply's tokens by the kinds a provider bills apart (cache reads and
+            writes, reasoning); None when it reported none.
+        charge: what the reply cost at the run's `prices` (`RunOptions.prices`); None
+            without prices, without usage, or with no price for the model.
     """
 
     message: UniMessage
@@ -160,18 +164,27 @@ class TurnResult:
     cache_write_tokens: int | None = None
     response_id: str = ""
     response_model: str = ""
+    usage: TokenUsage | None = None
+    charge: Decimal | None = None
 
-    def cost(self, price: Price) -> Decimal | None:
-        """What the reply cost at the host's `price` for the model that answered (rillet has no
-        price list), cache reads and writes priced apart; None when no usage was reported.
+    def cost(self, price: Prices | None = None) -> Decimal | None:
+        """What the reply cost, cache reads and writes priced apart: at `price`, or at the
+        run's prices when None (`charge`); None when no usage was reported (or no price
+        for the model).
 
         Args:
-            price: the model's prices per million tokens.
+            price: the model's prices (a `Price`), or a table of them (`Prices`).
         """
+        if price is None:
+            return self.charge
         usage = self.message.usage_metadata
         if usage is None:
             return None
-        return usage_cost(usage, price, cache_write_tokens=self.cache_write_tokens or 0)
+        if isinstance(price, Price):
+            return usage_cost(usage, price, cache_write_tokens=self.cache_write_tokens or 0)
+        models = (self.provider.model if self.provider is not None else "", self.response_model)
+        url = self.provider.base_url if self.provider is not None else ""
+        return price_of(price, TokenUsage.of(usage, self.cache_write_tokens), models, url)
 
     @property
     def ok(self) -> bool:
@@ -245,6 +258,19 @@ async def run_one_turn(
     policy = options.policy or _DEFAULT_POLICY
     slots = options.admission or shared_admission()
     reasoning, tool_arguments = options.reasoning, options.tool_arguments
+    refused: CostLimitExceeded | None = None  # the run's money would not pay for the prompt
+    capped = False  # the reply's tokens capped at what the run's money buys
+    if options.max_cost is not None and options.prices is not None:
+        try:
+            cap = spend_cap(
+                request, options.prices, provider.model, options.max_cost, url=provider.base_url
+            )
+        except CostLimitExceeded as exc:
+            refused = exc
+        else:
+            if cap is not None and (request.max_tokens is None or cap < request.max_tokens):
+                request = msgspec.structs.replace(request, max_tokens=cap)
+                capped = True
     # without an upstream, the turn routes by scheme: HTTP over the caller's client (or its
     # own), WebSocket sessions in the turn's nursery
     upstream = options.upstream
@@ -320,7 +346,9 @@ async def run_one_turn(
                         await accumulate.drain()
                     await slots.acquire()
                 try:
-                    if chained:  # the grammar and the accumulator on the handler's task
+                    if refused is not None:  # nothing is sent: the run cannot pay for it
+                        handler.error, streamed = refused, Outcome.FAILED
+                    elif chained:  # the grammar and the accumulator on the handler's task
                         streamed = await handler.run(accumulate)
                     else:
                         streamed = await run_hops(handler, accumulate, policy.channel_size)
@@ -344,6 +372,17 @@ async def run_one_turn(
             error = None
         if failed is not None:  # whatever the provider did, the run did not end well
             outcome, error = Outcome.FAILED, failed
+        message = accumulator.message()
+        if capped and outcome.succeeded and message.finish_reason == "length":
+            assert options.max_cost is not None
+            error = CostLimitExceeded(options.max_cost)  # the cap was the run's money's
+        usage = None
+        charge = None
+        if message.usage_metadata is not None:
+            usage = TokenUsage.of(message.usage_metadata, handler.cache_write)
+            if options.prices is not None:
+                models = (provider.model, handler.response_model)
+                charge = price_of(options.prices, usage, models, provider.base_url)
         final = builder.finish(
             outcome,
             error,
@@ -351,6 +390,9 @@ async def run_one_turn(
             requests=handler.requests,
             retry_after=handler.retry_after,
             provider_finish=handler.provider_finish,
+            usage=message.usage_metadata,
+            cache_write=handler.cache_write,
+            cost=charge,
         )
         if observer is not None:
             observer.responded(handler.response_id, handler.response_model, handler.cache_write)
@@ -358,7 +400,7 @@ async def run_one_turn(
         run_log.close()
         uni_log.close()
         result = TurnResult(
-            message=accumulator.message(),
+            message=message,
             outcome=outcome,
             text=accumulator.text,
             attempts=handler.attempts,
@@ -374,6 +416,8 @@ async def run_one_turn(
             cache_write_tokens=handler.cache_write,
             response_id=handler.response_id,
             response_model=handler.response_model,
+            usage=usage,
+            charge=charge,
         )
         turn.finish(result)
         try:

@@ -57,6 +57,7 @@ KEY = "sk-ant-api03-TOPSECRET-0123456789abcdefWXYZ"
         (AuthenticationError, ProviderError),
         (errors.UpstreamError, RilletError),
         (errors.ContextWindowExceeded, RilletError),
+        (errors.CostLimitExceeded, RilletError),
         (errors.HubError, RilletError),
         (errors.UnknownRun, errors.HubError),
         (errors.RunExists, errors.HubError),
