@@ -287,6 +287,21 @@ async def check_tracing(code: str, tmp_path: Path) -> None:
 
 Check = Callable[[str, Path], Awaitable[None]]
 
+async def check_cost(code: str, tmp_path: Path) -> None:
+    """The usage by kind and its exact cost (the recorded reply: 12 input tokens, 27 output),
+    and the reply capped at the tokens the rest of `max_cost` buys."""
+    from decimal import Decimal
+
+    done, requests = await run_against_provider(code, tmp_path)
+    lines = done.stdout.decode().splitlines()
+    assert lines[0] == (
+        "completed TokenUsage(input=12, cache_read=0, cache_write=0, output=27, reasoning=None)"
+    )
+    assert Decimal(lines[1]) == (12 * Decimal(3) + 27 * Decimal(15)) / 10**6
+    (sent,) = bodies(requests)
+    assert 3000 < sent["max_tokens"] < Decimal("0.05") / Decimal(15) * 10**6  # what $0.05 buys
+
+
 PYTHON_CHECKS: list[tuple[str, Check]] = [
     ("Installing", check_imports),
     ("Embedding it", check_embedding),
@@ -295,6 +310,7 @@ PYTHON_CHECKS: list[tuple[str, Check]] = [
     ("Tracing", check_tracing),
     ("From asyncio", check_asyncio),
     ("As an MCP server", check_mcp),
+    ("The handler's defaults", check_cost),
     ("The server", check_openai_sdk),
     ("The server", check_openai_responses),
     ("The server", check_anthropic_sdk),
@@ -303,7 +319,7 @@ PYTHON_CHECKS: list[tuple[str, Check]] = [
 
 def test_every_python_block_of_the_readme_has_its_check() -> None:
     """A block added to the README must get its check here."""
-    assert len(PYTHON_BLOCKS) == 10
+    assert len(PYTHON_BLOCKS) == 11
     assert [title for title, _ in PYTHON_BLOCKS] == [title for title, _ in PYTHON_CHECKS]
 
 

@@ -11,6 +11,7 @@ import os
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 from .._agent._demo_tools import TOOLSETS
 from .._core._policy import Policy
@@ -85,6 +86,34 @@ def _amount(text: str) -> float:
     return _number(text, float, 0.0, "a number, 0 or more")
 
 
+def _money(text: str) -> str:
+    """An amount of money: 0 or more, kept exact (a decimal string)."""
+    _number(text, float, 0.0, "an amount, 0 or more")
+    return text
+
+
+def _cost_options(parser: argparse.ArgumentParser, per: str) -> None:
+    """`--prices` and `--max-cost`, as `run` and `serve` take them."""
+    parser.add_argument(
+        "--prices",
+        default=None,
+        metavar="genai|FILE",
+        help="what the models cost: `genai` for the genai-prices table (needs the `prices` "
+        "extra), or a JSON file of each model's prices per million tokens, "
+        '{"gpt-4o": {"input": "2.50", "output": "10", "cached_input": "1.25"}}; '
+        "each usage event then says its cost. Default: no prices",
+    )
+    parser.add_argument(
+        "--max-cost",
+        type=_money,
+        default=None,
+        metavar="AMOUNT",
+        help=f"the most {per} may spend, in the prices' currency (needs --prices): a request "
+        "it cannot pay for is not sent, and an answer is cut at what the rest buys "
+        "(code max_cost). Default: no limit",
+    )
+
+
 def _port(text: str) -> int:
     value = int(_number(text, int, 0, "a port, 0 to 65535"))
     if value > 65535:
@@ -128,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--temperature", type=_amount, help="sampling temperature (default: the provider's)"
     )
+    _cost_options(run, "the run (all its steps, with --tools)")
     run.add_argument(
         "--thinking", choices=_THINKING, help="reasoning effort (default: the provider's)"
     )
@@ -208,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep run logs in this Redis (redis://host:port/db) so that every server sharing "
         "it serves every run; needs the `redis` extra. Default: in memory",
     )
+    _cost_options(serve, "each run")
     serve.add_argument(
         "--no-takeover",
         dest="takeover",
@@ -428,6 +459,27 @@ def configure_from(args: argparse.Namespace) -> None:
     default = getattr(args, "default_log_level", "warning")
     level = args.log_level or ("debug" if args.debug else default)
     configure_logging(level, args.log_format)
+
+
+def costs_from(args: argparse.Namespace) -> dict[str, Any]:
+    """`prices` and `max_cost` as `--prices` and `--max-cost` give them (run options)."""
+    from .._core._cost import as_money, load_prices
+    from .._core._errors import ConfigurationError
+    from ._exits import EXIT_USAGE, CliError
+
+    if args.max_cost is not None and args.prices is None:
+        raise CliError(
+            "--max-cost needs --prices to count the money",
+            "add --prices genai (pip install 'rillet[prices]'), or --prices FILE.json",
+            code=EXIT_USAGE,
+        )
+    if args.prices is None:
+        return {}
+    try:
+        prices = load_prices(args.prices)
+    except ConfigurationError as exc:
+        raise CliError(f"--prices: {exc}", code=EXIT_USAGE) from None
+    return {"prices": prices, "max_cost": as_money(args.max_cost)}
 
 
 def policy_from(args: argparse.Namespace) -> Policy:

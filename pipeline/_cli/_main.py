@@ -31,7 +31,7 @@ from .._core._policy import Outcome, Policy
 from .._core._request import ThinkingLevel, TurnRequest, user
 from .._core._runevents import RunDone
 from .._turn._turn import SinkBatch
-from ._args import build_parser, configure_from, policy_from
+from ._args import build_parser, configure_from, costs_from, policy_from
 from ._exits import (
     EXIT_CANCELLED,
     EXIT_ERROR,
@@ -191,8 +191,10 @@ async def _run_turn_cli(
     policy: Policy,
     *,
     client: Any = None,
+    **costs: Any,
 ) -> tuple[TurnResult, list[Sink]]:
-    """Run a turn; Ctrl-C cancels it (the sinks still get `run.done`)."""
+    """Run a turn; Ctrl-C cancels it (the sinks still get `run.done`). `costs`: the run's
+    `prices` and `max_cost`, if given."""
     from .._turn._api import run_turn
 
     async with contextlib.AsyncExitStack() as stack:
@@ -208,6 +210,7 @@ async def _run_turn_cli(
                     client=client,
                     stream=not output.no_stream,
                     task_status=task_status,
+                    **costs,
                 )
             )
 
@@ -229,7 +232,9 @@ def _report(result: TurnResult, provider: Provider, *, key_hint: str | None, deb
     if result.outcome is Outcome.CANCELLED:
         return
     if result.ok:
-        if result.message.finish_reason == "length":
+        if result.code == "max_cost":
+            print(f"rillet: {explain(result.error, provider)}", file=sys.stderr)
+        elif result.message.finish_reason == "length":
             print(
                 "rillet: the answer was cut off at the token limit (finish reason length) — "
                 "raise --max-tokens",
@@ -269,6 +274,7 @@ def _chain_after(spec: str | None) -> list[Provider]:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     configure_from(args)
+    costs = costs_from(args)  # a usage error before any other
     provider = _provider(args)
     chain = [provider, *_chain_after(args.chain)]
     request = _request(args)
@@ -277,7 +283,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return _cmd_run_agent(args, chain, request, output)
     result, sinks = trio.run(
         lambda: _run_turn_cli(
-            request, chain if len(chain) > 1 else provider, output, policy_from(args)
+            request, chain if len(chain) > 1 else provider, output, policy_from(args), **costs
         )
     )
     answered = result.provider or provider
@@ -321,6 +327,7 @@ def _cmd_run_agent(
                 reasoning=output.show_reasoning,
                 tool_arguments=text,
                 stream=not output.no_stream,
+                **costs_from(args),
             )
         return result, sinks
 

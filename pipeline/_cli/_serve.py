@@ -15,7 +15,7 @@ import attrs
 import trio
 
 from .._core._errors import RilletError
-from ._args import configure_from
+from ._args import configure_from, costs_from
 from ._exits import EXIT_CANCELLED, EXIT_OK, EXIT_USAGE, CliError
 
 if TYPE_CHECKING:
@@ -127,6 +127,7 @@ def serve_cli(
         from rillet.transports.server import ServerConfig, WorkerFailed, serve
     except ImportError:  # pragma: no cover - the server ships with the package
         raise CliError("the server is not available in this installation") from None
+    costs = costs_from(args)  # a usage error before the provider's
     given = server_key(args, os.environ)
     provider = provider_of(args)
     key = Secret(given) if given is not None else None
@@ -145,6 +146,7 @@ def serve_cli(
         route_kinds=route_kinds(args.route),
         workers=args.workers,
         limits=serve_limits(args),
+        **costs,
     )
     try:
         config.check()  # before the nursery: its refusal is one line, not an exception group

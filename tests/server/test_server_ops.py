@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rillet._core._dialect import Secret
 from rillet._core._policy import Policy
 from rillet._core._runevents import RunDone, decode_run_event
-from rillet.transports.server import Limits
+from rillet.transports.server import Limits, ServerConfig, ServerConfigError
 from rillet.transports.testing import Reply, open_loopback_provider, refused_url, status_reply
 
 from ..cli.test_cli import _read_until, _spawn
@@ -133,6 +133,48 @@ async def test_tokens_are_counted_by_kind_as_the_provider_reported_them() -> Non
 
 
 KINDS = ("input", "cache_read", "cache_write", "output", "reasoning")
+
+
+async def test_the_money_spent_is_in_each_runs_usage_and_at_metrics_by_model() -> None:
+    """The same recorded usage at the server's prices: each run's `usage` event says what it
+    cost, and /metrics adds it up by the model asked for."""
+    from decimal import Decimal
+
+    from rillet import Price, PriceTable
+    from rillet.transports.testing import fixture_reply
+
+    from ..wire_cases import wire_path
+
+    price = Price(input="0.25", cached_input="0.025", output="2")
+    reply = fixture_reply(wire_path("openai-chat", "usage_final_chunk"))
+    expected = ((1210 - 1024) * Decimal("0.25") + 1024 * Decimal("0.025") + 86 * 2) / 10**6
+    with trio.fail_after(10):
+        async with serving([reply, reply], prices=PriceTable({"gpt-4o-mini": price})) as served:
+            costs = []
+            for _ in range(2):
+                run = await served.start()
+                stream = await read_sse(served.client, run["events_url"])
+                parsed = [json.loads(e.data) for e in stream.events]
+                (usage,) = [e for e in parsed if e["type"] == "usage"]
+                costs.append(Decimal(usage["cost"]))
+            samples = await scrape_until(served, ended(2))
+    assert costs == [expected, expected]
+    spent = value(samples, "rillet_cost_total", model="gpt-4o-mini")
+    assert spent == pytest.approx(float(expected * 2))
+
+
+async def test_a_run_its_max_cost_cannot_pay_for_ends_max_cost_unsent() -> None:
+    from rillet import Price
+
+    with trio.fail_after(10):
+        async with serving(prices=Price(input=100, output=100), max_cost="0.0001") as served:
+            run = await served.start("a question " * 50)
+            stream = await read_sse(served.client, run["events_url"])
+            assert served.loopback.requests == []
+    done = json.loads(stream.events[-1].data)
+    assert (done["type"], done["code"], done["requests"]) == ("run.done", "max_cost", 0)
+    with pytest.raises(ServerConfigError, match="needs prices"):
+        ServerConfig(provider=chat_provider("http://127.0.0.1:9"), max_cost=1).check()
 
 
 async def test_a_reset_is_counted_with_its_retry() -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import ipaddress
 import socket
 from collections.abc import Callable, Mapping, Sequence
+from decimal import Decimal
 
 import attrs
+from rillet._core._cost import Prices, as_money
 from rillet._core._dialect import Provider, Secret
 from rillet._core._errors import RilletError
 from rillet._core._policy import Policy
@@ -153,6 +155,12 @@ class ServerConfig:
             `lease`, `lease_interval`, `retention`, `block`, ...) over its defaults; a
             deployment rarely needs them (the chaos soak shortens the lease so that a killed
             worker's runs are taken over within seconds).
+        prices: what the models cost (`rillet.Prices`: a `PriceTable`, `GenAIPrices`...):
+            each run's `usage` event then carries its cost, and `/metrics` counts the money
+            spent by model (`rillet_cost_total`). `rillet serve --prices genai|FILE`.
+        max_cost: the most one run may spend, in the prices' currency (needs `prices`): a
+            request its money cannot pay for is not sent, and a reply is capped at what the
+            rest buys; the run then ends `max_cost`. An agent run's steps share it.
     """
 
     provider: Provider | Callable[[str], Provider]
@@ -174,6 +182,8 @@ class ServerConfig:
     reuse_port: bool = False
     worker: int | None = None
     hub_options: Mapping[str, float] = attrs.field(factory=dict)
+    prices: Prices | None = None
+    max_cost: Decimal | None = attrs.field(default=None, converter=as_money)
 
     @property
     def loopback(self) -> bool:
@@ -190,6 +200,11 @@ class ServerConfig:
             )
         if self.workers < 1:
             raise ServerConfigError(f"workers must be at least 1, not {self.workers}")
+        if self.max_cost is not None and self.prices is None:
+            raise ServerConfigError(
+                "max_cost needs prices to count the money: give prices (--prices genai, or a "
+                "JSON file of each model's prices)"
+            )
         if self.workers > 1 and self.redis_url is None:
             raise ServerConfigError(
                 f"{self.workers} workers need a Redis to share their runs: set redis_url "

@@ -39,6 +39,7 @@ class Prometheus:
     resets: Counter
     taken_over: Counter
     tokens: Counter
+    cost: Counter
     bytes_sent: Counter
     active: Gauge
     queued: Gauge
@@ -81,6 +82,13 @@ class Prometheus:
                 "(uncached prompt), `cache_read`, `cache_write` (of the input), `output` "
                 "(reasoning included), `reasoning` (of the output).",
                 ("kind",),
+            ),
+            cost=counter(
+                "rillet_cost",
+                "What the turns that ended here cost at the server's prices (`--prices`), by "
+                "the model asked for, in the prices' currency (US dollars from `genai`). A turn "
+                "whose usage or price is unknown adds nothing.",
+                ("model",),
             ),
             bytes_sent=counter("rillet_bytes_sent", "Bytes sent to clients (counted per request)."),
             active=gauge("rillet_runs_active", "Runs streaming from a provider now."),
@@ -163,6 +171,8 @@ class Metrics:
             ):
                 if count:
                     prom.tokens.labels(kind=kind).inc(count)
+        if result.charge is not None and result.provider is not None:
+            prom.cost.labels(model=result.provider.model).inc(float(result.charge))
         if result.attempts > 1:
             prom.retries.inc(result.attempts - 1)
         if result.time_to_first_event is not None:

@@ -408,6 +408,8 @@ class Runs:
             admission=self.shared.streams,
             reasoning=self.shared.config.reasoning,
             tool_arguments=self.shared.config.tool_arguments,
+            prices=self.shared.config.prices,
+            max_cost=self.shared.config.max_cost,
             history=False,  # the hub keeps the events; the turn need not keep a replay
         )
 
@@ -748,6 +750,8 @@ class AgentRuns:
                         tool_arguments=config.tool_arguments,
                         policy=config.policy,
                         admission=shared.streams,
+                        prices=config.prices,
+                        max_cost=config.max_cost,
                         task_status=task_status,
                     )
                 )

@@ -265,6 +265,8 @@ class UiAgentRuns:
                         client=shared.client,
                         policy=config.policy,
                         admission=shared.streams,
+                        prices=config.prices,
+                        max_cost=config.max_cost,
                         reasoning=config.reasoning,
                         tool_arguments=True,
                         tool_results=True,

@@ -208,6 +208,8 @@ async def _serving(
                 client=shared.client,
                 admission=shared.streams,
                 history=False,
+                prices=shared.config.prices,
+                max_cost=shared.config.max_cost,
             )
         )
         log_run_start(turn.run_id, provider, route)
