@@ -235,3 +235,26 @@ async def test_an_answer_cut_short_by_content_rules_says_so_and_keeps_its_text(
     assert "content rules stopped the answer part-way" in seen["failure"]
     assert seen["answer"] == "The scene opens in"
     assert seen["kept"] == seen["failure"]
+
+
+async def test_the_usage_line_says_what_the_answer_cost_at_the_servers_prices(
+    chromium: Browser,
+) -> None:
+    from decimal import Decimal
+
+    from rillet import Price
+
+    def steps(page: Page) -> dict[str, Any]:
+        _ask(page, "Hello?")
+        _ended(page)
+        return {"usage": page.locator("#usage").text_content()}
+
+    stream = openai_text_stream(["Hello", " there"], prompt_tokens=40)
+    price = Price(input="2", output="8")
+    with trio.fail_after(40):
+        async with serving([Reply(chunks=(stream,))], prices=price) as served:
+            seen = await chromium.run(_in_browser(served.url, steps))
+    assert seen["errors"] == []
+    usage = seen["usage"]
+    cost = (40 * Decimal(2) + 2 * Decimal(8)) / 10**6  # 40 in, 2 out
+    assert usage == f"Tokens: 40 in · 2 out · Cost: {cost}"
