@@ -287,6 +287,7 @@ async def check_tracing(code: str, tmp_path: Path) -> None:
 
 Check = Callable[[str, Path], Awaitable[None]]
 
+
 async def check_cost(code: str, tmp_path: Path) -> None:
     """The usage by kind and its exact cost (the recorded reply: 12 input tokens, 27 output),
     and the reply capped at the tokens the rest of `max_cost` buys."""

@@ -534,3 +534,28 @@ async def test_a_run_cancelled_while_queued_ends_cancelled_without_a_request(
     assert [(e["run_id"], e["outcome"], e["requests"]) for e in ends] == [
         (queued["run_id"], "cancelled", 0)
     ]
+
+
+async def test_the_compatible_endpoints_refuse_what_max_cost_cannot_pay_for_with_402() -> None:
+    """OpenAI's and Anthropic's endpoints say it in their own shapes: 402, the code, a sentence,
+    nothing sent upstream, and no retry invited."""
+    from rillet import Price
+
+    question = {"role": "user", "content": "a question " * 50}
+    with trio.fail_after(10):
+        async with serving(prices=Price(input=100, output=100), max_cost="0.0001") as served:
+            chat = await served.client.post(
+                "/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": [question]}
+            )
+            messages = await served.client.post(
+                "/v1/messages",
+                json={"model": "gpt-4o-mini", "max_tokens": 100, "messages": [question]},
+            )
+            assert served.loopback.requests == []
+    assert chat.status_code == 402
+    error = chat.json()["error"]
+    assert (error["type"], error["code"]) == ("insufficient_quota", "max_cost")
+    assert "left to spend" in error["message"]
+    assert chat.headers["x-should-retry"] == "false"
+    assert messages.status_code == 402
+    assert "left to spend" in messages.json()["error"]["message"]

@@ -11,6 +11,7 @@ import attrs
 import msgspec
 from rillet._core._encode import SSE_DONE, sse_data
 from rillet._core._errors import (
+    CostLimitExceeded,
     FrameError,
     InvalidRequestError,
     ProviderError,
@@ -252,6 +253,8 @@ def _mmsp_error(
         return msgspec.to_builtins(body), 502, headers
     if isinstance(error, TurnTimeout):
         return {"type": "TurnTimeout", "message": str(error)}, 504, headers
+    if isinstance(error, CostLimitExceeded):  # the run's money, not the provider's: nothing sent
+        return {"type": "CostLimitExceeded", "message": str(error)}, 402, headers
     if isinstance(error, TransportError | FrameError):
         return {"type": type(error).__name__, "message": str(error)}, 502, headers
     return {"type": "UpstreamError", "message": "the turn failed"}, 502, headers

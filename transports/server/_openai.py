@@ -116,6 +116,7 @@ def openai_usage(usage: UsageMetadata | None) -> dict[str, Any] | None:
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    402: "insufficient_quota",  # the server's spending limit for the run (max_cost)
     403: "permission_error",
     404: "not_found_error",
     408: "timeout_error",
