@@ -687,3 +687,13 @@ async def test_serve_with_workers_in_a_trio_app_starts_them_and_stops_them_when_
     assert sorted(seen) == [0, 1]
     assert os.getpid() not in seen.values()
     assert not any(_alive(pid) for pid in seen.values())  # serve waited for them to end
+
+
+def test_the_restart_pause_follows_recent_deaths_not_every_death_ever() -> None:
+    """A worker that dies again soon waits longer each time; one that dies once, long after
+    its last death (out of the window), is started again after the first pause, not the
+    longest it ever reached."""
+    from rillet.transports.server._workers import restart_pause
+
+    assert [restart_pause(n) for n in range(1, 8)] == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+    assert restart_pause(1) == 0.5  # the only death within the window: the first pause again

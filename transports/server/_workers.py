@@ -10,8 +10,10 @@ picks the port once for all), starts each worker as `python -c ...` with its con
 pickled on its standard input (the server key and the provider's credentials go over the
 pipe, never the command line or the environment), and waits for each to say `ready`. A worker
 that fails to start stops them all, and `serve` raises `WorkerFailed` with that worker's cause.
-A worker that dies later is started again after a pause (0.5 s, doubling to 8 s); one that dies
-`_MAX_DEATHS` times within `_DEATH_WINDOW` seconds stops them all with `WorkerFailed`.
+A worker that dies later is started again after a pause that doubles with each of its deaths in
+the last `_DEATH_WINDOW` seconds (0.5 s for the first, up to 8 s), so one death long after the
+last is restarted at once again; one that dies `_MAX_DEATHS` times within that window stops them
+all with `WorkerFailed`.
 Cancelling `serve` (SIGINT, or SIGTERM at the command line) sends each worker SIGTERM (a worker
 ignores SIGINT: Ctrl-C reaches the whole process group, and the supervisor handles it), waits
 `_GRACE` seconds for it to finish, then kills what is left. A worker also stops by itself when
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
 
     from ._config import ServerConfig
 
-__all__ = ["WorkerFailed", "supervise", "worker_main"]
+__all__ = ["WorkerFailed", "restart_pause", "supervise", "worker_main"]
 
 logger = logging.getLogger("rillet.transports.server")
 
@@ -153,7 +155,6 @@ class _Worker:
 
     async def watch(self) -> None:
         """Start the worker again each time it dies; `WorkerFailed` once it dies too often."""
-        pause = 0.5
         while True:
             assert self.process is not None
             code = await self.process.wait()
@@ -165,6 +166,7 @@ class _Worker:
                     f"worker {self.index} died {len(self.deaths)} times within "
                     f"{_DEATH_WINDOW:g} s (last exit code {code}): stopping"
                 )
+            pause = restart_pause(len(self.deaths))
             logger.error(
                 "worker %d (pid %s) exited with code %s: starting it again in %g s",
                 self.index,
@@ -173,13 +175,18 @@ class _Worker:
                 pause,
             )
             await trio.sleep(pause)
-            pause = min(2 * pause, 8.0)
             try:
                 await self.start()
             except WorkerFailed as exc:
                 logger.error("%s", exc)
                 continue
             logger.info("worker %d is serving again (pid %s)", self.index, self.pid)
+
+
+def restart_pause(recent_deaths: int) -> float:
+    """Seconds before a dead worker is started again, given its deaths within the window (this
+    one included): 0.5 s for one, doubling with each more, at most 8 s."""
+    return min(0.5 * (1 << max(recent_deaths - 1, 0)), 8.0)
 
 
 async def supervise(
