@@ -46,6 +46,7 @@ from ._stdout import ReaderGone, cancel_when_gone
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable, Sequence
+    from decimal import Decimal
 
     from .._agent._loop import AgentResult
     from .._core._dialect import Provider
@@ -227,6 +228,13 @@ async def _run_turn_cli(
     return result, sinks
 
 
+def _spent(cost: Decimal | None, mode: str) -> None:
+    """With `--prices`, what the run cost, on stderr after the answer (the JSON Lines carry it
+    in their `usage` events already)."""
+    if cost is not None and mode == "text":
+        print(f"rillet: cost {cost}", file=sys.stderr)
+
+
 def _report(result: TurnResult, provider: Provider, *, key_hint: str | None, debug: bool) -> None:
     """The one line on stderr that says why a turn did not complete (nothing when it did)."""
     if result.outcome is Outcome.CANCELLED:
@@ -296,6 +304,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         key_hint=_key_hint(args.provider, provider, args.api_key) if answered is provider else None,
         debug=args.debug,
     )
+    _spent(result.cost(), args.output)
     return _exit_code(result, sinks)
 
 
@@ -340,6 +349,7 @@ def _cmd_run_agent(
     code, line = agent_outcome(result)
     if line:
         print(f"rillet: {line}", file=sys.stderr)
+    _spent(result.cost(), args.output)
     if code is not None:
         return code
     hint = _key_hint(args.provider, chain[0], args.api_key) if answered is chain[0] else None

@@ -36,6 +36,16 @@ async def test_the_usage_event_says_what_the_answer_cost(tmp_path: Path) -> None
     assert Decimal(usage["cost"]) == (30 * Decimal(2) + generated * Decimal(8)) / 10**6
 
 
+async def test_text_mode_says_the_cost_after_the_answer(tmp_path: Path) -> None:
+    script = [Reply(chunks=split(openai_text_stream(FRAGMENTS, prompt_tokens=30), 16))]
+    async with open_loopback_provider(script) as provider:
+        done = await _run_cli(["run", "hi", "--prices", _prices(tmp_path)], provider.url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode() == "".join(FRAGMENTS) + "\n"  # the answer alone on stdout
+    (line,) = done.stderr.decode().splitlines()
+    assert line == f"rillet: cost {(30 * Decimal(2) + len(FRAGMENTS) * Decimal(8)) / 10**6}"
+
+
 async def test_a_question_the_limit_cannot_pay_for_is_not_sent(tmp_path: Path) -> None:
     script = [Reply(chunks=split(openai_text_stream(FRAGMENTS), 16))]
     async with open_loopback_provider(script) as provider:
