@@ -58,7 +58,8 @@ class RunOptions:
             in its `usage` event and `TurnResult.cost()`.
         max_cost: the most the run may spend, in the prices' currency (needs `prices`): a
             request whose prompt alone would cost more is not sent, and each reply is capped
-            at the tokens the rest buys; the run then ends `max_cost`.
+            at the tokens the rest buys; the run then ends `max_cost`. A limited run sends
+            no hedged request (`Policy.hedge_after`): the provider may bill both.
     """
 
     policy: Policy | None = None

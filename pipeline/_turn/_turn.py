@@ -260,6 +260,8 @@ async def run_one_turn(
     reasoning, tool_arguments = options.reasoning, options.tool_arguments
     refused: CostLimitExceeded | None = None  # the run's money would not pay for the prompt
     capped = False  # the reply's tokens capped at what the run's money buys
+    if options.max_cost is not None and policy.hedge_after is not None:
+        policy = attrs.evolve(policy, hedge_after=None)  # a hedge may be billed too: none
     if options.max_cost is not None and options.prices is not None:
         try:
             cap = spend_cap(

@@ -43,6 +43,7 @@ from ..wire_cases import wire_path
 if TYPE_CHECKING:
     from rillet._turn._turn import TurnResult
     from rillet.transports.testing import LoopbackProvider
+    from trio.testing import MockClock
 
 LIMIT = 10
 GPT = Price(input="1.25", cached_input="0.125", output="10")  # per million tokens
@@ -192,3 +193,28 @@ def test_usage_event_json_round_trips_its_cost_exactly() -> None:
     data = encode_json(event)
     assert b'"cost":"0.0000031"' in data
     assert msgspec.json.decode(data, type=UsageEvent).cost == Decimal("0.0000031")
+
+
+async def test_a_limited_run_sends_no_hedge_the_provider_might_bill_too(
+    autojump_clock: MockClock,
+) -> None:
+    from rillet.transports.upstream import MemoryReply, MemoryUpstream
+
+    from .test_hedge import EVENTS, SSE
+
+    provider = Provider(dialect_from_name("openai"), "http://hedge.invalid/v1", "m")
+    for limit, sent in ((None, 2), (Decimal(1), 1)):
+        slow = MemoryReply(EVENTS, headers=SSE, delay=3.0)
+        upstream = MemoryUpstream([slow, MemoryReply(EVENTS, headers=SSE)])
+        with trio.fail_after(600):  # virtual time: the slow reply waits before every piece
+            result = await run_turn(
+                REQUEST,
+                provider,
+                upstream=upstream,
+                policy=policy(hedge_after=1.0),
+                limiter=RateLimiter(),
+                prices=GPT,
+                max_cost=limit,
+            )
+        assert result.ok
+        assert len(upstream.requests) == sent, limit
