@@ -25,6 +25,7 @@ from ._registry import PROVIDER_KINDS as PROVIDER_KINDS
 from ._registry import describe_providers as describe_providers
 from ._registry import dialect_from_name as dialect_from_name
 from ._registry import provider_from_env as provider_from_env
+from ._vertex import GoogleAccessToken as GoogleAccessToken
 from ._vertex import VertexAnthropicDialect as VertexAnthropicDialect
 from ._vertex import VertexGeminiDialect as VertexGeminiDialect
 
@@ -39,6 +40,7 @@ __all__ = [
     "FramesDecoder",
     "GeminiDialect",
     "GeminiEmbeddingsDialect",
+    "GoogleAccessToken",
     "HttpRequest",
     "MMSPDialect",
     "OllamaDialect",

@@ -495,32 +495,40 @@ def _vertex_provider(
     api_key: str | None,
     env: Mapping[str, str],
 ) -> Provider:
-    """A Vertex AI kind: the project (`GOOGLE_CLOUD_PROJECT`) and location
-    (`GOOGLE_CLOUD_LOCATION`, `us-central1` by default), or a base URL naming both
-    (`base_url`, else `VERTEX_BASE_URL`); the access token (`api_key`, else
-    `GOOGLE_OAUTH_ACCESS_TOKEN`), sent as Bearer."""
+    """A Vertex AI kind: the project (`GOOGLE_CLOUD_PROJECT`, else the one Application Default
+    Credentials name) and location (`GOOGLE_CLOUD_LOCATION`, `us-central1` by default), or a
+    base URL naming both (`base_url`, else `VERTEX_BASE_URL`); the access token (`api_key`,
+    else `GOOGLE_OAUTH_ACCESS_TOKEN`) sent as Bearer, else, with the `vertex` extra, a token
+    from Application Default Credentials, kept and refreshed before it expires."""
     root = base_url if base_url is not None else _env_base_url(spec, env)
     module = importlib.import_module(spec.module)
+    project = next((p for name in _VERTEX_PROJECT if (p := _env(env, name))), None)
+    given = api_key is not None and api_key.strip()
+    key: Secret | None = None
+    adc = None
+    if given or _env_key(spec, env) is not None:
+        key, source = _cloud_key(kind, spec, api_key, env, module.NO_TOKEN)
+    else:  # no token given: Application Default Credentials, which may name the project
+        adc, adc_project = module.application_default_token(kind, env)
+        project, source = project or adc_project, "application default credentials"
     if root is not None:
         root = _checked_url(kind, root, None if base_url is not None else spec.base_url_env)
     else:
-        project = next((p for name in _VERTEX_PROJECT if (p := _env(env, name))), None)
         if project is None:
             raise ConfigurationError(
                 kind, _VERTEX_PROJECT[0], "no project: set GOOGLE_CLOUD_PROJECT"
             )
         location = _env(env, _VERTEX_LOCATION) or "us-central1"
         root = module.vertex_base_url(project, location)
-    missing = "no access token: set GOOGLE_OAUTH_ACCESS_TOKEN (gcloud auth print-access-token)"
-    key, source = _cloud_key(kind, spec, api_key, env, missing)
     chosen = model or spec.model or ""
-    provider = Provider(getattr(module, spec.cls)(), base_url=root, model=chosen, api_key=key)
+    dialect = getattr(module, spec.cls)(token_provider=adc)
+    provider = Provider(dialect, base_url=root, model=chosen, api_key=key)
     logger.debug(
         "provider %s: model %s at %s, token %s from %s",
         provider.label,
         chosen,
         root,
-        key.masked(),
+        key.masked() if key is not None else "refreshed",
         source,
     )
     return provider

@@ -8,9 +8,11 @@ The wires are the providers' own; what differs is where they live and how they a
   `publishers/google/models/<model>:streamGenerateContent?alt=sse`, Anthropic's at
   `publishers/anthropic/models/<model>:streamRawPredict` (`:generateContent`, `:rawPredict`
   when not streamed).
-- **How.** A Google Cloud access token as `Authorization: Bearer` (what `gcloud auth
-  print-access-token` prints; an hour long): a host that runs longer passes `token_provider`,
-  called for every request, which its Google auth library refreshes.
+- **How.** A Google Cloud access token as `Authorization: Bearer`: one given (what `gcloud
+  auth print-access-token` prints; an hour long), a host's `token_provider` (called for every
+  request), or, with the `vertex` extra, one from Application Default Credentials
+  (`GoogleAccessToken`: a service-account key file, gcloud's user credentials, the metadata
+  server), kept and refreshed shortly before it expires.
 - **Anthropic's body** names no `model` (the URL does) and carries
   `anthropic_version: vertex-2023-10-16` in place of the `anthropic-version` header.
 
@@ -19,22 +21,46 @@ Streams and errors are the providers' own (Vertex's error object is Google's, as
 
 from __future__ import annotations
 
+import functools
+import threading
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from rillet._core._errors import AuthenticationError, ConfigurationError, ServerError
 
 from ._anthropic._dialect import AnthropicDialect
 from ._gemini._dialect import GeminiDialect
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     from .._core._dialect import HttpRequest, Provider
     from .._core._request import TurnRequest
 
-__all__ = ["VertexAnthropicDialect", "VertexGeminiDialect", "vertex_base_url"]
+__all__ = [
+    "GoogleAccessToken",
+    "VertexAnthropicDialect",
+    "VertexGeminiDialect",
+    "application_default_token",
+    "vertex_base_url",
+]
 
 ANTHROPIC_VERSION = "vertex-2023-10-16"
+SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
+TOKEN_TIMEOUT = 10.0
+"""Seconds one call to Google's token endpoint may take: it blocks (see `GoogleAccessToken`)."""
+_MESSAGE_MAX = 160  # what an error keeps of a message whole (`preview`)
+NO_TOKEN = (
+    "no access token: set GOOGLE_OAUTH_ACCESS_TOKEN (gcloud auth print-access-token) or pass"
+    " --api-key, or pip install 'rillet[vertex]' to use Application Default Credentials"
+    " (GOOGLE_APPLICATION_CREDENTIALS, gcloud auth application-default login)"
+)
+_NO_CREDENTIALS = (
+    "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, run gcloud auth"
+    " application-default login, or set GOOGLE_OAUTH_ACCESS_TOKEN (gcloud auth"
+    " print-access-token)"
+)
 
 
 def vertex_base_url(project: str, location: str) -> str:
@@ -43,6 +69,150 @@ def vertex_base_url(project: str, location: str) -> str:
     if location != "global":
         host = f"{location}-{host}"
     return f"https://{host}/v1/projects/{project}/locations/{location}"
+
+
+class GoogleAccessToken:
+    """An access token from google-auth credentials, for `token_provider`: kept, and refreshed
+    when it is within google-auth's threshold (a few minutes) of its expiry.
+
+    The refresh is a blocking call to Google's token endpoint (`TOKEN_TIMEOUT` at most), made
+    on the caller's thread when a request is built, since building a request is synchronous:
+    once per token lifetime (about an hour), never per request. A refusal of the credentials
+    (google-auth's `RefreshError`: `invalid_grant`, a revoked or deleted key) is an
+    `AuthenticationError` saying what to check, which no retry cures; an endpoint that could
+    not be reached, or that failed on its side, is a `ServerError`, which a retry may cure.
+
+    Args:
+        credentials: google-auth credentials (`google.auth.default()`'s), scoped for Vertex.
+        provider: the dialect's name, for the errors.
+    """
+
+    def __init__(self, credentials: Any, *, provider: str = "vertex") -> None:
+        self.credentials = credentials
+        self.provider = provider
+        self.refreshes = 0  # calls to the token endpoint: one per token lifetime
+        self._lock = threading.Lock()  # one refresh at a time, whoever builds requests
+
+    def __call__(self) -> str:
+        """The token: the one kept while it is fresh, else a new one."""
+        from google.auth import exceptions
+
+        with self._lock:
+            credentials = self.credentials
+            if credentials.token is None or credentials.expired:
+                self.refreshes += 1
+                try:
+                    credentials.refresh(_request())
+                except exceptions.RefreshError as exc:
+                    raise self._refused(exc) from None
+                except exceptions.GoogleAuthError as exc:
+                    raise ServerError(
+                        self.provider,
+                        f"no access token from Google's token endpoint ({_said(exc)}): it could"
+                        " not be reached or failed; try again shortly",
+                        error_type="token_unavailable",
+                    ) from None
+            return str(credentials.token)
+
+    def _refused(self, exc: Exception) -> ServerError | AuthenticationError:
+        said = _said(exc)
+        if getattr(exc, "retryable", False):  # google-auth retried it already
+            return ServerError(
+                self.provider,
+                f"Google's token endpoint failed ({said}); try again shortly",
+                error_type="token_unavailable",
+            )
+        data = exc.args[1] if len(exc.args) > 1 and isinstance(exc.args[1], dict) else {}
+        advice = (
+            ": check GOOGLE_APPLICATION_CREDENTIALS, or run gcloud auth application-default login"
+        )
+        room = _MESSAGE_MAX - len(advice) - len("Google refused the credentials ()")
+        if len(said) > room:  # a message past its bound loses its middle: keep the advice whole
+            said = said[: room - 1] + "…"
+        return AuthenticationError(
+            self.provider,
+            f"Google refused the credentials ({said}){advice}",
+            error_type=str(data.get("error") or "refresh_failed"),
+        )
+
+    def __repr__(self) -> str:  # never the token
+        return f"GoogleAccessToken({type(self.credentials).__name__}, refreshes={self.refreshes})"
+
+
+def application_default_token(
+    kind: str, env: Mapping[str, str]
+) -> tuple[GoogleAccessToken, str | None]:
+    """Application Default Credentials, through google-auth (the `vertex` extra): the token
+    source and the project they name, if any.
+
+    The key file `env`'s `GOOGLE_APPLICATION_CREDENTIALS` names when it names one, else
+    `google.auth.default()` (the variable in the process's environment, gcloud's user
+    credentials, the metadata server). Raises `ConfigurationError` saying what to set or
+    install when there is no google-auth, or no credentials.
+
+    Args:
+        kind: the provider kind asked for, for the errors.
+        env: the environment to read.
+    """
+    try:
+        import google.auth
+        from google.auth import exceptions
+    except ImportError:
+        raise ConfigurationError(kind, "GOOGLE_OAUTH_ACCESS_TOKEN", NO_TOKEN) from None
+    path = env.get("GOOGLE_APPLICATION_CREDENTIALS", "").strip()
+    try:
+        if path:
+            load: Any = google.auth.load_credentials_from_file  # untyped in google-auth
+            with warnings.catch_warnings():  # the file the environment names, as default()
+                warnings.simplefilter("ignore", DeprecationWarning)  # takes it: no warning
+                credentials, project = load(path, scopes=SCOPES)
+        else:
+            credentials, project = google.auth.default(scopes=SCOPES, request=_request())
+    except exceptions.GoogleAuthError as exc:
+        found = f" ({_said(exc)})" if path else ""
+        raise ConfigurationError(
+            kind,
+            "GOOGLE_APPLICATION_CREDENTIALS",
+            f"no usable Google credentials{found}: {_NO_CREDENTIALS}",
+        ) from None
+    except ImportError:  # google-auth without its `requests` transport
+        raise ConfigurationError(kind, "GOOGLE_OAUTH_ACCESS_TOKEN", NO_TOKEN) from None
+    name = "vertex-anthropic" if kind == "vertex-anthropic" else "vertex-gemini"
+    return GoogleAccessToken(credentials, provider=name), project or None
+
+
+@functools.cache
+def _bounded() -> type[Any]:
+    from google.auth.transport.requests import Request
+
+    class Bounded(Request):
+        """google-auth's `requests` transport, whose calls without a timeout get ours (its
+        own is two minutes)."""
+
+        def __call__(
+            self,
+            url: Any,
+            method: Any = "GET",
+            body: Any = None,
+            headers: Any = None,
+            timeout: Any = None,
+            **kwargs: Any,
+        ) -> Any:
+            call: Any = super().__call__  # google-auth's transports are untyped
+            return call(url, method, body, headers, timeout or TOKEN_TIMEOUT, **kwargs)
+
+    return Bounded
+
+
+def _request() -> Any:
+    """google-auth's HTTP transport (`requests`), bounded by `TOKEN_TIMEOUT`."""
+    return _bounded()()
+
+
+def _said(exc: BaseException) -> str:
+    """google-auth's own words for a failure, first argument only, bounded."""
+    text = str(exc.args[0]) if exc.args else type(exc).__name__
+    return " ".join(text.split())[:300]
 
 
 class _VertexSigning:

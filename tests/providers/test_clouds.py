@@ -167,8 +167,10 @@ def test_vertex_reaches_a_projects_model_in_its_location_with_a_bearer_token() -
 def test_vertex_names_what_is_missing_and_never_shows_the_token() -> None:
     with pytest.raises(ConfigurationError, match="GOOGLE_CLOUD_PROJECT"):
         provider_from_env("vertex", env={"GOOGLE_OAUTH_ACCESS_TOKEN": GOOGLE_TOKEN})
+    nowhere = "/nonexistent/key.json"  # no token, and no credentials where ADC looks
+    env = {"GOOGLE_CLOUD_PROJECT": "acme", "GOOGLE_APPLICATION_CREDENTIALS": nowhere}
     with pytest.raises(ConfigurationError, match="gcloud auth print-access-token"):
-        provider_from_env("vertex", env={"GOOGLE_CLOUD_PROJECT": "acme"})
+        provider_from_env("vertex", env=env)
     env = {"GOOGLE_CLOUD_PROJECT": "acme", "GOOGLE_OAUTH_ACCESS_TOKEN": GOOGLE_TOKEN}
     assert GOOGLE_TOKEN not in repr(provider_from_env("vertex", env=env))
     (row,) = [r for r in describe_providers({}) if r["kind"] == "vertex"]
