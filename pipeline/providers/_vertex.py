@@ -105,11 +105,12 @@ class GoogleAccessToken:
                     credentials.refresh(_request())
                 except exceptions.RefreshError as exc:
                     raise self._refused(exc) from None
-                except exceptions.GoogleAuthError as exc:
+                except exceptions.GoogleAuthError as exc:  # its TransportError: no answer
+                    cause = type(exc.__cause__ or exc).__name__  # (its words hold the URL)
                     raise ServerError(
                         self.provider,
-                        f"no access token from Google's token endpoint ({_said(exc)}): it could"
-                        " not be reached or failed; try again shortly",
+                        f"no access token: Google's token endpoint could not be reached"
+                        f" ({cause}); try again shortly",
                         error_type="token_unavailable",
                     ) from None
             return str(credentials.token)

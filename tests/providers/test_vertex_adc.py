@@ -23,12 +23,17 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from rillet._core._codes import error_code
-from rillet._core._errors import AuthenticationError, ConfigurationError
+from rillet._core._errors import (
+    AuthenticationError,
+    ConfigurationError,
+    RescueFailed,
+    ServerError,
+)
 from rillet._core._explain import explain
 from rillet._turn._api import run_turn
 from rillet.providers import VertexGeminiDialect, provider_from_env
 from rillet.providers._vertex import vertex_base_url
-from rillet.transports.testing import Reply, open_loopback_provider, split
+from rillet.transports.testing import Reply, open_loopback_provider, refused_url, split
 
 from ..handler_support import REQUEST
 
@@ -230,6 +235,26 @@ async def test_refused_credentials_fail_the_turn_once_with_a_sentence(
     assert vertex.requests == []  # nothing went to the provider
     assert token_server.hits == 1  # and the refusal was not asked again
     assert result.attempts == 1
+
+
+async def test_an_unreachable_token_endpoint_is_retried_as_a_passing_failure(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, account_key: rsa.RSAPrivateKey
+) -> None:
+    _adc_env(monkeypatch, _key_file(tmp_path, account_key, refused_url() + "/token"))
+    with trio.fail_after(20):
+        async with open_loopback_provider([Reply(chunks=(b"",))]) as vertex:
+            root = f"{vertex.url}/v1/projects/adc-project/locations/us-east5"
+            provider = provider_from_env("vertex", base_url=root)
+            result = await run_turn(REQUEST, provider)
+    # retried, then the one non-streaming rescue: unlike a refusal, a next try may get through
+    assert isinstance(result.error, RescueFailed)
+    error = result.error.stream_error
+    assert isinstance(error, ServerError)
+    assert error.error_type == "token_unavailable"
+    assert result.attempts > 2
+    said = explain(result.error, provider)
+    assert "Google's token endpoint could not be reached (ConnectionError)" in said, said
+    assert vertex.requests == []
 
 
 def test_no_token_and_no_google_auth_says_what_to_set_or_install(
