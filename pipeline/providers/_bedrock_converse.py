@@ -120,7 +120,10 @@ def _content(message: UniMessage) -> list[dict[str, Any]]:
 
 
 def converse_body(request: TurnRequest) -> dict[str, Any]:
-    """The Converse request body for a turn (the model goes in the URL)."""
+    """The Converse request body for a turn (the model goes in the URL). A turn's sampling
+    settings beyond temperature come in its `extra_body` for this dialect, as other wires
+    spell them (`top_p`, `stop_sequences`, `stop`) or as Converse does: they go in
+    `inferenceConfig` as `topP` and `stopSequences`."""
     messages: list[dict[str, Any]] = []
     for m in request.messages:
         role = "assistant" if m.role == "assistant" else "user"
@@ -165,12 +168,29 @@ def converse_body(request: TurnRequest) -> dict[str, Any]:
         body["additionalModelRequestFields"] = {
             "thinking": {"type": "enabled", "budget_tokens": budget}
         }
-    for key, value in request.extra_body.get(NAME, {}).items():
+    extra = dict(request.extra_body.get(NAME, {}))
+    for key, field in _INFERENCE.items():  # sampling settings, in any wire's spelling
+        value = extra.pop(key, None)
+        if value is not None:
+            config[field] = [value] if isinstance(value, str) else value  # `stop: "END"`
+    for key, value in extra.items():
         if isinstance(value, dict) and isinstance(body.get(key), dict):
-            body[key] = {**body[key], **value}  # `inferenceConfig: {topP, stopSequences}`
+            body[key] = {**body[key], **value}  # `inferenceConfig` as given wins
         else:
             body[key] = value
     return body
+
+
+_INFERENCE = {
+    "top_p": "topP",
+    "topP": "topP",
+    "stop_sequences": "stopSequences",
+    "stop": "stopSequences",
+    "stopSequences": "stopSequences",
+}
+"""Where Converse takes what other wires send at the top level (Anthropic's `top_p` and
+`stop_sequences`, OpenAI's `top_p` and `stop`): in `inferenceConfig`, which is the only place
+it reads them (a top-level `topP` is a `ValidationException`)."""
 
 
 def _region(url: str) -> str:
