@@ -432,3 +432,23 @@ async def test_an_upstream_refusal_before_the_stream_keeps_anthropics_status_and
     assert error["type"] == "error"
     assert error["error"]["type"] == kind
     assert "openai-chat" in error["error"]["message"]  # which provider, in words
+
+
+def test_bedrock_converse_takes_top_p_and_stop_sequences_in_its_inference_config() -> None:
+    """What Converse has a place for goes there (`inferenceConfig`), from either wire's
+    spelling; what it has none for is still refused."""
+    from rillet.providers._bedrock_converse import converse_body
+    from rillet.providers._openai_chat._inbound import chat_request, decode_chat_body
+
+    messages = [{"role": "user", "content": "x"}]
+    sent = _request("bedrock-converse", messages=messages, top_p=0.5, stop_sequences=["END"])
+    config = converse_body(sent)["inferenceConfig"]
+    assert (config["topP"], config["stopSequences"]) == (0.5, ["END"])
+    chat = {"model": "m", "messages": messages, "top_p": 0.25, "stop": "DONE"}
+    sent = chat_request(decode_chat_body(msgspec.json.encode(chat)), "bedrock-converse")
+    config = converse_body(sent)["inferenceConfig"]
+    assert (config["topP"], config["stopSequences"]) == (0.25, ["DONE"])
+    with pytest.raises(BadRequest, match="seed"):
+        chat_request(decode_chat_body(msgspec.json.encode({**chat, "seed": 7})), "bedrock-converse")
+    with pytest.raises(BadRequest, match="cannot be sent to this model's provider"):
+        _request("bedrock-converse", messages=messages, top_k=5)

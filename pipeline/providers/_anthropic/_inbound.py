@@ -41,6 +41,7 @@ from ..._core._events import (
     UniMessage,
 )
 from ..._core._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
+from .._bedrock_converse import NAME as BEDROCK_CONVERSE
 from .._openai_chat._inbound import BadRequest, read_with_extra, shown
 from .._openai_chat._wire import NAME as OPENAI_CHAT
 from .._openai_responses._items import NAME as OPENAI_RESPONSES
@@ -377,7 +378,12 @@ def messages_request(body: MessagesBody, dialect: str) -> TurnRequest:
     if body.max_tokens < 1:
         raise BadRequest("max_tokens: must be at least 1", "max_tokens")
     reader = _Reader(dialect)
-    passed: dict[str, dict[str, Any]] = {OPENAI_CHAT: {}, OPENAI_RESPONSES: {}, NAME: {}}
+    passed: dict[str, dict[str, Any]] = {
+        OPENAI_CHAT: {},
+        OPENAI_RESPONSES: {},
+        NAME: {},
+        BEDROCK_CONVERSE: {},
+    }
     messages: list[UniMessage] = []
     for i, message in enumerate(body.messages):
         param = f"messages[{i}]"
@@ -399,10 +405,12 @@ def messages_request(body: MessagesBody, dialect: str) -> TurnRequest:
     for name, value in settings.items():
         if value is None:
             continue
-        if name == "top_p" and dialect in (OPENAI_CHAT, OPENAI_RESPONSES):
+        if name == "top_p" and dialect in (OPENAI_CHAT, OPENAI_RESPONSES, BEDROCK_CONVERSE):
             passed[dialect]["top_p"] = value
         elif name == "stop_sequences" and dialect == OPENAI_CHAT:
             passed[OPENAI_CHAT]["stop"] = value
+        elif name == "stop_sequences" and dialect == BEDROCK_CONVERSE:
+            passed[BEDROCK_CONVERSE]["stop_sequences"] = value
         elif name == "top_k" and dialect == OPENAI_CHAT:
             passed[OPENAI_CHAT]["top_k"] = (
                 value  # OpenAI-compatible servers read it; OpenAI says no

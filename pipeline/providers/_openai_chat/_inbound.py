@@ -4,8 +4,9 @@ the tools (`strict` included), the tool choice and the generation settings. Ever
 (`stop`, `seed`, `response_format`, `metadata`, a field OpenAI adds next year, ...) and
 `reasoning_effort` as given go, unchanged, to a provider speaking OpenAI's Chat Completions wire
 (`extra_body`); those the Responses wire has too go to a provider of that wire
-(`response_format` as its `text.format`), and Anthropic's wire takes `top_p` and the end user's
-id. A field that would shape the answer and that the routed provider's wire has no place for
+(`response_format` as its `text.format`), Anthropic's wire takes `top_p` and the end user's
+id, and Bedrock's Converse `top_p` and `stop`. A field that would shape the answer and that the
+routed provider's wire has no place for
 (`seed` to Anthropic, a speaker's `name` to any wire but Chat's, ...) is refused with OpenAI's
 `unsupported_parameter` naming it; only hints that leave the answer as it is and settings at
 their default go without a place. A field no provider behind this endpoint can honour is
@@ -28,6 +29,7 @@ from ..._core._events import (
 )
 from ..._core._request import ThinkingLevel, ToolChoice, ToolSpec, TurnRequest
 from .._anthropic._stream import NAME as ANTHROPIC
+from .._bedrock_converse import NAME as BEDROCK_CONVERSE
 from .._openai_responses._items import NAME as OPENAI_RESPONSES
 from ._stream import REFUSAL_FIDELITY
 from ._wire import NAME as OPENAI_CHAT
@@ -198,16 +200,19 @@ def unsent(param: str, dialect: str, wire: str) -> BadRequest:
 def _refuse_unsent(body: ChatBody, dialect: str) -> None:
     """Refuse the first field that would shape the answer and that the `dialect`'s wire has
     no place for: a provider of OpenAI's Chat wire takes every field as given; one of the
-    Responses wire those of the same meaning; Anthropic's `top_p` and the end user's id; the
-    others only hints and settings at their default."""
+    Responses wire those of the same meaning; Anthropic's `top_p` and the end user's id;
+    Bedrock's Converse `top_p` and `stop`; the others only hints and settings at their
+    default."""
     if dialect == OPENAI_CHAT:
         return
     for i, message in enumerate(body.messages):
         if message.name is not None:
             raise unsent(f"messages[{i}].name", dialect, "OpenAI's Chat Completions API")
     for name, value in body.extra.items():
-        carried = (dialect == OPENAI_RESPONSES and name in _TO_RESPONSES) or (
-            dialect == ANTHROPIC and name == "top_p"
+        carried = (
+            (dialect == OPENAI_RESPONSES and name in _TO_RESPONSES)
+            or (dialect == ANTHROPIC and name == "top_p")
+            or (dialect == BEDROCK_CONVERSE and name in ("top_p", "stop"))
         )
         if not carried and name not in HINTS and value not in _DEFAULTS.get(name, ()):
             raise unsent(name, dialect, "OpenAI's Chat Completions API")
@@ -412,7 +417,7 @@ def _passed_on(body: ChatBody) -> dict[str, dict[str, Any]]:
     `response_format` as its `text.format` and `verbosity` as `text.verbosity`;
     `reasoning_effort` to both as given (`minimal` and `none` included, which the thinking
     levels other dialects read cannot say); to Anthropic's wire `top_p`, and the end user's id
-    as its `metadata.user_id`."""
+    as its `metadata.user_id`; to Bedrock's Converse `top_p` and `stop`."""
     extra = body.extra
     chat = dict(extra)
     responses = {name: extra[name] for name in (*SHARED_FIELDS, "store") if name in extra}
@@ -439,5 +444,11 @@ def _passed_on(body: ChatBody) -> dict[str, dict[str, Any]]:
     end_user = extra.get("safety_identifier") or extra.get("user")
     if isinstance(end_user, str):
         anthropic["metadata"] = {"user_id": end_user}
-    passed = {OPENAI_CHAT: chat, OPENAI_RESPONSES: responses, ANTHROPIC: anthropic}
+    converse: dict[str, Any] = {name: extra[name] for name in ("top_p", "stop") if name in extra}
+    passed: dict[str, dict[str, Any]] = {
+        OPENAI_CHAT: chat,
+        OPENAI_RESPONSES: responses,
+        ANTHROPIC: anthropic,
+        BEDROCK_CONVERSE: converse,  # as its `inferenceConfig`'s topP and stopSequences
+    }
     return {name: fields for name, fields in passed.items() if fields}
