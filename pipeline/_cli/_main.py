@@ -82,6 +82,11 @@ def _key_hint(kind: str, provider: Provider, api_key: str | None) -> str | None:
     """Where the key in use came from, for the advice after an authentication failure."""
     if api_key:
         return "--api-key"
+    if provider.api_key is None and getattr(provider.dialect, "token_provider", None) is not None:
+        # a token from the cloud's own credentials (Application Default Credentials...)
+        if kind.startswith("vertex"):
+            return "GOOGLE_APPLICATION_CREDENTIALS (or gcloud auth application-default login)"
+        return "the credentials the access token comes from"
     for name in _key_envs(kind):
         if os.environ.get(name, "").strip():
             return name if provider.api_key is not None else "--api-key"

@@ -18,6 +18,7 @@ no dialect until one is asked for.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import os
 from typing import TYPE_CHECKING, Any
@@ -556,6 +557,8 @@ def describe_providers(env: Mapping[str, str] | None = None) -> list[dict[str, A
             missing = "AZURE_OPENAI_ENDPOINT or --base-url"
         elif spec.vertex and env_url is None and not any(_env(env, n) for n in _VERTEX_PROJECT):
             missing = "GOOGLE_CLOUD_PROJECT"
+        elif spec.vertex and found is None and importlib.util.find_spec("google.auth"):
+            found = ("application default credentials", "")  # tried when the run starts
         elif found is None and spec.key_required and at_default:
             missing = f"{_key_hint(spec)} or --api-key"
         elif model is None:
@@ -566,7 +569,7 @@ def describe_providers(env: Mapping[str, str] | None = None) -> list[dict[str, A
                 "base_url": env_url or _default_url(spec, env),
                 "base_url_from": spec.base_url_env if env_url is not None else None,
                 "model": model,
-                "api_key": Secret(found[1]).masked() if found is not None else None,
+                "api_key": Secret(found[1]).masked() if found is not None and found[1] else None,
                 "api_key_from": found[0] if found is not None else None,
                 "ready": missing is None,
                 "missing": missing,

@@ -31,7 +31,7 @@ from rillet._core._errors import (
 )
 from rillet._core._explain import explain
 from rillet._turn._api import run_turn
-from rillet.providers import VertexGeminiDialect, provider_from_env
+from rillet.providers import VertexGeminiDialect, describe_providers, provider_from_env
 from rillet.providers._vertex import vertex_base_url
 from rillet.transports.testing import Reply, open_loopback_provider, refused_url, split
 
@@ -312,3 +312,43 @@ async def test_rillet_run_answers_from_vertex_with_a_key_file(
     (sent,) = vertex.requests
     assert sent.headers["authorization"] == "Bearer tok-1"
     assert token_server.hits == 1
+
+
+@pytest.mark.slow
+async def test_rillet_run_with_refused_credentials_says_to_check_them_not_a_token(
+    tmp_path: Path, token_server: TokenServer
+) -> None:
+    """The one line names where the credentials came from (the key file, or gcloud's sign-in),
+    never a token variable the user did not set."""
+    key_file = _key_file(tmp_path, rsa.generate_private_key(65537, 2048), token_server.token_uri)
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("GOOGLE_", "GCLOUD_", "VERTEX_"))
+    }
+    env["GOOGLE_APPLICATION_CREDENTIALS"] = str(key_file)
+    with trio.fail_after(30):
+        async with open_loopback_provider([Reply(chunks=(b"",))]) as vertex:
+            env["VERTEX_BASE_URL"] = f"{vertex.url}/v1/projects/adc-project/locations/us-east5"
+            done = await trio.run_process(
+                [sys.executable, "-m", "rillet", "run", "hi", "--provider", "vertex"],
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+                env=env,
+                cwd=ROOT,
+            )
+            assert vertex.requests == []
+    assert done.returncode == 1
+    (line,) = done.stderr.decode().splitlines()
+    assert "Google refused the credentials" in line
+    assert line.endswith(
+        "check GOOGLE_APPLICATION_CREDENTIALS (or gcloud auth application-default login)"
+    )
+    assert "GOOGLE_OAUTH_ACCESS_TOKEN" not in line
+
+
+def test_described_vertex_is_ready_through_application_default_credentials() -> None:
+    (row,) = [
+        r for r in describe_providers({"GOOGLE_CLOUD_PROJECT": "acme"}) if r["kind"] == "vertex"
+    ]
+    assert (row["ready"], row["missing"]) == (True, None)
+    assert (row["api_key"], row["api_key_from"]) == (None, "application default credentials")
