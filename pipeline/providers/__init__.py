@@ -11,6 +11,7 @@ from .._core._public import fixup_module_metadata as _fixup_module_metadata
 from ._anthropic._dialect import AnthropicDialect as AnthropicDialect
 from ._azure import AzureOpenAIDialect as AzureOpenAIDialect
 from ._azure import AzureResponsesDialect as AzureResponsesDialect
+from ._azure import EntraToken as EntraToken
 from ._bedrock_converse import BedrockConverseDialect as BedrockConverseDialect
 from ._embeddings import GeminiEmbeddingsDialect as GeminiEmbeddingsDialect
 from ._embeddings import OpenAIEmbeddingsDialect as OpenAIEmbeddingsDialect
@@ -37,6 +38,7 @@ __all__ = [
     "AzureResponsesDialect",
     "BedrockConverseDialect",
     "Dialect",
+    "EntraToken",
     "FramesDecoder",
     "GeminiDialect",
     "GeminiEmbeddingsDialect",

@@ -10,6 +10,8 @@ The wire is OpenAI's; what differs is where it lives and how it is signed:
 - **How.** A resource key goes in an `api-key` header (both APIs take it); a Microsoft Entra ID
   token as `Authorization: Bearer`. A token expires (about an hour): a host that runs longer
   passes `token_provider`, called for every request, which its identity library refreshes.
+  `EntraToken` is one: azure-identity's credential (`DefaultAzureCredential` unless given one,
+  the `azure` extra), its token kept until shortly before it expires.
 
 Streams and errors are OpenAI's, with Azure's additions read as any compatible server's are
 (the prompt's `prompt_filter_results` in a chunk of no choices, a choice's
@@ -18,8 +20,11 @@ Streams and errors are OpenAI's, with Azure's additions read as any compatible s
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import TYPE_CHECKING, Any
 
+from .._core._errors import AuthenticationError, ConfigurationError, TransportError
 from ._openai_chat._dialect import OpenAIChatDialect
 from ._openai_responses._dialect import OpenAIResponsesDialect
 
@@ -29,7 +34,24 @@ if TYPE_CHECKING:
     from .._core._dialect import HttpRequest, Provider
     from .._core._request import TurnRequest
 
-__all__ = ["AzureOpenAIDialect", "AzureResponsesDialect", "azure_base_url"]
+__all__ = [
+    "ENTRA_SCOPE",
+    "AzureOpenAIDialect",
+    "AzureResponsesDialect",
+    "EntraToken",
+    "azure_base_url",
+]
+
+ENTRA_SCOPE = "https://cognitiveservices.azure.com/.default"
+"""The Microsoft Entra ID scope of an Azure OpenAI (Cognitive Services) token."""
+_REFRESH_BEFORE = 300.0  # seconds before its expiry a token is replaced (azure-identity's own)
+_ENTRA = "microsoft-entra-id"  # who reported a credential's failure
+_NO_IDENTITY = (
+    "no API key and no azure-identity to get a Microsoft Entra ID token with: set"
+    " AZURE_OPENAI_API_KEY (or AZURE_OPENAI_AD_TOKEN) or pass --api-key, or install the azure"
+    " extra (pip install 'rillet[azure]') to sign in with your Azure credentials"
+)
+_SIGN_IN = "sign in (az login) or set AZURE_TENANT_ID, AZURE_CLIENT_ID and AZURE_CLIENT_SECRET"
 
 
 def azure_base_url(endpoint: str, deployment: str, api_version: str | None) -> str:
@@ -42,6 +64,86 @@ def azure_base_url(endpoint: str, deployment: str, api_version: str | None) -> s
     if api_version:
         return f"{root}/openai/deployments/{deployment}"
     return f"{root}/openai/v1"
+
+
+class EntraToken:
+    """Microsoft Entra ID tokens for Azure OpenAI from an azure-identity credential: a
+    `token_provider` for `AzureOpenAIDialect` and `AzureResponsesDialect`.
+
+    A token is kept and sent with every request until shortly before it expires (five minutes
+    before, or half its life when it was issued for less than ten): only then is the credential
+    asked again. The credential's `get_token` is blocking I/O (an HTTP call to Entra ID or a
+    managed identity endpoint, or `az` run as a subprocess) and the dialect's hook that calls
+    this is synchronous, so the fetch runs on the caller's thread, the event loop's in a turn:
+    it blocks the loop at most once per token's lifetime (about an hour), never per request.
+
+    A credential that cannot give a token (azure-identity's `ClientAuthenticationError`,
+    including no credential found) raises `AuthenticationError`, which no attempt retries; an
+    identity endpoint that cannot be reached raises `TransportError`.
+
+    Args:
+        credential: an azure-identity credential (anything with `get_token(*scopes)`); None
+            for `DefaultAzureCredential()`, which finds one in the environment (service
+            principal variables, workload or managed identity, `az login`...).
+        scope: the token's scope; Azure OpenAI's by default.
+        clock: the time now in seconds since the epoch, as `expires_on` counts it.
+    """
+
+    def __init__(
+        self,
+        credential: Any = None,
+        *,
+        scope: str = ENTRA_SCOPE,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if credential is None:
+            try:
+                from azure.identity import DefaultAzureCredential
+            except ImportError:
+                raise ConfigurationError("azure", "AZURE_OPENAI_API_KEY", _NO_IDENTITY) from None
+            credential = DefaultAzureCredential()
+        self.credential = credential
+        self.scope = scope
+        self._clock = clock
+        self._token: str | None = None
+        self._refresh_at = 0.0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> str:
+        """The current token: the kept one, else a fresh one from the credential."""
+        token = self._token
+        if token is not None and self._clock() < self._refresh_at:
+            return token
+        with self._lock:  # one fetch when threads ask together
+            if self._token is None or self._clock() >= self._refresh_at:
+                self._fetch()
+            assert self._token is not None
+            return self._token
+
+    def _fetch(self) -> None:
+        from azure.core.exceptions import AzureError, ClientAuthenticationError
+
+        try:
+            issued = self.credential.get_token(self.scope)
+        except ClientAuthenticationError as exc:
+            source = type(self.credential).__name__  # its own message lists every credential tried
+            raise AuthenticationError(
+                _ENTRA, f"no Microsoft Entra ID token from {source}: {_SIGN_IN}"
+            ) from exc
+        except AzureError as exc:
+            raise TransportError(
+                _ENTRA, f"no Microsoft Entra ID token: {_first_line(exc)}"
+            ) from exc
+        now = self._clock()
+        life = max(0.0, float(issued.expires_on) - now)
+        self._token = str(issued.token)
+        self._refresh_at = float(issued.expires_on) - min(_REFRESH_BEFORE, life / 2)
+
+
+def _first_line(error: BaseException) -> str:
+    """An Azure error's first line (a long message goes on with troubleshooting links)."""
+    text = str(getattr(error, "message", None) or error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _signed(

@@ -450,8 +450,10 @@ def _azure_provider(
     """An Azure OpenAI kind: the resource's endpoint (`base_url`, else
     `AZURE_OPENAI_ENDPOINT`), its deployment (`model`, else `AZURE_OPENAI_DEPLOYMENT`), its key
     (`api_key` or `AZURE_OPENAI_API_KEY`, sent as `api-key`; else an Entra ID token in
-    `AZURE_OPENAI_AD_TOKEN`, sent as Bearer), and the classic API when an API version is set
-    (`AZURE_OPENAI_API_VERSION` or `OPENAI_API_VERSION`), the v1 API otherwise."""
+    `AZURE_OPENAI_AD_TOKEN`, sent as Bearer; else, with azure-identity installed, Entra ID
+    tokens from `DefaultAzureCredential`, which reads the process's environment), and the
+    classic API when an API version is set (`AZURE_OPENAI_API_VERSION` or
+    `OPENAI_API_VERSION`), the v1 API otherwise."""
     endpoint = base_url if base_url is not None else _env_base_url(spec, env)
     if endpoint is None:
         raise ConfigurationError(
@@ -461,16 +463,25 @@ def _azure_provider(
             " or pass --base-url",
         )
     endpoint = _checked_url(kind, endpoint, None if base_url is not None else spec.base_url_env)
-    key, source = _cloud_key(kind, spec, api_key, env, f"no API key: set {_key_hint(spec)}")
-    bearer = source == "AZURE_OPENAI_AD_TOKEN"
+    module = importlib.import_module(spec.module)
+    key: Secret | None = None
+    options: dict[str, Any] = {}
+    if (api_key is not None and api_key.strip()) or _env_key(spec, env) is not None:
+        key, source = _cloud_key(kind, spec, api_key, env, f"no API key: set {_key_hint(spec)}")
+        options["bearer"] = source == "AZURE_OPENAI_AD_TOKEN"
+    else:
+        try:
+            options["token_provider"] = module.EntraToken()
+        except ConfigurationError as exc:  # no azure-identity: said for this kind
+            raise ConfigurationError(kind, exc.env_var, str(exc)) from None
+        source = "DefaultAzureCredential"
     deployment = model or _env(env, _AZURE_DEPLOYMENT)
     if not deployment:
         raise ConfigurationError(
             kind, _AZURE_DEPLOYMENT, "no deployment: pass --model with the deployment's name"
         )
     version = next((v for name in _AZURE_VERSIONS if (v := _env(env, name))), None)
-    module = importlib.import_module(spec.module)
-    dialect = getattr(module, spec.cls)(api_version=version, bearer=bearer)
+    dialect = getattr(module, spec.cls)(api_version=version, **options)
     target = module.azure_base_url(endpoint, deployment, version)
     provider = Provider(dialect=dialect, base_url=target, model=deployment, api_key=key)
     logger.debug(
@@ -478,10 +489,18 @@ def _azure_provider(
         provider.label,
         deployment,
         target,
-        key.masked(),
+        key.masked() if key is not None else "none (Entra ID tokens)",
         source,
     )
     return provider
+
+
+def _entra_available() -> bool:
+    """Whether azure-identity is installed (Azure's Entra ID sign-in), not importing it."""
+    try:
+        return importlib.util.find_spec("azure.identity") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 _VERTEX_PROJECT = ("GOOGLE_CLOUD_PROJECT", "GCLOUD_PROJECT")
@@ -560,7 +579,12 @@ def describe_providers(env: Mapping[str, str] | None = None) -> list[dict[str, A
         elif spec.vertex and found is None and importlib.util.find_spec("google.auth"):
             found = ("application default credentials", "")  # tried when the run starts
         elif found is None and spec.key_required and at_default:
-            missing = f"{_key_hint(spec)} or --api-key"
+            if spec.azure and _entra_available():  # Entra ID tokens from the environment
+                missing = None if model is not None else "--model"
+            else:
+                missing = f"{_key_hint(spec)} or --api-key"
+                if spec.azure:
+                    missing += ", or pip install 'rillet[azure]'"
         elif model is None:
             missing = "--model"
         out.append(

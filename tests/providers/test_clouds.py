@@ -7,6 +7,7 @@ headers and body as the cloud takes them."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +90,10 @@ def test_an_entra_id_token_goes_as_bearer_and_a_token_provider_per_request() -> 
         ({"AZURE_OPENAI_ENDPOINT": ENDPOINT}, "AZURE_OPENAI_API_KEY"),
     ],
 )
-def test_what_is_missing_is_named(env: dict[str, str], named: str) -> None:
+def test_what_is_missing_is_named(
+    env: dict[str, str], named: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "azure.identity", None)  # no Entra ID sign-in to fall to
     with pytest.raises(ConfigurationError, match=named):
         provider_from_env("azure", model="d", env=env)
     (row,) = [r for r in describe_providers(env) if r["kind"] == "azure"]
