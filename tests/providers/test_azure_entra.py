@@ -2,7 +2,8 @@
 
 No key configured: `provider_from_env("azure")` asks azure-identity's `DefaultAzureCredential`,
 which here finds App Service's managed identity in the environment (`IDENTITY_ENDPOINT`,
-`IDENTITY_HEADER`) and fetches tokens over real HTTP from an identity endpoint on 127.0.0.1.
+`IDENTITY_HEADER`) and fetches tokens over real HTTP from an identity endpoint on 127.0.0.1;
+`rillet run --provider azure` does the same in a subprocess.
 (Entra ID's own token endpoint cannot be stood in for: azure-identity and MSAL take only an https
 authority, and MSAL asks login.microsoftonline.com to discover an unknown one; a managed
 identity's endpoint is plain HTTP on the machine itself, as it is on Azure.) The endpoint runs in
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import sys
 import threading
 import time
@@ -34,10 +36,15 @@ from rillet.transports.testing import Reply, open_loopback_provider, openai_text
 from ..handler_support import REQUEST
 
 if TYPE_CHECKING:
+    import subprocess
     from collections.abc import Iterator
 
 SECRET = "identity-header-secret"
 LIFE = 120  # seconds a token is issued for
+NO_TOKEN = (
+    "authentication failed: no Microsoft Entra ID token from DefaultAzureCredential: sign in"
+    " (az login) or set AZURE_TENANT_ID, AZURE_CLIENT_ID and AZURE_CLIENT_SECRET — check"
+)
 
 
 class IdentityEndpoint:
@@ -99,6 +106,17 @@ def identity(monkeypatch: pytest.MonkeyPatch) -> Iterator[IdentityEndpoint]:
 
 def _replies(n: int) -> list[Reply]:
     return [Reply(chunks=split(openai_text_stream(["Hi"]), 16)) for _ in range(n)]
+
+
+async def _rillet_run(endpoint: str) -> subprocess.CompletedProcess[bytes]:
+    """`rillet run --provider azure` as a person runs it: no key in its environment, the
+    identity endpoint's variables (set by the fixture) in it."""
+    env = {k: v for k, v in os.environ.items() if not k.endswith(("_API_KEY", "_AD_TOKEN"))}
+    env["AZURE_OPENAI_ENDPOINT"] = endpoint
+    cmd = [sys.executable, "-m", "rillet", "run", "hi", "--provider", "azure", "--model", "d"]
+    return await trio.run_process(
+        cmd, stdin=b"", capture_stdout=True, capture_stderr=True, check=False, env=env
+    )
 
 
 async def test_with_no_key_each_request_carries_an_entra_token_fetched_once(
@@ -167,11 +185,7 @@ async def test_a_refused_credential_is_an_authentication_error_never_retried(
     assert server.requests == []  # nothing reached the provider
     assert len(identity.hits) == 1
     said = explain(result.error, provider)
-    assert said == (
-        "authentication failed: no Microsoft Entra ID token from DefaultAzureCredential: sign in"
-        " (az login) or set AZURE_TENANT_ID, AZURE_CLIENT_ID and AZURE_CLIENT_SECRET — check the"
-        " API key (--api-key)"
-    )
+    assert said == f"{NO_TOKEN} the API key (--api-key)"
 
 
 async def test_a_key_is_sent_and_no_token_fetched(identity: IdentityEndpoint) -> None:
@@ -213,3 +227,32 @@ def test_no_key_and_no_azure_identity_says_what_to_set_or_install(
     (row,) = [r for r in describe_providers(env) if r["kind"] == "azure"]
     assert row["ready"] is False
     assert "pip install 'rillet[azure]'" in row["missing"]
+
+
+@pytest.mark.slow
+async def test_rillet_run_signs_in_with_the_environments_azure_credential(
+    identity: IdentityEndpoint,
+) -> None:
+    with trio.fail_after(60):
+        async with open_loopback_provider(_replies(1)) as server:
+            done = await _rillet_run(server.url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode() == "Hi\n"
+    assert server.requests[0].headers["authorization"] == "Bearer entra-token-1"
+    assert len(identity.hits) == 1
+
+
+@pytest.mark.slow
+async def test_rillet_run_says_when_the_credential_gives_no_token(
+    identity: IdentityEndpoint,
+) -> None:
+    identity.lives = ["400"]
+    with trio.fail_after(60):
+        async with open_loopback_provider(_replies(1)) as server:
+            done = await _rillet_run(server.url)
+    assert done.returncode != 0
+    assert done.stdout == b""
+    assert server.requests == []
+    assert len(identity.hits) == 1
+    said = done.stderr.decode().splitlines()[-1]
+    assert said == f"rillet: {NO_TOKEN} AZURE_OPENAI_API_KEY or --api-key"
