@@ -160,6 +160,7 @@ COMMANDS: dict[str, tuple[Check, Script] | str] = {
     "pip install 'rillet[mcp]'": "installs from the package index",
     "pip install 'rillet[metrics]'": "installs from the package index",
     "pip install 'rillet[otel]'": "installs from the package index",
+    "pip install 'rillet[azure]'": "installs from the package index",
     'rillet run "weather in Paris?" --tools demo': (check_weather_tool, provider_reply),
     'rillet run "delete notes.txt" --tools demo': (
         "asks on a terminal: tests/cli/test_cli_agents.py answers it on a pty"
