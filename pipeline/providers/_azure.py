@@ -79,7 +79,9 @@ class EntraToken:
 
     A credential that cannot give a token (azure-identity's `ClientAuthenticationError`,
     including no credential found) raises `AuthenticationError`, which no attempt retries; an
-    identity endpoint that cannot be reached raises `TransportError`.
+    identity endpoint that cannot be reached raises `TransportError`, once azure-identity's own
+    retries have given up (seconds, on the loop's thread: `retry_total=0` on the credential
+    leaves retrying to the turn).
 
     Args:
         credential: an azure-identity credential (anything with `get_token(*scopes)`); None

@@ -26,12 +26,18 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
-from rillet._core._errors import AuthenticationError, ConfigurationError
+from rillet._core._errors import AuthenticationError, ConfigurationError, TransportError
 from rillet._core._explain import explain
 from rillet._turn._api import run_turn
 from rillet.providers import AzureOpenAIDialect, EntraToken, describe_providers, provider_from_env
 from rillet.providers._azure import ENTRA_SCOPE
-from rillet.transports.testing import Reply, open_loopback_provider, openai_text_stream, split
+from rillet.transports.testing import (
+    Reply,
+    open_loopback_provider,
+    openai_text_stream,
+    refused_url,
+    split,
+)
 
 from ..handler_support import REQUEST
 
@@ -186,6 +192,16 @@ async def test_a_refused_credential_is_an_authentication_error_never_retried(
     assert len(identity.hits) == 1
     said = explain(result.error, provider)
     assert said == f"{NO_TOKEN} the API key (--api-key)"
+
+
+def test_an_identity_endpoint_out_of_reach_is_a_transport_error(
+    identity: IdentityEndpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from azure.identity import ManagedIdentityCredential
+
+    monkeypatch.setenv("IDENTITY_ENDPOINT", refused_url() + "/msi/token")
+    with pytest.raises(TransportError, match=r"no Microsoft Entra ID token: .*refused"):
+        EntraToken(ManagedIdentityCredential(retry_total=0))()  # no backoff of its own
 
 
 async def test_a_key_is_sent_and_no_token_fetched(identity: IdentityEndpoint) -> None:
