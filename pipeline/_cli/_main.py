@@ -86,6 +86,8 @@ def _key_hint(kind: str, provider: Provider, api_key: str | None) -> str | None:
         # a token from the cloud's own credentials (Application Default Credentials...)
         if kind.startswith("vertex"):
             return "GOOGLE_APPLICATION_CREDENTIALS (or gcloud auth application-default login)"
+        if kind.startswith("azure"):
+            return "the Azure sign-in (az login), or set AZURE_OPENAI_API_KEY"
         return "the credentials the access token comes from"
     for name in _key_envs(kind):
         if os.environ.get(name, "").strip():

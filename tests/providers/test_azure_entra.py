@@ -271,4 +271,5 @@ async def test_rillet_run_says_when_the_credential_gives_no_token(
     assert server.requests == []
     assert len(identity.hits) == 1
     said = done.stderr.decode().splitlines()[-1]
-    assert said == f"rillet: {NO_TOKEN} AZURE_OPENAI_API_KEY or --api-key"
+    # where the token came from, not a key variable the user never set as the only advice
+    assert said == f"rillet: {NO_TOKEN} the Azure sign-in (az login), or set AZURE_OPENAI_API_KEY"
