@@ -48,6 +48,12 @@ RECORDED = {
     "openai-chat/openrouter-401-no-cookie-auth.json": BAD_KEY,
     "openai-chat/xai-400-incorrect-api-key.json": BAD_KEY,
     "openai-responses/401-invalid-api-key.json": BAD_KEY,
+    "openai-responses/xai-400-incorrect-api-key.json": BAD_KEY,
+    "openai-chat/azure-foundry-401-invalid-subscription-key.json": BAD_KEY,
+    "openai-chat/deepseek-401-authentication-fails.json": BAD_KEY,
+    "openai-chat/mistral-401-detail-invalid-api-key.json": BAD_KEY,
+    "openai-chat/ollama-cloud-401-unauthorized.json": BAD_KEY,
+    "openai-chat/perplexity-401-invalid-api-key.json": BAD_KEY,
     # an unknown model
     "anthropic-messages/404-model-not-found-messages.json": NO_MODEL,
     "anthropic-messages/404-not-found-error.json": NO_MODEL,
@@ -59,6 +65,12 @@ RECORDED = {
     "openai-responses/400-model-not-found.json": NO_MODEL,  # a 400 that says so by its code
     # a prompt past the context
     "ollama-chat/400-input-exceeds-context-length.json": TOO_LONG,
+    "anthropic-messages/400-prompt-too-long.json": TOO_LONG,
+    "gemini/vertex-400-input-token-count-exceeds.json": TOO_LONG,
+    "openai-chat/deepseek-400-maximum-context-length.json": TOO_LONG,
+    "openai-chat/ollama-cloud-400-prompt-too-long.json": TOO_LONG,
+    "openai-chat/openrouter-400-context-length-previous-errors.json": TOO_LONG,
+    "openai-responses/400-context-length-exceeded.json": TOO_LONG,
 }
 
 
