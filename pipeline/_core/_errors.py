@@ -660,8 +660,11 @@ class AuthenticationError(ProviderError):
     request's words: Gemini's and xAI's 400)."""
 
 
-_CONTEXT_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
-"""Error codes of a request longer than the model's context window (OpenAI's, llama.cpp's)."""
+_CONTEXT_CODES = frozenset(
+    {"context_length_exceeded", "exceed_context_size_error", "too_many_prompt_tokens"}
+)
+"""Error codes of a request longer than the model's context window (OpenAI's, llama.cpp's,
+Perplexity's: `The total length of all messages is too long.`)."""
 _TOO_MANY_TOKENS = re.compile(r"too many (?:input )?tokens", re.IGNORECASE)
 
 

@@ -70,6 +70,7 @@ RECORDED = {
     "openai-chat/deepseek-400-maximum-context-length.json": TOO_LONG,
     "openai-chat/ollama-cloud-400-prompt-too-long.json": TOO_LONG,
     "openai-chat/openrouter-400-context-length-previous-errors.json": TOO_LONG,
+    "openai-chat/perplexity-400-too-many-prompt-tokens.json": TOO_LONG,
     "openai-responses/400-context-length-exceeded.json": TOO_LONG,
 }
 
