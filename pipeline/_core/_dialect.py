@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import attrs
 import msgspec
@@ -28,6 +28,7 @@ __all__ = [
     "FramesDecoder",
     "Framing",
     "HttpRequest",
+    "KeptToken",
     "Provider",
     "Secret",
     "StreamDecoder",
@@ -121,6 +122,27 @@ class FramesDecoder(StreamDecoder, Protocol):
         """Append the lane events of `frames`, in order, to `out`: those of calling `feed` on
         each (runs of fragments as `PartRun`s, if it likes). If a frame raises, `out` holds the
         events of the frames before it and `failed_at` is that frame's index."""
+        ...
+
+
+@runtime_checkable
+class KeptToken(Protocol):
+    """A dialect's `token_provider` that keeps its token and says when its next call would
+    fetch one (`GoogleAccessToken`, `EntraToken`).
+
+    A dialect signs a request synchronously, and a cloud's identity call is blocking I/O
+    (Google's token endpoint, Entra ID, a managed identity endpoint, `az` as a subprocess):
+    made while the request is built, it would stop every other stream on the event loop while
+    the identity service answers. So before building a request the turn calls a token that is
+    `due` in a worker thread; building it then finds the token kept. A token provider of the
+    host's own that says nothing of when it fetches is called as it always was."""
+
+    def __call__(self) -> str:
+        """The token: the kept one, or a new one when it is due."""
+        ...
+
+    def due(self) -> bool:
+        """Whether the next call fetches a token (none yet, or the kept one near expiry)."""
         ...
 
 

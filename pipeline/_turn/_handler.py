@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, cast
 import attrs
 import trio
 
-from .._core._dialect import Provider
+from .._core._dialect import KeptToken, Provider
 from .._core._errors import OverloadedError, ProviderError, RilletError, TurnTimeout, UpstreamError
 from .._core._failures import error_shape, past_limit, retry_reason
 from .._core._markers import (
@@ -199,11 +199,21 @@ class Handler:
             self.provider.base_url, self.policy.requests_per_minute, self.policy.limiter_max_wait
         )
 
+    async def _ready(self) -> None:
+        """Fetch the token the dialect signs with in a worker thread when it is due (a
+        `KeptToken`: a cloud's identity call blocks, seconds when the service is slow), so
+        building the request finds it kept and no other stream waits on it. A cancelled wait
+        leaves the fetch to finish and keep its token; its errors are the request's."""
+        token = getattr(self.provider.dialect, "token_provider", None)
+        if isinstance(token, KeptToken) and token.due():
+            await trio.to_thread.run_sync(token, abandon_on_cancel=True)
+
     async def _attempt(self, out: Outlet) -> Failure | None:
         dialect = self.provider.dialect
         replay, self.replay = self.replay, None
         self._replaying = replay is not None and hasattr(dialect, "resume_request")
         try:
+            await self._ready()
             if self._replaying:  # the reply the provider kept, from its start: not asked again
                 http = dialect.resume_request(self.provider, (replay, -1))  # type: ignore[attr-defined]
             else:
@@ -635,6 +645,7 @@ class Handler:
         events: list[UniEvent] = []
         label = self.provider.label
         try:
+            await self._ready()
             http = self.provider.dialect.build_request(self.request, self.provider, stream=False)
             with trio.move_on_at(deadline) as scope:
                 response = await self.upstream.open(http)

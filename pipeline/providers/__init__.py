@@ -4,6 +4,7 @@ kind and the environment into a configured `Provider`."""
 from .._core._dialect import Dialect as Dialect
 from .._core._dialect import FramesDecoder as FramesDecoder
 from .._core._dialect import HttpRequest as HttpRequest
+from .._core._dialect import KeptToken as KeptToken
 from .._core._dialect import Provider as Provider
 from .._core._dialect import Secret as Secret
 from .._core._dialect import StreamDecoder as StreamDecoder
@@ -44,6 +45,7 @@ __all__ = [
     "GeminiEmbeddingsDialect",
     "GoogleAccessToken",
     "HttpRequest",
+    "KeptToken",
     "MMSPDialect",
     "OllamaDialect",
     "OpenAIChatDialect",

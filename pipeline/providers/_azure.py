@@ -73,15 +73,14 @@ class EntraToken:
     A token is kept and sent with every request until shortly before it expires (five minutes
     before, or half its life when it was issued for less than ten): only then is the credential
     asked again. The credential's `get_token` is blocking I/O (an HTTP call to Entra ID or a
-    managed identity endpoint, or `az` run as a subprocess) and the dialect's hook that calls
-    this is synchronous, so the fetch runs on the caller's thread, the event loop's in a turn:
-    it blocks the loop at most once per token's lifetime (about an hour), never per request.
+    managed identity endpoint, or `az` run as a subprocess): in a turn it is made in a worker
+    thread before the request is built (a `KeptToken`), so the event loop never waits on it;
+    a direct call makes it on the caller's thread, once per token's lifetime (about an hour).
 
     A credential that cannot give a token (azure-identity's `ClientAuthenticationError`,
     including no credential found) raises `AuthenticationError`, which no attempt retries; an
     identity endpoint that cannot be reached raises `TransportError`, once azure-identity's own
-    retries have given up (seconds, on the loop's thread: `retry_total=0` on the credential
-    leaves retrying to the turn).
+    retries have given up (`retry_total=0` on the credential leaves retrying to the turn).
 
     Args:
         credential: an azure-identity credential (anything with `get_token(*scopes)`); None
@@ -110,15 +109,26 @@ class EntraToken:
         self._token: str | None = None
         self._refresh_at = 0.0
         self._lock = threading.Lock()
+        self._fresh = False  # fetched, and not yet used by a request
+
+    def due(self) -> bool:
+        """Whether the next call asks the credential for a token (`KeptToken`)."""
+        return not self._fresh and (self._token is None or self._clock() >= self._refresh_at)
 
     def __call__(self) -> str:
-        """The current token: the kept one, else a fresh one from the credential."""
+        """The current token: the kept one, else a fresh one from the credential. A token
+        just fetched is used once whatever its life, so one fetched ahead of its request and
+        already near expiry is not fetched again for it."""
         token = self._token
         if token is not None and self._clock() < self._refresh_at:
+            self._fresh = False
             return token
         with self._lock:  # one fetch when threads ask together
-            if self._token is None or self._clock() >= self._refresh_at:
+            if self._fresh and self._token is not None:
+                self._fresh = False
+            elif self._token is None or self._clock() >= self._refresh_at:
                 self._fetch()
+                self._fresh = True
             assert self._token is not None
             return self._token
 

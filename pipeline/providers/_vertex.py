@@ -75,9 +75,10 @@ class GoogleAccessToken:
     """An access token from google-auth credentials, for `token_provider`: kept, and refreshed
     when it is within google-auth's threshold (a few minutes) of its expiry.
 
-    The refresh is a blocking call to Google's token endpoint (`TOKEN_TIMEOUT` at most), made
-    on the caller's thread when a request is built, since building a request is synchronous:
-    once per token lifetime (about an hour), never per request. A refusal of the credentials
+    The refresh is a blocking call to Google's token endpoint (`TOKEN_TIMEOUT` at most): in a
+    turn it is made in a worker thread before the request is built (a `KeptToken`), so the
+    event loop never waits on it; a direct call makes it on the caller's thread, once per token
+    lifetime (about an hour), never per request. A refusal of the credentials
     (google-auth's `RefreshError`: `invalid_grant`, a revoked or deleted key) is an
     `AuthenticationError` saying what to check, which no retry cures; an endpoint that could
     not be reached, or that failed on its side, is a `ServerError`, which a retry may cure.
@@ -92,6 +93,15 @@ class GoogleAccessToken:
         self.provider = provider
         self.refreshes = 0  # calls to the token endpoint: one per token lifetime
         self._lock = threading.Lock()  # one refresh at a time, whoever builds requests
+        # a token just fetched is used once whatever its life: one fetched for a request
+        # ahead of it (`due`) and already within google-auth's margin is not fetched again
+        self._fresh = False
+
+    def due(self) -> bool:
+        """Whether the next call asks Google for a token (`KeptToken`)."""
+        credentials = self.credentials
+        stale = credentials.token is None or credentials.expired
+        return bool(stale and not self._fresh)
 
     def __call__(self) -> str:
         """The token: the one kept while it is fresh, else a new one."""
@@ -99,7 +109,9 @@ class GoogleAccessToken:
 
         with self._lock:
             credentials = self.credentials
-            if credentials.token is None or credentials.expired:
+            if self._fresh and credentials.token is not None:
+                self._fresh = False
+            elif credentials.token is None or credentials.expired:
                 self.refreshes += 1
                 try:
                     credentials.refresh(_request())
@@ -113,6 +125,7 @@ class GoogleAccessToken:
                         f" ({cause}); try again shortly",
                         error_type="token_unavailable",
                     ) from None
+                self._fresh = True
             return str(credentials.token)
 
     def _refused(self, exc: Exception) -> ServerError | AuthenticationError:

@@ -64,10 +64,20 @@ class TokenServer:
         self.lifetimes = lifetimes
         self.hits = 0
         self.claims: list[dict[str, Any]] = []
+        self.asked = threading.Event()  # a token was asked for
+        self.stuck = 0  # answers the gate held past its wait
+        self.gate: threading.Event | None = None  # when set: answer only once it opens
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
+                server.asked.set()
+                if server.gate is not None and not server.gate.wait(5):
+                    server.stuck += 1
+                    self.send_response(503)  # no one opened it: the asker's loop was stuck
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                    return
                 body = self.rfile.read(int(self.headers["content-length"]))
                 status, answer = server.answer(self.path, parse_qs(body.decode()))
                 data = json.dumps(answer).encode()
@@ -209,6 +219,31 @@ async def test_a_token_is_kept_across_requests_and_refreshed_before_it_expires(
     assert bearers == ["Bearer tok-1", "Bearer tok-2", "Bearer tok-2", "Bearer tok-2"]
     assert token_server.hits == 2
     assert [c["scope"] for c in token_server.claims] == [SCOPE, SCOPE]
+
+
+async def test_the_token_is_fetched_off_the_event_loop_while_other_tasks_run(
+    key_file_env: TokenServer,
+) -> None:
+    """Google's token endpoint holds its answer until a task on the turn's own event loop
+    opens it: a fetch made on the loop's thread would wait for a task that cannot run."""
+    token_server = key_file_env
+    token_server.gate = threading.Event()
+    recorded = (FIXTURES / RECORDING).read_bytes()
+
+    async def open_gate() -> None:
+        await trio.to_thread.run_sync(token_server.asked.wait, abandon_on_cancel=True)
+        token_server.gate.set()  # type: ignore[union-attr]
+
+    with trio.fail_after(20):
+        async with open_loopback_provider([Reply(chunks=split(recorded, 61))]) as vertex:
+            root = f"{vertex.url}/v1/projects/adc-project/locations/us-east5"
+            provider = provider_from_env("vertex", base_url=root)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(open_gate)
+                result = await run_turn(REQUEST, provider)
+    assert result.ok, result.error
+    assert token_server.stuck == 0  # the loop opened the gate while the token was asked for
+    assert (result.attempts, token_server.hits) == (1, 1)
 
 
 async def test_refused_credentials_fail_the_turn_once_with_a_sentence(
