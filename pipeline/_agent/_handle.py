@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal
 
 import attrs
 import trio
 
 from .._core._conversation import Conversation, PendingApproval
-from .._core._cost import Price, Prices, PriceTable
+from .._core._cost import Price, Prices, as_prices
 from .._core._dialect import Provider
 from .._core._errors import failure
 from .._core._events import UniMessage
@@ -18,6 +17,7 @@ from .._turn._turn import TurnResult
 from ._tools import ToolOutput
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from decimal import Decimal
 
 __all__ = ["Agent", "AgentResult", "AgentStatus"]
@@ -76,17 +76,13 @@ class AgentResult:
                 of each model a step may be answered by (a chain's), by the model's name; a
                 model with no price is a `KeyError` naming it, never a cost of nothing.
         """
+        table = as_prices(price)  # a mapping of prices by model name, as a table
         total: Decimal | None = None
         for turn in self.turns:
-            if price is None or isinstance(price, Price):
-                cost = turn.cost(price)
-            else:
+            cost = turn.cost(table)
+            if cost is None and table is not None and turn.usage is not None:
                 model = turn.provider.model if turn.provider is not None else ""
-                if isinstance(price, Mapping):
-                    price = PriceTable(price)
-                cost = turn.cost(price)
-                if cost is None and turn.message.usage_metadata is not None:
-                    raise KeyError(f"no price for the model {model!r} that answered a step")
+                raise KeyError(f"no price for the model {model!r} that answered a step")
             if cost is not None:
                 total = cost if total is None else total + cost
         return total

@@ -295,7 +295,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     request = _request(args)
     output = _Output(args.output, args.show_reasoning, args.no_stream)
     if args.tools is not None:
-        return _cmd_run_agent(args, chain, request, output)
+        return _cmd_run_agent(args, chain, request, output, costs)
     result, sinks = trio.run(
         lambda: _run_turn_cli(
             request, chain if len(chain) > 1 else provider, output, policy_from(args), **costs
@@ -316,7 +316,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_run_agent(
-    args: argparse.Namespace, chain: list[Provider], request: TurnRequest, output: _Output
+    args: argparse.Namespace,
+    chain: list[Provider],
+    request: TurnRequest,
+    output: _Output,
+    costs: dict[str, Any],
 ) -> int:
     from .._agent._demo_tools import toolset
     from ._agent import AgentTerminal, agent_outcome, run_agent_cli
@@ -343,7 +347,7 @@ def _cmd_run_agent(
                 reasoning=output.show_reasoning,
                 tool_arguments=text,
                 stream=not output.no_stream,
-                **costs_from(args),
+                **costs,
             )
         return result, sinks
 

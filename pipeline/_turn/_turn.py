@@ -37,7 +37,7 @@ from rillet.transports.upstream._ws import SchemeUpstream
 
 from .._core._accumulator import Accumulator
 from .._core._codes import done_code
-from .._core._cost import Price, TokenUsage, price_of, spend_cap, usage_cost
+from .._core._cost import Price, TokenUsage, price_of, spend_cap
 from .._core._dialect import Provider
 from .._core._errors import CostLimitExceeded, RescueFailed, failure
 from .._core._events import UniMessage
@@ -142,8 +142,6 @@ class TurnResult:
             `resp_...`), what its support asks for; "" when it gave none.
         response_model: the model that answered as the provider named it (often a dated
             version of the one asked for); "" when it did not say.
-        usage: the reply's tokens by the kinds a provider bills apart (cache reads and
-            writes, reasoning); None when it reported none.
         charge: what the reply cost at the run's `prices` (`RunOptions.prices`); None
             without prices, without usage, or with no price for the model.
     """
@@ -164,8 +162,14 @@ class TurnResult:
     cache_write_tokens: int | None = None
     response_id: str = ""
     response_model: str = ""
-    usage: TokenUsage | None = None
     charge: Decimal | None = None
+
+    @property
+    def usage(self) -> TokenUsage | None:
+        """The reply's tokens by the kinds a provider bills apart (cache reads and writes,
+        reasoning); None when it reported none."""
+        usage = self.message.usage_metadata
+        return None if usage is None else TokenUsage.of(usage, self.cache_write_tokens)
 
     def cost(self, price: Prices | None = None) -> Decimal | None:
         """What the reply cost, cache reads and writes priced apart: at `price`, or at the
@@ -177,14 +181,14 @@ class TurnResult:
         """
         if price is None:
             return self.charge
-        usage = self.message.usage_metadata
+        usage = self.usage
         if usage is None:
             return None
-        if isinstance(price, Price):
-            return usage_cost(usage, price, cache_write_tokens=self.cache_write_tokens or 0)
+        if isinstance(price, Price):  # one price, whatever model answered
+            return price.charge(usage)
         models = (self.provider.model if self.provider is not None else "", self.response_model)
         url = self.provider.base_url if self.provider is not None else ""
-        return price_of(price, TokenUsage.of(usage, self.cache_write_tokens), models, url)
+        return price_of(price, usage, models, url)
 
     @property
     def ok(self) -> bool:
@@ -378,13 +382,11 @@ async def run_one_turn(
         if capped and outcome.succeeded and message.finish_reason == "length":
             assert options.max_cost is not None
             error = CostLimitExceeded(options.max_cost)  # the cap was the run's money's
-        usage = None
         charge = None
-        if message.usage_metadata is not None:
+        if message.usage_metadata is not None and options.prices is not None:
             usage = TokenUsage.of(message.usage_metadata, handler.cache_write)
-            if options.prices is not None:
-                models = (provider.model, handler.response_model)
-                charge = price_of(options.prices, usage, models, provider.base_url)
+            models = (provider.model, handler.response_model)
+            charge = price_of(options.prices, usage, models, provider.base_url)
         final = builder.finish(
             outcome,
             error,
@@ -418,7 +420,6 @@ async def run_one_turn(
             cache_write_tokens=handler.cache_write,
             response_id=handler.response_id,
             response_model=handler.response_model,
-            usage=usage,
             charge=charge,
         )
         turn.finish(result)

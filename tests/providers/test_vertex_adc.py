@@ -38,7 +38,10 @@ from rillet.transports.testing import Reply, open_loopback_provider, refused_url
 from ..handler_support import REQUEST
 
 if TYPE_CHECKING:
+    import subprocess
     from collections.abc import Iterator
+
+    from rillet.transports.testing import RecordedRequest
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "real"
 RECORDING = "gemini/vertex-gemini-3-flash-one-chunk-signature-flex.sse"
@@ -320,19 +323,17 @@ def test_a_key_file_that_cannot_be_read_says_what_to_set(tmp_path: Path) -> None
     assert raised.value.env_var == "GOOGLE_APPLICATION_CREDENTIALS"
 
 
-@pytest.mark.slow
-async def test_rillet_run_answers_from_vertex_with_a_key_file(
-    tmp_path: Path, account_key: rsa.RSAPrivateKey, token_server: TokenServer
-) -> None:
-    key_file = _key_file(tmp_path, account_key, token_server.token_uri)
-    recorded = (FIXTURES / RECORDING).read_bytes()
-    expected = json.loads((FIXTURES / "EXPECTED.json").read_text())[RECORDING]["text"]
+async def _rillet_run(
+    key_file: Path, reply: Reply
+) -> tuple[subprocess.CompletedProcess[bytes], list[RecordedRequest]]:
+    """`rillet run --provider vertex` with only `key_file` for credentials, against a Vertex
+    loopback answering `reply`: the process and the requests Vertex got."""
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("GOOGLE_", "GCLOUD_", "VERTEX_"))
     }
     env["GOOGLE_APPLICATION_CREDENTIALS"] = str(key_file)
     with trio.fail_after(30):
-        async with open_loopback_provider([Reply(chunks=split(recorded, 61))]) as vertex:
+        async with open_loopback_provider([reply]) as vertex:
             env["VERTEX_BASE_URL"] = f"{vertex.url}/v1/projects/adc-project/locations/us-east5"
             done = await trio.run_process(
                 [sys.executable, "-m", "rillet", "run", "hi", "--provider", "vertex"],
@@ -342,9 +343,19 @@ async def test_rillet_run_answers_from_vertex_with_a_key_file(
                 env=env,
                 cwd=ROOT,
             )
+            return done, list(vertex.requests)
+
+
+@pytest.mark.slow
+async def test_rillet_run_answers_from_vertex_with_a_key_file(
+    tmp_path: Path, account_key: rsa.RSAPrivateKey, token_server: TokenServer
+) -> None:
+    key_file = _key_file(tmp_path, account_key, token_server.token_uri)
+    recorded = (FIXTURES / RECORDING).read_bytes()
+    expected = json.loads((FIXTURES / "EXPECTED.json").read_text())[RECORDING]["text"]
+    done, (sent,) = await _rillet_run(key_file, Reply(chunks=split(recorded, 61)))
     assert done.returncode == 0, done.stderr
     assert done.stdout.decode() == expected + ("" if expected.endswith("\n") else "\n")
-    (sent,) = vertex.requests
     assert sent.headers["authorization"] == "Bearer tok-1"
     assert token_server.hits == 1
 
@@ -356,22 +367,8 @@ async def test_rillet_run_with_refused_credentials_says_to_check_them_not_a_toke
     """The one line names where the credentials came from (the key file, or gcloud's sign-in),
     never a token variable the user did not set."""
     key_file = _key_file(tmp_path, rsa.generate_private_key(65537, 2048), token_server.token_uri)
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("GOOGLE_", "GCLOUD_", "VERTEX_"))
-    }
-    env["GOOGLE_APPLICATION_CREDENTIALS"] = str(key_file)
-    with trio.fail_after(30):
-        async with open_loopback_provider([Reply(chunks=(b"",))]) as vertex:
-            env["VERTEX_BASE_URL"] = f"{vertex.url}/v1/projects/adc-project/locations/us-east5"
-            done = await trio.run_process(
-                [sys.executable, "-m", "rillet", "run", "hi", "--provider", "vertex"],
-                capture_stdout=True,
-                capture_stderr=True,
-                check=False,
-                env=env,
-                cwd=ROOT,
-            )
-            assert vertex.requests == []
+    done, sent = await _rillet_run(key_file, Reply(chunks=(b"",)))
+    assert sent == []
     assert done.returncode == 1
     (line,) = done.stderr.decode().splitlines()
     assert "Google refused the credentials" in line

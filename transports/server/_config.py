@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 
 import attrs
-from rillet._core._cost import Prices, as_money
+from rillet._core._cost import Prices, as_money, as_prices
 from rillet._core._dialect import Provider, Secret
 from rillet._core._errors import RilletError
 from rillet._core._policy import Policy
@@ -182,7 +182,7 @@ class ServerConfig:
     reuse_port: bool = False
     worker: int | None = None
     hub_options: Mapping[str, float] = attrs.field(factory=dict)
-    prices: Prices | None = None
+    prices: Prices | None = attrs.field(default=None, converter=as_prices)
     max_cost: Decimal | None = attrs.field(default=None, converter=as_money)
 
     @property
